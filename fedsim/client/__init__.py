@@ -1,0 +1,3 @@
+from fedsim.client.module import OPTIMIZED_PARTS, FedClient
+
+__all__ = ["OPTIMIZED_PARTS", "FedClient"]

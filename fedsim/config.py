@@ -1,0 +1,153 @@
+"""Typed run configuration: YAML file + ``key=value`` overrides -> validated :class:`RunConfig`."""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration problem (names the field and the fix)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    dataset: str = "cifar10"
+    root: str | None = Field(None, description="folder holding the data; default: env FEDSIM_DATA")
+    download: bool = Field(False, description="let torchvision download when the data is missing (needs internet)")
+    num_clients: int = Field(10, ge=1)
+    partition: Literal["iid", "classes"] = "classes"
+    k: int | None = Field(4, ge=1, description="classes per client for partition=classes")
+    train_fraction: float = Field(1.0, gt=0, le=1)
+    test_fraction: float = Field(1.0, gt=0, le=1)
+    augment: bool = Field(True, description="random crop + horizontal flip during local training")
+
+
+class ModelConfig(_Section):
+    name: str = "cnn4"
+    personal_layers: int = Field(1, ge=0, description="K_P: classifier + the last K_P-1 blocks are personal")
+
+
+class OptimConfig(_Section):
+    lr: float = Field(0.01, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0)
+
+
+class TrainConfig(_Section):
+    rounds: int = Field(10, ge=1)
+    local_epochs: int = Field(4, ge=1)
+    batch_size: int = Field(50, ge=1)
+    fraction: float = Field(1.0, gt=0, le=1, description="f: share of clients sampled each round")
+    eval_every: int = Field(1, ge=1)
+    body: OptimConfig = OptimConfig()
+    head: OptimConfig = OptimConfig()
+
+
+class EngineConfig(_Section):
+    workers: int = Field(2, ge=1)
+    cpus_per_worker: float = Field(1.0, ge=0)
+    gpus_per_worker: float = Field(0.0, ge=0, le=1)
+    threads_per_worker: int = Field(1, ge=1, description="torch threads per worker; fixed so results do not depend on workers")
+
+
+class RunConfig(_Section):
+    name: str = "run"
+    seed: int = 0
+    algorithm: str = "fedper"
+    out_dir: str = "runs"
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    engine: EngineConfig = EngineConfig()
+    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="dotted key -> values; one run per combination")
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> "RunConfig":
+        from fedsim.algorithms import ALGORITHMS
+        from fedsim.models import MODELS
+
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {sorted(ALGORITHMS)}")
+        if self.model.name not in MODELS:
+            raise ValueError(f"unknown model.name {self.model.name!r}; choose one of {sorted(MODELS)}")
+        if self.data.partition == "classes" and self.data.k is None:
+            raise ValueError("data.k is required for data.partition=classes")
+        return self
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{dotted}: {key} is not a section; check the key")
+    node[leaf] = value
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``["train.rounds=3", "algorithm=fedavg"]`` -> nested dict (values parsed as YAML scalars)."""
+    tree: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {pair!r}: expected key=value, e.g. train.rounds=3")
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "config"
+    return f"{where}: {first['msg']} (got {first.get('input')!r})" if first["loc"] else f"config: {first['msg']}"
+
+
+def validate(tree: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+def load_tree(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found; pass the path of a YAML file such as experiments/quickstart.yaml")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]}); fix the syntax") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (data:, model:, train:, ...)")
+    tree.setdefault("name", path.stem)
+    return _merge(tree, parse_overrides(list(overrides)))
+
+
+def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
+    """One validated config per combination of ``sweep`` values, each with its own run name."""
+    base = validate(tree)  # validate once as written so errors name the user's keys
+    if not base.sweep:
+        return [base]
+    keys = list(base.sweep)
+    runs = []
+    for values in itertools.product(*(base.sweep[k] for k in keys)):
+        variant = {k: v for k, v in tree.items() if k != "sweep"}
+        for key, value in zip(keys, values):
+            _set_dotted(variant, key, value)
+        variant["name"] = "-".join([base.name, *(str(v) for v in values)])
+        runs.append(validate(variant))
+    return runs

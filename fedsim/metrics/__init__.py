@@ -1,0 +1,3 @@
+from fedsim.metrics.summary import summarize
+
+__all__ = ["summarize"]

@@ -1,0 +1,22 @@
+"""Model registry: every model is a :class:`SplitNet` (blocks + classifier)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from fedsim.models.cnn4 import cnn4
+from fedsim.models.mobilenet import mobilenet_v1
+from fedsim.models.resnet import resnet34
+from fedsim.models.split import SplitNet
+
+MODELS: dict[str, Callable[..., SplitNet]] = {"cnn4": cnn4, "resnet34": resnet34, "mobilenet_v1": mobilenet_v1}
+
+
+def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int]) -> SplitNet:
+    """Build a registered model for inputs of shape (C, H, W)."""
+    if name not in MODELS:
+        raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(MODELS)}")
+    channels, height, _ = input_shape
+    return MODELS[name](num_classes=num_classes, in_channels=channels, image_size=height)
+
+
+__all__ = ["MODELS", "SplitNet", "build_model"]

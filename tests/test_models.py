@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from fedsim.models import MODELS, build_model
+
+
+@pytest.mark.parametrize("name,blocks", [("cnn4", 4), ("resnet34", 16), ("mobilenet_v1", 13)])
+def test_forward_shape_and_depth(name, blocks):
+    net = build_model(name, 10, (3, 32, 32))
+    assert len(net.blocks) == blocks
+    assert net.max_personal_layers == blocks + 1
+    assert net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_personal_layers_are_structural(name):
+    net = build_model(name, 7, (3, 32, 32))
+    keys = list(net.state_dict())
+    base0, head0 = net.split_keys(0)
+    assert head0 == [] and base0 == keys  # K_P = 0: everything shared
+
+    base1, head1 = net.split_keys(1)
+    assert head1 and all(k.startswith("classifier.") for k in head1)
+    assert set(base1) | set(head1) == set(keys) and not set(base1) & set(head1)
+
+    last = len(net.blocks) - 1
+    _, head2 = net.split_keys(2)
+    assert set(head2) == set(head1) | {k for k in keys if k.startswith(f"blocks.{last}.")}
+
+    _, head_all = net.split_keys(net.max_personal_layers)
+    assert all(k.startswith(("classifier.", "blocks.")) for k in head_all)
+    assert len(head_all) == len([k for k in keys if not k.startswith("stem.")])
+
+
+def test_personal_layers_validated_against_depth():
+    net = build_model("cnn4", 10, (3, 32, 32))
+    with pytest.raises(ValueError, match="model.personal_layers: 6 is outside 0..5"):
+        net.split_keys(6)
+
+
+def test_cnn4_matches_fedbabu_architecture():
+    net = build_model("cnn4", 10, (3, 32, 32))
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size) for c in convs] == [(64, (3, 3))] * 4
+    linear = net.classifier[-1]
+    assert (linear.in_features, linear.out_features) == (256, 10)
+
+
+def test_unknown_model_names_choices():
+    with pytest.raises(ValueError, match="model.name: unknown model 'vgg'"):
+        build_model("vgg", 10, (3, 32, 32))
