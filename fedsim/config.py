@@ -55,6 +55,7 @@ class EngineConfig(_Section):
     cpus_per_worker: float = Field(1.0, ge=0)
     gpus_per_worker: float = Field(0.0, ge=0, le=1)
     threads_per_worker: int = Field(1, ge=1, description="torch threads per worker; fixed so results do not depend on workers")
+    round_timeout_s: float = Field(3600.0, gt=0, description="a round taking longer fails instead of hanging silently")
 
 
 class RunConfig(_Section):

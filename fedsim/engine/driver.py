@@ -49,7 +49,7 @@ class Driver:
         self.global_ref = ray.put(self.layout.pack(net))
 
     def worker_info(self) -> list[dict]:
-        return ray.get([w.device_info.remote() for w in self.workers])
+        return ray.get([w.device_info.remote() for w in self.workers], timeout=self.cfg.engine.round_timeout_s)
 
     def _by_worker(self, clients: list[int]) -> dict[int, list[int]]:
         groups: dict[int, list[int]] = {}
@@ -68,7 +68,7 @@ class Driver:
         start = time.perf_counter()
         sampled = sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction)
         calls = [self.workers[w].train.remote(self.global_ref, cs, round_idx) for w, cs in self._by_worker(sampled).items()]
-        updates: list[ClientUpdate] = [u for batch in ray.get(calls) for u in batch]
+        updates: list[ClientUpdate] = [u for batch in ray.get(calls, timeout=self.cfg.engine.round_timeout_s) for u in batch]
         for u in updates:
             self._check_update(u)
         if self.layout.size:
@@ -79,7 +79,8 @@ class Driver:
         if round_idx % self.cfg.train.eval_every == 0 or round_idx == self.cfg.train.rounds:
             everyone = self._by_worker(list(range(self.num_clients)))
             calls = [self.workers[w].evaluate.remote(self.global_ref, cs) for w, cs in everyone.items()]
-            records = sorted((r for batch in ray.get(calls) for r in batch), key=lambda r: r["client"])
+            batches = ray.get(calls, timeout=self.cfg.engine.round_timeout_s)
+            records = sorted((r for batch in batches for r in batch), key=lambda r: r["client"])
             for r in records:
                 r["round"] = round_idx
                 r["train_loss"] = train_loss.get(r["client"])

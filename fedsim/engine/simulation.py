@@ -88,7 +88,7 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
     try:
         with open(run_dir / "metrics.jsonl", "w") as metrics, open(run_dir / "rounds.jsonl", "w") as rounds:
             for round_idx in range(1, cfg.train.rounds + 1):
-                result = ray.get(driver.round.remote(round_idx))
+                result = ray.get(driver.round.remote(round_idx), timeout=cfg.engine.round_timeout_s)
                 for rec in result["records"]:
                     metrics.write(json.dumps(rec) + "\n")
                 row = {"round": round_idx, "seconds": result["seconds"], "sampled": len(result["sampled"]),
@@ -101,9 +101,9 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
                 rounds.flush()
                 if on_round:
                     on_round(row, result)
-        workers = ray.get(driver.worker_info.remote())
+        workers = ray.get(driver.worker_info.remote(), timeout=cfg.engine.round_timeout_s)
     finally:
-        ray.get(driver.shutdown.remote())
+        ray.get(driver.shutdown.remote(), timeout=60)
         ray.kill(driver)
     final = {r["client"]: r["acc"] for r in last["records"]}
     summary = {"name": cfg.name, "algorithm": cfg.algorithm, "rounds": cfg.train.rounds,

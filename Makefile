@@ -1,0 +1,23 @@
+# Everything a fresh machine needs: `make demo` runs the main job, `make test` the test suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Real data: the folder holding cifar10-jpeg.zip etc. (override: make demo FEDSIM_DATA=/path).
+FEDSIM_DATA ?= $(abspath ../shared/datasets)
+export FEDSIM_DATA
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: demo test install
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: install
+	$(VENV)/bin/fedsim run experiments/quickstart.yaml --overwrite
+
+test: install
+	$(PY) -m pytest -q

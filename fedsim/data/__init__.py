@@ -1,0 +1,17 @@
+"""Data layer: dataset loading with a decode-once cache, client partitions, batched transforms."""
+
+from fedsim.data.datasets import ArrayDataset, load_dataset, resolve_root
+from fedsim.data.errors import DataError
+from fedsim.data.partition import Partition, make_partition
+from fedsim.data.transforms import random_crop_flip, to_float
+
+__all__ = [
+    "ArrayDataset",
+    "DataError",
+    "Partition",
+    "load_dataset",
+    "make_partition",
+    "random_crop_flip",
+    "resolve_root",
+    "to_float",
+]

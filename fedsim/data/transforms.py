@@ -1,0 +1,41 @@
+"""Batched image transforms: one tensor op per batch instead of a Python call per image."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def to_float(x_uint8_nhwc: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 (B, H, W, C) -> normalised float32 (B, C, H, W): ``(x / 255 - mean) / std``."""
+    # np.array copies: batches often come straight from a read-only memory map, which torch
+    # refuses to wrap without a warning.
+    x = torch.from_numpy(np.array(x_uint8_nhwc, dtype=np.uint8)).permute(0, 3, 1, 2)
+    x = x.to(torch.float32, memory_format=torch.contiguous_format).div_(255)
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    return x.sub_(mean_t).div_(std_t)
+
+
+def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """Standard CIFAR augmentation: zero-pad, random crop back to (H, W), horizontal flip p=0.5.
+
+    Each image gets its own offsets and flip, drawn from ``generator`` alone so a seeded
+    generator reproduces the batch. Zero padding happens after normalisation (pads with the
+    mean colour rather than black), which is the common batched variant and trains the same.
+    """
+    b, c, h, w = x.shape
+    draw = {"generator": generator, "device": generator.device}
+    dy = torch.randint(0, 2 * padding + 1, (b,), **draw).to(x.device)
+    dx = torch.randint(0, 2 * padding + 1, (b,), **draw).to(x.device)
+    flip = (torch.rand(b, **draw) < 0.5).to(x.device)
+    padded = F.pad(x, (padding, padding, padding, padding))
+    rows = dy[:, None] + torch.arange(h, device=x.device)  # (B, H)
+    cols = dx[:, None] + torch.arange(w, device=x.device)  # (B, W)
+    cols = torch.where(flip[:, None], cols.flip(1), cols)  # reading columns backwards = mirror
+    batch = torch.arange(b, device=x.device)[:, None, None, None]
+    chan = torch.arange(c, device=x.device)[None, :, None, None]
+    return padded[batch, chan, rows[:, None, :, None], cols[:, None, None, :]]

@@ -1,0 +1,41 @@
+"""GPU fractions with fake GPU resources: no real GPU needed."""
+import pytest
+import ray
+
+from fedsim.config import ConfigError, validate
+from fedsim.engine.simulation import check_resources
+
+
+@pytest.fixture
+def fake_gpu_ray():
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _cfg(tmp_path, data_root, workers, gpus):
+    return validate({"out_dir": str(tmp_path), "data": {"root": str(data_root), "num_clients": 4, "k": 3,
+                                                        "train_fraction": 0.01, "test_fraction": 0.01},
+                     "engine": {"workers": workers, "cpus_per_worker": 0.5, "gpus_per_worker": gpus}})
+
+
+def test_four_workers_share_one_gpu(tmp_path, data_root, fake_gpu_ray):
+    from fedsim.data import load_dataset, make_partition
+    from fedsim.engine.driver import Driver
+
+    cfg = _cfg(tmp_path, data_root, workers=4, gpus=0.25)
+    check_resources(cfg)
+    data = load_dataset("cifar10", data_root)
+    part = make_partition("classes", data.train_y, data.test_y, 4, 0, k=3, train_fraction=0.01, test_fraction=0.01)
+    driver = Driver(cfg.model_dump(), part, data.num_classes, data.input_shape)
+    infos = driver.worker_info()  # blocks until all four actors have started
+    assert len(infos) == 4
+    assert all(i["gpu_ids"] == [0] or i["gpu_ids"] == ["0"] for i in infos)
+    assert all(i["cuda_visible_devices"] == "0" for i in infos)
+    assert all(i["device"] == "cpu" for i in infos)  # no real CUDA here: the same code falls back to CPU
+    driver.shutdown()
+
+
+def test_requesting_more_gpus_than_exist_is_a_clear_error(tmp_path, data_root, fake_gpu_ray):
+    with pytest.raises(ConfigError, match="engine.gpus_per_worker: 3 workers x 0.5 need 1.5 GPU"):
+        check_resources(_cfg(tmp_path, data_root, workers=3, gpus=0.5))
