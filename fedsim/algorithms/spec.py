@@ -2,7 +2,8 @@
 
 Parts name pieces of a :class:`~fedsim.models.SplitNet` split at ``model.personal_layers``:
 ``body`` (the base), ``head`` (the personal layers), ``full`` (both), ``none``.
-The engine reads only these fields; it never branches on an algorithm's name.
+The few methods that need more than that set one of the flags below; the engine reads only
+these fields and never branches on an algorithm's name.
 """
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ class Algorithm:
     name: str
     train: Part  # what the client's local SGD updates
     share: Part  # what is sent to, averaged by and broadcast from the server
+    head_first: bool = False  # train the head alone for train.head_epochs on the new body first (FedRep, FedPer-FT)
+    orthogonal_head: bool = False  # classifier rows start orthonormal, identical on every client (FedBABU)
+    proximal: bool = False  # + mu/2 ||w - w_global||^2 over shared parameters, mu = train.mu (FedProx)
+    personal_model: bool = False  # a separate full personal model pulled toward the global one by
+    #                               train.ditto_lambda; clients are scored with it (Ditto)
     summary: str = ""
 
     @property

@@ -1,7 +1,8 @@
-"""Image datasets as uint8 arrays, decoded once into a cache and memory-mapped afterwards.
+"""Data sets as NHWC arrays: files decoded once into a cache and memory-mapped afterwards.
 
 Decoding 60k small images costs seconds; memory-mapping the cached arrays costs milliseconds
-and lets every worker process share the same pages instead of holding its own copy.
+and lets every worker process share the same pages instead of holding its own copy. Generated
+data sets (synthetic) are rebuilt in memory from their seed instead.
 """
 
 from __future__ import annotations
@@ -14,19 +15,32 @@ import os
 import pickle
 import re
 import shutil
+import string
 import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
 
 from fedsim.data.errors import DataError
 
-# train_x, train_y, test_x, test_y, class names
-Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]
+
+class Arrays(NamedTuple):
+    """What a reader gets out of one on-disk format."""
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    classes: tuple[str, ...]
+    train_groups: np.ndarray | None = None  # per-sample client ids, for naturally federated data
+    test_groups: np.ndarray | None = None
+
+
 # (does this path look like the format?, read it)
 Reader = tuple[Callable[[Path], bool], Callable[[Path], Arrays]]
 
@@ -34,18 +48,22 @@ _IMAGE_EXTS = (".jpg", ".jpeg", ".png")
 # A zip may hold the layout at its top level or inside one wrapping folder ("cifar10/train/...").
 _ZIP_MEMBER = re.compile(r"^(?:[^/]+/)?(train|test)/([^/]+)/[^/]+$")
 _ARRAYS = ("train_x", "train_y", "test_x", "test_y")
+_GROUPS = ("train_groups", "test_groups")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: arrays have no single truth value, compare by identity
 class ArrayDataset:
     name: str
-    train_x: np.ndarray  # uint8 (N, H, W, C), read-only memory map of the cache
+    train_x: np.ndarray  # (N, H, W, C): uint8 images (a read-only memory map of the cache) or float32 features
     train_y: np.ndarray  # int64 (N,)
-    test_x: np.ndarray  # uint8 (M, H, W, C)
+    test_x: np.ndarray  # (M, H, W, C), same dtype
     test_y: np.ndarray  # int64 (M,)
     classes: tuple[str, ...]
-    mean: tuple[float, ...]  # per channel, [0, 1] units, over train_x
+    mean: tuple[float, ...]  # per channel, over train_x, in the units ``to_float`` scales to ([0, 1] for uint8)
     std: tuple[float, ...]
+    train_groups: np.ndarray | None = None  # int64 (N,): the natural client (e.g. writer) of each sample
+    test_groups: np.ndarray | None = None  # int64 (M,)
+    augmentable: bool = True  # whether random crop + flip keeps the label (not for letters or features)
 
     @property
     def num_classes(self) -> int:
@@ -117,7 +135,7 @@ def _decode_layout(source: Path, files: dict[str, list[tuple[str, str]]], read: 
     x = _decode_images(source, [m for _, m in train + test], read)
     y = np.array([index[c] for c, _ in train + test], np.int64)
     n = len(train)
-    return x[:n], y[:n], x[n:], y[n:], classes
+    return Arrays(x[:n], y[:n], x[n:], y[n:], classes)
 
 
 def _read_image_folder(root: Path) -> Arrays:
@@ -165,9 +183,21 @@ def _pickle_reader(train: list[str], test: str, meta: str, labels: str, names: s
 
         train_x, train_y = split(train)
         test_x, test_y = split([test])
-        return train_x, train_y, test_x, test_y, tuple(_unpickle(folder / meta)[names])
+        return Arrays(train_x, train_y, test_x, test_y, tuple(_unpickle(folder / meta)[names]))
 
     return read
+
+
+def _read_femnist(path: Path) -> Arrays:
+    """LEAF's FEMNIST sample (schema in the shared datasets README); groups = writer index."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            x, y, g = ({s: z[f"{s}_{a}"] for s in ("train", "test")} for a in ("x", "y", "writer"))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise DataError(f"data.root: {path} is not a FEMNIST npz ({e}); replace it") from e
+    return Arrays(x["train"][..., None], y["train"].astype(np.int64), x["test"][..., None], y["test"].astype(np.int64),
+                  tuple(string.digits + string.ascii_uppercase + string.ascii_lowercase),  # LEAF's label order
+                  g["train"].astype(np.int64), g["test"].astype(np.int64))
 
 
 _ZIP: Reader = (Path.is_file, _read_image_zip)
@@ -182,16 +212,62 @@ _CIFAR100_PICKLES: Reader = (
 )
 
 
+# ---------------------------------------------------------------------------------------------
+# Generated data sets: built in memory from their options, deterministic in the seed.
+
+_SYNTHETIC_OPTIONS = {"alpha": 0.5, "beta": 0.5, "num_clients": 30, "seed": 0}
+
+
+def _synthetic(options: dict) -> ArrayDataset:
+    """FedProx's Synthetic(alpha, beta) (Li et al. 2020, generate_synthetic.py in their repo).
+
+    Per client k: u_k ~ N(0, alpha), B_k ~ N(0, beta) (standard deviations, as the repo's
+    np.random.normal calls), W_k, b_k ~ N(u_k, 1), v_k ~ N(B_k, 1), x ~ N(v_k, diag(j^-1.2)),
+    y = argmax(W_k x + b_k). alpha moves the models apart, beta the inputs. Sizes are the repo's
+    int(lognormal(4, 2)) + 50, so every client keeps >= 40 train samples after the 80/20 split.
+    """
+    unknown = sorted(set(options) - set(_SYNTHETIC_OPTIONS))
+    if unknown:
+        raise DataError(f"data.options: unknown synthetic option(s) {unknown}; use {', '.join(_SYNTHETIC_OPTIONS)}")
+    o = _SYNTHETIC_OPTIONS | options
+    try:
+        alpha, beta, n, seed = float(o["alpha"]), float(o["beta"]), int(o["num_clients"]), int(o["seed"])
+    except (TypeError, ValueError) as e:
+        raise DataError(f"data.options: synthetic options must be numbers ({e})") from e
+    if alpha < 0 or beta < 0 or n < 1:
+        raise DataError(f"data.options: synthetic needs alpha >= 0, beta >= 0, num_clients >= 1; got {o}")
+    dim, num_classes = 60, 10
+    rng = np.random.default_rng(seed)
+    sizes = rng.lognormal(4, 2, n).astype(np.int64) + 50
+    u, b_mean = rng.normal(0, alpha, n), rng.normal(0, beta, n)
+    sd = np.arange(1, dim + 1) ** -0.6  # sqrt of the covariance diagonal j^-1.2
+    xs, ys = [], []
+    for k, size in enumerate(sizes):
+        w, b = rng.normal(u[k], 1, (dim, num_classes)), rng.normal(u[k], 1, num_classes)
+        xs.append(rng.normal(b_mean[k], 1, dim) + sd * rng.standard_normal((size, dim)))
+        ys.append(np.argmax(xs[-1] @ w + b, axis=1))
+    x, y = np.concatenate(xs).astype(np.float32).reshape(-1, 1, 1, dim), np.concatenate(ys).astype(np.int64)
+    groups = np.repeat(np.arange(n, dtype=np.int64), sizes)
+    train = np.concatenate([np.arange(size) < int(0.8 * size) for size in sizes])  # each client's first 80%
+    classes = tuple(str(c) for c in range(num_classes))
+    return ArrayDataset("synthetic", x[train], y[train], x[~train], y[~train], classes,
+                        (0.0,) * dim, (1.0,) * dim,  # features stay as generated: to_float is the identity
+                        groups[train], groups[~train], augmentable=False)
+
+
 @dataclass(frozen=True)
 class _Spec:
+    """A data set read from files under the root."""
+
     title: str
-    num_classes: int
-    candidates: tuple[tuple[str, Reader], ...]  # searched in order under the root
-    torchvision_class: str  # download=True uses it; it writes one of the candidate folders
+    num_classes: int | None  # None: as many as the files hold
+    candidates: tuple[tuple[str, Reader], ...]  # searched in order under the root ("." = the root itself)
+    torchvision_class: str | None = None  # download=True uses it; it writes one of the candidate folders
+    augmentable: bool = True
 
 
-# Adding a data set is one entry here.
-_DATASETS: dict[str, _Spec] = {
+# Adding a data set is one entry here: a _Spec, or a generator taking the ``options`` dict.
+_DATASETS: dict[str, _Spec | Callable[[dict], ArrayDataset]] = {
     "cifar10": _Spec(
         "CIFAR-10", 10,
         (("cifar10-jpeg.zip", _ZIP), ("cifar10", _FOLDER), (".", _FOLDER), ("cifar10.zip", _ZIP),
@@ -204,6 +280,10 @@ _DATASETS: dict[str, _Spec] = {
          ("cifar-100-python", _CIFAR100_PICKLES)),
         "CIFAR100",
     ),
+    "femnist": _Spec("FEMNIST", 62, (("femnist-leaf-sample.npz", (Path.is_file, _read_femnist)),), augmentable=False),
+    # data.root names the image folder or its zip itself.
+    "imagefolder": _Spec("image-folder data set", None, ((".", _ZIP), (".", _FOLDER))),
+    "synthetic": _synthetic,
 }
 
 
@@ -212,7 +292,7 @@ def _find_source(spec: _Spec, root: Path, download: bool) -> tuple[Path, Callabl
         path = (root / rel).resolve()
         if looks_ok(path):
             return path, read
-    if download:
+    if download and spec.torchvision_class:
         import torchvision  # only needed online; importing it costs ~1 s
 
         try:
@@ -221,16 +301,18 @@ def _find_source(spec: _Spec, root: Path, download: bool) -> tuple[Path, Callabl
             raise DataError(f"data.download: fetching {spec.title} into {root} failed ({e}); "
                             "check the connection or place the data under data.root") from e
         return _find_source(spec, root, download=False)
-    looked = ", ".join("train/ + test/ image folders" if rel == "." else rel if rel.endswith(".zip") else rel + "/"
-                       for rel, _ in spec.candidates)
-    raise DataError(
-        f"data.root: no {spec.title} found under {root} (looked for {looked}); set data.root or FEDSIM_DATA "
-        "to the folder holding it, or data.download: true when online"
-    )
+    looked = ", ".join("a zip at the root itself" if rel == "." and reader is _ZIP
+                       else "train/ + test/ image folders" if rel == "."
+                       else rel if reader[0] is Path.is_file else rel + "/"
+                       for rel, reader in spec.candidates)
+    online = ", or data.download: true when online" if spec.torchvision_class else ""
+    raise DataError(f"data.root: no {spec.title} found under {root} (looked for {looked}); set data.root or "
+                    f"FEDSIM_DATA to the folder holding it{online}")
 
 
 # ---------------------------------------------------------------------------------------------
 # Cache: <cache_dir>/<name>-<key>/{train_x,train_y,test_x,test_y}.npy + meta.json
+# (+ {train_groups,test_groups}.npy when the source has per-sample client ids)
 
 
 def _source_key(source: Path) -> str:
@@ -266,40 +348,43 @@ def _channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]
     return mean, std
 
 
-def _open_cache(name: str, folder: Path) -> ArrayDataset | None:
+def _open_cache(name: str, folder: Path, spec: _Spec) -> ArrayDataset | None:
     """The cached data set, or None when the folder is missing or damaged (then it is rebuilt)."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
-        train_x, train_y, test_x, test_y = (np.load(folder / f"{a}.npy", mmap_mode="r", allow_pickle=False)
-                                            for a in _ARRAYS)
+        arrays = [np.load(folder / f"{a}.npy", mmap_mode="r", allow_pickle=False)
+                  for a in _ARRAYS + (_GROUPS if meta.get("groups") else ())]
+        train_x, train_y, test_x, test_y, *groups = arrays
         dataset = ArrayDataset(name, train_x, train_y, test_x, test_y, tuple(meta["classes"]),
-                               tuple(meta["mean"]), tuple(meta["std"]))
-    except (OSError, ValueError, KeyError, TypeError):
+                               tuple(meta["mean"]), tuple(meta["std"]), *groups, augmentable=spec.augmentable)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # AttributeError: meta not a dict
         return None
     channels = train_x.shape[-1] if train_x.ndim == 4 else -1
     consistent = (
-        train_x.dtype == test_x.dtype == np.uint8 and train_y.dtype == test_y.dtype == np.int64
+        train_x.dtype == test_x.dtype == np.uint8 and all(a.dtype == np.int64 for a in (train_y, test_y, *groups))
         and train_x.ndim == test_x.ndim == 4 and train_x.shape[1:] == test_x.shape[1:]
         and len(train_x) == len(train_y) and len(test_x) == len(test_y)
+        and (not groups or (len(groups[0]) == len(train_y) and len(groups[1]) == len(test_y)))
         and len(dataset.mean) == len(dataset.std) == channels
     )
     return dataset if consistent else None
 
 
 def _build_cache(folder: Path, source: Path, read: Callable[[Path], Arrays], spec: _Spec) -> None:
-    train_x, train_y, test_x, test_y, classes = read(source)
-    if len(classes) != spec.num_classes:
-        raise DataError(f"data.root: {source} has {len(classes)} classes but {spec.title} has "
+    arrays = read(source)
+    if spec.num_classes is not None and len(arrays.classes) != spec.num_classes:
+        raise DataError(f"data.root: {source} has {len(arrays.classes)} classes but {spec.title} has "
                         f"{spec.num_classes}; point data.root at the right data set")
-    mean, std = _channel_stats(train_x)
+    mean, std = _channel_stats(arrays.train_x)
+    has_groups = arrays.train_groups is not None
     folder.parent.mkdir(parents=True, exist_ok=True)
     # Build next to the target and rename, so no reader ever sees a half-written cache.
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache is meant to be shared
-        for a, arr in zip(_ARRAYS, (train_x, train_y, test_x, test_y)):
-            np.save(tmp / f"{a}.npy", arr)
-        meta = {"classes": list(classes), "mean": mean, "std": std, "source": str(source)}
+        for a in _ARRAYS + (_GROUPS if has_groups else ()):
+            np.save(tmp / f"{a}.npy", getattr(arrays, a))
+        meta = {"classes": list(arrays.classes), "mean": mean, "std": std, "source": str(source), "groups": has_groups}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         shutil.rmtree(folder, ignore_errors=True)  # a damaged cache that _open_cache rejected
         try:
@@ -310,17 +395,24 @@ def _build_cache(folder: Path, source: Path, read: Callable[[Path], Arrays], spe
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> ArrayDataset:
-    """Load a data set by name from ``root`` (or FEDSIM_DATA), decoding only on first use."""
+def load_dataset(name: str, root: str | Path | None = None, download: bool = False,
+                 options: dict | None = None) -> ArrayDataset:
+    """Load a data set by name from ``root`` (or FEDSIM_DATA), decoding only on first use.
+
+    Generated data sets (synthetic) need no root and take their parameters from ``options``;
+    the others ignore it.
+    """
     spec = _DATASETS.get(name)
     if spec is None:
         raise DataError(f"data.dataset: unknown data set {name!r}; choose one of {', '.join(_DATASETS)}")
+    if not isinstance(spec, _Spec):
+        return spec(options or {})
     source, read = _find_source(spec, resolve_root(root), download)
     folder = cache_dir() / f"{name}-{_source_key(source)}"
-    dataset = _open_cache(name, folder)
+    dataset = _open_cache(name, folder, spec)
     if dataset is None:
         _build_cache(folder, source, read, spec)
-        dataset = _open_cache(name, folder)
+        dataset = _open_cache(name, folder, spec)
     if dataset is None:
         raise DataError(f"FEDSIM_CACHE: could not build a usable cache at {folder}; delete it or point "
                         "FEDSIM_CACHE at a writable folder")

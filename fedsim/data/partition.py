@@ -16,29 +16,36 @@ import numpy as np
 
 from fedsim.data.errors import DataError
 
-# (train_y, test_y, kept train indices, kept test indices, num_clients, k, rng) -> per-client train, test
-Splits = tuple[list[np.ndarray], list[np.ndarray]]
-Splitter = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int | None, np.random.Generator], Splits]
+_DIRICHLET_TRIES = 1000  # one try costs num_classes Dirichlet draws: well under a second in all
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: arrays have no single truth value, compare by identity
 class Partition:
     train: tuple[np.ndarray, ...]  # per client: sorted int64 indices into the train arrays
     test: tuple[np.ndarray, ...]  # per client: sorted int64 indices into the test arrays
+    # Per client, int64 of length num_classes: the client's label = map[true label]. Only the
+    # "conflicting" kind sets it, to give the same inputs different labels at different clients.
+    label_maps: tuple[np.ndarray, ...] | None = None
 
     @property
     def num_clients(self) -> int:
         return len(self.train)
+
+    def labels(self, client: int, y: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """The labels ``client`` trains or is tested on for samples ``idx`` of label array ``y``."""
+        return y[idx] if self.label_maps is None else self.label_maps[client][y[idx]]
 
     def stats(self, train_y: np.ndarray, test_y: np.ndarray, num_classes: int) -> dict:
         """Summary for logs and run metadata; plain Python types so it serialises to JSON."""
         sizes = np.array([len(t) for t in self.train])
 
         def held(y: np.ndarray, parts: tuple[np.ndarray, ...]) -> list[list[int]]:
-            return [np.flatnonzero(np.bincount(y[p], minlength=num_classes)).tolist() for p in parts]
+            return [np.flatnonzero(np.bincount(self.labels(i, y, p), minlength=num_classes)).tolist()
+                    for i, p in enumerate(parts)]
 
         return {
             "num_clients": self.num_clients,
+            "relabelled": self.label_maps is not None,
             "train_sizes": sizes.tolist(),
             "test_sizes": [len(t) for t in self.test],
             "classes_per_client": held(train_y, self.train),
@@ -51,6 +58,7 @@ class Partition:
 
     def save(self, path: Path) -> None:
         arrays = {f"train_{i}": t for i, t in enumerate(self.train)} | {f"test_{i}": t for i, t in enumerate(self.test)}
+        arrays |= {f"label_map_{i}": m for i, m in enumerate(self.label_maps or ())}
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder, so os.replace is atomic
         with tmp.open("wb") as f:  # a file object stops numpy appending ".npz" to the name
@@ -64,62 +72,195 @@ class Partition:
                 n = sum(key.startswith("train_") for key in z.files)
                 train = tuple(z[f"train_{i}"].astype(np.int64) for i in range(n))
                 test = tuple(z[f"test_{i}"].astype(np.int64) for i in range(n))
+                maps = tuple(z[f"label_map_{i}"].astype(np.int64) for i in range(n)) if "label_map_0" in z else None
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:  # TypeError: a bare .npy
             raise DataError(f"{path}: not a readable partition file ({e}); delete it to have it rebuilt") from e
-        if n == 0 or len(z.files) != 2 * n:
+        if n == 0 or len(z.files) != (2 if maps is None else 3) * n:
             raise DataError(f"{path}: not a partition file (keys {z.files[:4]}...); delete it to have it rebuilt")
-        return cls(train, test)
+        return cls(train, test, maps)
 
 
-def _stratified_subset(y: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
-    """Indices of a random ``fraction`` of each class (at least one), so small runs stay balanced."""
+@dataclass(frozen=True, eq=False)
+class _Request:
+    """Everything a partition kind may use; each kind checks the arguments it needs."""
+
+    train_y: np.ndarray
+    test_y: np.ndarray
+    num_clients: int
+    rng: np.random.Generator
+    train_fraction: float
+    test_fraction: float
+    k: int | None
+    shards_per_client: int | None
+    beta: float | None
+    groups: tuple[np.ndarray, np.ndarray] | None
+
+    def pools(self, strata: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The kept train and test indices: the configured fraction of every stratum (default: class).
+
+        Every kind calls this first, so the subset is drawn from the same RNG state whatever the kind.
+        """
+        train_strata, test_strata = strata or (self.train_y, self.test_y)
+        return (_stratified_subset(train_strata, self.train_fraction, self.rng),
+                _stratified_subset(test_strata, self.test_fraction, self.rng))
+
+
+Splitter = Callable[[_Request], Partition]
+
+
+def _stratified_subset(strata: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """Indices of a random ``fraction`` of each stratum (at least one), so small runs stay balanced."""
     kept = []
-    for c in np.unique(y):
-        members = np.flatnonzero(y == c)
+    for s in np.unique(strata):
+        members = np.flatnonzero(strata == s)
         kept.append(rng.permutation(members)[: max(1, round(fraction * len(members)))])
     return np.sort(np.concatenate(kept)) if kept else np.zeros(0, np.int64)
 
 
-def _iid(train_y: np.ndarray, test_y: np.ndarray, train_pool: np.ndarray, test_pool: np.ndarray,
-         num_clients: int, k: int | None, rng: np.random.Generator) -> Splits:
-    train, test = ([np.sort(p) for p in np.array_split(rng.permutation(pool), num_clients)]
-                   for pool in (train_pool, test_pool))
-    return train, test
+def _deal(held: list[set[int]], splits: list[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator,
+          ) -> list[list[np.ndarray]]:
+    """Split each class's samples evenly among the clients holding it, for each (labels, pool) in ``splits``.
+
+    Returns, per split, one sorted index array per client.
+    """
+    out: list[list[list[np.ndarray]]] = [[[] for _ in held] for _ in splits]
+    for c in sorted(set().union(*held)):
+        holders = [i for i, h in enumerate(held) if c in h]
+        for (y, pool), parts in zip(splits, out):
+            for client, part in zip(holders, np.array_split(rng.permutation(pool[y[pool] == c]), len(holders))):
+                parts[client].append(part)
+    return [[np.sort(np.concatenate(p)) for p in parts] for parts in out]
 
 
-def _classes(train_y: np.ndarray, test_y: np.ndarray, train_pool: np.ndarray, test_pool: np.ndarray,
-             num_clients: int, k: int | None, rng: np.random.Generator) -> Splits:
+def _split_by(idx: np.ndarray, weights: np.ndarray) -> list[np.ndarray]:
+    """Cut ``idx`` into consecutive pieces with sizes proportional to ``weights``."""
+    cuts = np.cumsum(weights)[:-1] / weights.sum() * len(idx)
+    return np.split(idx, cuts.round().astype(np.int64))
+
+
+def _iid(r: _Request) -> Partition:
+    train, test = ([np.sort(p) for p in np.array_split(r.rng.permutation(pool), r.num_clients)] for pool in r.pools())
+    return Partition(tuple(train), tuple(test))
+
+
+def _classes(r: _Request) -> Partition:
     """FedPer's "k classes per client"; each client is tested on exactly the classes it trains on."""
-    classes = np.unique(train_y).tolist()
+    train_pool, test_pool = r.pools()
+    classes, n, k = np.unique(r.train_y).tolist(), r.num_clients, r.k
     if k is None or not 1 <= k <= len(classes):
         raise DataError(f"data.k: the 'classes' partition needs k in [1, {len(classes)}], got {k}")
-    if num_clients * k < len(classes):
-        raise DataError(f"data.k: {num_clients} clients x k={k} cannot cover {len(classes)} classes; "
-                        f"raise data.k to {-(-len(classes) // num_clients)} or data.num_clients")
+    if n * k < len(classes):
+        raise DataError(f"data.k: {n} clients x k={k} cannot cover {len(classes)} classes; "
+                        f"raise data.k to {-(-len(classes) // n)} or data.num_clients")
     # Deal a seeded permutation of the classes round-robin, so every class has a holder
     # (at most ceil(C / n) <= k per client), then top each client up to k distinct classes.
-    held: list[set[int]] = [set() for _ in range(num_clients)]
-    for i, c in enumerate(rng.permutation(classes).tolist()):
-        held[i % num_clients].add(c)
+    held: list[set[int]] = [set() for _ in range(n)]
+    for i, c in enumerate(r.rng.permutation(classes).tolist()):
+        held[i % n].add(c)
     for h in held:
-        h.update(rng.choice(sorted(set(classes) - h), k - len(h), replace=False).tolist())
-    train: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-    test: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-    for c in classes:
-        holders = [i for i, h in enumerate(held) if c in h]
-        for y, pool, out in ((train_y, train_pool, train), (test_y, test_pool, test)):
-            for client, part in zip(holders, np.array_split(rng.permutation(pool[y[pool] == c]), len(holders))):
-                out[client].append(part)
-    return [np.sort(np.concatenate(p)) for p in train], [np.sort(np.concatenate(p)) for p in test]
+        h.update(r.rng.choice(sorted(set(classes) - h), k - len(h), replace=False).tolist())
+    train, test = _deal(held, [(r.train_y, train_pool), (r.test_y, test_pool)], r.rng)
+    return Partition(tuple(train), tuple(test))
 
 
-# Adding a partition kind (shards, dirichlet, ...) is one function and one entry here.
-_KINDS: dict[str, Splitter] = {"iid": _iid, "classes": _classes}
+def _shards(r: _Request) -> Partition:
+    """FedBABU / FedAvg shards: label-sorted train samples cut into n*s shards, s random shards per client.
+
+    Each client is tested on the classes its shards hold, each class's test samples split evenly
+    among its holders, as in the "classes" kind.
+    """
+    train_pool, test_pool = r.pools()
+    s, n = r.shards_per_client, r.num_clients
+    if s is None or not 1 <= s * n <= len(train_pool):
+        raise DataError(f"data.shards_per_client: the 'shards' partition needs shards_per_client >= 1 with "
+                        f"num_clients x shards_per_client <= {len(train_pool)} train samples, got {s}; set it "
+                        "(FedBABU uses 2 to 10) or lower data.num_clients")
+    shuffled = r.rng.permutation(train_pool)  # then a stable sort: shuffled within each class
+    shards = np.array_split(shuffled[np.argsort(r.train_y[shuffled], kind="stable")], n * s)
+    train = [np.sort(np.concatenate([shards[j] for j in own])) for own in r.rng.permutation(n * s).reshape(n, s)]
+    held = [set(np.unique(r.train_y[t]).tolist()) for t in train]
+    (test,) = _deal(held, [(r.test_y, test_pool)], r.rng)
+    return Partition(tuple(train), tuple(test))
+
+
+def _dirichlet(r: _Request) -> Partition:
+    """Label skew (Hsu et al. 2019): each class spread over clients by proportions ~ Dir(beta * 1).
+
+    Client sizes come out unequal. Each client's test set repeats its train class mix: a class's
+    test samples go to clients in proportion to their train counts of that class. Draws repeat
+    until every client has >= 2 train and >= 1 test samples.
+    """
+    train_pool, test_pool = r.pools()
+    n, beta = r.num_clients, r.beta
+    if beta is None or not beta > 0:
+        raise DataError(f"data.beta: the 'dirichlet' partition needs beta > 0 (0.1 = strong skew, 100 = near "
+                        f"IID), got {beta}")
+    by_class = [(train_pool[r.train_y[train_pool] == c], test_pool[r.test_y[test_pool] == c])
+                for c in np.unique(r.train_y[train_pool])]
+    for _ in range(_DIRICHLET_TRIES):
+        train: list[list[np.ndarray]] = [[] for _ in range(n)]
+        test: list[list[np.ndarray]] = [[] for _ in range(n)]
+        for tr, te in by_class:
+            pieces = _split_by(r.rng.permutation(tr), r.rng.dirichlet(np.full(n, beta)))
+            counts = np.array([len(p) for p in pieces])
+            for client, (a, b) in enumerate(zip(pieces, _split_by(r.rng.permutation(te), counts))):
+                train[client].append(a)
+                test[client].append(b)
+        parts = [np.sort(np.concatenate(p)) for p in train], [np.sort(np.concatenate(p)) for p in test]
+        if min(map(len, parts[0])) >= 2 and min(map(len, parts[1])) >= 1:
+            return Partition(tuple(parts[0]), tuple(parts[1]))
+    raise DataError(f"data.beta: beta={beta} left some of the {n} clients under 2 train or 1 test samples in "
+                    f"{_DIRICHLET_TRIES} draws; raise data.beta or lower data.num_clients")
+
+
+def _conflicting(r: _Request) -> Partition:
+    """Same inputs, different labels per client (a stand-in for FLICKR-AES's per-user ratings).
+
+    Each client samples len(pool) // n train and test indices without replacement, independently
+    of the others (so clients overlap), and relabels them by its own random class permutation.
+    """
+    train, test = ([np.sort(r.rng.choice(pool, len(pool) // r.num_clients, replace=False))
+                    for _ in range(r.num_clients)] for pool in r.pools())
+    num_classes = int(max(r.train_y.max(initial=0), r.test_y.max(initial=0))) + 1
+    maps = tuple(r.rng.permutation(num_classes) for _ in range(r.num_clients))
+    return Partition(tuple(train), tuple(test), maps)
+
+
+def _natural(r: _Request) -> Partition:
+    """One client per group (e.g. FEMNIST writer); with fewer clients, the groups with most train data.
+
+    The data fractions apply per client, so every kept client keeps at least one sample.
+    """
+    if r.groups is None:
+        raise DataError("data.partition: natural needs a dataset with per-sample client ids, e.g. femnist")
+    train_g, test_g = (np.asarray(g, np.int64) for g in r.groups)
+    if train_g.shape != r.train_y.shape or test_g.shape != r.test_y.shape:
+        raise DataError(f"data.partition: natural got {len(train_g)}/{len(test_g)} client ids for "
+                        f"{len(r.train_y)}/{len(r.test_y)} train/test samples; the dataset's groups are broken")
+    train_pool, test_pool = r.pools((train_g, test_g))
+    ids, counts = np.unique(train_g, return_counts=True)
+    if r.num_clients > len(ids):
+        raise DataError(f"data.num_clients: this dataset has {len(ids)} natural clients, got {r.num_clients}; "
+                        f"set data.num_clients <= {len(ids)}")
+    chosen = np.sort(ids[np.lexsort((ids, -counts))[: r.num_clients]])  # most train samples, ties by lower id
+    train, test = ([pool[g[pool] == c] for c in chosen] for g, pool in ((train_g, train_pool), (test_g, test_pool)))
+    return Partition(tuple(train), tuple(test))
+
+
+# Adding a partition kind is one function and one entry here.
+_KINDS: dict[str, Splitter] = {"iid": _iid, "classes": _classes, "shards": _shards, "dirichlet": _dirichlet,
+                               "conflicting": _conflicting, "natural": _natural}
 
 
 def make_partition(kind: str, train_y: np.ndarray, test_y: np.ndarray, num_clients: int, seed: int, *,
-                   k: int | None = None, train_fraction: float = 1.0, test_fraction: float = 1.0) -> Partition:
-    """Split the (optionally subsampled) train and test sets across ``num_clients`` clients."""
+                   k: int | None = None, train_fraction: float = 1.0, test_fraction: float = 1.0,
+                   shards_per_client: int | None = None, beta: float | None = None,
+                   groups: tuple[np.ndarray, np.ndarray] | None = None) -> Partition:
+    """Split the (optionally subsampled) train and test sets across ``num_clients`` clients.
+
+    ``groups`` holds per-sample client ids (train, test) for the "natural" kind; each kind
+    ignores the arguments it does not use.
+    """
     splitter = _KINDS.get(kind)
     if splitter is None:
         raise DataError(f"data.partition: unknown partition {kind!r}; choose one of {', '.join(_KINDS)}")
@@ -128,15 +269,14 @@ def make_partition(kind: str, train_y: np.ndarray, test_y: np.ndarray, num_clien
     for field, fraction in (("train_fraction", train_fraction), ("test_fraction", test_fraction)):
         if not 0 < fraction <= 1:
             raise DataError(f"data.{field}: must be in (0, 1], got {fraction}")
-    train_y, test_y = np.asarray(train_y, np.int64), np.asarray(test_y, np.int64)
-    rng = np.random.default_rng(seed)
-    train_pool = _stratified_subset(train_y, train_fraction, rng)
-    test_pool = _stratified_subset(test_y, test_fraction, rng)
-    train, test = splitter(train_y, test_y, train_pool, test_pool, num_clients, k, rng)
-    for split, parts in (("train", train), ("test", test)):
-        empty = next((i for i, p in enumerate(parts) if len(p) == 0), None)
+    p = splitter(_Request(np.asarray(train_y, np.int64), np.asarray(test_y, np.int64), num_clients,
+                          np.random.default_rng(seed), train_fraction, test_fraction, k, shards_per_client, beta,
+                          groups))
+    for split, parts in (("train", p.train), ("test", p.test)):
+        empty = next((i for i, part in enumerate(parts) if len(part) == 0), None)
         if empty is not None:
             raise DataError(f"data.num_clients: {num_clients} clients leave client {empty} with no "
                             f"{'training' if split == 'train' else 'test'} data; "
                             f"lower data.num_clients or raise data.{split}_fraction")
-    return Partition(tuple(p.astype(np.int64) for p in train), tuple(p.astype(np.int64) for p in test))
+    return Partition(tuple(t.astype(np.int64) for t in p.train), tuple(t.astype(np.int64) for t in p.test),
+                     p.label_maps)

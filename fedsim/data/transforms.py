@@ -9,12 +9,14 @@ import torch
 import torch.nn.functional as F
 
 
-def to_float(x_uint8_nhwc: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 (B, H, W, C) -> normalised float32 (B, C, H, W): ``(x / 255 - mean) / std``."""
+def to_float(x_nhwc: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """(B, H, W, C) -> normalised float32 (B, C, H, W): ``(x / 255 - mean) / std`` for uint8 images,
+    ``(x - mean) / std`` for float features."""
     # np.array copies: batches often come straight from a read-only memory map, which torch
     # refuses to wrap without a warning.
-    x = torch.from_numpy(np.array(x_uint8_nhwc, dtype=np.uint8)).permute(0, 3, 1, 2)
-    x = x.to(torch.float32, memory_format=torch.contiguous_format).div_(255)
+    x = torch.from_numpy(np.array(x_nhwc)).permute(0, 3, 1, 2)
+    scale = 255 if x.dtype == torch.uint8 else 1
+    x = x.to(torch.float32, memory_format=torch.contiguous_format).div_(scale)
     mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
     std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
     return x.sub_(mean_t).div_(std_t)
