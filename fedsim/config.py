@@ -22,8 +22,11 @@ class DataConfig(_Section):
     root: str | None = Field(None, description="folder holding the data; default: env FEDSIM_DATA")
     download: bool = Field(False, description="let torchvision download when the data is missing (needs internet)")
     num_clients: int = Field(10, ge=1)
-    partition: Literal["iid", "classes"] = "classes"
+    partition: Literal["iid", "classes", "shards", "dirichlet", "conflicting", "natural"] = "classes"
     k: int | None = Field(4, ge=1, description="classes per client for partition=classes")
+    shards_per_client: int | None = Field(None, ge=1, description="s for partition=shards")
+    beta: float | None = Field(None, gt=0, description="Dirichlet concentration for partition=dirichlet")
+    options: dict[str, Any] = Field(default_factory=dict, description="dataset options, e.g. synthetic alpha/beta")
     train_fraction: float = Field(1.0, gt=0, le=1)
     test_fraction: float = Field(1.0, gt=0, le=1)
     augment: bool = Field(True, description="random crop + horizontal flip during local training")
@@ -46,8 +49,16 @@ class TrainConfig(_Section):
     batch_size: int = Field(50, ge=1)
     fraction: float = Field(1.0, gt=0, le=1, description="f: share of clients sampled each round")
     eval_every: int = Field(1, ge=1)
+    head_epochs: int = Field(1, ge=1, description="head-only epochs first, for algorithms with head_first (FedRep, FedPer-FT)")
+    mu: float = Field(0.01, ge=0, description="FedProx proximal coefficient")
+    ditto_lambda: float = Field(0.1, ge=0, description="Ditto: pull of the personal model toward the global one")
     body: OptimConfig = OptimConfig()
     head: OptimConfig = OptimConfig()
+
+
+class EvalConfig(_Section):
+    finetune_epochs: int = Field(5, ge=0, description="tau_f: personalized accuracy after this many fine-tune epochs; 0 = initial only")
+    finetune_part: Literal["full", "body", "head"] = "full"
 
 
 class EngineConfig(_Section):
@@ -66,6 +77,7 @@ class RunConfig(_Section):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
     engine: EngineConfig = EngineConfig()
     sweep: dict[str, list[Any]] = Field(default_factory=dict, description="dotted key -> values; one run per combination")
 

@@ -1,4 +1,7 @@
-"""Tests for fedsim.data: partitions, dataset loading and caching, transforms."""
+"""Tests for fedsim.data: iid/classes partitions, dataset loading and caching, transforms.
+
+The other partition kinds are tested in test_data_partitions.py.
+"""
 
 from __future__ import annotations
 
@@ -91,7 +94,7 @@ def test_fractions_keep_a_stratified_subset() -> None:
         ("iid", 5, {"test_fraction": 1.5}, "data.test_fraction"),
         ("iid", 1000, {}, "data.num_clients"),
         ("classes", 100, {"k": 1, "test_fraction": 0.5}, "data.num_clients"),  # 5 test samples, 10 holders
-        ("shards", 5, {}, "data.partition"),
+        ("pathological", 5, {}, "data.partition"),
     ],
 )
 def test_partition_errors_name_the_setting(kind: str, num_clients: int, kwargs: dict, field: str) -> None:
@@ -278,6 +281,77 @@ def test_wrong_class_count(tmp_path: Path, cache: Path) -> None:
         load_dataset("cifar100", tmp_path)
 
 
+def test_imagefolder_is_the_root_itself(tmp_path: Path, cache: Path) -> None:
+    write_layout(tmp_path / "pets", ["zebra", "apple", "mango"])
+    zip_folder(tmp_path / "pets", tmp_path / "pets.zip")
+    expected = np.asarray(Image.open(tmp_path / "pets" / "test" / "zebra" / "0.png"))
+    for root in (tmp_path / "pets", tmp_path / "pets.zip"):
+        d = load_dataset("imagefolder", root)
+        assert d.classes == ("apple", "mango", "zebra") and d.augmentable and d.train_groups is None
+        assert d.train_x.shape == (6, 4, 6, 3) and np.array_equal(d.test_y, [0, 1, 2])
+        assert np.array_equal(d.test_x[2], expected)
+    assert sorted(f.name[:12] for f in cache.iterdir()) == ["imagefolder-"] * 2  # one cache per source
+    with pytest.raises(DataError, match=r"data\.root: no image-folder data set .*a zip at the root itself") as e:
+        load_dataset("imagefolder", tmp_path / "missing", download=True)
+    assert "download" not in str(e.value)  # nothing to download an image folder from
+
+
+def write_femnist(path: Path) -> None:
+    rng = np.random.default_rng(0)
+    np.savez(path, train_x=rng.integers(0, 256, (6, 28, 28), dtype=np.uint8), train_y=np.arange(6) * 10,
+             train_writer=np.array([0, 0, 1, 1, 2, 2], np.int32),
+             test_x=rng.integers(0, 256, (3, 28, 28), dtype=np.uint8), test_y=np.array([61, 0, 5]),
+             test_writer=np.array([2, 0, 1], np.int32), writers=np.array(["a", "b", "c"]))
+
+
+def test_femnist(tmp_path: Path, cache: Path) -> None:
+    with pytest.raises(DataError, match=r"no FEMNIST found .*femnist-leaf-sample\.npz\)") as e:
+        load_dataset("femnist", tmp_path)
+    assert "download" not in str(e.value)
+    write_femnist(tmp_path / "femnist-leaf-sample.npz")
+    d = load_dataset("femnist", tmp_path)
+    with np.load(tmp_path / "femnist-leaf-sample.npz") as z:
+        assert np.array_equal(d.train_x[..., 0], z["train_x"]) and np.array_equal(d.test_y, z["test_y"])
+    assert d.train_x.shape == (6, 28, 28, 1) and d.input_shape == (1, 28, 28) and len(d.mean) == 1
+    assert d.num_classes == 62 and d.classes[9:11] == ("9", "A") and d.classes[-1] == "z"
+    assert not d.augmentable and isinstance(d.train_groups, np.memmap) and d.test_groups is not None
+    assert d.train_groups.dtype == np.int64 and d.train_groups.tolist() == [0, 0, 1, 1, 2, 2]
+    (folder,) = cache.iterdir()
+    (folder / "test_groups.npy").unlink()  # a damaged cache is rebuilt, groups included
+    assert load_dataset("femnist", tmp_path).test_groups.tolist() == [2, 0, 1]
+
+
+def test_synthetic(cache: Path) -> None:
+    options = {"alpha": 0.5, "beta": 0.5, "num_clients": 30, "seed": 0}
+    d = load_dataset("synthetic", options=options)  # no root: the fixture unset FEDSIM_DATA
+    assert d.train_x.dtype == d.test_x.dtype == np.float32 and d.train_x.shape[1:] == (1, 1, 60)
+    assert d.input_shape == (60, 1, 1) and d.num_classes == 10 and not d.augmentable
+    assert d.train_y.dtype == np.int64 and 0 <= d.train_y.min() and d.train_y.max() <= 9
+    assert d.train_groups is not None and d.test_groups is not None
+    train_sizes, test_sizes = np.bincount(d.train_groups, minlength=30), np.bincount(d.test_groups, minlength=30)
+    assert train_sizes.min() >= 20 and np.array_equal(train_sizes, ((train_sizes + test_sizes) * 0.8).astype(int))
+    assert train_sizes.std() > train_sizes.mean() / 2  # power-law sizes
+    x = d.train_x[:5]
+    assert torch.equal(to_float(x, d.mean, d.std), torch.from_numpy(x.copy()).permute(0, 3, 1, 2))
+    assert not cache.exists()  # generated in memory
+    again = load_dataset("synthetic", options=options)
+    assert np.array_equal(again.train_x, d.train_x) and np.array_equal(again.test_y, d.test_y)
+    assert not np.array_equal(load_dataset("synthetic", options=options | {"seed": 1}).train_x[:5], x)
+
+    def client_mean_spread(beta: float) -> float:  # beta sets how far apart the clients' inputs lie
+        s = load_dataset("synthetic", options=options | {"alpha": 0.0, "beta": beta})
+        return float(np.std([s.train_x[s.train_groups == k].mean() for k in range(30)]))
+
+    assert client_mean_spread(0.0) < 0.5 < client_mean_spread(2.0)
+    assert load_dataset("synthetic").train_x.shape[1:] == (1, 1, 60)  # defaults
+
+
+@pytest.mark.parametrize("options", [{"gamma": 1}, {"alpha": -1}, {"num_clients": 0}, {"beta": "high"}])
+def test_synthetic_options_are_checked(cache: Path, options: dict) -> None:
+    with pytest.raises(DataError, match=r"^data\.options: [^\n]*$"):
+        load_dataset("synthetic", options=options)
+
+
 @pytest.mark.skipif(not os.environ.get("FEDSIM_DATA"), reason="set FEDSIM_DATA to the shared datasets folder")
 def test_real_cifar10(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not os.environ.get("FEDSIM_CACHE"):  # reuse a shared cache when given, else decode into tmp
@@ -297,6 +371,10 @@ def test_to_float() -> None:
     t = to_float(x, (0.5, 0.4, 0.3), (0.2, 0.25, 0.5))
     assert t.shape == (2, 3, 4, 4) and t.dtype == torch.float32 and t.is_contiguous()
     assert torch.allclose(t[1, 2, 3, 0], torch.tensor((x[1, 3, 0, 2] / 255 - 0.3) / 0.5, dtype=torch.float32))
+    features = np.linspace(-1, 1, 2 * 3, dtype=np.float32).reshape(2, 1, 1, 3)  # float input: no / 255
+    f = to_float(features, (0.5, 0.0, 0.0), (2.0, 1.0, 1.0))
+    assert f.shape == (2, 3, 1, 1) and f.dtype == torch.float32
+    assert torch.allclose(f[1, 0, 0, 0], torch.tensor((features[1, 0, 0, 0] - 0.5) / 2.0))
 
 
 def test_random_crop_flip() -> None:

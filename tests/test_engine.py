@@ -7,7 +7,7 @@ import pytest
 from fedsim.config import ConfigError, validate
 from fedsim.engine import run
 from fedsim.engine.driver import Driver
-from fedsim.engine.worker import ClientRuntime, ClientUpdate
+from fedsim.engine.worker import ClientData, ClientRuntime, ClientUpdate
 from fedsim.data import load_dataset, make_partition
 
 
@@ -18,6 +18,7 @@ def small_config(tmp_path, data_root, **over):
                  "train_fraction": 0.02, "test_fraction": 0.05},
         "model": {"name": "cnn4", "personal_layers": 1},
         "train": {"rounds": 2, "local_epochs": 1, "batch_size": 50},
+        "eval": {"finetune_epochs": 0},
         "engine": {"workers": 2, "round_timeout_s": 300},
     }
     for dotted, value in over.items():
@@ -57,7 +58,7 @@ def _runtime(tmp_path, data_root, algorithm):
     cfg = small_config(tmp_path, data_root, algorithm=algorithm)
     data = load_dataset("cifar10", data_root)
     part = make_partition("classes", data.train_y, data.test_y, 5, 1, k=2, train_fraction=0.02, test_fraction=0.05)
-    clients = {c: (part.train[c], part.test[c]) for c in range(5)}
+    clients = {c: ClientData(part.train[c], part.test[c]) for c in range(5)}
     return ClientRuntime(cfg.model_dump(), clients)
 
 

@@ -28,7 +28,7 @@ def test_personal_layers_are_structural(name):
     assert set(head2) == set(head1) | {k for k in keys if k.startswith(f"blocks.{last}.")}
 
     _, head_all = net.split_keys(net.max_personal_layers)
-    assert all(k.startswith(("classifier.", "blocks.")) for k in head_all)
+    assert all(k.startswith(("classifier", "blocks.")) for k in head_all)
     assert len(head_all) == len([k for k in keys if not k.startswith("stem.")])
 
 
@@ -44,6 +44,19 @@ def test_cnn4_matches_fedbabu_architecture():
     assert [(c.out_channels, c.kernel_size) for c in convs] == [(64, (3, 3))] * 4
     linear = net.classifier[-1]
     assert (linear.in_features, linear.out_features) == (256, 10)
+
+
+def test_linear_base_keeps_cnn4_personal_layer():
+    cnn, lin = build_model("cnn4", 10, (3, 32, 32)), build_model("linear_base", 10, (3, 32, 32))
+    assert len(lin.blocks) == 1 and isinstance(lin.blocks[0][0], torch.nn.Linear)
+    assert cnn.output_layer.weight.shape == lin.output_layer.weight.shape == (10, 256)
+    _, head = lin.split_keys(1)
+    assert head == ["classifier.weight", "classifier.bias"]
+
+
+def test_mlp_on_feature_vectors():
+    net = build_model("mlp", 10, (60, 1, 1))
+    assert net(torch.randn(4, 60, 1, 1)).shape == (4, 10)
 
 
 def test_unknown_model_names_choices():

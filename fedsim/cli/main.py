@@ -21,12 +21,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def comparison_table(results: list) -> str:
-    lines = [f"{'run':<28} {'algorithm':<10} {'mean acc':>9} {'std':>7} {'min':>7} {'wall s':>7}",
-             "-" * 72]
+    """Initial accuracy (the model each client holds) and, where measured, personalized accuracy."""
+    def pct(stats: dict | None, key: str) -> str:
+        return f"{100 * stats[key]:.2f}" if stats else "-"
+
+    lines = [f"{'run':<30} {'initial mean':>12} {'std':>6} {'min':>6} {'personalized':>12} {'std':>6} {'min':>6} "
+             f"{'wall s':>7}", "-" * 94]
     for r in results:
-        a = r.summary["acc"]
-        lines.append(f"{r.name:<28} {r.summary['algorithm']:<10} {100 * a['mean']:>8.2f}% {100 * a['std']:>6.2f} "
-                     f"{100 * a['min']:>6.2f} {r.summary['wall_seconds']:>7.1f}")
+        a, p = r.summary["acc"], r.summary.get("acc_personalized")
+        lines.append(f"{r.name:<30} {pct(a, 'mean'):>12} {pct(a, 'std'):>6} {pct(a, 'min'):>6} {pct(p, 'mean'):>12} "
+                     f"{pct(p, 'std'):>6} {pct(p, 'min'):>6} {r.summary['wall_seconds']:>7.1f}")
     return "\n".join(lines)
 
 

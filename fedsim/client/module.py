@@ -7,6 +7,8 @@ providing the same members):
 * ``part_keys``: ``{"body": [...], "head": [...]}`` state-dict keys of ``net`` per part;
 * ``trainable``: a set of part names; the engine sets it before each local phase and
   ``training_step`` must update only those parts;
+* ``proximal``: ``None`` or ``(coefficient, [(parameter, anchor tensor)])``; when set, the loss gets
+  ``coefficient / 2 * sum ||parameter - anchor||^2`` (FedProx, Ditto);
 * ``configure_optimizers()`` returns one optimizer per non-empty part, in ``OPTIMIZED_PARTS`` order,
   with ``automatic_optimization = False`` (manual optimization);
 * ``training_step(batch, batch_idx)`` returns the loss; ``evaluate_batch(batch)`` returns
@@ -41,6 +43,8 @@ class FedClient(pl.LightningModule):
         self._part_params = {part: [named[k] for k in keys if k in named] for part, keys in self.part_keys.items()}
         self.optimized_parts = [p for p in OPTIMIZED_PARTS if self._part_params[p]]
         self.trainable: set[str] = set(self.optimized_parts)
+        # Proximal pull toward reference weights (FedProx's mu, Ditto's lambda): (coefficient, [(param, anchor)]).
+        self.proximal: tuple[float, list[tuple[nn.Parameter, torch.Tensor]]] | None = None
         self.accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -58,6 +62,9 @@ class FedClient(pl.LightningModule):
         active = [opt for part, opt in zip(self.optimized_parts, self._as_list(self.optimizers()))
                   if part in self.trainable]
         loss = F.cross_entropy(self(x), y)
+        if self.proximal is not None:
+            coef, pairs = self.proximal
+            loss = loss + coef / 2 * sum(((p - a) ** 2).sum() for p, a in pairs)
         for opt in active:
             opt.zero_grad(set_to_none=True)
         self.manual_backward(loss)

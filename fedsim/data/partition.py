@@ -98,7 +98,7 @@ class _Request:
     def pools(self, strata: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The kept train and test indices: the configured fraction of every stratum (default: class).
 
-        Every kind calls this first, so the subset is drawn from the same RNG state whatever the kind.
+        Every kind calls this before drawing anything else, so the subset does not depend on the kind.
         """
         train_strata, test_strata = strata or (self.train_y, self.test_y)
         return (_stratified_subset(train_strata, self.train_fraction, self.rng),
@@ -206,9 +206,9 @@ def _dirichlet(r: _Request) -> Partition:
             for client, (a, b) in enumerate(zip(pieces, _split_by(r.rng.permutation(te), counts))):
                 train[client].append(a)
                 test[client].append(b)
-        parts = [np.sort(np.concatenate(p)) for p in train], [np.sort(np.concatenate(p)) for p in test]
-        if min(map(len, parts[0])) >= 2 and min(map(len, parts[1])) >= 1:
-            return Partition(tuple(parts[0]), tuple(parts[1]))
+        train_parts, test_parts = ([np.sort(np.concatenate(p)) for p in split] for split in (train, test))
+        if min(map(len, train_parts)) >= 2 and min(map(len, test_parts)) >= 1:
+            return Partition(tuple(train_parts), tuple(test_parts))
     raise DataError(f"data.beta: beta={beta} left some of the {n} clients under 2 train or 1 test samples in "
                     f"{_DIRICHLET_TRIES} draws; raise data.beta or lower data.num_clients")
 

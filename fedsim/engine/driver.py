@@ -12,7 +12,7 @@ from fedsim.config import RunConfig
 from fedsim.data import Partition
 from fedsim.engine.aggregate import weighted_average
 from fedsim.engine.weights import Layout
-from fedsim.engine.worker import ClientRuntime, ClientUpdate, initial_model, shared_and_personal_keys
+from fedsim.engine.worker import ClientData, ClientRuntime, ClientUpdate, initial_model, shared_and_personal_keys
 
 WorkerActor = ray.remote(ClientRuntime)
 
@@ -39,14 +39,19 @@ class Driver:
         self.workers = [
             WorkerActor.options(num_cpus=engine.cpus_per_worker, num_gpus=engine.gpus_per_worker,
                                 scheduling_strategy="SPREAD", runtime_env={"env_vars": env}).remote(
-                cfg_dict, {c: (partition.train[c], partition.test[c])
-                           for c in range(self.num_clients) if owner_of(c, n_workers) == w})
+                cfg_dict, {c: self._client_data(partition, c) for c in range(self.num_clients)
+                           if owner_of(c, n_workers) == w})
             for w in range(n_workers)
         ]
         net = initial_model(self.cfg, num_classes, input_shape)
         shared_keys, self.personal_keys = shared_and_personal_keys(self.cfg, net)
         self.layout = Layout.of(net, shared_keys)
         self.global_ref = ray.put(self.layout.pack(net))
+
+    @staticmethod
+    def _client_data(partition: Partition, client: int) -> ClientData:
+        maps = partition.label_maps
+        return ClientData(partition.train[client], partition.test[client], None if maps is None else maps[client])
 
     def worker_info(self) -> list[dict]:
         return ray.get([w.device_info.remote() for w in self.workers], timeout=self.cfg.engine.round_timeout_s)
@@ -78,7 +83,7 @@ class Driver:
         records = []
         if round_idx % self.cfg.train.eval_every == 0 or round_idx == self.cfg.train.rounds:
             everyone = self._by_worker(list(range(self.num_clients)))
-            calls = [self.workers[w].evaluate.remote(self.global_ref, cs) for w, cs in everyone.items()]
+            calls = [self.workers[w].evaluate.remote(self.global_ref, cs, round_idx) for w, cs in everyone.items()]
             batches = ray.get(calls, timeout=self.cfg.engine.round_timeout_s)
             records = sorted((r for batch in batches for r in batch), key=lambda r: r["client"])
             for r in records:

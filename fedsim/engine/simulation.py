@@ -68,12 +68,21 @@ def _this_node() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
+def _personalized_summary(records: list[dict]) -> dict:
+    if "acc_personalized" not in records[0]:
+        return {}
+    final = {r["client"]: r["acc_personalized"] for r in records}
+    return {"acc_personalized": summarize(list(final.values())), "per_client_acc_personalized": final}
+
+
 def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None = None) -> RunResult:
     run_dir = prepare_run_dir(cfg, overwrite)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-    data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.download)  # decodes once; workers then mmap
     d = cfg.data
+    data = load_dataset(d.dataset, d.root, d.download, options=d.options)  # decodes once; workers then mmap
+    groups = None if data.train_groups is None else (data.train_groups, data.test_groups)
     partition = make_partition(d.partition, data.train_y, data.test_y, d.num_clients, cfg.seed, k=d.k,
+                               shards_per_client=d.shards_per_client, beta=d.beta, groups=groups,
                                train_fraction=d.train_fraction, test_fraction=d.test_fraction)
     partition.save(run_dir / "partition.npz")
     stats = partition.stats(data.train_y, data.test_y, data.num_classes)
@@ -94,7 +103,9 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
                 row = {"round": round_idx, "seconds": result["seconds"], "sampled": len(result["sampled"]),
                        "bytes_up": result["bytes_up"]}
                 if result["records"]:
-                    row["acc"] = summarize([r["acc"] for r in result["records"]])
+                    for key in ("acc", "acc_personalized"):
+                        if key in result["records"][0]:
+                            row[key] = summarize([r[key] for r in result["records"]])
                     last = result
                 rounds.write(json.dumps(row) + "\n")
                 metrics.flush()
@@ -108,6 +119,7 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
     final = {r["client"]: r["acc"] for r in last["records"]}
     summary = {"name": cfg.name, "algorithm": cfg.algorithm, "rounds": cfg.train.rounds,
                "acc": summarize(list(final.values())), "per_client_acc": final,
+               **_personalized_summary(last["records"]),
                "wall_seconds": time.perf_counter() - started, "workers": workers}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return RunResult(cfg.name, run_dir, summary)

@@ -4,11 +4,14 @@ from __future__ import annotations
 from typing import Callable
 
 from fedsim.models.cnn4 import cnn4
+from fedsim.models.mlp import linear_base, mlp
 from fedsim.models.mobilenet import mobilenet_v1
 from fedsim.models.resnet import resnet34
 from fedsim.models.split import SplitNet
 
-MODELS: dict[str, Callable[..., SplitNet]] = {"cnn4": cnn4, "resnet34": resnet34, "mobilenet_v1": mobilenet_v1}
+MODELS: dict[str, Callable[..., SplitNet]] = {
+    "cnn4": cnn4, "resnet34": resnet34, "mobilenet_v1": mobilenet_v1, "mlp": mlp, "linear_base": linear_base,
+}
 
 
 def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int]) -> SplitNet:

@@ -23,6 +23,14 @@ class SplitNet(nn.Module):
     def max_personal_layers(self) -> int:
         return len(self.blocks) + 1
 
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The final linear layer (FedBABU initialises its rows orthogonally)."""
+        linears = [m for m in self.classifier.modules() if isinstance(m, nn.Linear)]
+        if not linears:
+            raise TypeError("SplitNet.classifier must end in an nn.Linear")
+        return linears[-1]
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
         for block in self.blocks:
