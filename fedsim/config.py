@@ -52,6 +52,7 @@ class TrainConfig(_Section):
     head_epochs: int = Field(1, ge=1, description="head-only epochs first, for algorithms with head_first (FedRep, FedPer-FT)")
     mu: float = Field(0.01, ge=0, description="FedProx proximal coefficient")
     ditto_lambda: float = Field(0.1, ge=0, description="Ditto: pull of the personal model toward the global one")
+    on_nonfinite: Literal["stop", "drop"] = Field("stop", description="a NaN/Inf loss stops the run, or drops that update")
     body: OptimConfig = OptimConfig()
     head: OptimConfig = OptimConfig()
 
@@ -67,6 +68,22 @@ class EngineConfig(_Section):
     gpus_per_worker: float = Field(0.0, ge=0, le=1)
     threads_per_worker: int = Field(1, ge=1, description="torch threads per worker; fixed so results do not depend on workers")
     round_timeout_s: float = Field(3600.0, gt=0, description="a round taking longer fails instead of hanging silently")
+    checkpoint_every: int = Field(1, ge=0, description="rounds between checkpoints (0 = never); also the rollback unit on worker loss")
+    dashboard: bool = Field(False, description="start Ray's dashboard (bound to 127.0.0.1) for local runs")
+
+
+class WandbConfig(_Section):
+    mode: Literal["disabled", "offline", "online"] = "disabled"
+    project: str = "fedsim"
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    run_id: str | None = Field(None, description="W&B run id; set to continue the same W&B run on --resume")
+    per_client_limit: int = Field(100, ge=0, description="clients logged as their own curve (all go into the final table)")
+
+
+class LoggingConfig(_Section):
+    wandb: WandbConfig = WandbConfig()
 
 
 class RunConfig(_Section):
@@ -79,6 +96,7 @@ class RunConfig(_Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     engine: EngineConfig = EngineConfig()
+    logging: LoggingConfig = LoggingConfig()
     sweep: dict[str, list[Any]] = Field(default_factory=dict, description="dotted key -> values; one run per combination")
 
     @model_validator(mode="after")

@@ -206,3 +206,13 @@ def test_new_kinds_are_pure_functions_of_the_seed(kind: str, kwargs: dict) -> No
     assert not all(np.array_equal(x, y) for x, y in zip(a.train, b.train))
     for t in a.train + a.test:
         assert t.dtype == np.int64 and np.all(np.diff(t) > 0)
+
+
+def test_conflicting_maps_form_a_latin_square():
+    """With as many clients as classes, each true class gets every label once: no global model beats chance."""
+    y = np.repeat(np.arange(10), 30)
+    part = make_partition("conflicting", y, y, 10, 4)
+    maps = np.stack(part.label_maps)
+    for true_class in range(10):
+        assert sorted(maps[:, true_class]) == list(range(10))
+    assert all(sorted(m) == list(range(10)) for m in maps)  # each map is a permutation

@@ -13,10 +13,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedsim", description="Personalized federated learning simulator")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a simulation from a YAML config")
-    run.add_argument("config", help="YAML file, e.g. experiments/quickstart.yaml")
+    run.add_argument("config", nargs="?", help="YAML file, e.g. experiments/quickstart.yaml (omit with --resume)")
     run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.rounds=3 engine.workers=1")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar; one line per run")
+    report = sub.add_parser("report", help="plots and a Markdown table from run folders")
+    report.add_argument("runs", nargs="+", help="run folders, e.g. runs/quickstart-fedavg runs/quickstart-fedper")
+    report.add_argument("--out", default="reports", help="output folder (default: reports/)")
     return parser
 
 
@@ -39,7 +43,15 @@ def _run_command(args: argparse.Namespace) -> int:
 
     from fedsim.engine import run
 
-    configs = expand_sweep(load_tree(args.config, args.overrides))
+    if args.resume:
+        from fedsim.engine.simulation import load_run_config
+
+        overrides = ([args.config] if args.config else []) + args.overrides
+        configs, resume = [load_run_config(args.resume, overrides)], True
+    elif args.config:
+        configs, resume = expand_sweep(load_tree(args.config, args.overrides)), False
+    else:
+        raise ConfigError("fedsim run: give a CONFIG.yaml, or --resume RUN_DIR")
     results = []
     for cfg in configs:
         bar = tqdm(total=cfg.train.rounds, desc=cfg.name, unit="round", disable=args.quiet, dynamic_ncols=True)
@@ -49,7 +61,7 @@ def _run_command(args: argparse.Namespace) -> int:
                 bar.set_postfix(mean=f"{100 * row['acc']['mean']:.1f}%", min=f"{100 * row['acc']['min']:.1f}%")
             bar.update(1)
 
-        result = run(cfg, overwrite=args.overwrite, on_round=on_round)
+        result = run(cfg, overwrite=args.overwrite, on_round=on_round, resume=resume)
         bar.close()
         results.append(result)
         acc = result.summary["acc"]
@@ -59,10 +71,20 @@ def _run_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fedsim.metrics.report import write_report
+
+    for path in write_report([Path(r) for r in args.runs], Path(args.out)):
+        print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _run_command(args)
+        return _report_command(args) if args.command == "report" else _run_command(args)
     except (ConfigError, DataError, ValueError) as err:
         # User-facing input problems: one line naming the field and the fix, no traceback.
         if os.environ.get("FEDSIM_DEBUG"):

@@ -217,12 +217,17 @@ def _conflicting(r: _Request) -> Partition:
     """Same inputs, different labels per client (a stand-in for FLICKR-AES's per-user ratings).
 
     Each client samples len(pool) // n train and test indices without replacement, independently
-    of the others (so clients overlap), and relabels them by its own random class permutation.
+    of the others (so clients overlap), and relabels them by its own class permutation. The
+    permutations form a Latin square (client j: label = pi[(c + shift_j) mod C], the shifts a seeded
+    permutation of 0..C-1 repeated): over any C consecutive clients every true class receives every
+    label exactly once, so users disagree as much as possible and no single model beats chance.
     """
     train, test = ([np.sort(r.rng.choice(pool, len(pool) // r.num_clients, replace=False))
                     for _ in range(r.num_clients)] for pool in r.pools())
     num_classes = int(max(r.train_y.max(initial=0), r.test_y.max(initial=0))) + 1
-    maps = tuple(r.rng.permutation(num_classes) for _ in range(r.num_clients))
+    base, shifts = r.rng.permutation(num_classes), r.rng.permutation(num_classes)
+    classes = np.arange(num_classes)
+    maps = tuple(base[(classes + shifts[j % num_classes]) % num_classes] for j in range(r.num_clients))
     return Partition(tuple(train), tuple(test), maps)
 
 

@@ -4,17 +4,22 @@ entrypoint only loops over rounds and writes results."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from fedsim.config import RunConfig
 from fedsim.data import Partition
+from fedsim.engine import checkpoint
 from fedsim.engine.aggregate import weighted_average
 from fedsim.engine.weights import Layout
-from fedsim.engine.worker import ClientData, ClientRuntime, ClientUpdate, initial_model, shared_and_personal_keys
+from fedsim.engine.worker import (ClientData, ClientRuntime, ClientUpdate, initial_model, serialized_size,
+                                  shared_and_personal_keys)
 
 WorkerActor = ray.remote(ClientRuntime)
+PING_TIMEOUT_S = 60
 
 
 def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float) -> list[int]:
@@ -29,32 +34,44 @@ def owner_of(client: int, workers: int) -> int:
     return client % workers
 
 
+def shared_layout(cfg: RunConfig, num_classes: int, input_shape: tuple[int, int, int]) -> tuple[Layout, np.ndarray]:
+    """Layout and round-0 value of the weights the server holds."""
+    net = initial_model(cfg, num_classes, input_shape)
+    layout = Layout.of(net, shared_and_personal_keys(cfg, net)[0])
+    return layout, layout.pack(net)
+
+
 class Driver:
     def __init__(self, cfg_dict: dict, partition: Partition, num_classes: int, input_shape: tuple[int, int, int]):
+        self.cfg_dict = cfg_dict
         self.cfg = RunConfig.model_validate(cfg_dict)
         self.num_clients = partition.num_clients
-        engine = self.cfg.engine
-        n_workers = min(engine.workers, self.num_clients)
-        env = {"OMP_NUM_THREADS": str(engine.threads_per_worker), "MKL_NUM_THREADS": str(engine.threads_per_worker)}
-        self.workers = [
-            WorkerActor.options(num_cpus=engine.cpus_per_worker, num_gpus=engine.gpus_per_worker,
-                                scheduling_strategy="SPREAD", runtime_env={"env_vars": env}).remote(
-                cfg_dict, {c: self._client_data(partition, c) for c in range(self.num_clients)
-                           if owner_of(c, n_workers) == w})
+        n_workers = min(self.cfg.engine.workers, self.num_clients)
+        maps = partition.label_maps
+        self.assignments = [
+            {c: ClientData(partition.train[c], partition.test[c], None if maps is None else maps[c])
+             for c in range(self.num_clients) if owner_of(c, n_workers) == w}
             for w in range(n_workers)
         ]
-        net = initial_model(self.cfg, num_classes, input_shape)
-        shared_keys, self.personal_keys = shared_and_personal_keys(self.cfg, net)
-        self.layout = Layout.of(net, shared_keys)
-        self.global_ref = ray.put(self.layout.pack(net))
+        self.workers = [self._spawn(w) for w in range(n_workers)]
+        self.layout, self.initial_global = shared_layout(self.cfg, num_classes, input_shape)
+        self.global_ref = ray.put(self.initial_global)
+        self.bytes_down = serialized_size(self.initial_global)  # the global's size never changes
+        self.last_checkpoint: str | None = None
+        self.recoveries = 0
 
-    @staticmethod
-    def _client_data(partition: Partition, client: int) -> ClientData:
-        maps = partition.label_maps
-        return ClientData(partition.train[client], partition.test[client], None if maps is None else maps[client])
+    def _spawn(self, index: int):
+        engine = self.cfg.engine
+        env = {"OMP_NUM_THREADS": str(engine.threads_per_worker), "MKL_NUM_THREADS": str(engine.threads_per_worker)}
+        return WorkerActor.options(num_cpus=engine.cpus_per_worker, num_gpus=engine.gpus_per_worker,
+                                   scheduling_strategy="SPREAD", runtime_env={"env_vars": env}).remote(
+            self.cfg_dict, self.assignments[index])
+
+    def _get(self, refs):
+        return ray.get(refs, timeout=self.cfg.engine.round_timeout_s)
 
     def worker_info(self) -> list[dict]:
-        return ray.get([w.device_info.remote() for w in self.workers], timeout=self.cfg.engine.round_timeout_s)
+        return self._get([w.device_info.remote() for w in self.workers])
 
     def _by_worker(self, clients: list[int]) -> dict[int, list[int]]:
         groups: dict[int, list[int]] = {}
@@ -68,29 +85,74 @@ class Driver:
             raise RuntimeError(f"client {update.client} sent {update.shared.shape[0]} values; the shared part has "
                                f"{self.layout.size} - refusing a payload that could hold personal weights")
 
+    # -- one round -------------------------------------------------------------------------------
     def round(self, round_idx: int) -> dict:
-        """Train the sampled clients, aggregate, and (on evaluation rounds) score every client."""
+        """Train the sampled clients, aggregate, and (on evaluation rounds) score every client.
+        A worker lost mid-round is replaced and the run rolls back to the last checkpoint."""
+        try:
+            return self._round(round_idx)
+        except RayActorError:
+            return {"round": round_idx, "rolled_back_to": self._recover()}
+
+    def _round(self, round_idx: int) -> dict:
         start = time.perf_counter()
         sampled = sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction)
         calls = [self.workers[w].train.remote(self.global_ref, cs, round_idx) for w, cs in self._by_worker(sampled).items()]
-        updates: list[ClientUpdate] = [u for batch in ray.get(calls, timeout=self.cfg.engine.round_timeout_s) for u in batch]
-        for u in updates:
+        updates: list[ClientUpdate] = [u for batch in self._get(calls) for u in batch]
+        diverged = [u.client for u in updates if u.diverged]
+        if diverged and self.cfg.train.on_nonfinite == "stop":
+            return {"round": round_idx, "error": f"client {diverged[0]}, round {round_idx}: training loss is not finite; "
+                    "lower train.body.lr / train.head.lr, or set train.on_nonfinite=drop to skip such updates"}
+        kept = [u for u in updates if not u.diverged]
+        for u in kept:
             self._check_update(u)
-        if self.layout.size:
-            new_global = weighted_average([(u.client, u.n_train, u.shared) for u in updates])
-            self.global_ref = ray.put(new_global)  # one put per round; every worker reads the same object
-        train_loss = {u.client: u.train_loss for u in updates}
+        if self.layout.size and kept:
+            self.global_ref = ray.put(weighted_average([(u.client, u.n_train, u.shared) for u in kept]))
+        train_loss = {u.client: u.train_loss for u in kept}
         records = []
         if round_idx % self.cfg.train.eval_every == 0 or round_idx == self.cfg.train.rounds:
             everyone = self._by_worker(list(range(self.num_clients)))
             calls = [self.workers[w].evaluate.remote(self.global_ref, cs, round_idx) for w, cs in everyone.items()]
-            batches = ray.get(calls, timeout=self.cfg.engine.round_timeout_s)
-            records = sorted((r for batch in batches for r in batch), key=lambda r: r["client"])
+            records = sorted((r for batch in self._get(calls) for r in batch), key=lambda r: r["client"])
             for r in records:
                 r["round"] = round_idx
                 r["train_loss"] = train_loss.get(r["client"])
-        return {"round": round_idx, "sampled": sampled, "records": records,
-                "seconds": time.perf_counter() - start, "bytes_up": sum(u.shared.nbytes for u in updates)}
+        comm = [{"round": round_idx, "client": u.client, "bytes_down": self.bytes_down, "bytes_up": u.bytes_up} for u in kept]
+        return {"round": round_idx, "sampled": sampled, "dropped": diverged, "records": records, "comm": comm,
+                "seconds": time.perf_counter() - start}
+
+    # -- checkpoints and recovery ----------------------------------------------------------------
+    def checkpoint(self, run_dir: str, round_idx: int) -> str:
+        staging = checkpoint.staging_dir(Path(run_dir), round_idx)
+        self._get([w.save_state.remote(str(staging / f"worker-{i}.npz")) for i, w in enumerate(self.workers)])
+        meta = {"fingerprint": checkpoint.fingerprint(self.cfg_dict), "recoveries": self.recoveries}
+        self.last_checkpoint = str(checkpoint.commit(staging, round_idx, self._get(self.global_ref), meta))
+        return self.last_checkpoint
+
+    def restore(self, ckpt: str | None) -> int:
+        """Load the global weights and every worker's clients from ``ckpt`` (None: round 0). Returns its round."""
+        if ckpt is None:
+            round_idx, global_vector = 0, self.initial_global
+        else:
+            state, global_vector = checkpoint.read_state(Path(ckpt), checkpoint.fingerprint(self.cfg_dict),
+                                                         self.layout.size)
+            round_idx = int(state["round"])
+        self._get([w.load_state.remote(ckpt) for w in self.workers])
+        self.global_ref = ray.put(global_vector)
+        self.last_checkpoint = ckpt
+        return round_idx
+
+    def _recover(self) -> int:
+        """Replace dead workers and roll everyone back to the last checkpoint: every client's work since
+        then is redone from the same inputs, so the results equal those of a fault-free run."""
+        for index, worker in enumerate(self.workers):
+            try:
+                ray.get(worker.ping.remote(), timeout=PING_TIMEOUT_S)
+            except (RayActorError, GetTimeoutError):
+                ray.kill(worker)
+                self.workers[index] = self._spawn(index)
+        self.recoveries += 1
+        return self.restore(self.last_checkpoint)
 
     def shutdown(self) -> None:
         for w in self.workers:

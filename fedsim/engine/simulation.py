@@ -1,8 +1,9 @@
-"""Run one configured simulation: prepare data and partition, start Ray, loop rounds, write the run folder."""
+"""Run one configured simulation: validate inputs, start Ray, loop rounds, checkpoint, write the run folder."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,12 +13,19 @@ import ray
 import yaml
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from fedsim.config import ConfigError, RunConfig
-from fedsim.data import load_dataset, make_partition
-from fedsim.engine.driver import DriverActor
+from fedsim.config import ConfigError, RunConfig, validate
+from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
+from fedsim.engine import checkpoint
+from fedsim.engine.driver import DriverActor, shared_layout
+from fedsim.engine.worker import initial_model
 from fedsim.metrics import summarize
+from fedsim.metrics.logger import RunLogger
 
 RoundCallback = Callable[[dict, dict], None]
+
+
+class TrainingDiverged(ValueError):
+    """A client's loss became NaN/Inf and train.on_nonfinite is 'stop'."""
 
 
 @dataclass
@@ -32,13 +40,14 @@ def connect_ray(cfg: RunConfig) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    quiet = {"include_dashboard": False, "log_to_driver": True, "configure_logging": True, "logging_level": "warning"}
+    quiet = {"log_to_driver": True, "configure_logging": True, "logging_level": "warning"}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
-    else:
-        engine = cfg.engine
-        cpus = max(os.cpu_count() or 1, int(engine.workers * engine.cpus_per_worker + 0.999))
-        ray.init(num_cpus=cpus, **quiet)
+        return
+    engine = cfg.engine
+    cpus = max(os.cpu_count() or 1, int(engine.workers * engine.cpus_per_worker + 0.999))
+    # The dashboard stays on loopback unless a user binds it elsewhere on purpose.
+    ray.init(num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
 
 
 def check_resources(cfg: RunConfig) -> None:
@@ -53,73 +62,121 @@ def check_resources(cfg: RunConfig) -> None:
                               f"has {have.get(resource, 0):g}; lower engine.workers or engine.{field}")
 
 
-def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
-    run_dir = Path(cfg.out_dir) / cfg.name
-    if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
-        raise ConfigError(f"{run_dir}: run folder already exists; pass --overwrite to replace it or change name")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("metrics.jsonl", "rounds.jsonl", "summary.json"):
-        (run_dir / stale).unlink(missing_ok=True)
-    return run_dir
-
-
-def _this_node() -> NodeAffinitySchedulingStrategy:
-    # The driver actor stays on the submitting node so it shares that node's view of the data folder.
-    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-
-
-def _personalized_summary(records: list[dict]) -> dict:
-    if "acc_personalized" not in records[0]:
-        return {}
-    final = {r["client"]: r["acc_personalized"] for r in records}
-    return {"acc_personalized": summarize(list(final.values())), "per_client_acc_personalized": final}
-
-
-def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None = None) -> RunResult:
-    run_dir = prepare_run_dir(cfg, overwrite)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+def prepare_inputs(cfg: RunConfig) -> tuple[ArrayDataset, Partition]:
+    """Everything that can be wrong with the inputs is found here, before any file is written."""
     d = cfg.data
     data = load_dataset(d.dataset, d.root, d.download, options=d.options)  # decodes once; workers then mmap
     groups = None if data.train_groups is None else (data.train_groups, data.test_groups)
     partition = make_partition(d.partition, data.train_y, data.test_y, d.num_clients, cfg.seed, k=d.k,
                                shards_per_client=d.shards_per_client, beta=d.beta, groups=groups,
                                train_fraction=d.train_fraction, test_fraction=d.test_fraction)
+    try:
+        initial_model(cfg, data.num_classes, data.input_shape).head_prefixes(cfg.model.personal_layers)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return data, partition
+
+
+def _start_new(cfg: RunConfig, overwrite: bool, partition: Partition, data: ArrayDataset) -> Path:
+    run_dir = Path(cfg.out_dir) / cfg.name
+    if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+        raise ConfigError(f"{run_dir}: run folder already exists; pass --resume {run_dir} to continue it, "
+                          "--overwrite to replace it, or change name")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json"):
+        (run_dir / stale).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     partition.save(run_dir / "partition.npz")
     stats = partition.stats(data.train_y, data.test_y, data.num_classes)
     (run_dir / "partition_stats.json").write_text(json.dumps(stats, indent=1))
+    return run_dir
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig:
+    """The resolved config a run folder was started with (for --resume)."""
+    from fedsim.config import load_tree
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir}: not a run folder (no config.yaml); pass the folder a `fedsim run` created")
+    tree = load_tree(run_dir / "config.yaml", overrides)
+    tree.update(name=run_dir.name, out_dir=str(run_dir.parent))
+    return validate(tree)
+
+
+def _this_node() -> NodeAffinitySchedulingStrategy:
+    # The driver actor stays on the submitting node so it shares that node's view of the run folder.
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def _sink(cfg: RunConfig, run_dir: Path, resume: bool):
+    if cfg.logging.wandb.mode == "disabled":
+        return None
+    from fedsim.metrics.wandb_sink import WandbSink
+
+    return WandbSink(cfg, run_dir, resume)
+
+
+def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None = None,
+        resume: bool = False) -> RunResult:
+    data, partition = prepare_inputs(cfg)
+    run_dir = Path(cfg.out_dir) / cfg.name
+    ckpt: Path | None = None
+    if resume:
+        ckpt = checkpoint.latest(run_dir)
+        if ckpt is not None:  # validate before anything starts, so a bad checkpoint is one clear line
+            layout, _ = shared_layout(cfg, data.num_classes, data.input_shape)
+            checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
+        partition = Partition.load(run_dir / "partition.npz")
+    else:
+        run_dir = _start_new(cfg, overwrite, partition, data)
 
     connect_ray(cfg)
     check_resources(cfg)
     started = time.perf_counter()
     driver = DriverActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
         cfg.model_dump(), partition, data.num_classes, data.input_shape)
-    last: dict = {}
+    timeout = cfg.engine.round_timeout_s
+    logger = RunLogger(run_dir, _sink(cfg, run_dir, resume))
+    summary = None
     try:
-        with open(run_dir / "metrics.jsonl", "w") as metrics, open(run_dir / "rounds.jsonl", "w") as rounds:
-            for round_idx in range(1, cfg.train.rounds + 1):
-                result = ray.get(driver.round.remote(round_idx), timeout=cfg.engine.round_timeout_s)
-                for rec in result["records"]:
-                    metrics.write(json.dumps(rec) + "\n")
-                row = {"round": round_idx, "seconds": result["seconds"], "sampled": len(result["sampled"]),
-                       "bytes_up": result["bytes_up"]}
-                if result["records"]:
-                    for key in ("acc", "acc_personalized"):
-                        if key in result["records"][0]:
-                            row[key] = summarize([r[key] for r in result["records"]])
-                    last = result
-                rounds.write(json.dumps(row) + "\n")
-                metrics.flush()
-                rounds.flush()
-                if on_round:
-                    on_round(row, result)
-        workers = ray.get(driver.worker_info.remote(), timeout=cfg.engine.round_timeout_s)
+        done = ray.get(driver.restore.remote(str(ckpt) if ckpt else None), timeout=timeout)
+        logger.truncate(done)
+        round_idx = done + 1
+        while round_idx <= cfg.train.rounds:
+            result = ray.get(driver.round.remote(round_idx), timeout=timeout)
+            if "error" in result:
+                raise TrainingDiverged(result["error"])
+            if "rolled_back_to" in result:  # a worker died: redo everything since the last checkpoint
+                logger.truncate(result["rolled_back_to"])
+                round_idx = result["rolled_back_to"] + 1
+                continue
+            row = logger.log_round(result)
+            every = cfg.engine.checkpoint_every
+            if every and (round_idx % every == 0 or round_idx == cfg.train.rounds):
+                logger.sync()  # metrics first: a published checkpoint never points past what is on disk
+                ray.get(driver.checkpoint.remote(str(run_dir), round_idx), timeout=timeout)
+            if on_round:
+                on_round(row, result)
+            round_idx += 1
+        workers = ray.get(driver.worker_info.remote(), timeout=timeout)
+        summary = _summary(cfg, logger, workers, time.perf_counter() - started)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     finally:
+        logger.close(summary)
         ray.get(driver.shutdown.remote(), timeout=60)
         ray.kill(driver)
-    final = {r["client"]: r["acc"] for r in last["records"]}
-    summary = {"name": cfg.name, "algorithm": cfg.algorithm, "rounds": cfg.train.rounds,
-               "acc": summarize(list(final.values())), "per_client_acc": final,
-               **_personalized_summary(last["records"]),
-               "wall_seconds": time.perf_counter() - started, "workers": workers}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return RunResult(cfg.name, run_dir, summary)
+
+
+def _summary(cfg: RunConfig, logger: RunLogger, workers: list[dict], wall: float) -> dict:
+    records = logger.records_of_round(cfg.train.rounds)
+    summary = {"name": cfg.name, "algorithm": cfg.algorithm, "rounds": cfg.train.rounds}
+    for key in ("acc", "acc_personalized"):
+        if records and key in records[0]:
+            per_client = {r["client"]: r[key] for r in records}
+            summary[key] = summarize(list(per_client.values()))
+            summary[f"per_client_{key}"] = per_client
+    summary.update(comm=logger.comm_totals(), wall_seconds=wall, workers=workers)
+    return summary

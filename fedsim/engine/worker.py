@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,6 +21,7 @@ from fedsim.algorithms import PARTS, get_algorithm
 from fedsim.client import FedClient
 from fedsim.config import RunConfig
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
+from fedsim.engine.checkpoint import CheckpointError, read_worker_states, write_worker_state
 from fedsim.engine.weights import Layout
 from fedsim.models import SplitNet, build_model
 
@@ -39,6 +42,12 @@ class ClientUpdate:
     n_train: int
     shared: np.ndarray  # flat shared weights after local training (empty when nothing is shared)
     train_loss: float
+    bytes_up: int  # serialised size of ``shared``: what this client sends to the server
+    diverged: bool = False  # non-finite loss: nothing was kept, ``shared`` is empty
+
+
+def serialized_size(array: np.ndarray) -> int:
+    return len(pickle.dumps(array, protocol=5))
 
 
 def client_generator(seed: int, round_idx: int, client: int, stream: int = 0) -> torch.Generator:
@@ -173,12 +182,15 @@ class ClientRuntime:
         if algo.head_first:
             losses += self._sgd(x, y, PARTS["head"], tcfg.head_epochs, gen)
         losses += self._sgd(x, y, algo.trained_parts, tcfg.local_epochs, gen)
+        self.client_module.proximal = None
+        loss = float(torch.stack(losses).mean())
+        if not np.isfinite(loss):  # keep nothing of this client's round; the driver decides stop or drop
+            return ClientUpdate(client, len(y), np.empty(0, np.float32), loss, 0, diverged=True)
         self.personal[client] = self.personal_layout.pack(self.net)
-        update = ClientUpdate(client, len(y), self.shared_layout.pack(self.net), self._mean_loss(losses, client, round_idx))
+        vector = self.shared_layout.pack(self.net)
         if algo.personal_model:
             self._train_personal_model(shared, client, x, y, gen)
-        self.client_module.proximal = None
-        return update
+        return ClientUpdate(client, len(y), vector, loss, serialized_size(vector))
 
     def _train_personal_model(self, shared: np.ndarray, client: int, x: torch.Tensor, y: torch.Tensor,
                               gen: torch.Generator) -> None:
@@ -187,14 +199,26 @@ class ClientRuntime:
         self._anchor(self.full_layout.keys, self.cfg.train.ditto_lambda)
         self.full_layout.unpack_into(self.net, self.personal_models.get(client, self.initial_full))
         self._sgd(x, y, PARTS["full"], self.cfg.train.local_epochs, gen)
+        self.client_module.proximal = None
         self.personal_models[client] = self.full_layout.pack(self.net)
 
-    @staticmethod
-    def _mean_loss(losses: list[torch.Tensor], client: int, round_idx: int) -> float:
-        loss = float(torch.stack(losses).mean())
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"client {client}, round {round_idx}: training loss is {loss}; lower train.*.lr")
-        return loss
+    # -- persistence (checkpoints are written by the owner; personal weights never reach the driver) --
+    def ping(self) -> int:
+        return os.getpid()
+
+    def save_state(self, path: str) -> None:
+        write_worker_state(Path(path), self.personal, self.personal_models)
+
+    def load_state(self, ckpt: str | None) -> None:
+        """Restore this worker's clients from a checkpoint (None: the round-0 state)."""
+        if ckpt is None:
+            self.personal, self.personal_models = {}, {}
+            return
+        personal, models = read_worker_states(Path(ckpt), set(self.client_data))
+        sizes = {v.size for v in personal.values()} | {self.personal_layout.size}
+        if len(sizes) != 1 or any(v.size != self.full_layout.size for v in models.values()):
+            raise CheckpointError(f"{ckpt}: personal weights do not fit this model; resume with the run's own config")
+        self.personal, self.personal_models = personal, models
 
     # -- evaluation ----------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,0 +1,121 @@
+"""Shared helpers for the benchmark scripts (not part of the fedsim package).
+
+Every script measures RATIOS inside one process, interleaving repetitions (A, B, A, B, ...) and
+taking medians, because the 2-core machine is shared and absolute seconds drift with its load.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks"
+RESULTS = BENCH / "results"  # gitignored; each script leaves a JSON of its raw measurements here
+
+os.environ.setdefault("FEDSIM_DATA", "/work/shared/datasets")
+os.environ.setdefault("FEDSIM_CACHE", "/tmp/fedsim-cache")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+# experiments/quickstart.yaml, FedPer variant (kept here so the benchmark does not change when the
+# experiment file is edited; overhead.py checks that they still agree).
+QUICKSTART = {
+    "name": "bench-quickstart",
+    "seed": 0,
+    "algorithm": "fedper",
+    "out_dir": "/tmp/fedsim-bench-runs",
+    "data": {"dataset": "cifar10", "num_clients": 10, "partition": "classes", "k": 4,
+             "train_fraction": 0.1, "test_fraction": 0.2, "augment": True},
+    "model": {"name": "cnn4", "personal_layers": 1},
+    "train": {"rounds": 3, "local_epochs": 4, "batch_size": 50, "fraction": 1.0, "eval_every": 1,
+              "body": {"lr": 0.01, "momentum": 0.9, "weight_decay": 5.0e-4},
+              "head": {"lr": 0.01, "momentum": 0.9, "weight_decay": 5.0e-4}},
+    "eval": {"finetune_epochs": 0},
+    "engine": {"workers": 2, "cpus_per_worker": 1, "threads_per_worker": 1},
+}
+
+
+def quickstart(overrides: dict | None = None) -> dict:
+    """A deep copy of the quickstart FedPer tree with dotted-key overrides applied."""
+    tree = copy.deepcopy(QUICKSTART)
+    for dotted, value in (overrides or {}).items():
+        set_dotted(tree, dotted, value)
+    return tree
+
+
+def set_dotted(tree: dict, dotted: str, value) -> dict:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+    return tree
+
+
+def run_fedsim(tree: dict) -> dict:
+    """fedsim end to end in this process, the way a user's script calls it: engine.run (data, partition,
+    ray.init, driver + worker actors, rounds, files) and ray.shutdown. Returns timings and the summary."""
+    import ray
+
+    from fedsim.config import validate
+    from fedsim.engine import run
+
+    cfg = validate(tree)
+    t0 = time.perf_counter()
+    result = run(cfg, overwrite=True)
+    t_run = time.perf_counter() - t0
+    ray.shutdown()
+    t_all = time.perf_counter() - t0
+    rounds = [json.loads(line) for line in (result.run_dir / "rounds.jsonl").read_text().splitlines()]
+    return {"end_to_end_s": t_all, "run_s": t_run, "shutdown_s": t_all - t_run,
+            "wall_seconds": result.summary["wall_seconds"],  # fedsim's own clock: actors + rounds, no ray.init
+            "round_s": [r["seconds"] for r in rounds], "summary": result.summary}
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def machine() -> dict:
+    import numpy
+    import torch
+
+    info = {"date": time.strftime("%Y-%m-%d %H:%M"), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "torch": torch.__version__, "numpy": numpy.__version__, "load_avg": os.getloadavg()}
+    for mod in ("ray", "pytorch_lightning"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except ImportError:
+            pass
+    return info
+
+
+def save(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(payload, indent=1, default=str))
+    return path
+
+
+def log(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def check_quickstart() -> None:
+    """Warn when experiments/quickstart.yaml drifted from the copy benchmarked here."""
+    import yaml
+
+    tree = yaml.safe_load((REPO / "experiments" / "quickstart.yaml").read_text())
+    for section in ("data", "model", "eval", "engine"):
+        if tree.get(section) != QUICKSTART[section]:
+            log(f"WARNING: experiments/quickstart.yaml {section} differs from benchmarks/_common.py QUICKSTART")
+    mine = {k: v for k, v in QUICKSTART["train"].items() if k not in ("rounds", "eval_every")}
+    if {k: v for k, v in tree["train"].items() if k != "rounds"} != mine:
+        log("WARNING: experiments/quickstart.yaml train differs from benchmarks/_common.py QUICKSTART")

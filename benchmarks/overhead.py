@@ -1,0 +1,166 @@
+"""fedsim end to end vs the simplest single-process PyTorch loop doing the same SGD steps.
+
+Workload: experiments/quickstart.yaml, FedPer variant (10 clients, CIFAR-10 k=4 classes, 10% train /
+20% test, 4-conv CNN, e=4, b=50, SGD 0.01/0.9/5e-4 for body and head, crop+flip augmentation,
+every client evaluated every round), for --rounds rounds.
+
+  A  fedsim: fedsim.engine.run(cfg) + ray.shutdown(), timed from the call (data, partition,
+     ray.init, driver and 2 worker actors x 1 thread, rounds, run folder) to the return.
+  B  bare loop, torch.set_num_threads(2): same partition (fedsim.data.make_partition), same model
+     (fedsim.models.build_model, same seed), same per-client shuffles and augmentation draws, same
+     number of batches, personal heads in a dict, base averaged with n_j / sum n weights, every
+     client scored every round. Timed from loading the data to the last evaluation.
+  C  the same bare loop with 1 thread (reported, not interleaved unless --bare1-reps > 1).
+
+Repetitions are interleaved A, B, (C), A, B, ... in one process; medians are reported.
+With 1 thread the bare loop also reproduces fedsim's per-client accuracies (printed as a check
+that both sides do the same work).
+
+    .venv/bin/python benchmarks/overhead.py              # 3 rounds, 2 reps: ~5 min
+    .venv/bin/python benchmarks/overhead.py --rounds 10 --reps 1
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from _common import check_quickstart, log, machine, median, quickstart, run_fedsim, save
+
+
+def client_generator(seed: int, round_idx: int, client: int) -> torch.Generator:
+    # The same (seed, round, client) stream fedsim uses, so both sides draw identical batches.
+    state = np.random.SeedSequence([seed, round_idx, client, 0]).generate_state(2, dtype=np.uint64)
+    return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
+
+
+def sampled_clients(seed: int, round_idx: int, n: int, fraction: float) -> list[int]:
+    rng = np.random.default_rng([seed, round_idx, 0x5A3])
+    return sorted(int(c) for c in rng.choice(n, size=max(1, round(fraction * n)), replace=False))
+
+
+def bare_run(tree: dict, threads: int) -> dict:
+    """The plain loop. Returns wall seconds, per-round seconds and the final per-client accuracy."""
+    from fedsim.data import load_dataset, make_partition, random_crop_flip, to_float
+    from fedsim.models import build_model
+
+    torch.set_num_threads(threads)
+    d, t, seed = tree["data"], tree["train"], tree["seed"]
+    t0 = time.perf_counter()
+    data = load_dataset(d["dataset"])
+    part = make_partition(d["partition"], data.train_y, data.test_y, d["num_clients"], seed, k=d["k"],
+                          train_fraction=d["train_fraction"], test_fraction=d["test_fraction"])
+    torch.manual_seed(seed)
+    net = build_model(tree["model"]["name"], data.num_classes, data.input_shape)
+    base_keys, head_keys = net.split_keys(tree["model"]["personal_layers"])
+    head_set = set(head_keys)
+    named = dict(net.named_parameters())
+    opts = [torch.optim.SGD([p for k, p in named.items() if (k in head_set) == is_head],
+                            lr=t[part_]["lr"], momentum=t[part_]["momentum"], weight_decay=t[part_]["weight_decay"])
+            for part_, is_head in (("body", False), ("head", True))]
+
+    def tensors(idx: np.ndarray, x: np.ndarray, y: np.ndarray):
+        return to_float(x[idx], data.mean, data.std), torch.as_tensor(y[idx])
+
+    train = [tensors(i, data.train_x, data.train_y) for i in part.train]
+    test = [tensors(i, data.test_x, data.test_y) for i in part.test]
+    state = net.state_dict()
+    global_base = {k: state[k].clone() for k in base_keys}
+    initial_head = {k: state[k].clone() for k in head_keys}
+    heads: dict[int, dict[str, torch.Tensor]] = {}
+    n_clients, batch = len(train), t["batch_size"]
+    round_s, accs = [], {}
+    for r in range(1, t["rounds"] + 1):
+        tr = time.perf_counter()
+        clients = sampled_clients(seed, r, n_clients, t["fraction"])
+        total = sum(len(train[c][1]) for c in clients)
+        acc = {k: torch.zeros(global_base[k].shape, dtype=torch.float64) for k in base_keys}
+        for c in clients:
+            x, y = train[c]
+            net.load_state_dict({**global_base, **heads.get(c, initial_head)})
+            for opt in opts:
+                opt.state.clear()
+            net.train()
+            gen = client_generator(seed, r, c)
+            for _ in range(t["local_epochs"]):
+                order = torch.randperm(len(y), generator=gen)
+                for start in range(0, len(y), batch):
+                    idx = order[start:start + batch]
+                    xb = random_crop_flip(x[idx], gen) if d["augment"] else x[idx]
+                    loss = F.cross_entropy(net(xb), y[idx])
+                    for opt in opts:
+                        opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    for opt in opts:
+                        opt.step()
+            state = net.state_dict()
+            heads[c] = {k: state[k].clone() for k in head_keys}
+            for k in base_keys:  # gamma_j = n_j / sum n, summed in client order in float64
+                acc[k] += ((len(y) / total) * state[k].to(torch.float32)).double()
+        global_base = {k: acc[k].to(torch.float32).to(global_base[k].dtype) for k in base_keys}
+        if r % t["eval_every"] == 0 or r == t["rounds"]:
+            net.eval()
+            with torch.no_grad():
+                for c in range(n_clients):
+                    net.load_state_dict({**global_base, **heads.get(c, initial_head)})
+                    x, y = test[c]
+                    correct = sum(int((net(x[i:i + 500]).argmax(1) == y[i:i + 500]).sum())
+                                  for i in range(0, len(y), 500))
+                    accs[c] = correct / len(y)
+        round_s.append(time.perf_counter() - tr)
+    return {"end_to_end_s": time.perf_counter() - t0, "round_s": round_s, "acc": accs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions of fedsim and bare(2 threads)")
+    ap.add_argument("--bare1-reps", type=int, default=1, help="repetitions of the 1-thread bare loop")
+    args = ap.parse_args()
+
+    check_quickstart()
+    tree = quickstart({"train.rounds": args.rounds})
+    log(f"overhead: quickstart FedPer, {args.rounds} rounds, {args.reps} interleaved reps")
+    fed, bare2, bare1 = [], [], []
+    for rep in range(max(args.reps, args.bare1_reps)):
+        if rep < args.reps:
+            fed.append(run_fedsim(tree))
+            log(f"  rep {rep}: fedsim {fed[-1]['end_to_end_s']:.1f} s (rounds {[round(s, 1) for s in fed[-1]['round_s']]})")
+            bare2.append(bare_run(tree, 2))
+            log(f"  rep {rep}: bare x2 threads {bare2[-1]['end_to_end_s']:.1f} s")
+        if rep < args.bare1_reps:
+            bare1.append(bare_run(tree, 1))
+            log(f"  rep {rep}: bare x1 thread {bare1[-1]['end_to_end_s']:.1f} s")
+
+    pairs = [f["end_to_end_s"] / b["end_to_end_s"] for f, b in zip(fed, bare2)]
+    f_e2e, b2_e2e, b1_e2e = (median([r["end_to_end_s"] for r in xs]) for xs in (fed, bare2, bare1))
+    f_round = median([s for r in fed for s in r["round_s"]])
+    b2_round = median([s for r in bare2 for s in r["round_s"]])
+    b1_round = median([s for r in bare1 for s in r["round_s"]])
+    startup = median([r["end_to_end_s"] - sum(r["round_s"]) for r in fed])
+
+    # Same work? fedsim's final per-client accuracy vs the bare loop's (1 thread = fedsim's thread count).
+    fed_acc = {int(k): v for k, v in fed[0]["summary"]["per_client_acc"].items()}
+    same1 = max(abs(fed_acc[c] - bare1[0]["acc"][c]) for c in fed_acc) if bare1 else float("nan")
+    same2 = max(abs(fed_acc[c] - bare2[0]["acc"][c]) for c in fed_acc)
+
+    print(f"\nquickstart FedPer, {args.rounds} rounds, medians of {len(fed)} interleaved reps")
+    print(f"{'':34}{'end to end s':>14}{'per round s':>13}")
+    print(f"{'fedsim (2 workers x 1 thread)':34}{f_e2e:>14.1f}{f_round:>13.2f}")
+    print(f"{'bare loop, 2 threads':34}{b2_e2e:>14.1f}{b2_round:>13.2f}")
+    print(f"{'bare loop, 1 thread':34}{b1_e2e:>14.1f}{b1_round:>13.2f}")
+    print(f"fedsim start-up + teardown (end to end - sum of rounds): {startup:.1f} s")
+    print(f"RATIO fedsim / bare(2 threads), end to end:  {f_e2e / b2_e2e:.3f}  (per rep: "
+          f"{', '.join(f'{p:.3f}' for p in pairs)})   target <= 1.10")
+    print(f"RATIO fedsim / bare(2 threads), per round:   {f_round / b2_round:.3f}")
+    print(f"RATIO fedsim / bare(1 thread),  end to end:  {f_e2e / b1_e2e:.3f}   per round: {f_round / b1_round:.3f}")
+    print(f"same work check: max |acc fedsim - acc bare| over clients: 1 thread {same1:.4f}, 2 threads {same2:.4f}")
+    path = save("overhead", {"args": vars(args), "machine": machine(), "fedsim": fed, "bare2": bare2, "bare1": bare1})
+    print(f"raw: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""fedsim vs Flower's simulation engine on two FedAvg workloads (same CNN, same data, same SGD).
+
+  cross-silo    10 clients x 5,000 CIFAR-10 images (iid), all 10 train every round, e=1, b=50
+  cross-device  1,000 clients x 50 images (iid), 100 sampled per round, e=1, b=50
+
+Both: fedsim's cnn4, SGD lr 0.01 / momentum 0.9 / wd 5e-4, crop+flip augmentation, 2 workers
+(fedsim: 2 actors x 1 thread; Flower: Ray backend, 1 CPU per actor -> 2 actors, 1 torch thread
+each), every client evaluated once, in the last round (fedsim: eval_every > rounds; Flower: a
+FedAvg subclass that skips federated evaluation before the last round). Per-round figures are the
+training phase of the non-final rounds (sample, dispatch, local SGD, collect, average); end to end
+is the framework call: fedsim.engine.run + ray.shutdown, flwr.simulation.run_simulation.
+
+Flower lives in its own venv (it pins ray 2.55.1): benchmarks/.venv-flwr is created on first use
+(python3 -m venv; pip install 'flwr[simulation]' torch==2.14.1 torchvision==0.29.1) and runs
+benchmarks/_flower_app.py as a subprocess with PYTHONPATH=repo root for fedsim's model and
+augmentation code. fedsim exports each partition (client -> sample indices into the decoded
+CIFAR-10 cache, which both sides memory-map) to /tmp/fedsim-bench-flower/<workload>.npz.
+
+    .venv/bin/python benchmarks/peer_flower.py                      # both workloads: ~6 min
+    .venv/bin/python benchmarks/peer_flower.py --workloads device --reps 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import BENCH, REPO, log, machine, median, run_fedsim, save
+
+FLWR_VENV = BENCH / ".venv-flwr"
+FLWR_PY = FLWR_VENV / "bin" / "python"
+EXPORT = Path("/tmp/fedsim-bench-flower")
+
+WORKLOADS = {
+    "silo": {"num_clients": 10, "fraction": 1.0, "rounds": 2},
+    "device": {"num_clients": 1000, "fraction": 0.1, "rounds": 4},
+}
+HP = {"seed": 0, "local_epochs": 1, "batch_size": 50, "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4,
+      "augment": True, "cpus": 2}
+
+
+def ensure_flower_venv() -> None:
+    ok = FLWR_PY.exists() and subprocess.run([str(FLWR_PY), "-c", "import flwr, torch; assert torch.__version__."
+                                              "startswith('2.14.1')"], capture_output=True).returncode == 0
+    if ok:
+        return
+    log(f"creating {FLWR_VENV} (flwr[simulation], torch==2.14.1, torchvision==0.29.1; ~2-3 min)")
+    subprocess.run(["python3", "-m", "venv", str(FLWR_VENV)], check=True)
+    subprocess.run([str(FLWR_PY), "-m", "pip", "install", "-q", "flwr[simulation]", "torch==2.14.1",
+                    "torchvision==0.29.1"], check=True)
+
+
+def fedsim_tree(name: str, w: dict) -> dict:
+    return {
+        "name": f"bench-flower-{name}", "seed": HP["seed"], "algorithm": "fedavg", "out_dir": "/tmp/fedsim-bench-runs",
+        "data": {"dataset": "cifar10", "num_clients": w["num_clients"], "partition": "iid",
+                 "train_fraction": 1.0, "test_fraction": 1.0, "augment": HP["augment"]},
+        "model": {"name": "cnn4", "personal_layers": 1},
+        "train": {"rounds": w["rounds"], "local_epochs": HP["local_epochs"], "batch_size": HP["batch_size"],
+                  "fraction": w["fraction"], "eval_every": w["rounds"] + 1,
+                  "body": {k: HP[k] for k in ("lr", "momentum", "weight_decay")},
+                  "head": {k: HP[k] for k in ("lr", "momentum", "weight_decay")}},
+        "eval": {"finetune_epochs": 0},
+        "engine": {"workers": 2, "cpus_per_worker": 1, "threads_per_worker": 1},
+    }
+
+
+def export(name: str, w: dict) -> Path:
+    """The partition fedsim would use, as client -> indices into the decoded cache's .npy files."""
+    from fedsim.data import load_dataset, make_partition
+    from fedsim.data.datasets import _source_key, _find_source, _DATASETS, cache_dir, resolve_root
+
+    data = load_dataset("cifar10")
+    part = make_partition("iid", data.train_y, data.test_y, w["num_clients"], HP["seed"])
+    source, _ = _find_source(_DATASETS["cifar10"], resolve_root(None), False)
+    folder = cache_dir() / f"cifar10-{_source_key(source)}"
+    assert (folder / "train_x.npy").exists(), folder
+    sizes = sorted({len(t) for t in part.train})
+    hp = {**HP, **w, "num_classes": data.num_classes, "input_shape": list(data.input_shape)}
+    EXPORT.mkdir(parents=True, exist_ok=True)
+    path = EXPORT / f"{name}.npz"
+    arrays = {f"{s}_x_path": np.array(str(folder / f"{s}_x.npy")) for s in ("train", "test")}
+    arrays |= {f"{s}_y_path": np.array(str(folder / f"{s}_y.npy")) for s in ("train", "test")}
+    for split, parts in (("train", part.train), ("test", part.test)):
+        arrays[f"{split}_idx"] = np.concatenate(parts)
+        arrays[f"{split}_offsets"] = np.cumsum([0, *map(len, parts)])
+    np.savez(path, mean=np.array(data.mean), std=np.array(data.std), hparams=np.array(json.dumps(hp)), **arrays)
+    log(f"  exported {name}: {w['num_clients']} clients x {sizes} train samples -> {path}")
+    return path
+
+
+def run_flower(spec: Path) -> dict:
+    out = spec.with_suffix(".result.json")
+    out.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "VIRTUAL_ENV"))}
+    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{BENCH}", FLWR_TELEMETRY_ENABLED="0", RAY_AUTH_MODE="disabled",
+               RAY_USAGE_STATS_ENABLED="0")
+    logf = spec.with_suffix(".flower.log")
+    t0 = time.perf_counter()
+    with open(logf, "w") as f:
+        proc = subprocess.run([str(FLWR_PY), str(BENCH / "_flower_app.py"), str(spec), str(out)], env=env,
+                              stdout=f, stderr=subprocess.STDOUT, cwd=str(BENCH))
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"Flower run failed (rc {proc.returncode}); see {logf}:\n" + logf.read_text()[-3000:])
+    result = json.loads(out.read_text())
+    result["process_s"] = wall
+    return result
+
+
+def fedsim_side(name: str, w: dict) -> dict:
+    r = run_fedsim(fedsim_tree(name, w))
+    # rounds.jsonl seconds: the driver's sample -> dispatch -> collect -> average (+ evaluation in the last round)
+    r["train_round_s"] = r["round_s"][:-1] if len(r["round_s"]) > 1 else r["round_s"]
+    r["startup_s"] = r["end_to_end_s"] - r["wall_seconds"]  # data, partition, ray.init (+ shutdown)
+    r["eval_s"] = r["round_s"][-1] - median(r["train_round_s"]) if len(r["round_s"]) > 1 else float("nan")
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", default=["device", "silo"], choices=list(WORKLOADS))
+    ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions of the cross-device pair")
+    ap.add_argument("--silo-reps", type=int, default=1, help="repetitions of the cross-silo pair (~50 s per round)")
+    ap.add_argument("--silo-rounds", type=int, default=WORKLOADS["silo"]["rounds"])
+    ap.add_argument("--device-rounds", type=int, default=WORKLOADS["device"]["rounds"])
+    args = ap.parse_args()
+    WORKLOADS["silo"]["rounds"], WORKLOADS["device"]["rounds"] = args.silo_rounds, args.device_rounds
+
+    ensure_flower_venv()
+    flwr_version = subprocess.run([str(FLWR_PY), "-c", "import flwr, ray; print(flwr.__version__, ray.__version__)"],
+                                  capture_output=True, text=True).stdout.split()
+    specs = {name: export(name, WORKLOADS[name]) for name in args.workloads}
+    results: dict[str, dict[str, list]] = {n: {"fedsim": [], "flower": []} for n in args.workloads}
+    for rep in range(max(args.reps, args.silo_reps)):
+        for name in args.workloads:
+            if rep >= (args.silo_reps if name == "silo" else args.reps):
+                continue
+            results[name]["fedsim"].append(fedsim_side(name, WORKLOADS[name]))
+            f = results[name]["fedsim"][-1]
+            log(f"  rep {rep} {name}: fedsim {f['end_to_end_s']:.1f} s, train rounds "
+                f"{[round(s, 2) for s in f['train_round_s']]}")
+            results[name]["flower"].append(run_flower(specs[name]))
+            f = results[name]["flower"][-1]
+            log(f"  rep {rep} {name}: flower {f['end_to_end_s']:.1f} s, train rounds "
+                f"{[round(s, 2) for s in f['train_round_s']]}")
+
+    print(f"\nfedsim vs Flower {flwr_version[0]} (ray {flwr_version[1]}), FedAvg, cnn4, 2 workers x 1 thread; medians")
+    print(f"{'workload':<14}{'framework':<10}{'s/round':>9}{'start-up s':>12}{'eval s':>8}{'end to end s':>14}")
+    summary = {}
+    for name in args.workloads:
+        w = WORKLOADS[name]
+        row = {}
+        for fw in ("fedsim", "flower"):
+            rs = results[name][fw]
+            per_round = median([median(r["train_round_s"]) for r in rs])
+            e2e = median([r["end_to_end_s"] for r in rs])
+            startup = median([r["startup_s"] for r in rs])
+            ev = median([r["eval_s"] for r in rs])
+            row[fw] = {"round": per_round, "e2e": e2e}
+            label = f"{name} ({w['num_clients']}x{50000 // w['num_clients']}, {w['rounds']}r)"
+            print(f"{label if fw == 'fedsim' else '':<14}{fw:<10}{per_round:>9.2f}{startup:>12.1f}"
+                  f"{'' if ev != ev else f'{ev:.1f}':>8}{e2e:>14.1f}")
+        summary[name] = {"round_ratio": row["flower"]["round"] / row["fedsim"]["round"],
+                         "e2e_ratio": row["flower"]["e2e"] / row["fedsim"]["e2e"]}
+    for name, s in summary.items():
+        target = ">= 3" if name == "device" else "> 1"
+        print(f"RATIO Flower / fedsim, {name}: per round {s['round_ratio']:.2f}, end to end {s['e2e_ratio']:.2f}"
+              f"   target {target}")
+    path = save("peer_flower", {"args": vars(args), "machine": machine(), "flwr": flwr_version,
+                                "workloads": WORKLOADS, "results": results, "summary": summary})
+    print(f"raw: {path}")
+
+
+if __name__ == "__main__":
+    main()

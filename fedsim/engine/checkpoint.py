@@ -1,0 +1,134 @@
+"""Atomic, code-free checkpoints: numpy ``.npy``/``.npz`` (loaded with ``allow_pickle=False``) plus JSON.
+
+Layout of ``RUN/checkpoints/``::
+
+    round-0005/state.json     round, config fingerprint, shared-vector size, worker files
+    round-0005/global.npy     global shared weights
+    round-0005/worker-1.npz   personal state of the clients worker 1 owned (``p<client>``, ``m<client>``)
+    latest                    name of the newest complete checkpoint
+
+A checkpoint folder is built under a temporary name, every file fsynced, then renamed into
+place; ``latest`` is replaced atomically afterwards. A crash at any moment leaves the previous
+checkpoint intact. Personal weights are written by the worker that owns them and never pass
+through the driver.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+KEEP = 2  # complete checkpoints kept on disk
+
+
+class CheckpointError(ValueError):
+    """A missing, truncated or foreign checkpoint (one line naming the file and the fix)."""
+
+
+def fingerprint(cfg_dict: dict) -> str:
+    """What must match for a checkpoint to continue this run (output location may differ)."""
+    relevant = {k: v for k, v in cfg_dict.items() if k not in ("name", "out_dir", "sweep")}
+    relevant["train"] = {k: v for k, v in relevant["train"].items() if k != "rounds"}  # resuming may extend a run
+    relevant["engine"] = {k: v for k, v in relevant["engine"].items() if k in ("threads_per_worker",)}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def staging_dir(run_dir: Path, round_idx: int) -> Path:
+    path = run_dir / "checkpoints" / f".tmp-round-{round_idx:04d}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def write_worker_state(path: Path, personal: dict[int, np.ndarray], models: dict[int, np.ndarray]) -> None:
+    arrays = {f"p{c}": v for c, v in personal.items()} | {f"m{c}": v for c, v in models.items()}
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_worker_states(ckpt: Path, clients: set[int]) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Personal vectors of ``clients`` from every worker file (ownership may differ from the writer's)."""
+    personal: dict[int, np.ndarray] = {}
+    models: dict[int, np.ndarray] = {}
+    for path in sorted(ckpt.glob("worker-*.npz")):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                for key in z.files:
+                    client = int(key[1:])
+                    if client in clients:
+                        (personal if key[0] == "p" else models)[client] = z[key]
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+            raise CheckpointError(f"{path}: unreadable checkpoint file ({err}); delete {ckpt} to resume from an earlier one")
+    return personal, models
+
+
+def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict) -> Path:
+    """Write the driver's part, fsync everything, and atomically publish the checkpoint."""
+    with open(staging / "global.npy", "wb") as f:
+        np.save(f, global_vector)
+        f.flush()
+        os.fsync(f.fileno())
+    state = {"round": round_idx, "global_size": int(global_vector.size),
+             "workers": sorted(p.name for p in staging.glob("worker-*.npz")), **meta}
+    (staging / "state.json").write_text(json.dumps(state))
+    _fsync_file(staging / "state.json")
+    _fsync_dir(staging)
+    final = staging.parent / f"round-{round_idx:04d}"
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+    latest_tmp = staging.parent / ".latest.tmp"
+    latest_tmp.write_text(final.name)
+    _fsync_file(latest_tmp)
+    os.replace(latest_tmp, staging.parent / "latest")
+    _fsync_dir(staging.parent)
+    for old in sorted(staging.parent.glob("round-*"))[:-KEEP]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None when it has none yet."""
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.exists():
+        return None
+    ckpt = pointer.parent / pointer.read_text().strip()
+    if not (ckpt / "state.json").is_file():
+        raise CheckpointError(f"{pointer}: points at {ckpt.name}, which is incomplete; delete {pointer} to start over")
+    return ckpt
+
+
+def read_state(ckpt: Path, expected_fingerprint: str, global_size: int) -> tuple[dict, np.ndarray]:
+    """Validate a checkpoint against this run and return (state, global vector)."""
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+        global_vector = np.load(ckpt / "global.npy", allow_pickle=False)
+        missing = [w for w in state["workers"] if not (ckpt / w).is_file()]
+        int(state["round"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{ckpt}: truncated or unreadable checkpoint ({err}); delete it to resume from an earlier one")
+    if missing:
+        raise CheckpointError(f"{ckpt}: missing {missing[0]}; delete the folder to resume from an earlier checkpoint")
+    if state.get("fingerprint") != expected_fingerprint or global_vector.shape != (global_size,):
+        raise CheckpointError(f"{ckpt}: checkpoint of a different configuration (model, data, algorithm or seed differ); "
+                              "resume with the run's own config.yaml or start a new run")
+    return state, global_vector.astype(np.float32)

@@ -1,0 +1,217 @@
+"""Fairness report over run folders: accuracy spread across clients per round, final distributions,
+communication totals, and a Markdown summary linking the figures."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import yaml
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from fedsim.metrics.summary import summarize
+
+# Metric key in metrics.jsonl -> how the report names it.
+KINDS = {"acc": "initial", "acc_personalized": "personalized"}
+MB = 1e6
+DIRECTIONS = ("bytes_up", "bytes_down")
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    algorithm: str
+    rounds: int
+    finished: bool
+    wall_seconds: float | None
+    per_round: dict[str, dict[int, list[float]]]  # kind -> evaluation round -> per-client values
+    comm: dict[str, int | None]  # total bytes per direction; None where the run did not record it
+
+    def curve(self, kind: str) -> tuple[list[int], list[dict[str, float]]]:
+        rounds = sorted(self.per_round[kind])
+        return rounds, [summarize(self.per_round[kind][r]) for r in rounds]
+
+    def final(self, kind: str) -> list[float]:
+        return self.per_round[kind][max(self.per_round[kind])]
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _read(path: Path, load: Callable[[str], Any]) -> dict:
+    return (load(path.read_text()) or {}) if path.exists() else {}
+
+
+def load_run(run_dir: Path) -> Run:
+    """Read a run folder; curves come from metrics.jsonl so every statistic is computed by `summarize`,
+    also for runs written before it reported p10/worst10/jain, and for runs still in progress."""
+    records = _read_jsonl(run_dir / "metrics.jsonl")
+    if not records:
+        raise ValueError(f"{run_dir}: no client metrics (metrics.jsonl missing or empty: not a run folder, or no "
+                         "evaluation round has finished yet)")
+    summary, config = _read(run_dir / "summary.json", json.loads), _read(run_dir / "config.yaml", yaml.safe_load)
+    per_round: dict[str, dict[int, list[float]]] = {}
+    for rec in records:
+        for kind in KINDS:
+            if rec.get(kind) is not None:
+                per_round.setdefault(kind, {}).setdefault(rec["round"], []).append(rec[kind])
+    rows = _read_jsonl(run_dir / "rounds.jsonl")
+    # Older runs lack summary["comm"] and bytes_down; fall back to the per-round rows, else None.
+    comm = summary.get("comm") or {d: sum(r[d] for r in rows if d in r) if any(d in r for r in rows) else None
+                                   for d in DIRECTIONS}
+    return Run(name=summary.get("name", run_dir.name), algorithm=summary.get("algorithm", config.get("algorithm", "?")),
+               rounds=summary.get("rounds", max(r["round"] for r in rows + records)), finished=bool(summary),
+               wall_seconds=summary.get("wall_seconds"), per_round=per_round,
+               comm={d: comm.get(d) for d in DIRECTIONS})
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^\w.-]", "_", name)
+
+
+def _pct(stats: list[dict[str, float]], key: str) -> np.ndarray:
+    return 100 * np.array([s[key] for s in stats])
+
+
+def _style(ax: Axes, title: str) -> None:
+    ax.set(xlabel="round", ylabel="client accuracy (%)", title=title, ylim=(0, 100))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # outside: never hides a curve
+
+
+def _fairness_png(run: Run, path: Path) -> None:
+    kinds = list(run.per_round)
+    fig = Figure(figsize=(7.4 * len(kinds), 4.4), layout="constrained")
+    for ax, kind in zip(fig.subplots(1, len(kinds), squeeze=False)[0], kinds):
+        rounds, stats = run.curve(kind)
+        mean, std = _pct(stats, "mean"), _pct(stats, "std")
+        ax.plot(rounds, mean, marker="o", color="C0", label="mean")
+        ax.fill_between(rounds, mean - std, mean + std, color="C0", alpha=0.2, label="mean ± std")
+        ax.plot(rounds, _pct(stats, "p10"), "--", color="C1", label="p10")
+        ax.plot(rounds, _pct(stats, "min"), ":", color="C3", label="min")
+        _style(ax, f"{KINDS[kind]} accuracy")
+    fig.suptitle(f"{run.name} ({run.algorithm}): accuracy across clients per round")
+    fig.savefig(path, dpi=110)
+
+
+def _comparison_png(runs: list[Run], path: Path) -> None:
+    fig = Figure(figsize=(9.5, 5), layout="constrained")
+    ax = fig.subplots()
+    for i, run in enumerate(runs):
+        for kind, style in zip(KINDS, ("-", "--")):
+            if kind in run.per_round:
+                rounds, stats = run.curve(kind)
+                mean, std = _pct(stats, "mean"), _pct(stats, "std")
+                label = run.name if kind == "acc" else f"{run.name} ({KINDS[kind]})"
+                ax.plot(rounds, mean, style, marker="o", markersize=3, color=f"C{i % 10}", label=label)
+                ax.fill_between(rounds, mean - std, mean + std, color=f"C{i % 10}", alpha=0.15)
+    _style(ax, "Mean client accuracy per round (band: ± std across clients)")
+    fig.savefig(path, dpi=110)
+
+
+def _distribution_png(runs: list[Run], path: Path) -> None:
+    entries = [(run.name if kind == "acc" else f"{run.name}\n({KINDS[kind]})", 100 * np.array(run.final(kind)))
+               for run in runs for kind in run.per_round]
+    fig = Figure(figsize=(max(6.0, 1.6 * len(entries)), 4.8), layout="constrained")
+    ax = fig.subplots()
+    positions = np.arange(1, len(entries) + 1)
+    ax.boxplot([v for _, v in entries], positions=positions, widths=0.5, showmeans=True, showfliers=False,
+               medianprops={"color": "black"}, meanprops={"markerfacecolor": "white", "markeredgecolor": "black"})
+    jitter = np.random.default_rng(0)  # fixed seed: the same runs always give the same picture
+    for pos, (_, values) in zip(positions, entries):
+        ax.scatter(pos + jitter.uniform(-0.12, 0.12, values.size), values, s=16, alpha=0.7, zorder=3)
+    ax.set_xticks(positions, [label for label, _ in entries], rotation=20 if len(entries) > 3 else 0)
+    ax.set(ylabel="final client accuracy (%)", ylim=(0, 100))
+    ax.set_title("Final per-client accuracy\n(box: quartiles, line: median, triangle: mean, dots: clients)",
+                 fontsize="medium")
+    ax.grid(axis="y", alpha=0.3)
+    fig.savefig(path, dpi=110)
+
+
+def _communication_png(runs: list[Run], path: Path) -> None:
+    fig = Figure(figsize=(max(7.0, 1.5 * len(runs) + 1.5), 4.4), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(runs))
+    for offset, direction in zip((-0.2, 0.2), DIRECTIONS):
+        values = [run.comm[direction] for run in runs]
+        bars = ax.bar(x + offset, [(v or 0) / MB for v in values], width=0.4, label=direction.replace("_", " "))
+        ax.bar_label(bars, labels=["n/a" if v is None else f"{v / MB:.1f}" for v in values], fontsize="small")
+    ax.set_xticks(x, [run.name for run in runs], rotation=20 if len(runs) > 3 else 0)
+    ax.set(ylabel="total MB (10^6 bytes)", title="Communication per run")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.savefig(path, dpi=110)
+
+
+def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value / scale, spec)
+
+
+def _accuracy_table(runs: list[Run]) -> list[str]:
+    header = "run | algorithm | rounds | accuracy | mean % | std | min % | p10 % | worst10 % | Jain | MB up | MB down"
+    lines = [f"| {header} | wall s |", "|" + "---|" * 13]
+    for run in runs:
+        rounds = f"{run.rounds}" + ("" if run.finished else " (no summary.json)")
+        for kind in run.per_round:
+            s = summarize(run.final(kind))
+            lines.append(f"| {run.name} | {run.algorithm} | {rounds} | {KINDS[kind]} | {100 * s['mean']:.2f} | "
+                         f"{100 * s['std']:.2f} | {100 * s['min']:.2f} | {100 * s['p10']:.2f} | "
+                         f"{100 * s['worst10_mean']:.2f} | {s['jain']:.3f} | {_fmt(run.comm['bytes_up'], '.2f', MB)} | "
+                         f"{_fmt(run.comm['bytes_down'], '.2f', MB)} | {_fmt(run.wall_seconds, '.1f')} |")
+    return lines
+
+
+def _saving_lines(runs: list[Run]) -> list[str]:
+    """Saving of each run against the run that sent the most, over the directions every run recorded
+    (older runs have no bytes_down, and comparing up+down against up alone would invent a saving)."""
+    directions = [d for d in DIRECTIONS if all(run.comm[d] is not None for run in runs)]
+    totals = [sum(run.comm[d] or 0 for d in directions) for run in runs]
+    if not directions or max(totals) == 0:
+        return []
+    ref = runs[int(np.argmax(totals))]
+    lines = [f"Compared on {' + '.join(d.replace('_', ' ') for d in directions)}; reference: {ref.name} "
+             "(the run that sent the most).", "", f"| run | MB compared | saving vs {ref.name} |", "|---|---|---|"]
+    for run, total in zip(runs, totals):
+        saving = "reference" if run is ref else f"{100 * (1 - total / max(totals)):.2f}%"
+        lines.append(f"| {run.name} | {total / MB:.2f} | {saving} |")
+    return lines
+
+
+def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+    """Write fairness_<run>.png per run, comparison.png, final_distribution.png, communication.png (when runs
+    recorded bytes) and report.md into out_dir; return the written paths."""
+    if not run_dirs:
+        raise ValueError("write_report needs at least one run folder")
+    runs = [load_run(Path(d)) for d in run_dirs]
+    names = [run.name for run in runs]
+    if len(set(names)) < len(names):
+        raise ValueError(f"run names must differ (figures are named after them): {names}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    def save(draw: Callable[..., None], filename: str, *args: Any) -> str:
+        draw(*args, out_dir / filename)
+        written.append(out_dir / filename)
+        return filename
+
+    md = ["# Fairness report", "", "## Final client accuracy", "", *_accuracy_table(runs), "",
+          "std in percentage points; p10 = 10th percentile over clients; worst10 = mean of the worst 10% of clients "
+          "(at least one); Jain = (sum x)^2 / (n sum x^2), 1 = all clients equal; MB = 10^6 bytes in total.", "",
+          f"![comparison]({save(_comparison_png, 'comparison.png', runs)})", "",
+          f"![final distribution]({save(_distribution_png, 'final_distribution.png', runs)})", ""]
+    with_comm = [run for run in runs if any(v is not None for v in run.comm.values())]
+    if with_comm:
+        md += ["## Communication", "", *_saving_lines(with_comm), "",
+               f"![communication]({save(_communication_png, 'communication.png', with_comm)})", ""]
+    md += ["## Per run", ""]
+    for run in runs:
+        png = save(_fairness_png, f"fairness_{_slug(run.name)}.png", run)
+        md += [f"### {run.name}", "", f"![fairness {run.name}]({png})", ""]
+    (out_dir / "report.md").write_text("\n".join(md))
+    return [*written, out_dir / "report.md"]

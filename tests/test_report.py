@@ -1,0 +1,113 @@
+import json
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from fedsim.metrics import summarize
+from fedsim.metrics.report import write_report
+
+
+def make_run(root: Path, name: str, algorithm: str, acc: list[list[float]],
+             personalized: list[list[float]] | None = None, bytes_round: tuple[int, int] = (0, 0),
+             legacy: bool = False) -> Path:
+    """A run folder as `fedsim run` writes it: acc[r][c] is client c's accuracy at round r + 1; bytes_round is
+    (down, up) per client per round. legacy: an older run, without bytes_down, comm.jsonl or summary comm."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    clients = range(len(acc[0]))
+    (run_dir / "config.yaml").write_text(f"name: {name}\nalgorithm: {algorithm}\ntrain:\n  rounds: {len(acc)}\n")
+    (run_dir / "partition_stats.json").write_text(json.dumps({"num_clients": len(acc[0])}))
+    metrics, rounds, comm = [], [], []
+    for r, accs in enumerate(acc, start=1):
+        recs = [{"round": r, "client": c, "n_train": 50, "n_test": 20, "loss": 1.0, "acc": accs[c], "train_loss": 0.5}
+                for c in clients]
+        if personalized:
+            for rec in recs:
+                rec.update(loss_personalized=0.8, acc_personalized=personalized[r - 1][rec["client"]])
+        metrics += recs
+        down, up = bytes_round
+        row = {"round": r, "seconds": 1.0, "sampled": len(recs), "bytes_up": up * len(recs),
+               "acc": summarize(accs)}
+        if not legacy:
+            row["bytes_down"] = down * len(recs)
+            comm += [{"round": r, "client": c, "bytes_down": down, "bytes_up": up} for c in clients]
+        rounds.append(row)
+    for filename, rows in (("metrics.jsonl", metrics), ("rounds.jsonl", rounds), ("comm.jsonl", comm)):
+        (run_dir / filename).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    summary = {"name": name, "algorithm": algorithm, "rounds": len(acc), "acc": summarize(acc[-1]),
+               "per_client_acc": dict(zip(map(str, clients), acc[-1])), "wall_seconds": 12.5}
+    if personalized:
+        summary["acc_personalized"] = summarize(personalized[-1])
+    if not legacy:
+        summary["comm"] = {"bytes_down": sum(r["bytes_down"] for r in rounds),
+                           "bytes_up": sum(r["bytes_up"] for r in rounds)}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def two_runs(root: Path) -> list[Path]:
+    # 4 clients, 2 rounds. FedAvg sends 10 MB in all (6 down + 4 up), FedPer 7 MB: a 30% saving.
+    fedavg = make_run(root, "fedavg-run", "fedavg", [[0.1, 0.2, 0.3, 0.4], [0.2, 0.4, 0.6, 0.8]],
+                      bytes_round=(750_000, 500_000))
+    fedper = make_run(root, "fedper-run", "fedper", [[0.5, 0.5, 0.6, 0.6], [0.7, 0.7, 0.8, 0.8]],
+                      personalized=[[0.8] * 4, [0.9] * 4], bytes_round=(500_000, 375_000))
+    return [fedavg, fedper]
+
+
+def test_write_report_files_tables_and_saving(tmp_path):
+    out = tmp_path / "report"
+    written = write_report(two_runs(tmp_path / "runs"), out)
+    names = {p.name for p in written}
+    assert names == {"fairness_fedavg-run.png", "fairness_fedper-run.png", "final_distribution.png", "comparison.png",
+                     "communication.png", "report.md"}
+    assert all(p.parent == out and p.exists() for p in written)
+    for png in (p for p in written if p.suffix == ".png"):
+        image = matplotlib.image.imread(png)
+        assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300 and image.std() > 0.01, png.name
+    # The personalized run gets a second panel, so its figure is wider.
+    assert (matplotlib.image.imread(out / "fairness_fedper-run.png").shape[1]
+            > 1.5 * matplotlib.image.imread(out / "fairness_fedavg-run.png").shape[1])
+
+    md = (out / "report.md").read_text()
+    # Final round by hand: [0.2, 0.4, 0.6, 0.8] -> mean 50, population std sqrt(0.05) = 22.36, p10 at position
+    # 0.3 -> 26, worst 10% of 4 clients = 1 client -> 20, Jain 2^2 / (4 * 1.2) = 0.833.
+    assert ("| fedavg-run | fedavg | 2 | initial | 50.00 | 22.36 | 20.00 | 26.00 | 20.00 | 0.833 | 4.00 | 6.00 "
+            "| 12.5 |") in md
+    # [0.7, 0.7, 0.8, 0.8] -> Jain 9 / (4 * 2.26) = 0.996; personalized all 0.9 -> std 0, Jain 1.
+    assert ("| fedper-run | fedper | 2 | initial | 75.00 | 5.00 | 70.00 | 70.00 | 70.00 | 0.996 | 3.00 | 4.00 "
+            "| 12.5 |") in md
+    assert "| fedper-run | fedper | 2 | personalized | 90.00 | 0.00 | 90.00 | 90.00 | 90.00 | 1.000 |" in md
+    assert "Compared on bytes up + bytes down; reference: fedavg-run" in md
+    assert "| fedavg-run | 10.00 | reference |" in md
+    assert "| fedper-run | 7.00 | 30.00% |" in md
+    for name in names - {"report.md"}:
+        assert f"]({name})" in md
+
+
+def test_legacy_runs_compare_on_bytes_up_only(tmp_path):
+    runs = [make_run(tmp_path, "old-fedavg", "fedavg", [[0.5, 0.5]], bytes_round=(1, 2_000_000), legacy=True),
+            make_run(tmp_path, "new-fedper", "fedper", [[0.6, 0.8]], bytes_round=(1_000_000, 1_000_000))]
+    write_report(runs, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| old-fedavg | fedavg | 1 | initial | 50.00 | 0.00 | 50.00 | 50.00 | 50.00 | 1.000 | 4.00 | - | 12.5 |" \
+        in md
+    # Down bytes exist only for the new run, so only up bytes are compared: 2 MB vs 4 MB.
+    assert "Compared on bytes up; reference: old-fedavg" in md
+    assert "| new-fedper | 2.00 | 50.00% |" in md
+
+
+def test_unfinished_run_without_summary(tmp_path):
+    run_dir = make_run(tmp_path, "running", "fedper", [[0.2, 0.4], [0.4, 0.6]])
+    (run_dir / "summary.json").unlink()
+    write_report([run_dir], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| running | fedper | 2 (no summary.json) | initial | 50.00 |" in md
+
+
+def test_folder_without_metrics_is_a_one_line_error(tmp_path):
+    empty = tmp_path / "not-a-run"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=r"not-a-run: no client metrics") as err:
+        write_report([empty], tmp_path / "out")
+    assert "\n" not in str(err.value)
