@@ -119,3 +119,83 @@ def check_quickstart() -> None:
     mine = {k: v for k, v in QUICKSTART["train"].items() if k not in ("rounds", "eval_every")}
     if {k: v for k, v in tree["train"].items() if k != "rounds"} != mine:
         log("WARNING: experiments/quickstart.yaml train differs from benchmarks/_common.py QUICKSTART")
+
+
+class CpuMeter:
+    """Samples, every `interval` s, how many CPU cores this process tree and everything else kept busy.
+
+    The machine is shared: a rep that ran while another engineer's job used a core is not comparable
+    to one that did not, so each measurement carries `others_cores` (mean cores busy outside this tree).
+    """
+
+    def __init__(self, interval: float = 2.0):
+        import threading
+
+        self.interval, self.samples = interval, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._hz = os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _procs() -> dict[int, tuple[int, int]]:
+        out = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime+stime
+            except (OSError, IndexError, ValueError):
+                pass
+        return out
+
+    def _loop(self) -> None:
+        me = os.getpid()
+        prev, t_prev = self._procs(), time.monotonic()
+        while not self._stop.wait(self.interval):
+            cur, t = self._procs(), time.monotonic()
+            children: dict[int, list[int]] = {}
+            for pid, (ppid, _) in cur.items():
+                children.setdefault(ppid, []).append(pid)
+            mine, stack = set(), [me]
+            while stack:
+                p = stack.pop()
+                mine.add(p)
+                stack.extend(children.get(p, []))
+            mine_j = others_j = 0
+            for pid, (_, ticks) in cur.items():
+                if pid not in prev:
+                    continue  # started within the interval: its share is unknown, skip it
+                delta = ticks - prev[pid][1]
+                if pid in mine:
+                    mine_j += delta
+                else:
+                    others_j += delta
+            dt = (t - t_prev) * self._hz
+            self.samples.append((mine_j / dt, others_j / dt))
+            prev, t_prev = cur, t
+
+    def __enter__(self) -> "CpuMeter":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mine_cores(self) -> float:
+        return statistics.fmean(s[0] for s in self.samples) if self.samples else float("nan")
+
+    @property
+    def others_cores(self) -> float:
+        return statistics.fmean(s[1] for s in self.samples) if self.samples else float("nan")
+
+
+def measured(fn, *args, **kwargs) -> dict:
+    """fn(*args) -> dict, plus the CPU cores this tree and other processes used while it ran."""
+    with CpuMeter() as meter:
+        out = fn(*args, **kwargs)
+    out["mine_cores"], out["others_cores"] = meter.mine_cores, meter.others_cores
+    return out

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from _common import check_quickstart, log, machine, median, quickstart, run_fedsim, save
+from _common import check_quickstart, log, machine, measured, median, quickstart, run_fedsim, save
 
 
 def client_generator(seed: int, round_idx: int, client: int) -> torch.Generator:
@@ -127,13 +127,14 @@ def main() -> None:
     fed, bare2, bare1 = [], [], []
     for rep in range(max(args.reps, args.bare1_reps)):
         if rep < args.reps:
-            fed.append(run_fedsim(tree))
-            log(f"  rep {rep}: fedsim {fed[-1]['end_to_end_s']:.1f} s (rounds {[round(s, 1) for s in fed[-1]['round_s']]})")
-            bare2.append(bare_run(tree, 2))
-            log(f"  rep {rep}: bare x2 threads {bare2[-1]['end_to_end_s']:.1f} s")
+            fed.append(measured(run_fedsim, tree))
+            log(f"  rep {rep}: fedsim {fed[-1]['end_to_end_s']:.1f} s (rounds {[round(s, 1) for s in fed[-1]['round_s']]}), "
+                f"other processes busy {fed[-1]['others_cores']:.2f} cores")
+            bare2.append(measured(bare_run, tree, 2))
+            log(f"  rep {rep}: bare x2 threads {bare2[-1]['end_to_end_s']:.1f} s, others {bare2[-1]['others_cores']:.2f} cores")
         if rep < args.bare1_reps:
-            bare1.append(bare_run(tree, 1))
-            log(f"  rep {rep}: bare x1 thread {bare1[-1]['end_to_end_s']:.1f} s")
+            bare1.append(measured(bare_run, tree, 1))
+            log(f"  rep {rep}: bare x1 thread {bare1[-1]['end_to_end_s']:.1f} s, others {bare1[-1]['others_cores']:.2f} cores")
 
     pairs = [f["end_to_end_s"] / b["end_to_end_s"] for f, b in zip(fed, bare2)]
     f_e2e, b2_e2e, b1_e2e = (median([r["end_to_end_s"] for r in xs]) for xs in (fed, bare2, bare1))
@@ -148,10 +149,11 @@ def main() -> None:
     same2 = max(abs(fed_acc[c] - bare2[0]["acc"][c]) for c in fed_acc)
 
     print(f"\nquickstart FedPer, {args.rounds} rounds, medians of {len(fed)} interleaved reps")
-    print(f"{'':34}{'end to end s':>14}{'per round s':>13}")
-    print(f"{'fedsim (2 workers x 1 thread)':34}{f_e2e:>14.1f}{f_round:>13.2f}")
-    print(f"{'bare loop, 2 threads':34}{b2_e2e:>14.1f}{b2_round:>13.2f}")
-    print(f"{'bare loop, 1 thread':34}{b1_e2e:>14.1f}{b1_round:>13.2f}")
+    print(f"{'':34}{'end to end s':>14}{'per round s':>13}{'others busy (cores)':>21}")
+    for label, xs, e2e, rnd in (("fedsim (2 workers x 1 thread)", fed, f_e2e, f_round),
+                                ("bare loop, 2 threads", bare2, b2_e2e, b2_round),
+                                ("bare loop, 1 thread", bare1, b1_e2e, b1_round)):
+        print(f"{label:34}{e2e:>14.1f}{rnd:>13.2f}{median([r['others_cores'] for r in xs]):>21.2f}")
     print(f"fedsim start-up + teardown (end to end - sum of rounds): {startup:.1f} s")
     print(f"RATIO fedsim / bare(2 threads), end to end:  {f_e2e / b2_e2e:.3f}  (per rep: "
           f"{', '.join(f'{p:.3f}' for p in pairs)})   target <= 1.10")

@@ -121,6 +121,8 @@ def _sink(cfg: RunConfig, run_dir: Path, resume: bool):
 def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None = None,
         resume: bool = False) -> RunResult:
     data, partition = prepare_inputs(cfg)
+    connect_ray(cfg)
+    check_resources(cfg)
     run_dir = Path(cfg.out_dir) / cfg.name
     ckpt: Path | None = None
     if resume:
@@ -132,8 +134,6 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
     else:
         run_dir = _start_new(cfg, overwrite, partition, data)
 
-    connect_ray(cfg)
-    check_resources(cfg)
     started = time.perf_counter()
     driver = DriverActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
         cfg.model_dump(), partition, data.num_classes, data.input_shape)

@@ -1,0 +1,136 @@
+"""Kill-and-resume, worker loss, non-finite losses: results must equal a fault-free run exactly."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsim.config import validate
+from fedsim.engine import run
+from fedsim.engine.checkpoint import CheckpointError
+from fedsim.engine.simulation import TrainingDiverged, load_run_config
+
+
+def tiny(tmp_path, data_root, name, **over):
+    tree = {
+        "name": name, "seed": 5, "algorithm": "fedper", "out_dir": str(tmp_path),
+        "data": {"root": str(data_root), "num_clients": 4, "k": 3, "train_fraction": 0.02, "test_fraction": 0.05},
+        "train": {"rounds": 4, "local_epochs": 1, "batch_size": 50},
+        "eval": {"finetune_epochs": 0},
+        "engine": {"workers": 2, "round_timeout_s": 300, "checkpoint_every": 1},
+    }
+    for dotted, value in over.items():
+        *parents, leaf = dotted.split("__")
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return validate(tree)
+
+
+HUGE = {"lr": 1e30, "momentum": 0.9, "weight_decay": 0}  # overflows to inf/NaN within a few steps
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _live_worker_pids() -> list[int]:
+    """Ray titles each actor process `ray::<Class>`; idle or dead ones are not ClientRuntime."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::ClientRuntime"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return sorted(pids)
+
+
+def test_worker_killed_mid_round_is_replaced_and_results_match(tmp_path, data_root, local_ray):
+    clean = run(tiny(tmp_path, data_root, "clean", train__local_epochs=3))
+    killed = {}
+
+    def kill_a_worker_during_round_3(row, result):
+        if row["round"] == 2 and not killed:
+            def kill_soon():
+                time.sleep(1.0)  # inside round 3's local training
+                victim = _live_worker_pids()[0]
+                os.kill(victim, signal.SIGKILL)
+                killed["pid"] = victim
+
+            threading.Thread(target=kill_soon, daemon=True).start()
+
+    faulty = run(tiny(tmp_path, data_root, "faulty", train__local_epochs=3), on_round=kill_a_worker_during_round_3)
+    assert killed, "the fault was never injected"
+    assert killed["pid"] not in {w["pid"] for w in faulty.summary["workers"]}  # it was replaced
+    assert metrics(faulty.run_dir) == metrics(clean.run_dir)
+
+
+def _start_cli(cfg_path: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    return subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", "run", str(cfg_path), "--quiet", *extra],
+                            env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_sigkill_mid_round_then_resume_is_bit_identical(tmp_path, data_root):
+    base = tiny(tmp_path, data_root, "x", train__rounds=5, train__local_epochs=3).model_dump()
+    cfg_path = tmp_path / "cfg.yaml"
+    for name in ("straight", "crashy"):
+        cfg_path.write_text(yaml.safe_dump({**base, "name": name}))
+        proc = _start_cli(cfg_path)
+        if name == "crashy":
+            rounds = tmp_path / name / "rounds.jsonl"
+            deadline = time.time() + 300
+            while time.time() < deadline and (not rounds.exists() or len(rounds.read_text().splitlines()) < 2):
+                time.sleep(0.2)
+            time.sleep(1.5)  # mid-way through round 3
+            os.killpg(proc.pid, signal.SIGKILL)  # the CLI, its Ray head and workers: nothing gets to clean up
+            proc.wait(timeout=60)
+            assert len(rounds.read_text().splitlines()) < 5
+        else:
+            out, _ = proc.communicate(timeout=600)
+            assert proc.returncode == 0, out.decode()[-2000:]
+    resumed = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", "--resume", str(tmp_path / "crashy"),
+                              "--quiet"], env=dict(os.environ, RAY_AUTH_MODE="disabled"), capture_output=True,
+                             timeout=600, start_new_session=True)
+    assert resumed.returncode == 0, resumed.stdout.decode()[-2000:] + resumed.stderr.decode()[-2000:]
+    assert metrics(tmp_path / "crashy") == metrics(tmp_path / "straight")
+    crashy = json.loads((tmp_path / "crashy" / "summary.json").read_text())
+    straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    assert crashy["per_client_acc"] == straight["per_client_acc"]
+
+
+def test_nonfinite_loss_stops_with_client_and_round_named(tmp_path, data_root, local_ray):
+    cfg = tiny(tmp_path, data_root, "nan", train__body=HUGE, train__head=HUGE)
+    with pytest.raises(TrainingDiverged, match=r"client \d+, round \d+: training loss is not finite"):
+        run(cfg)
+
+
+def test_nonfinite_loss_can_drop_the_update(tmp_path, data_root, local_ray):
+    cfg = tiny(tmp_path, data_root, "nan-drop", train__rounds=2, train__on_nonfinite="drop",
+               train__body=HUGE, train__head=HUGE)
+    res = run(cfg)
+    rows = [json.loads(line) for line in (res.run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert any(r["dropped"] for r in rows)
+
+
+def test_resume_refuses_a_foreign_checkpoint(tmp_path, data_root, local_ray):
+    first = run(tiny(tmp_path, data_root, "a", train__rounds=1))
+    other = run(tiny(tmp_path, data_root, "b", train__rounds=1, algorithm="fedavg"))
+    # Swap in the other run's checkpoint: same model, different algorithm -> different shared layout.
+    import shutil
+
+    shutil.rmtree(first.run_dir / "checkpoints")
+    shutil.copytree(other.run_dir / "checkpoints", first.run_dir / "checkpoints")
+    with pytest.raises(CheckpointError, match="different configuration"):
+        run(load_run_config(first.run_dir), resume=True)
+    (first.run_dir / "checkpoints" / "round-0001" / "global.npy").write_bytes(b"\x93NUMPY trunc")
+    with pytest.raises(CheckpointError, match="truncated or unreadable"):
+        run(load_run_config(first.run_dir), resume=True)
