@@ -61,22 +61,28 @@ def set_dotted(tree: dict, dotted: str, value) -> dict:
 
 def run_fedsim(tree: dict) -> dict:
     """fedsim end to end in this process, the way a user's script calls it: engine.run (data, partition,
-    ray.init, driver + worker actors, rounds, files) and ray.shutdown. Returns timings and the summary."""
+    ray.init, driver + worker actors, rounds, files) and ray.shutdown. Returns timings and the summary.
+
+    round_s: the driver's own per-round clock (rounds.jsonl "seconds": sample, train, average, evaluate);
+    period_s: time between the entrypoint's per-round callbacks (adds checkpointing and logging)."""
     import ray
 
     from fedsim.config import validate
     from fedsim.engine import run
 
     cfg = validate(tree)
+    stamps: list[float] = []
     t0 = time.perf_counter()
-    result = run(cfg, overwrite=True)
+    result = run(cfg, overwrite=True, on_round=lambda row, res: stamps.append(time.perf_counter()))
     t_run = time.perf_counter() - t0
     ray.shutdown()
     t_all = time.perf_counter() - t0
     rounds = [json.loads(line) for line in (result.run_dir / "rounds.jsonl").read_text().splitlines()]
     return {"end_to_end_s": t_all, "run_s": t_run, "shutdown_s": t_all - t_run,
             "wall_seconds": result.summary["wall_seconds"],  # fedsim's own clock: actors + rounds, no ray.init
-            "round_s": [r["seconds"] for r in rounds], "summary": result.summary}
+            "round_s": [r["seconds"] for r in rounds], "period_s": [b - a for a, b in zip(stamps, stamps[1:])],
+            "first_round_done_s": stamps[0] - t0 if stamps else float("nan"),
+            "summary": result.summary, "run_dir": str(result.run_dir)}
 
 
 def median(xs):
@@ -199,3 +205,71 @@ def measured(fn, *args, **kwargs) -> dict:
         out = fn(*args, **kwargs)
     out["mine_cores"], out["others_cores"] = meter.mine_cores, meter.others_cores
     return out
+
+
+def descendants(root: int | None = None) -> set[int]:
+    root = root or os.getpid()
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, stack = set(), [root]
+    while stack:
+        p = stack.pop()
+        out.add(p)
+        stack.extend(children.get(p, []))
+    return out
+
+
+def proc_memory(pid: int) -> dict | None:
+    """kB figures from /proc/<pid>/status: VmHWM (peak RSS), VmRSS, RssAnon (private heap etc.),
+    RssFile (file-backed pages, e.g. the memory-mapped data set and shared libraries)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+    kb = {k: int(fields[k].split()[0]) for k in ("VmHWM", "VmRSS", "RssAnon", "RssFile") if k in fields}
+    return {"cmd": cmd[:80], **kb}
+
+
+class MemorySampler:
+    """Polls the memory of every process in this process tree (Ray's raylet and its workers are
+    children of a process that called ray.init) until stopped; keeps per-pid peaks and last values."""
+
+    def __init__(self, interval: float = 0.5):
+        import threading
+
+        self.interval, self.stats = interval, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            for pid in descendants():
+                m = proc_memory(pid)
+                if not m:
+                    continue
+                s = self.stats.setdefault(pid, {"cmd": m["cmd"], "peak_hwm_kb": 0, "peak_anon_kb": 0})
+                if m["cmd"].startswith("ray::"):
+                    s["cmd"] = m["cmd"]
+                s["peak_hwm_kb"] = max(s["peak_hwm_kb"], m.get("VmHWM", 0))
+                s["peak_anon_kb"] = max(s["peak_anon_kb"], m.get("RssAnon", 0))
+                s["last"] = m
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import BENCH, REPO, log, machine, median, run_fedsim, save
+from _common import BENCH, REPO, log, machine, measured, median, run_fedsim, save
 
 FLWR_VENV = BENCH / ".venv-flwr"
 FLWR_PY = FLWR_VENV / "bin" / "python"
@@ -142,14 +142,14 @@ def main() -> None:
         for name in args.workloads:
             if rep >= (args.silo_reps if name == "silo" else args.reps):
                 continue
-            results[name]["fedsim"].append(fedsim_side(name, WORKLOADS[name]))
+            results[name]["fedsim"].append(measured(fedsim_side, name, WORKLOADS[name]))
             f = results[name]["fedsim"][-1]
             log(f"  rep {rep} {name}: fedsim {f['end_to_end_s']:.1f} s, train rounds "
-                f"{[round(s, 2) for s in f['train_round_s']]}")
-            results[name]["flower"].append(run_flower(specs[name]))
+                f"{[round(s, 2) for s in f['train_round_s']]}, others busy {f['others_cores']:.2f} cores")
+            results[name]["flower"].append(measured(run_flower, specs[name]))
             f = results[name]["flower"][-1]
             log(f"  rep {rep} {name}: flower {f['end_to_end_s']:.1f} s, train rounds "
-                f"{[round(s, 2) for s in f['train_round_s']]}")
+                f"{[round(s, 2) for s in f['train_round_s']]}, others busy {f['others_cores']:.2f} cores")
 
     print(f"\nfedsim vs Flower {flwr_version[0]} (ray {flwr_version[1]}), FedAvg, cnn4, 2 workers x 1 thread; medians")
     print(f"{'workload':<14}{'framework':<10}{'s/round':>9}{'start-up s':>12}{'eval s':>8}{'end to end s':>14}")

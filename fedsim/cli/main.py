@@ -54,15 +54,22 @@ def _run_command(args: argparse.Namespace) -> int:
         raise ConfigError("fedsim run: give a CONFIG.yaml, or --resume RUN_DIR")
     results = []
     for cfg in configs:
-        bar = tqdm(total=cfg.train.rounds, desc=cfg.name, unit="round", disable=args.quiet, dynamic_ncols=True)
+        bars = []  # made once the inputs are validated, so an error is never mixed into a progress bar
 
-        def on_round(row: dict, _result: dict, bar=bar) -> None:
+        def on_start(done: int, cfg=cfg, bars=bars) -> None:
+            bars.append(tqdm(total=cfg.train.rounds, initial=done, desc=cfg.name, unit="round",
+                             disable=args.quiet, dynamic_ncols=True))
+
+        def on_round(row: dict, _result: dict, bars=bars) -> None:
             if "acc" in row:
-                bar.set_postfix(mean=f"{100 * row['acc']['mean']:.1f}%", min=f"{100 * row['acc']['min']:.1f}%")
-            bar.update(1)
+                bars[0].set_postfix(mean=f"{100 * row['acc']['mean']:.1f}%", min=f"{100 * row['acc']['min']:.1f}%")
+            bars[0].update(1)
 
-        result = run(cfg, overwrite=args.overwrite, on_round=on_round, resume=resume)
-        bar.close()
+        try:
+            result = run(cfg, overwrite=args.overwrite, on_round=on_round, resume=resume, on_start=on_start)
+        finally:
+            for bar in bars:
+                bar.close()
         results.append(result)
         acc = result.summary["acc"]
         print(f"{cfg.name}: mean client accuracy {100 * acc['mean']:.2f}% (std {100 * acc['std']:.2f}, "

@@ -119,7 +119,9 @@ def _sink(cfg: RunConfig, run_dir: Path, resume: bool):
 
 
 def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None = None,
-        resume: bool = False) -> RunResult:
+        resume: bool = False, on_start: Callable[[int], None] | None = None) -> RunResult:
+    """Run (or with ``resume``, continue) a simulation. ``on_start(rounds_already_done)`` is called once the
+    inputs are validated and training begins; ``on_round(row, result)`` after every completed round."""
     data, partition = prepare_inputs(cfg)
     connect_ray(cfg)
     check_resources(cfg)
@@ -143,6 +145,8 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
     try:
         done = ray.get(driver.restore.remote(str(ckpt) if ckpt else None), timeout=timeout)
         logger.truncate(done)
+        if on_start:
+            on_start(done)
         round_idx = done + 1
         while round_idx <= cfg.train.rounds:
             result = ray.get(driver.round.remote(round_idx), timeout=timeout)

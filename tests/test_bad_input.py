@@ -1,0 +1,183 @@
+"""Malformed inputs: each is one line naming the field or file and the fix, exit code 2, no traceback,
+and an existing run folder is left exactly as it was."""
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsim.cli.main import main
+
+GOOD = {
+    "name": "victim", "seed": 0, "algorithm": "fedper",
+    "data": {"dataset": "cifar10", "num_clients": 4, "partition": "classes", "k": 3,
+             "train_fraction": 0.01, "test_fraction": 0.01},
+    "model": {"name": "cnn4", "personal_layers": 1},
+    "train": {"rounds": 1, "local_epochs": 1},
+    "eval": {"finetune_epochs": 0},
+}
+
+# (case id, dotted override applied to GOOD, expected fragment of the message)
+CONFIG_CASES = [
+    ("unknown top-level key", {"trian": {}}, "trian: Extra inputs"),
+    ("unknown nested key", {"train.lrr": 0.1}, "train.lrr: Extra inputs"),
+    ("wrong type", {"train.rounds": "ten"}, "train.rounds"),
+    ("zero rounds", {"train.rounds": 0}, "train.rounds"),
+    ("f = 0", {"train.fraction": 0}, "train.fraction"),
+    ("f > 1", {"train.fraction": 1.5}, "train.fraction"),
+    ("K_P above depth", {"model.personal_layers": 9}, "model.personal_layers: 9 is outside 0..5"),
+    ("K_P negative", {"model.personal_layers": -1}, "model.personal_layers"),
+    ("k above classes", {"data.k": 11}, "data.k"),
+    ("k zero", {"data.k": 0}, "data.k"),
+    ("negative lr", {"train.body.lr": -0.1}, "train.body.lr"),
+    ("momentum 1", {"train.head.momentum": 1.0}, "train.head.momentum"),
+    ("zero clients", {"data.num_clients": 0}, "data.num_clients"),
+    ("too many clients", {"data.num_clients": 100000}, "data.num_clients"),
+    ("unknown algorithm", {"algorithm": "fedfoo"}, "unknown algorithm 'fedfoo'"),
+    ("unknown model", {"model.name": "vgg"}, "model.name"),
+    ("unknown dataset", {"data.dataset": "mnist"}, "mnist"),
+    ("missing data root", {"data.root": "/nonexistent/data"}, "data.root"),
+    ("unknown partition", {"data.partition": "weird"}, "data.partition"),
+    ("shards without s", {"data.partition": "shards"}, "data.shards_per_client"),
+    ("dirichlet without beta", {"data.partition": "dirichlet"}, "data.beta"),
+    ("negative beta", {"data.partition": "dirichlet", "data.beta": -1}, "data.beta"),
+    ("zero train fraction", {"data.train_fraction": 0}, "data.train_fraction"),
+    ("zero workers", {"engine.workers": 0}, "engine.workers"),
+    ("gpu fraction above 1", {"engine.gpus_per_worker": 2}, "engine.gpus_per_worker"),
+    ("zero batch", {"train.batch_size": 0}, "train.batch_size"),
+    ("bad finetune part", {"eval.finetune_part": "tail"}, "eval.finetune_part"),
+    ("bad wandb mode", {"logging.wandb.mode": "sometimes"}, "logging.wandb.mode"),
+    ("natural partition on cifar10", {"data.partition": "natural"}, "data.partition"),
+    ("bad sweep value", {"sweep": {"algorithm": ["fedavg", "nope"]}}, "unknown algorithm 'nope'"),
+    ("bad dataset option", {"data.dataset": "synthetic", "data.options": {"alpah": 1}}, "data.options"),
+    ("negative checkpoint interval", {"engine.checkpoint_every": -1}, "engine.checkpoint_every"),
+    ("nonfinite policy", {"train.on_nonfinite": "ignore"}, "train.on_nonfinite"),
+]
+
+
+def _set(tree: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        tree = tree.setdefault(key, {})
+    tree[leaf] = value
+
+
+def _digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        h.update(str(path.relative_to(folder)).encode())
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def victim(tmp_path):
+    """An existing run folder every bad input must leave untouched, even with --overwrite."""
+    folder = tmp_path / "runs" / "victim"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text('{"round": 1, "client": 0, "acc": 0.5}\n')
+    (folder / "config.yaml").write_text("name: victim\n")
+    return folder
+
+
+def _expect_clean_error(capsys, argv, fragment):
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("fedsim: error: ") and fragment in err, err
+
+
+@pytest.mark.parametrize("case,override,fragment", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_bad_config(case, override, fragment, tmp_path, victim, data_root, capsys):
+    tree = yaml.safe_load(yaml.safe_dump(GOOD))
+    tree["out_dir"] = str(victim.parent)
+    tree["data"]["root"] = str(data_root)
+    for dotted, value in override.items():
+        _set(tree, dotted, value)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    before = _digest(victim)
+    _expect_clean_error(capsys, ["run", str(path), "--overwrite"], fragment)
+    assert _digest(victim) == before
+
+
+def test_missing_config_file(capsys, tmp_path):
+    _expect_clean_error(capsys, ["run", str(tmp_path / "nope.yaml")], "config file not found")
+
+
+def test_config_not_yaml(capsys, tmp_path):
+    (tmp_path / "x.yaml").write_text("data: [unclosed\n")
+    _expect_clean_error(capsys, ["run", str(tmp_path / "x.yaml")], "not valid YAML")
+
+
+def test_config_not_a_mapping(capsys, tmp_path):
+    (tmp_path / "x.yaml").write_text("- a\n- b\n")
+    _expect_clean_error(capsys, ["run", str(tmp_path / "x.yaml")], "top level must be a mapping")
+
+
+def test_override_without_equals(capsys, tmp_path):
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(GOOD))
+    _expect_clean_error(capsys, ["run", str(tmp_path / "x.yaml"), "train.rounds"], "expected key=value")
+
+
+def test_override_into_a_scalar(capsys, tmp_path):
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(GOOD))
+    _expect_clean_error(capsys, ["run", str(tmp_path / "x.yaml"), "seed.x=1"], "seed: Input should be a valid integer")
+
+
+def test_corrupt_data_zip(capsys, tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "cifar10-jpeg.zip").write_bytes(b"PK\x03\x04 not really a zip")
+    monkeypatch.setenv("FEDSIM_CACHE", str(tmp_path / "cache"))
+    tree = {**GOOD, "out_dir": str(tmp_path / "runs"), "data": {**GOOD["data"], "root": str(root)}}
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(tree))
+    _expect_clean_error(capsys, ["run", str(tmp_path / "x.yaml")], "cifar10-jpeg.zip")
+
+
+def test_zip_with_undecodable_image(capsys, tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    root.mkdir()
+    with zipfile.ZipFile(root / "cifar10-jpeg.zip", "w") as z:
+        for split in ("train", "test"):
+            z.writestr(f"{split}/airplane/0000.jpg", b"not a jpeg")
+    monkeypatch.setenv("FEDSIM_CACHE", str(tmp_path / "cache"))
+    tree = {**GOOD, "out_dir": str(tmp_path / "runs"), "data": {**GOOD["data"], "root": str(root)}}
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(tree))
+    _expect_clean_error(capsys, ["run", str(tmp_path / "x.yaml")], "cifar10-jpeg.zip")
+
+
+def test_resume_a_folder_that_is_not_a_run(capsys, tmp_path):
+    _expect_clean_error(capsys, ["run", "--resume", str(tmp_path)], "not a run folder")
+
+
+def test_resume_with_dangling_latest_pointer(capsys, tmp_path, data_root):
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**GOOD, "data": {**GOOD["data"], "root": str(data_root)}}))
+    (run_dir / "checkpoints" / "latest").write_text("round-0007")
+    _expect_clean_error(capsys, ["run", "--resume", str(run_dir)], "incomplete")
+
+
+def test_neither_config_nor_resume(capsys):
+    _expect_clean_error(capsys, ["run"], "give a CONFIG.yaml")
+
+
+def test_gpus_requested_but_none_exist(tmp_path, data_root):
+    """Ray would wait forever for a GPU that is not there; fedsim says so instead (own process: it starts Ray)."""
+    tree = {**GOOD, "out_dir": str(tmp_path / "runs"), "data": {**GOOD["data"], "root": str(data_root)},
+            "engine": {"workers": 2, "gpus_per_worker": 0.5}}
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(tree))
+    proc = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", str(tmp_path / "x.yaml")],
+                          capture_output=True, text=True, timeout=180, env=dict(os.environ, RAY_AUTH_MODE="disabled"))
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedsim: error:")]
+    assert lines and "engine.gpus_per_worker: 2 workers x 0.5 need 1 GPU, the Ray cluster has 0" in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs" / "victim").exists()
