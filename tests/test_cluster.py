@@ -1,0 +1,103 @@
+"""A real two-node Ray cluster on this machine: `ray start --head` + `ray start --address`, the
+quickstart submitted with `ray job submit --working-dir`, compared with a local run."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cluster_yaml_passes_rays_own_validation():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((REPO / "ray_cluster.yaml").read_text())
+    validate_config(prepare_config(config))
+    types = config["available_node_types"]
+    assert config["head_node_type"] in types and any("gpu" in name for name in types)
+    assert any("pip install" in cmd and "fedsim" in cmd for cmd in config["setup_commands"])
+    broken = yaml.safe_load((REPO / "ray_cluster.yaml").read_text())
+    broken["available_node_types"]["head"]["min_wrokers"] = 1
+    with pytest.raises(Exception, match="min_wrokers"):
+        validate_config(prepare_config(broken))
+
+
+def _node(*args: str, env: dict) -> subprocess.Popen:
+    # --block keeps each node's processes under one parent we can stop without touching other Ray instances.
+    return subprocess.Popen([RAY, "start", "--block", *args], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait_for_nodes(address: str, count: int, env: dict) -> None:
+    probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='error'); "
+             "print(sum(n['Alive'] for n in ray.nodes()))")
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        out = subprocess.run([sys.executable, "-c", probe, address], env=env, capture_output=True, text=True, timeout=60)
+        if out.returncode == 0 and out.stdout.strip().endswith(str(count)):
+            return
+        time.sleep(2)
+    raise AssertionError(f"cluster at {address} never reached {count} nodes")
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_job_submitted_to_two_node_cluster_matches_local_run(tmp_path, data_root):
+    overrides = ["sweep.algorithm=[fedper]", "train.rounds=2", "train.local_epochs=1", "data.train_fraction=0.02",
+                 "data.test_fraction=0.05", "engine.round_timeout_s=300"]
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", FEDSIM_DATA=str(data_root))
+    env.pop("RAY_ADDRESS", None)
+    local = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", "experiments/quickstart.yaml", "--quiet",
+                            *overrides, f"out_dir={tmp_path / 'local'}"], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert local.returncode == 0, local.stderr[-3000:]
+
+    gcs, dashboard = free_port(), free_port()
+    head = _node("--head", f"--port={gcs}", "--num-cpus=1", "--include-dashboard=true",
+                 "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", env=env)
+    second = None
+    try:
+        _wait_for_nodes(f"127.0.0.1:{gcs}", 1, env)
+        second = _node(f"--address=127.0.0.1:{gcs}", "--num-cpus=1", env=env)
+        _wait_for_nodes(f"127.0.0.1:{gcs}", 2, env)
+        runtime_env = {"env_vars": {k: env[k] for k in ("FEDSIM_DATA", "RAY_AUTH_MODE", "FEDSIM_CACHE") if k in env}}
+        job = subprocess.run(
+            [RAY, "job", "submit", f"--address=http://127.0.0.1:{dashboard}", f"--working-dir={REPO}",
+             f"--runtime-env-json={json.dumps(runtime_env)}", "--",
+             "python", "-m", "fedsim.cli.main", "run", "experiments/quickstart.yaml", "--quiet", *overrides,
+             f"out_dir={tmp_path / 'cluster'}"],
+            env=env, capture_output=True, text=True, timeout=600)
+        assert job.returncode == 0 and "succeeded" in job.stdout, job.stdout[-3000:] + job.stderr[-3000:]
+    finally:
+        for proc in (second, head):
+            if proc is not None:
+                _stop(proc)
+    cluster_run, local_run = tmp_path / "cluster" / "quickstart-fedper", tmp_path / "local" / "quickstart-fedper"
+    workers = json.loads((cluster_run / "summary.json").read_text())["workers"]
+    assert len({w["node"] for w in workers}) == 2  # one worker on each node
+    assert _metrics(cluster_run) == _metrics(local_run)
