@@ -199,11 +199,27 @@ class CpuMeter:
         return statistics.fmean(s[1] for s in self.samples) if self.samples else float("nan")
 
 
+QUIET_CORES = float(os.environ.get("BENCH_QUIET_CORES", "0.3"))
+QUIET_WAIT_S = float(os.environ.get("BENCH_QUIET_WAIT_S", "180"))
+
+
+def wait_quiet(threshold: float = QUIET_CORES, max_wait: float = QUIET_WAIT_S, window: float = 4.0) -> float:
+    """Wait (up to max_wait s) until other processes used < threshold cores over a window; returns the wait."""
+    t0 = time.perf_counter()
+    while True:
+        with CpuMeter(interval=window / 2) as meter:
+            time.sleep(window + 0.1)
+        if meter.others_cores < threshold or time.perf_counter() - t0 > max_wait:
+            return time.perf_counter() - t0
+
+
 def measured(fn, *args, **kwargs) -> dict:
-    """fn(*args) -> dict, plus the CPU cores this tree and other processes used while it ran."""
+    """fn(*args) -> dict, plus the CPU cores this tree and other processes used while it ran.
+    Waits first for the shared machine to be quiet (BENCH_QUIET_CORES, BENCH_QUIET_WAIT_S)."""
+    waited = wait_quiet()
     with CpuMeter() as meter:
         out = fn(*args, **kwargs)
-    out["mine_cores"], out["others_cores"] = meter.mine_cores, meter.others_cores
+    out["mine_cores"], out["others_cores"], out["waited_s"] = meter.mine_cores, meter.others_cores, waited
     return out
 
 
@@ -262,7 +278,8 @@ class MemorySampler:
                     s["cmd"] = m["cmd"]
                 s["peak_hwm_kb"] = max(s["peak_hwm_kb"], m.get("VmHWM", 0))
                 s["peak_anon_kb"] = max(s["peak_anon_kb"], m.get("RssAnon", 0))
-                s["last"] = m
+                if "RssAnon" in m:  # an exiting process reports no memory lines
+                    s["last"] = m
             if self._stop.wait(self.interval):
                 return
 

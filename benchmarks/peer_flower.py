@@ -7,7 +7,9 @@ Both: fedsim's cnn4, SGD lr 0.01 / momentum 0.9 / wd 5e-4, crop+flip augmentatio
 (fedsim: 2 actors x 1 thread; Flower: Ray backend, 1 CPU per actor -> 2 actors, 1 torch thread
 each), every client evaluated once, in the last round (fedsim: eval_every > rounds; Flower: a
 FedAvg subclass that skips federated evaluation before the last round). Per-round figures are the
-training phase of the non-final rounds (sample, dispatch, local SGD, collect, average); end to end
+training phase of a round (sample, dispatch, local SGD, collect, average), median over rounds 2..R
+(fedsim: the driver's clock of the rounds without evaluation; Flower: FedAvg.configure_train ->
+aggregate_train; round 1 is skipped because Flower starts Ray and its actors inside it); end to end
 is the framework call: fedsim.engine.run + ray.shutdown, flwr.simulation.run_simulation.
 
 Flower lives in its own venv (it pins ray 2.55.1): benchmarks/.venv-flwr is created on first use
@@ -16,7 +18,8 @@ benchmarks/_flower_app.py as a subprocess with PYTHONPATH=repo root for fedsim's
 augmentation code. fedsim exports each partition (client -> sample indices into the decoded
 CIFAR-10 cache, which both sides memory-map) to /tmp/fedsim-bench-flower/<workload>.npz.
 
-    .venv/bin/python benchmarks/peer_flower.py                      # both workloads: ~6 min
+    .venv/bin/python benchmarks/peer_flower.py                      # both workloads: ~9 min
+    .venv/bin/python benchmarks/peer_flower.py --workloads device   # ~5 min
     .venv/bin/python benchmarks/peer_flower.py --workloads device --reps 3
 """
 from __future__ import annotations
@@ -25,7 +28,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -39,7 +41,7 @@ EXPORT = Path("/tmp/fedsim-bench-flower")
 
 WORKLOADS = {
     "silo": {"num_clients": 10, "fraction": 1.0, "rounds": 2},
-    "device": {"num_clients": 1000, "fraction": 0.1, "rounds": 4},
+    "device": {"num_clients": 1000, "fraction": 0.1, "rounds": 3},
 }
 HP = {"seed": 0, "local_epochs": 1, "batch_size": 50, "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4,
       "augment": True, "cpus": 2}
@@ -96,6 +98,7 @@ def export(name: str, w: dict) -> Path:
 
 
 def run_flower(spec: Path) -> dict:
+    """Flower in its venv; train_round_s skips round 1, which overlaps Flower's Ray start and actor spawn."""
     out = spec.with_suffix(".result.json")
     out.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "VIRTUAL_ENV"))}
@@ -111,13 +114,16 @@ def run_flower(spec: Path) -> dict:
         raise RuntimeError(f"Flower run failed (rc {proc.returncode}); see {logf}:\n" + logf.read_text()[-3000:])
     result = json.loads(out.read_text())
     result["process_s"] = wall
+    result["all_train_round_s"] = result["train_round_s"]
+    result["train_round_s"] = result["train_round_s"][1:] or result["train_round_s"]
     return result
 
 
 def fedsim_side(name: str, w: dict) -> dict:
     r = run_fedsim(fedsim_tree(name, w))
     # rounds.jsonl seconds: the driver's sample -> dispatch -> collect -> average (+ evaluation in the last round)
-    r["train_round_s"] = r["round_s"][:-1] if len(r["round_s"]) > 1 else r["round_s"]
+    train_only = r["round_s"][:-1] if len(r["round_s"]) > 1 else r["round_s"]
+    r["train_round_s"] = train_only[1:] if len(train_only) > 1 else train_only  # skip round 1 (warm-up) if we can
     r["startup_s"] = r["end_to_end_s"] - r["wall_seconds"]  # data, partition, ray.init (+ shutdown)
     r["eval_s"] = r["round_s"][-1] - median(r["train_round_s"]) if len(r["round_s"]) > 1 else float("nan")
     return r

@@ -38,7 +38,10 @@ def test_cluster_yaml_passes_rays_own_validation():
 
 def _node(*args: str, env: dict) -> subprocess.Popen:
     # --block keeps each node's processes under one parent we can stop without touching other Ray instances.
-    return subprocess.Popen([RAY, "start", "--block", *args], env=env, start_new_session=True,
+    # Each node's agents get their own free ports: two nodes (and any other Ray) share this machine.
+    ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                      "metrics-export-port", "runtime-env-agent-port")]
+    return subprocess.Popen([RAY, "start", "--block", *ports, *args], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -86,12 +89,15 @@ def test_job_submitted_to_two_node_cluster_matches_local_run(tmp_path, data_root
         second = _node(f"--address=127.0.0.1:{gcs}", "--num-cpus=1", env=env)
         _wait_for_nodes(f"127.0.0.1:{gcs}", 2, env)
         runtime_env = {"env_vars": {k: env[k] for k in ("FEDSIM_DATA", "RAY_AUTH_MODE", "FEDSIM_CACHE") if k in env}}
-        job = subprocess.run(
-            [RAY, "job", "submit", f"--address=http://127.0.0.1:{dashboard}", f"--working-dir={REPO}",
-             f"--runtime-env-json={json.dumps(runtime_env)}", "--",
-             "python", "-m", "fedsim.cli.main", "run", "experiments/quickstart.yaml", "--quiet", *overrides,
-             f"out_dir={tmp_path / 'cluster'}"],
-            env=env, capture_output=True, text=True, timeout=600)
+        submit = [RAY, "job", "submit", f"--address=http://127.0.0.1:{dashboard}", f"--working-dir={REPO}",
+                  f"--runtime-env-json={json.dumps(runtime_env)}", "--",
+                  sys.executable, "-m", "fedsim.cli.main", "run", "experiments/quickstart.yaml", "--quiet", *overrides,
+                  f"out_dir={tmp_path / 'cluster'}"]
+        for _ in range(30):  # the head's job agent comes up some seconds after the node
+            job = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
+            if "No available agent" not in job.stdout + job.stderr:
+                break
+            time.sleep(3)
         assert job.returncode == 0 and "succeeded" in job.stdout, job.stdout[-3000:] + job.stderr[-3000:]
     finally:
         for proc in (second, head):

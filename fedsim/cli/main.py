@@ -89,7 +89,14 @@ def _report_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may follow flags (`run cfg.yaml --quiet train.rounds=3`), which argparse leaves unparsed.
+    args, extra = parser.parse_known_args(argv)
+    stray = [e for e in extra if e.startswith("-") or "=" not in e or args.command != "run"]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if args.command == "run":
+        args.overrides += extra
     try:
         return _report_command(args) if args.command == "report" else _run_command(args)
     except (ConfigError, DataError, ValueError) as err:

@@ -47,7 +47,8 @@ def connect_ray(cfg: RunConfig) -> None:
     engine = cfg.engine
     cpus = max(os.cpu_count() or 1, int(engine.workers * engine.cpus_per_worker + 0.999))
     # The dashboard stays on loopback unless a user binds it elsewhere on purpose.
-    ray.init(num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
+    # address="local": always a fresh local instance, never a stray cluster left behind by `ray start`.
+    ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
 
 
 def check_resources(cfg: RunConfig) -> None:
