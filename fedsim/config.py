@@ -35,6 +35,7 @@ class DataConfig(_Section):
 class ModelConfig(_Section):
     name: str = "cnn4"
     personal_layers: int = Field(1, ge=0, description="K_P: classifier + the last K_P-1 blocks are personal")
+    client: str | None = Field(None, description="'package.module:Class' of your own FedClient-compatible LightningModule")
 
 
 class OptimConfig(_Section):

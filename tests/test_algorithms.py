@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from fedsim.algorithms import ALGORITHMS
-from fedsim.config import validate
+from fedsim.client import FedClient
+from fedsim.config import ConfigError, validate
 from fedsim.data import load_dataset, make_partition
-from fedsim.engine.worker import ClientData, ClientRuntime
+from fedsim.engine.worker import ClientData, ClientRuntime, load_client_class
 
 CLIENT = 2
 
@@ -129,3 +130,33 @@ def test_finetune_part_updates_only_that_part(data_root, part):
     head = {k for k in changed if k.startswith("classifier.")}
     assert bool(head) == (part in ("head", "full"))
     assert bool(changed - head) == (part in ("body", "full"))
+
+
+class LabelSmoothingClient(FedClient):
+    """A user's own LightningModule: same contract, different loss."""
+
+    def training_step(self, batch, batch_idx):
+        self.smoothed_steps = getattr(self, "smoothed_steps", 0) + 1
+        x, y = batch
+        opts = [o for p, o in zip(self.optimized_parts, self._as_list(self.optimizers())) if p in self.trainable]
+        loss = torch.nn.functional.cross_entropy(self(x), y, label_smoothing=0.1)
+        for o in opts:
+            o.zero_grad()
+        self.manual_backward(loss)
+        for o in opts:
+            o.step()
+        return loss.detach()
+
+
+def test_a_users_own_lightning_module_plugs_in(data_root):
+    cfg = validate({"data": {"root": str(data_root), "num_clients": 5, "k": 2, "train_fraction": 0.01,
+                             "test_fraction": 0.02},
+                    "model": {"client": "test_algorithms:LabelSmoothingClient"}, "train": {"local_epochs": 1}})
+    data = load_dataset("cifar10", data_root)
+    part = make_partition("classes", data.train_y, data.test_y, 5, 0, k=2, train_fraction=0.01, test_fraction=0.02)
+    rt = ClientRuntime(cfg.model_dump(), {c: ClientData(part.train[c], part.test[c]) for c in range(5)})
+    assert isinstance(rt.client_module, LabelSmoothingClient)
+    rt.train(global0(rt), [CLIENT], round_idx=1)
+    assert rt.client_module.smoothed_steps > 0
+    with pytest.raises(ConfigError, match="model.client: cannot import"):
+        load_client_class("nowhere.module:Nothing")

@@ -17,7 +17,7 @@ from fedsim.config import ConfigError, RunConfig, validate
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
 from fedsim.engine import checkpoint
 from fedsim.engine.driver import DriverActor, shared_layout
-from fedsim.engine.worker import initial_model
+from fedsim.engine.worker import initial_model, load_client_class
 from fedsim.metrics import summarize
 from fedsim.metrics.logger import RunLogger
 
@@ -71,6 +71,7 @@ def prepare_inputs(cfg: RunConfig) -> tuple[ArrayDataset, Partition]:
     partition = make_partition(d.partition, data.train_y, data.test_y, d.num_clients, cfg.seed, k=d.k,
                                shards_per_client=d.shards_per_client, beta=d.beta, groups=groups,
                                train_fraction=d.train_fraction, test_fraction=d.test_fraction)
+    load_client_class(cfg.model.client)
     try:
         initial_model(cfg, data.num_classes, data.input_shape).head_prefixes(cfg.model.personal_layers)
     except ValueError as err:

@@ -6,6 +6,7 @@ its personal weights into the one model, run local SGD through the LightningModu
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import pickle
@@ -19,7 +20,7 @@ from torch import nn
 
 from fedsim.algorithms import PARTS, get_algorithm
 from fedsim.client import FedClient
-from fedsim.config import RunConfig
+from fedsim.config import ConfigError, RunConfig
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
 from fedsim.engine.checkpoint import CheckpointError, read_worker_states, write_worker_state
 from fedsim.engine.weights import Layout
@@ -67,6 +68,17 @@ def shared_and_personal_keys(cfg: RunConfig, net: SplitNet) -> tuple[list[str], 
     return [k for k in keys if k in shared], [k for k in keys if k not in shared]
 
 
+def load_client_class(path: str | None) -> type[FedClient]:
+    """``model.client``: a user's LightningModule meeting FedClient's contract; FedClient by default."""
+    if path is None:
+        return FedClient
+    module_name, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ConfigError(f"model.client: cannot import {path!r} ({err}); give 'package.module:Class'") from None
+
+
 def initial_model(cfg: RunConfig, num_classes: int, input_shape: tuple[int, int, int]) -> SplitNet:
     """The round-0 model, identical in every process because it is built from the run's seed."""
     torch.manual_seed(cfg.seed)
@@ -104,7 +116,8 @@ class ClientRuntime:
         self.personal: dict[int, np.ndarray] = {}  # client -> personal part of the model
         self.personal_models: dict[int, np.ndarray] = {}  # client -> full personal model (Ditto)
 
-        module = FedClient(net, head_keys, self.data.num_classes, self.cfg.train.body, self.cfg.train.head)
+        client_cls = load_client_class(self.cfg.model.client)
+        module = client_cls(net, head_keys, self.data.num_classes, self.cfg.train.body, self.cfg.train.head)
         # Fabric rather than a Trainer: a Trainer costs ~7 ms per fit and must be coaxed into refitting;
         # Fabric adds ~0.1-2 ms per client and still runs the module's own training_step (NOTES-stack.md).
         self.fabric = Fabric(accelerator="cuda" if self._assigned_gpu() else "cpu", devices=1)
