@@ -99,12 +99,21 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += extra
     try:
         return _report_command(args) if args.command == "report" else _run_command(args)
-    except (ConfigError, DataError, ValueError) as err:
+    except (ConfigError, DataError, ValueError, OSError) as err:
         # User-facing input problems: one line naming the field and the fix, no traceback.
         if os.environ.get("FEDSIM_DEBUG"):
             raise
         print(f"fedsim: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        _disconnect_ray()
+
+
+def _disconnect_ray() -> None:
+    """The CLI owns the Ray connection it made (in-process callers such as tests get a clean slate)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 if __name__ == "__main__":

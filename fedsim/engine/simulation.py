@@ -79,11 +79,13 @@ def prepare_inputs(cfg: RunConfig) -> tuple[ArrayDataset, Partition]:
     return data, partition
 
 
-def _start_new(cfg: RunConfig, overwrite: bool, partition: Partition, data: ArrayDataset) -> Path:
-    run_dir = Path(cfg.out_dir) / cfg.name
+def _refuse_existing(run_dir: Path, overwrite: bool) -> None:
     if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
         raise ConfigError(f"{run_dir}: run folder already exists; pass --resume {run_dir} to continue it, "
                           "--overwrite to replace it, or change name")
+
+
+def _start_new(run_dir: Path, cfg: RunConfig, partition: Partition, data: ArrayDataset) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json"):
         (run_dir / stale).unlink(missing_ok=True)
@@ -92,7 +94,6 @@ def _start_new(cfg: RunConfig, overwrite: bool, partition: Partition, data: Arra
     partition.save(run_dir / "partition.npz")
     stats = partition.stats(data.train_y, data.test_y, data.num_classes)
     (run_dir / "partition_stats.json").write_text(json.dumps(stats, indent=1))
-    return run_dir
 
 
 def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig:
@@ -124,19 +125,22 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
         resume: bool = False, on_start: Callable[[int], None] | None = None) -> RunResult:
     """Run (or with ``resume``, continue) a simulation. ``on_start(rounds_already_done)`` is called once the
     inputs are validated and training begins; ``on_round(row, result)`` after every completed round."""
+    # Every input is checked before Ray starts or a file is written.
     data, partition = prepare_inputs(cfg)
-    connect_ray(cfg)
-    check_resources(cfg)
     run_dir = Path(cfg.out_dir) / cfg.name
     ckpt: Path | None = None
     if resume:
         ckpt = checkpoint.latest(run_dir)
-        if ckpt is not None:  # validate before anything starts, so a bad checkpoint is one clear line
+        if ckpt is not None:
             layout, _ = shared_layout(cfg, data.num_classes, data.input_shape)
             checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
         partition = Partition.load(run_dir / "partition.npz")
     else:
-        run_dir = _start_new(cfg, overwrite, partition, data)
+        _refuse_existing(run_dir, overwrite)
+    connect_ray(cfg)
+    check_resources(cfg)
+    if not resume:
+        _start_new(run_dir, cfg, partition, data)
 
     started = time.perf_counter()
     driver = DriverActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
