@@ -171,7 +171,10 @@ def main() -> None:
     hp = _spec()["hp"]
     server_app, client_app = _build_apps()
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-               "init_args": {"num_cpus": hp["cpus"], "include_dashboard": False, "logging_level": "warning"}}
+               # address="local": always a fresh local Ray. Without it ray.init() joins the newest cluster
+               # a `ray start` left on this machine (another user's) and fails on num_cpus.
+               "init_args": {"address": "local", "num_cpus": hp["cpus"], "include_dashboard": False,
+                             "logging_level": "warning"}}
     t0 = time.perf_counter()
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=hp["num_clients"],
                    backend_config=backend)

@@ -38,6 +38,7 @@ from _common import BENCH, REPO, log, machine, measured, median, run_fedsim, sav
 FLWR_VENV = BENCH / ".venv-flwr"
 FLWR_PY = FLWR_VENV / "bin" / "python"
 EXPORT = Path("/tmp/fedsim-bench-flower")
+FLOWER_TIMEOUT_S = float(os.environ.get("BENCH_FLOWER_TIMEOUT_S", "900"))
 
 WORKLOADS = {
     "silo": {"num_clients": 10, "fraction": 1.0, "rounds": 2},
@@ -107,11 +108,18 @@ def run_flower(spec: Path) -> dict:
     logf = spec.with_suffix(".flower.log")
     t0 = time.perf_counter()
     with open(logf, "w") as f:
-        proc = subprocess.run([str(FLWR_PY), str(BENCH / "_flower_app.py"), str(spec), str(out)], env=env,
-                              stdout=f, stderr=subprocess.STDOUT, cwd=str(BENCH))
+        # Its own session: a Flower run whose simulation runtime crashed can hang; kill the whole group.
+        proc = subprocess.Popen([str(FLWR_PY), str(BENCH / "_flower_app.py"), str(spec), str(out)], env=env,
+                                stdout=f, stderr=subprocess.STDOUT, cwd=str(BENCH), start_new_session=True)
+        try:
+            rc = proc.wait(timeout=FLOWER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = "timeout"
     wall = time.perf_counter() - t0
-    if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"Flower run failed (rc {proc.returncode}); see {logf}:\n" + logf.read_text()[-3000:])
+    if rc != 0 or not out.exists():
+        raise RuntimeError(f"Flower run failed (rc {rc}); see {logf}:\n" + logf.read_text()[-3000:])
     result = json.loads(out.read_text())
     result["process_s"] = wall
     result["all_train_round_s"] = result["train_round_s"]

@@ -20,6 +20,6 @@ def data_root() -> Path:
 def local_ray():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -103,6 +103,10 @@ def test_job_submitted_to_two_node_cluster_matches_local_run(tmp_path, data_root
         for proc in (second, head):
             if proc is not None:
                 _stop(proc)
+        # `ray start` records the head for later `ray.init()` calls; do not leave a pointer to a dead cluster.
+        pointer = Path("/tmp/ray/ray_current_cluster")
+        if pointer.exists() and pointer.read_text().strip().endswith(f":{gcs}"):
+            pointer.unlink()
     cluster_run, local_run = tmp_path / "cluster" / "quickstart-fedper", tmp_path / "local" / "quickstart-fedper"
     workers = json.loads((cluster_run / "summary.json").read_text())["workers"]
     assert len({w["node"] for w in workers}) == 2  # one worker on each node

@@ -8,7 +8,8 @@ from fedsim.engine.simulation import check_resources
 
 @pytest.fixture
 def fake_gpu_ray():
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="warning",
+             log_to_driver=False)
     yield
     ray.shutdown()
 
