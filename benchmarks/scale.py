@@ -150,7 +150,8 @@ def main() -> None:
             st = list(prof["stages"].values())
             per_trained = (st[-1]["anon_kb"] - st[-2]["anon_kb"]) * 1024 / args.trained
             out["trained_b"] = per_trained
-            print(f"trained client (worker core, {args.trained} more clients train once): {per_trained:,.0f} B of "
+            print(f"trained client (worker core, {args.trained} more clients train once, 50 per train call): "
+                  f"{per_trained:,.0f} B of "
                   f"RssAnon per client; its personal vector {pb:,} B (FedPer K_P = 1: classifier 10 x 256 + 10)")
         else:
             log(res.stderr[-2000:])

@@ -74,6 +74,8 @@ def _run_command(args: argparse.Namespace) -> int:
         acc = result.summary["acc"]
         print(f"{cfg.name}: mean client accuracy {100 * acc['mean']:.2f}% (std {100 * acc['std']:.2f}, "
               f"min {100 * acc['min']:.2f}) -> {result.run_dir}")
+        if "sync" in result.summary.get("wandb", {}):
+            print(f"  W&B run saved offline; upload with `{result.summary['wandb']['sync']}`")
     print(comparison_table(results))
     return 0
 

@@ -172,6 +172,8 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
             round_idx += 1
         workers = ray.get(driver.worker_info.remote(), timeout=timeout)
         summary = _summary(cfg, logger, workers, time.perf_counter() - started)
+        if logger.sink:
+            summary["wandb"] = logger.sink.describe()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     finally:
         logger.close(summary)

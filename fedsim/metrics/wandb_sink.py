@@ -71,5 +71,9 @@ class WandbSink:
                     artifact.add_file(str(run_dir / name))
             self.run.log_artifact(artifact)
         self.run.finish()
-        if self.mode == "offline":
-            print(f"fedsim: W&B run saved offline; upload with `wandb sync {Path(self.run.dir).parent}`", file=sys.stderr)
+
+    def describe(self) -> dict:
+        """Where the W&B run lives, for the run summary (and the CLI's sync hint)."""
+        run_folder = Path(self.run.dir).parent
+        return {"mode": self.mode, "dir": str(run_folder),
+                **({"sync": f"wandb sync {run_folder}"} if self.mode == "offline" else {"url": self.run.url})}
