@@ -18,8 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
 RESULTS = BENCH / "results"  # gitignored; each script leaves a JSON of its raw measurements here
 
-os.environ.setdefault("FEDSIM_DATA", "/work/shared/datasets")
-os.environ.setdefault("FEDSIM_CACHE", "/tmp/fedsim-cache")
+os.environ.setdefault("FEDSIM_DATA", str(REPO.parent / "shared" / "datasets"))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
