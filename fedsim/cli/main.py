@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         # User-facing input problems: one line naming the field and the fix, no traceback.
         if os.environ.get("FEDSIM_DEBUG"):
             raise
-        print(f"fedsim: error: {err}", file=sys.stderr)
+        where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
+        print(f"fedsim: error: {err}{where}", file=sys.stderr)
         return 2
     finally:
         _disconnect_ray()
