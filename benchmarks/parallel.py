@@ -8,7 +8,7 @@ Per-round seconds are the driver's own clock (rounds.jsonl), median over rounds 
 round trains all 10 clients and evaluates all of them. The ratios are what matters:
 B / A = the speed-up from a second worker, C / A = threads vs workers on 2 cores.
 
-    .venv/bin/python benchmarks/parallel.py              # 2 rounds, 1 rep: ~4 min
+    .venv/bin/python benchmarks/parallel.py              # 2 rounds, 1 rep: ~3 min
     .venv/bin/python benchmarks/parallel.py --rounds 3 --reps 2
 """
 from __future__ import annotations

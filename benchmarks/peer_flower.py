@@ -18,8 +18,8 @@ benchmarks/_flower_app.py as a subprocess with PYTHONPATH=repo root for fedsim's
 augmentation code. fedsim exports each partition (client -> sample indices into the decoded
 CIFAR-10 cache, which both sides memory-map) to /tmp/fedsim-bench-flower/<workload>.npz.
 
-    .venv/bin/python benchmarks/peer_flower.py                      # both workloads: ~9 min
-    .venv/bin/python benchmarks/peer_flower.py --workloads device   # ~5 min
+    .venv/bin/python benchmarks/peer_flower.py                      # both workloads: ~6 min on a quiet box
+    .venv/bin/python benchmarks/peer_flower.py --workloads device   # ~3 min
     .venv/bin/python benchmarks/peer_flower.py --workloads device --reps 3
 """
 from __future__ import annotations

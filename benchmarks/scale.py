@@ -25,7 +25,7 @@ and the marginal cost per client is compared with that. Two parts are measured s
     Ray: benchmarks/profile_memory.py) while --trained more clients train once each.
 Their sum is the marginal memory per client in a long run where every client has trained.
 
-    .venv/bin/python benchmarks/scale.py                    # N = 100, 1000, 10000; 3 rounds: ~4 min
+    .venv/bin/python benchmarks/scale.py                    # N = 100, 1000, 10000; 3 rounds: ~3 min
     .venv/bin/python benchmarks/scale.py --clients 100 1000 --rounds 2 --fraction 0.05 --trained 0
 """
 from __future__ import annotations

@@ -41,6 +41,18 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _descends_from_this_process(pid: int) -> bool:
+    """Only this test's Ray (started in-process) may be touched, never another Ray on the machine."""
+    for _ in range(6):
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == os.getpid():
+            return True
+    return False
+
+
 def _live_worker_pids() -> list[int]:
     """Ray titles each actor process `ray::<Class>`; idle or dead ones are not ClientRuntime."""
     pids = []
@@ -50,7 +62,7 @@ def _live_worker_pids() -> list[int]:
                 pids.append(int(proc.name))
         except OSError:
             continue
-    return sorted(pids)
+    return sorted(p for p in pids if _descends_from_this_process(p))
 
 
 def test_worker_killed_mid_round_is_replaced_and_results_match(tmp_path, data_root, local_ray):
