@@ -62,7 +62,7 @@ def child(n: int, trained: int, use_tracemalloc: bool, trim: bool = False, per_c
         tracemalloc.start()
     rt = ClientRuntime(cfg.model_dump(), mine)
     mark("worker constructed")
-    from fedsim.engine.driver import shared_layout
+    from fedsim.engine.worker import shared_layout
 
     layout, shared = shared_layout(cfg, data.num_classes, data.input_shape)
     owned = sorted(mine)

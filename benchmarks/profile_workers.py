@@ -1,7 +1,7 @@
 """py-spy profile of fedsim's worker actors (and the driver actor) during the steady rounds of a run.
 
 Runs a fedsim config in this process; when round --skip finishes, `py-spy record --format raw`
-attaches to every `ray::ClientRuntime` / `ray::Driver` process for --seconds, then the collapsed
+attaches to every `ray::Worker` / `ray::Driver` process for --seconds, then the collapsed
 stacks are summarised: inclusive share of samples per fedsim/torch/ray function, per process.
 No fedsim file is changed.
 
@@ -86,7 +86,7 @@ def main() -> None:
     def attach() -> None:
         for pid in sorted(descendants()):
             m = proc_memory(pid)
-            if m and (m["cmd"].startswith("ray::ClientRuntime") or m["cmd"].startswith("ray::Driver")):
+            if m and (m["cmd"].startswith("ray::Worker") or m["cmd"].startswith("ray::Driver")):
                 kind = "driver" if "Driver" in m["cmd"] else "worker"
                 raw = out / f"{args.preset}-{kind}-{pid}.txt"
                 cmd = [str(PY_SPY), "record", "--pid", str(pid), "--format", "raw", "--duration",

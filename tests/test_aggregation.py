@@ -1,9 +1,13 @@
+import pickle
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 from fedsim.engine.aggregate import weighted_average
-from fedsim.engine.driver import owner_of, sample_clients
+from fedsim.engine.driver import balanced_owners, sample_clients
 from fedsim.engine.weights import Layout
 from fedsim.models import build_model
 
@@ -52,6 +56,43 @@ def test_sampling_is_seeded_and_sized():
     assert sample_clients(0, 1, 10, 0.01) and len(sample_clients(0, 1, 10, 1.0)) == 10
 
 
-def test_ownership_is_fixed_and_covers_all_workers():
-    owners = [owner_of(c, 3) for c in range(30)]
-    assert sorted(set(owners)) == [0, 1, 2] and owners == [owner_of(c, 3) for c in range(30)]
+def test_ownership_balances_cost_and_is_a_pure_function():
+    costs = [10, 10, 5, 5, 3, 3, 2, 2]  # 40 in all: LPT splits it 20 / 20
+    owners = balanced_owners(costs, 2)
+    loads = [sum(c for c, w in zip(costs, owners) if w == k) for k in (0, 1)]
+    assert loads == [20, 20] and owners == balanced_owners(costs, 2)
+    equal = balanced_owners([1] * 30, 3)  # equal costs: round-robin by client id, every worker used
+    assert equal == [c % 3 for c in range(30)]
+    # The quickstart's k=4 partition (batches per epoch): client % 2 gives 49 vs 56 per worker.
+    quickstart = [10, 10, 11, 12, 11, 8, 8, 10, 9, 16]
+    loads = [sum(c for c, w in zip(quickstart, balanced_owners(quickstart, 2)) if w == k) for k in (0, 1)]
+    assert loads == [54, 51]
+
+
+def test_driver_process_needs_no_torch(tmp_path):
+    # The driver actor's process must come up fast: torch + Lightning cost ~3 s of imports. It gets the
+    # validated config as an object; unpickling it must not re-run validation (that imports the models).
+    from fedsim.config import validate
+
+    cfg = tmp_path / "cfg.pkl"
+    cfg.write_bytes(pickle.dumps(validate({})))
+    code = (f"import pickle, sys; import fedsim.engine.driver; pickle.loads(open({str(cfg)!r}, 'rb').read()); "
+            "assert 'torch' not in sys.modules, 'the driver imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_vector_store_keeps_rows_apart_and_read_only():
+    from fedsim.engine.weights import VectorStore
+
+    store = VectorStore(3)
+    store.rows_per_block = 2  # force several blocks
+    for c in (7, 3, 9):
+        store[c] = np.full(3, c, np.float32)
+    store[3] = np.arange(3, dtype=np.float32)  # overwrite in place, no new row
+    assert len(store) == 3 and len(store._blocks) == 2
+    assert store[7].tolist() == [7, 7, 7] and store[3].tolist() == [0, 1, 2] and store[9].tolist() == [9, 9, 9]
+    default = np.zeros(3, np.float32)
+    assert store.get(4, default) is default and 4 not in store
+    with pytest.raises(ValueError):
+        store[7][0] = 1.0
+    assert dict((c, v.tolist()) for c, v in store.items()) == {7: [7, 7, 7], 3: [0, 1, 2], 9: [9, 9, 9]}

@@ -85,7 +85,7 @@ def test_fedavg_shares_everything_and_local_shares_nothing(tmp_path, data_root):
 
 def test_driver_guard_refuses_oversized_payload():
     guard = Driver.__new__(Driver)
-    guard.layout = type("L", (), {"size": 10})()
+    guard.shared_size = 10
     guard._check_update(ClientUpdate(0, 5, np.zeros(10, np.float32), 0.1, 40))
     with pytest.raises(RuntimeError, match="personal weights"):
         guard._check_update(ClientUpdate(0, 5, np.zeros(12, np.float32), 0.1, 48))

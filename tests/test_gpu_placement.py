@@ -22,19 +22,19 @@ def _cfg(tmp_path, data_root, workers, gpus):
 
 def test_four_workers_share_one_gpu(tmp_path, data_root, fake_gpu_ray):
     from fedsim.data import load_dataset, make_partition
-    from fedsim.engine.driver import Driver
+    from fedsim.engine.simulation import start_engine
 
     cfg = _cfg(tmp_path, data_root, workers=4, gpus=0.25)
     check_resources(cfg)
     data = load_dataset("cifar10", data_root)
     part = make_partition("classes", data.train_y, data.test_y, 4, 0, k=3, train_fraction=0.01, test_fraction=0.01)
-    driver = Driver(cfg.model_dump(), part, data.num_classes, data.input_shape)
-    infos = driver.worker_info()  # blocks until all four actors have started
+    driver = start_engine(cfg, part, data)
+    infos = ray.get(driver.worker_info.remote())  # blocks until all four actors have started
     assert len(infos) == 4
     assert all(i["gpu_ids"] == [0] or i["gpu_ids"] == ["0"] for i in infos)
     assert all(i["cuda_visible_devices"] == "0" for i in infos)
     assert all(i["device"] == "cpu" for i in infos)  # no real CUDA here: the same code falls back to CPU
-    driver.shutdown()
+    ray.get(driver.shutdown.remote())
 
 
 def test_requesting_more_gpus_than_exist_is_a_clear_error(tmp_path, data_root, fake_gpu_ray):

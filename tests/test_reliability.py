@@ -54,11 +54,11 @@ def _descends_from_this_process(pid: int) -> bool:
 
 
 def _live_worker_pids() -> list[int]:
-    """Ray titles each actor process `ray::<Class>`; idle or dead ones are not ClientRuntime."""
+    """Ray titles each actor process `ray::<Class>`; idle or dead ones are not Worker."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::ClientRuntime"):
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::Worker"):
                 pids.append(int(proc.name))
         except OSError:
             continue

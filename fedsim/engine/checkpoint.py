@@ -20,8 +20,12 @@ import os
 import shutil
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from fedsim.engine.weights import VectorStore
 
 KEEP = 2  # complete checkpoints kept on disk
 
@@ -58,7 +62,7 @@ def staging_dir(run_dir: Path, round_idx: int) -> Path:
     return path
 
 
-def write_worker_state(path: Path, personal: dict[int, np.ndarray], models: dict[int, np.ndarray]) -> None:
+def write_worker_state(path: Path, personal: VectorStore, models: VectorStore) -> None:
     arrays = {f"p{c}": v for c, v in personal.items()} | {f"m{c}": v for c, v in models.items()}
     with open(path, "wb") as f:
         np.savez(f, **arrays)

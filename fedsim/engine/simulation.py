@@ -16,8 +16,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from fedsim.config import ConfigError, RunConfig, validate
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
 from fedsim.engine import checkpoint
-from fedsim.engine.driver import DriverActor, shared_layout
-from fedsim.engine.worker import initial_model, load_client_class
+from fedsim.engine.driver import DriverActor, assign_clients
+from fedsim.engine.protocol import spawn_worker
+from fedsim.engine.worker import initial_model, load_client_class, shared_layout
 from fedsim.metrics import summarize
 from fedsim.metrics.logger import RunLogger
 
@@ -113,6 +114,16 @@ def _this_node() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
+def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset):
+    """Spawn the workers and the driver actor together (the workers' ~3 s of imports overlap the driver's
+    start-up instead of following it). Returns the driver's handle."""
+    assignments = assign_clients(cfg, partition)
+    workers = [spawn_worker(cfg, clients) for clients in assignments]
+    _, initial_global = shared_layout(cfg, data.num_classes, data.input_shape)
+    return DriverActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
+        cfg, workers, assignments, initial_global)
+
+
 def _sink(cfg: RunConfig, run_dir: Path, resume: bool):
     if cfg.logging.wandb.mode == "disabled":
         return None
@@ -143,8 +154,7 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
         _start_new(run_dir, cfg, partition, data)
 
     started = time.perf_counter()
-    driver = DriverActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
-        cfg.model_dump(), partition, data.num_classes, data.input_shape)
+    driver = start_engine(cfg, partition, data)
     timeout = cfg.engine.round_timeout_s
     logger = RunLogger(run_dir, _sink(cfg, run_dir, resume))
     summary = None

@@ -48,3 +48,48 @@ class Layout:
         for key, shape, start, end in zip(self.keys, self.shapes, self.offsets, self.offsets[1:]):
             target = state[key]
             target.copy_(flat[start:end].view(shape).to(target.dtype))
+
+
+class VectorStore:
+    """Per-client flat vectors of one length, kept as rows of large preallocated blocks.
+
+    One small numpy array per client costs a header and its own malloc chunk, interleaved with the
+    round's transient buffers: measured 10.6-13.0 KB per 10.3 KB FedPer head. Rows of ~4 MB blocks
+    cost the vector alone, and untouched rows of a block cost no resident memory at all."""
+
+    BLOCK_BYTES = 4 << 20
+
+    def __init__(self, size: int):
+        self.size = size
+        self.rows_per_block = max(1, self.BLOCK_BYTES // max(4 * size, 1))
+        self._blocks: list[np.ndarray] = []
+        self._row: dict[int, int] = {}  # client -> row number, in first-stored order
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def __contains__(self, client: int) -> bool:
+        return client in self._row
+
+    def __getitem__(self, client: int) -> np.ndarray:
+        return self._view(self._row[client])
+
+    def get(self, client: int, default: np.ndarray) -> np.ndarray:
+        return self[client] if client in self._row else default
+
+    def __setitem__(self, client: int, vector: np.ndarray) -> None:
+        if client not in self._row:
+            row = self._row[client] = len(self._row)
+            if row // self.rows_per_block == len(self._blocks):
+                self._blocks.append(np.empty((self.rows_per_block, self.size), np.float32))
+        block, index = divmod(self._row[client], self.rows_per_block)
+        self._blocks[block][index] = vector
+
+    def items(self):
+        return ((client, self._view(row)) for client, row in self._row.items())
+
+    def _view(self, row: int) -> np.ndarray:
+        block, index = divmod(row, self.rows_per_block)
+        view = self._blocks[block][index]
+        view.flags.writeable = False  # callers read; writes go through __setitem__
+        return view

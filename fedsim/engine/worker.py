@@ -9,11 +9,10 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import pickle
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import ray
 import torch
 from lightning_fabric import Fabric
 from torch import nn
@@ -23,32 +22,12 @@ from fedsim.client import FedClient
 from fedsim.config import ConfigError, RunConfig
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
 from fedsim.engine.checkpoint import CheckpointError, read_worker_states, write_worker_state
-from fedsim.engine.weights import Layout
+from fedsim.engine.protocol import ClientData, ClientUpdate, serialized_size
+from fedsim.engine.weights import Layout, VectorStore
 from fedsim.models import SplitNet, build_model
 
 EVAL_BATCH = 500
 FINETUNE_STREAM = 1  # keeps evaluation fine-tuning randomness apart from training's
-
-
-@dataclass(frozen=True)
-class ClientData:
-    train: np.ndarray  # indices into the dataset's train arrays
-    test: np.ndarray
-    label_map: np.ndarray | None = None  # client label = label_map[true label] (conflicting-label partitions)
-
-
-@dataclass(frozen=True)
-class ClientUpdate:
-    client: int
-    n_train: int
-    shared: np.ndarray  # flat shared weights after local training (empty when nothing is shared)
-    train_loss: float
-    bytes_up: int  # serialised size of ``shared``: what this client sends to the server
-    diverged: bool = False  # non-finite loss: nothing was kept, ``shared`` is empty
-
-
-def serialized_size(array: np.ndarray) -> int:
-    return len(pickle.dumps(array, protocol=5))
 
 
 def client_generator(seed: int, round_idx: int, client: int, stream: int = 0) -> torch.Generator:
@@ -91,6 +70,13 @@ def initial_model(cfg: RunConfig, num_classes: int, input_shape: tuple[int, int,
     return net
 
 
+def shared_layout(cfg: RunConfig, num_classes: int, input_shape: tuple[int, int, int]) -> tuple[Layout, np.ndarray]:
+    """Layout and round-0 value of the weights the server holds."""
+    net = initial_model(cfg, num_classes, input_shape)
+    layout = Layout.of(net, shared_and_personal_keys(cfg, net)[0])
+    return layout, layout.pack(net)
+
+
 class ClientRuntime:
     """Plain-Python core of a worker (the Ray actor wraps it; tests may use it directly)."""
 
@@ -113,14 +99,19 @@ class ClientRuntime:
         self.full_layout = Layout.of(net, list(net.state_dict()))
         self.initial_personal = self.personal_layout.pack(net)
         self.initial_full = self.full_layout.pack(net)
-        self.personal: dict[int, np.ndarray] = {}  # client -> personal part of the model
-        self.personal_models: dict[int, np.ndarray] = {}  # client -> full personal model (Ditto)
+        self.personal = VectorStore(self.personal_layout.size)  # client -> personal part of the model
+        self.personal_models = VectorStore(self.full_layout.size)  # client -> full personal model (Ditto)
 
+        on_gpu = self._assigned_gpu()
+        fmt = self.cfg.engine.memory_format
+        self.channels_last = fmt == "channels_last" or (fmt == "auto" and not on_gpu)
+        if self.channels_last:  # packing reads logical order (reshape), so flat vectors do not change
+            net.to(memory_format=torch.channels_last)
         client_cls = load_client_class(self.cfg.model.client)
         module = client_cls(net, head_keys, self.data.num_classes, self.cfg.train.body, self.cfg.train.head)
         # Fabric rather than a Trainer: a Trainer costs ~7 ms per fit and must be coaxed into refitting;
         # Fabric adds ~0.1-2 ms per client and still runs the module's own training_step (NOTES-stack.md).
-        self.fabric = Fabric(accelerator="cuda" if self._assigned_gpu() else "cpu", devices=1)
+        self.fabric = Fabric(accelerator="cuda" if on_gpu else "cpu", devices=1)
         self.raw_optimizers = module.configure_optimizers()
         self.client_module = module  # attributes (trainable, proximal, accuracy) live on the plain module
         self.module, *_ = self.fabric.setup(module, *self.raw_optimizers)  # calls go through Fabric's wrapper
@@ -128,13 +119,9 @@ class ClientRuntime:
 
     @staticmethod
     def _assigned_gpu() -> bool:
-        import ray
-
         return bool(ray.is_initialized() and ray.get_gpu_ids()) and torch.cuda.is_available()
 
     def device_info(self) -> dict:
-        import ray
-
         return {"device": str(self.fabric.device), "gpu_ids": ray.get_gpu_ids() if ray.is_initialized() else [],
                 "node": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
                 "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
@@ -158,6 +145,8 @@ class ClientRuntime:
         if cd.label_map is not None:
             labels = cd.label_map[labels]
         x = to_float(images, self.data.mean, self.data.std).to(self.fabric.device)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         return x, torch.as_tensor(labels, device=self.fabric.device)
 
     # -- local SGD -----------------------------------------------------------------------------
@@ -224,14 +213,15 @@ class ClientRuntime:
 
     def load_state(self, ckpt: str | None) -> None:
         """Restore this worker's clients from a checkpoint (None: the round-0 state)."""
-        if ckpt is None:
-            self.personal, self.personal_models = {}, {}
-            return
-        personal, models = read_worker_states(Path(ckpt), set(self.client_data))
-        sizes = {v.size for v in personal.values()} | {self.personal_layout.size}
-        if len(sizes) != 1 or any(v.size != self.full_layout.size for v in models.values()):
+        personal, models = read_worker_states(Path(ckpt), set(self.client_data)) if ckpt else ({}, {})
+        if any(v.size != self.personal_layout.size for v in personal.values()) or any(
+                v.size != self.full_layout.size for v in models.values()):
             raise CheckpointError(f"{ckpt}: personal weights do not fit this model; resume with the run's own config")
-        self.personal, self.personal_models = personal, models
+        self.personal = VectorStore(self.personal_layout.size)
+        self.personal_models = VectorStore(self.full_layout.size)
+        for store, vectors in ((self.personal, personal), (self.personal_models, models)):
+            for client in sorted(vectors):
+                store[client] = vectors[client]
 
     # -- evaluation ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -260,3 +250,4 @@ class ClientRuntime:
                 rec["loss_personalized"], rec["acc_personalized"] = self._score(client)
             results.append(rec)
         return results
+
