@@ -2,23 +2,25 @@
 
 Workload: experiments/quickstart.yaml, FedPer variant (10 clients, CIFAR-10 k=4 classes, 10% train /
 20% test, 4-conv CNN, e=4, b=50, SGD 0.01/0.9/5e-4 for body and head, crop+flip augmentation,
-every client evaluated every round), for --rounds rounds.
+every client evaluated every round), for --rounds rounds (default: the quickstart's 10).
 
   A  fedsim: fedsim.engine.run(cfg) + ray.shutdown(), timed from the call (data, partition,
      ray.init, driver and 2 worker actors x 1 thread, rounds, run folder) to the return.
-  B  bare loop, torch.set_num_threads(2): same partition (fedsim.data.make_partition), same model
-     (fedsim.models.build_model, same seed), same per-client shuffles and augmentation draws, same
-     number of batches, personal heads in a dict, base averaged with n_j / sum n weights, every
-     client scored every round. Timed from loading the data to the last evaluation.
-  C  the same bare loop with 1 thread (reported, not interleaved unless --bare1-reps > 1).
+     engine.memory_format=auto, i.e. channels_last on this CPU.
+  B  bare loop, torch.set_num_threads(2), NCHW: the simplest loop. Same partition
+     (fedsim.data.make_partition), same model (fedsim.models.build_model, same seed), same
+     per-client shuffles and augmentation draws, same number of batches, personal heads in a dict,
+     base averaged with n_j / sum n weights, every client scored every round. Timed from loading
+     the data to the last evaluation. A / B is the target's ratio.
+  C  the same bare loop in channels_last, 2 threads: the same kernels fedsim runs, so A / C is
+     fedsim's own overhead (Ray, actors, Lightning, weight packing, logging, checkpoints).
+  D  the bare loop in channels_last with 1 thread, fedsim's thread count: it reproduces fedsim's
+     per-client accuracies (printed as a check that both sides do the same work).
 
-Repetitions are interleaved A, B, (C), A, B, ... in one process; medians are reported.
-With 1 thread the bare loop also reproduces fedsim's per-client accuracies (printed as a check
-that both sides do the same work).
+Repetitions are interleaved A, B, C, (D), A, B, C, ... in one process; medians are reported.
 
-    .venv/bin/python benchmarks/overhead.py              # 3 rounds, 2 reps: ~5 min
-    .venv/bin/python benchmarks/overhead.py --rounds 10 --reps 1
-"""
+    .venv/bin/python benchmarks/overhead.py              # 10 rounds, 2 reps: ~15 min
+    .venv/bin/python benchmarks/overhead.py --rounds 3 --reps 1
 from __future__ import annotations
 
 import argparse
@@ -42,7 +44,7 @@ def sampled_clients(seed: int, round_idx: int, n: int, fraction: float) -> list[
     return sorted(int(c) for c in rng.choice(n, size=max(1, round(fraction * n)), replace=False))
 
 
-def bare_run(tree: dict, threads: int) -> dict:
+def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
     """The plain loop. Returns wall seconds, per-round seconds and the final per-client accuracy."""
     from fedsim.data import load_dataset, make_partition, random_crop_flip, to_float
     from fedsim.models import build_model
@@ -55,6 +57,8 @@ def bare_run(tree: dict, threads: int) -> dict:
                           train_fraction=d["train_fraction"], test_fraction=d["test_fraction"])
     torch.manual_seed(seed)
     net = build_model(tree["model"]["name"], data.num_classes, data.input_shape)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    net.to(memory_format=fmt)
     base_keys, head_keys = net.split_keys(tree["model"]["personal_layers"])
     head_set = set(head_keys)
     named = dict(net.named_parameters())
@@ -63,7 +67,7 @@ def bare_run(tree: dict, threads: int) -> dict:
             for part_, is_head in (("body", False), ("head", True))]
 
     def tensors(idx: np.ndarray, x: np.ndarray, y: np.ndarray):
-        return to_float(x[idx], data.mean, data.std), torch.as_tensor(y[idx])
+        return to_float(x[idx], data.mean, data.std).contiguous(memory_format=fmt), torch.as_tensor(y[idx])
 
     train = [tensors(i, data.train_x, data.train_y) for i in part.train]
     test = [tensors(i, data.test_x, data.test_y) for i in part.test]
@@ -117,63 +121,68 @@ def bare_run(tree: dict, threads: int) -> dict:
 QUIET = 0.25
 
 
-def report(fed: list, bare2: list, bare1: list, title: str) -> None:
+LABELS = {"fedsim": "fedsim (2 workers x 1 thread)", "bare": "bare loop, 2 threads, NCHW",
+          "bare_cl": "bare loop, 2 threads, channels_last", "bare1_cl": "bare loop, 1 thread, channels_last"}
+
+
+def report(runs: dict[str, list], title: str) -> None:
     """Medians over reps (per-round: median within a rep, then over reps)."""
-    def e2e(xs):
-        return median([r["end_to_end_s"] for r in xs])
+    def e2e(name):
+        return median([r["end_to_end_s"] for r in runs[name]])
 
-    def per_round(xs):
-        return median([median(r["round_s"]) for r in xs])
+    def per_round(name):
+        return median([median(r["round_s"]) for r in runs[name]])
 
-    f_e2e, b2_e2e, b1_e2e = e2e(fed), e2e(bare2), e2e(bare1)
-    f_round, b2_round, b1_round = per_round(fed), per_round(bare2), per_round(bare1)
-    startup = median([r["end_to_end_s"] - sum(r["round_s"]) for r in fed])
+    startup = median([r["end_to_end_s"] - sum(r["round_s"]) for r in runs["fedsim"]])
     print(f"-- {title}")
-    print(f"{'':34}{'reps':>5}{'end to end s':>14}{'per round s':>13}{'others busy (cores)':>21}")
-    for label, xs, e, rnd in (("fedsim (2 workers x 1 thread)", fed, f_e2e, f_round),
-                              ("bare loop, 2 threads", bare2, b2_e2e, b2_round),
-                              ("bare loop, 1 thread", bare1, b1_e2e, b1_round)):
-        print(f"{label:34}{len(xs):>5}{e:>14.1f}{rnd:>13.2f}{median([r['others_cores'] for r in xs]):>21.2f}")
+    print(f"{'':38}{'reps':>5}{'end to end s':>14}{'per round s':>13}{'others busy (cores)':>21}")
+    for name, xs in runs.items():
+        if xs:
+            print(f"{LABELS[name]:38}{len(xs):>5}{e2e(name):>14.1f}{per_round(name):>13.2f}"
+                  f"{median([r['others_cores'] for r in xs]):>21.2f}")
     print(f"fedsim start-up + teardown (end to end - sum of rounds): {startup:.1f} s")
-    print(f"RATIO fedsim / bare(2 threads), end to end:  {f_e2e / b2_e2e:.3f}   target <= 1.10")
-    print(f"RATIO fedsim / bare(2 threads), per round:   {f_round / b2_round:.3f}")
-    print(f"RATIO fedsim / bare(1 thread),  end to end:  {f_e2e / b1_e2e:.3f}   per round: {f_round / b1_round:.3f}")
+    for name, what in (("bare", "target <= 1.10"), ("bare_cl", "fedsim's own overhead, same kernels"),
+                       ("bare1_cl", "same work, 1 thread")):
+        if runs[name]:
+            print(f"RATIO fedsim / {LABELS[name]}: end to end {e2e('fedsim') / e2e(name):.3f}, "
+                  f"per round {per_round('fedsim') / per_round(name):.3f}   ({what})")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions of fedsim and bare(2 threads)")
-    ap.add_argument("--bare1-reps", type=int, default=1, help="repetitions of the 1-thread bare loop")
+    ap.add_argument("--rounds", type=int, default=None, help="default: the quickstart's rounds")
+    ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions of A, B and C")
+    ap.add_argument("--bare1-reps", type=int, default=1, help="repetitions of D, the 1-thread same-work loop")
     args = ap.parse_args()
 
     check_quickstart()
-    tree = quickstart({"train.rounds": args.rounds})
-    log(f"overhead: quickstart FedPer, {args.rounds} rounds, {args.reps} interleaved reps")
-    fed, bare2, bare1 = [], [], []
+    tree = quickstart({"train.rounds": args.rounds} if args.rounds else {})
+    rounds = tree["train"]["rounds"]
+    log(f"overhead: quickstart FedPer, {rounds} rounds, {args.reps} interleaved reps")
+    plan = {"fedsim": (run_fedsim, (tree,), args.reps), "bare": (bare_run, (tree, 2, False), args.reps),
+            "bare_cl": (bare_run, (tree, 2, True), args.reps), "bare1_cl": (bare_run, (tree, 1, True), args.bare1_reps)}
+    runs: dict[str, list] = {name: [] for name in plan}
     for rep in range(max(args.reps, args.bare1_reps)):
-        if rep < args.reps:
-            fed.append(measured(run_fedsim, tree))
-            log(f"  rep {rep}: fedsim {fed[-1]['end_to_end_s']:.1f} s (rounds {[round(s, 1) for s in fed[-1]['round_s']]}), "
-                f"other processes busy {fed[-1]['others_cores']:.2f} cores")
-            bare2.append(measured(bare_run, tree, 2))
-            log(f"  rep {rep}: bare x2 threads {bare2[-1]['end_to_end_s']:.1f} s, others {bare2[-1]['others_cores']:.2f} cores")
-        if rep < args.bare1_reps:
-            bare1.append(measured(bare_run, tree, 1))
-            log(f"  rep {rep}: bare x1 thread {bare1[-1]['end_to_end_s']:.1f} s, others {bare1[-1]['others_cores']:.2f} cores")
+        for name, (fn, fn_args, reps) in plan.items():
+            if rep < reps:
+                runs[name].append(measured(fn, *fn_args))
+                r = runs[name][-1]
+                log(f"  rep {rep}: {LABELS[name]} {r['end_to_end_s']:.1f} s (rounds {[round(x, 1) for x in r['round_s']]}), "
+                    f"other processes busy {r['others_cores']:.2f} cores")
 
-    print(f"\nquickstart FedPer, {args.rounds} rounds, {len(fed)} interleaved reps")
-    report(fed, bare2, bare1, "all reps")
-    q = [[r for r in xs if r["others_cores"] < QUIET] for xs in (fed, bare2, bare1)]
-    if all(q) and any(len(a) < len(b) for a, b in zip(q, (fed, bare2, bare1))):
-        report(*q, f"quiet reps only (other processes < {QUIET} cores)")
+    print(f"\nquickstart FedPer, {rounds} rounds, {len(runs['fedsim'])} interleaved reps")
+    report(runs, "all reps")
+    quiet = {name: [r for r in xs if r["others_cores"] < QUIET] for name, xs in runs.items()}
+    if all(quiet.values()) and any(len(quiet[n]) < len(runs[n]) for n in runs):
+        report(quiet, f"quiet reps only (other processes < {QUIET} cores)")
 
-    # Same work? fedsim's final per-client accuracy vs the bare loop's (1 thread = fedsim's thread count).
-    fed_acc = {int(k): v for k, v in fed[0]["summary"]["per_client_acc"].items()}
-    same1 = max(abs(fed_acc[c] - bare1[0]["acc"][c]) for c in fed_acc) if bare1 else float("nan")
-    same2 = max(abs(fed_acc[c] - bare2[0]["acc"][c]) for c in fed_acc)
-    print(f"same work check: max |acc fedsim - acc bare| over clients: 1 thread {same1:.4f}, 2 threads {same2:.4f}")
-    path = save("overhead", {"args": vars(args), "machine": machine(), "fedsim": fed, "bare2": bare2, "bare1": bare1})
+    # Same work? fedsim's final per-client accuracy vs the bare loops' (1 thread = fedsim's thread count).
+    fed_acc = {int(k): v for k, v in runs["fedsim"][0]["summary"]["per_client_acc"].items()}
+    for name in ("bare1_cl", "bare_cl", "bare"):
+        if runs[name]:
+            diff = max(abs(fed_acc[c] - runs[name][0]["acc"][c]) for c in fed_acc)
+            print(f"same work check: max |acc fedsim - acc {LABELS[name]}| over clients: {diff:.4f}")
+    path = save("overhead", {"args": vars(args), "machine": machine(), **runs})
     print(f"raw: {path}")
 
 

@@ -45,7 +45,7 @@ WORKLOADS = {
     "device": {"num_clients": 1000, "fraction": 0.1, "rounds": 3},
 }
 HP = {"seed": 0, "local_epochs": 1, "batch_size": 50, "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4,
-      "augment": True, "cpus": 2}
+      "augment": True, "cpus": 2, "memory_format": "auto"}
 
 
 def ensure_flower_venv() -> None:
@@ -70,7 +70,7 @@ def fedsim_tree(name: str, w: dict) -> dict:
                   "body": {k: HP[k] for k in ("lr", "momentum", "weight_decay")},
                   "head": {k: HP[k] for k in ("lr", "momentum", "weight_decay")}},
         "eval": {"finetune_epochs": 0},
-        "engine": {"workers": 2, "cpus_per_worker": 1, "threads_per_worker": 1},
+        "engine": {"workers": 2, "cpus_per_worker": 1, "threads_per_worker": 1, "memory_format": HP["memory_format"]},
     }
 
 
@@ -170,7 +170,11 @@ def main() -> None:
     ap.add_argument("--silo-reps", type=int, default=1, help="repetitions of the cross-silo pair (~50 s per round)")
     ap.add_argument("--silo-rounds", type=int, default=WORKLOADS["silo"]["rounds"])
     ap.add_argument("--device-rounds", type=int, default=WORKLOADS["device"]["rounds"])
+    ap.add_argument("--memory-format", default="auto", choices=["auto", "contiguous"],
+                    help="fedsim's engine.memory_format; auto = channels_last on CPU, contiguous = NCHW like "
+                         "the Flower client, to separate engine overhead from kernel layout")
     args = ap.parse_args()
+    HP["memory_format"] = args.memory_format
     WORKLOADS["silo"]["rounds"], WORKLOADS["device"]["rounds"] = args.silo_rounds, args.device_rounds
 
     ensure_flower_venv()
@@ -191,7 +195,8 @@ def main() -> None:
             log(f"  rep {rep} {name}: flower {f['end_to_end_s']:.1f} s, train rounds "
                 f"{[round(s, 2) for s in f['train_round_s']]}, others busy {f['others_cores']:.2f} cores")
 
-    print(f"\nfedsim vs Flower {flwr_version[0]} (ray {flwr_version[1]}), FedAvg, cnn4, 2 workers x 1 thread")
+    print(f"\nfedsim (engine.memory_format={args.memory_format}) vs Flower {flwr_version[0]} (ray {flwr_version[1]}), "
+          "FedAvg, cnn4, 2 workers x 1 thread")
     summary = {}
     for name in args.workloads:
         pairs = list(zip(results[name]["fedsim"], results[name]["flower"]))

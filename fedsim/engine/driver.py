@@ -75,7 +75,9 @@ class Driver:
         self.shared_size = initial_global.size
         self.initial_global = initial_global
         self.global_ref = ray.put(initial_global)
-        self.bytes_down = serialized_size(initial_global)  # the global's size never changes
+        # The global's size never changes. Measured on a copy: Ray hands this actor a read-only view,
+        # which pickles 4 bytes differently from the arrays that travel later.
+        self.bytes_down = serialized_size(initial_global.copy())
         self.last_checkpoint: str | None = None
         self.recoveries = 0
 
