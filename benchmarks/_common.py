@@ -70,22 +70,9 @@ def run_fedsim(tree: dict) -> dict:
     from fedsim.engine import run
 
     cfg = validate(tree)
-    for attempt in range(20):
-        stamps: list[float] = []
-        t0 = time.perf_counter()
-        try:
-            result = run(cfg, overwrite=True, on_round=lambda row, res: stamps.append(time.perf_counter()))
-            break
-        except ValueError as err:
-            # fedsim's connect_ray calls ray.init(num_cpus=..) without address="local": while another
-            # user's `ray start` cluster is up, Ray tries to join it and refuses num_cpus. Wait it out.
-            if "existing cluster" not in str(err):
-                raise
-            ray.shutdown()
-            log(f"  fedsim could not start its own Ray ({err}); another cluster is up - retrying in 30 s")
-            time.sleep(30)
-    else:
-        raise RuntimeError("another Ray cluster stayed up; set RAY_ADDRESS=local or stop it")
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    result = run(cfg, overwrite=True, on_round=lambda row, res: stamps.append(time.perf_counter()))
     t_run = time.perf_counter() - t0
     ray.shutdown()
     t_all = time.perf_counter() - t0

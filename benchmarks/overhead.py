@@ -21,6 +21,7 @@ Repetitions are interleaved A, B, C, (D), A, B, C, ... in one process; medians a
 
     .venv/bin/python benchmarks/overhead.py              # 10 rounds, 2 reps: ~15 min
     .venv/bin/python benchmarks/overhead.py --rounds 3 --reps 1
+"""
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,9 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 
-from _common import check_quickstart, log, machine, measured, median, quickstart, run_fedsim, save
+from _common import REPO, check_quickstart, log, machine, measured, median, quickstart, run_fedsim, save
 
 
 def client_generator(seed: int, round_idx: int, client: int) -> torch.Generator:
@@ -156,7 +158,8 @@ def main() -> None:
     args = ap.parse_args()
 
     check_quickstart()
-    tree = quickstart({"train.rounds": args.rounds} if args.rounds else {})
+    rounds = args.rounds or yaml.safe_load((REPO / "experiments" / "quickstart.yaml").read_text())["train"]["rounds"]
+    tree = quickstart({"train.rounds": rounds})
     rounds = tree["train"]["rounds"]
     log(f"overhead: quickstart FedPer, {rounds} rounds, {args.reps} interleaved reps")
     plan = {"fedsim": (run_fedsim, (tree,), args.reps), "bare": (bare_run, (tree, 2, False), args.reps),
