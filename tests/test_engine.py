@@ -98,3 +98,16 @@ def test_fedper_beats_fedavg_at_k2(tmp_path, data_root, local_ray):
     fedper = run(small_config(tmp_path, data_root, name="per", algorithm="fedper", **over))
     gap = fedper.summary["acc"]["mean"] - fedavg.summary["acc"]["mean"]
     assert gap > 0.10, (fedper.summary["acc"], fedavg.summary["acc"])
+
+
+def test_stateless_algorithms_balance_each_round_and_match_one_worker(tmp_path, data_root, local_ray):
+    # FedAvg keeps nothing on clients, so every round's sample is split afresh by SGD steps.
+    from fedsim.engine.driver import Driver
+
+    driver = Driver.__new__(Driver)
+    driver.fixed_owners, driver.workers = False, [None, None]
+    split = driver._by_worker([0, 2, 4, 6], [9, 0, 3, 0, 3, 0, 3])  # costs by client id
+    assert split == {0: [0], 1: [2, 4, 6]}
+    one = run(small_config(tmp_path, data_root, name="avg1", algorithm="fedavg", engine__workers=1, train__fraction=0.6))
+    two = run(small_config(tmp_path, data_root, name="avg2", algorithm="fedavg", engine__workers=2, train__fraction=0.6))
+    assert per_client(one.run_dir) == per_client(two.run_dir)

@@ -39,3 +39,9 @@ class Algorithm:
     @property
     def shared_parts(self) -> frozenset[str]:
         return PARTS[self.share]
+
+    @property
+    def keeps_client_state(self) -> bool:
+        """Whether anything of a client's model outlives a round on its worker. If not (FedAvg, FedProx),
+        any worker can train any client, so each round's sample can be balanced over the workers afresh."""
+        return self.shared_parts != PARTS["full"] or self.personal_model

@@ -16,6 +16,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from fedsim.algorithms import get_algorithm
 from fedsim.config import RunConfig
 from fedsim.engine import checkpoint
 from fedsim.engine.aggregate import weighted_average
@@ -35,10 +36,9 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float)
 
 
 def balanced_owners(costs: Sequence[int], workers: int) -> list[int]:
-    """Fixed client -> worker ownership (personal state lives on one worker for the whole run), balanced by
-    cost: longest first onto the least-loaded worker, ties to the lower client id and worker index.
-    Ownership never changes results (all randomness is per (seed, round, client)); it only sets how long
-    each round waits for its slowest worker."""
+    """Item -> worker, balanced by cost: longest first onto the least-loaded worker, ties to the lower
+    index. Which worker runs a client never changes results (all randomness is per (seed, round,
+    client)); it only sets how long each round waits for its slowest worker."""
     load, owners = [0] * workers, [0] * len(costs)
     for client in sorted(range(len(costs)), key=lambda c: (-costs[c], c)):
         worker = min(range(workers), key=lambda w: (load[w], w))
@@ -48,16 +48,18 @@ def balanced_owners(costs: Sequence[int], workers: int) -> list[int]:
 
 
 def assign_clients(cfg: RunConfig, partition: Partition) -> list[dict[int, ClientData]]:
-    """Each worker's clients, balanced by SGD steps per epoch: the quickstart's k=4 partition gives the two
-    workers 49 vs 56 batches per epoch under client % workers, 54 vs 51 here."""
+    """Each worker's clients. Where clients keep state, ownership is fixed and balanced by SGD steps per
+    epoch (the quickstart's k=4 partition: 49 vs 56 batches per worker under client % workers, 54 vs 51
+    here). Where they keep none, every worker gets every client's data (index arrays only), so the driver
+    can balance each round's sample instead."""
     workers = min(cfg.engine.workers, partition.num_clients)
-    steps = [math.ceil(len(t) / cfg.train.batch_size) for t in partition.train]
-    owners = balanced_owners(steps, workers)
     maps = partition.label_maps
-    assignments: list[dict[int, ClientData]] = [{} for _ in range(workers)]
-    for c, w in enumerate(owners):
-        assignments[w][c] = ClientData(partition.train[c], partition.test[c], None if maps is None else maps[c])
-    return assignments
+    data = {c: ClientData(partition.train[c], partition.test[c], None if maps is None else maps[c])
+            for c in range(partition.num_clients)}
+    if not get_algorithm(cfg.algorithm).keeps_client_state:
+        return [data] * workers
+    owners = balanced_owners([math.ceil(len(t) / cfg.train.batch_size) for t in partition.train], workers)
+    return [{c: d for c, d in data.items() if owners[c] == w} for w in range(workers)]
 
 
 class Driver:
@@ -69,8 +71,12 @@ class Driver:
         self.cfg = cfg
         self.cfg_dict = cfg.model_dump()
         self.assignments = assignments  # kept to respawn a lost worker with the same clients
-        self.owner = {c: w for w, clients in enumerate(assignments) for c in clients}
-        self.num_clients = len(self.owner)
+        self.fixed_owners = get_algorithm(cfg.algorithm).keeps_client_state
+        self.owner = {c: w for w, clients in enumerate(assignments) for c in clients}  # read when fixed_owners
+        clients = {c: d for a in assignments for c, d in a.items()}
+        self.num_clients = len(clients)
+        self.train_steps = [math.ceil(len(clients[c].train) / cfg.train.batch_size) for c in range(self.num_clients)]
+        self.test_sizes = [len(clients[c].test) for c in range(self.num_clients)]
         self.workers = list(workers)
         self.shared_size = initial_global.size
         self.initial_global = initial_global
@@ -87,10 +93,16 @@ class Driver:
     def worker_info(self) -> list[dict]:
         return self._get([w.device_info.remote() for w in self.workers])
 
-    def _by_worker(self, clients: list[int]) -> dict[int, list[int]]:
+    def _by_worker(self, clients: list[int], costs: list[int]) -> dict[int, list[int]]:
+        """Worker -> its share of ``clients``: the owners where clients keep state, else a fresh
+        cost-balanced split (which worker trains a client never changes its result)."""
+        if self.fixed_owners:
+            owners = [self.owner[c] for c in clients]
+        else:
+            owners = balanced_owners([costs[c] for c in clients], len(self.workers))
         groups: dict[int, list[int]] = {}
-        for c in clients:
-            groups.setdefault(self.owner[c], []).append(c)
+        for c, w in zip(clients, owners):
+            groups.setdefault(w, []).append(c)
         return groups
 
     def _check_update(self, update: ClientUpdate) -> None:
@@ -111,7 +123,8 @@ class Driver:
     def _round(self, round_idx: int) -> dict:
         start = time.perf_counter()
         sampled = sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction)
-        calls = [self.workers[w].train.remote(self.global_ref, cs, round_idx) for w, cs in self._by_worker(sampled).items()]
+        calls = [self.workers[w].train.remote(self.global_ref, cs, round_idx)
+                 for w, cs in self._by_worker(sampled, self.train_steps).items()]
         updates: list[ClientUpdate] = [u for batch in self._get(calls) for u in batch]
         diverged = [u.client for u in updates if u.diverged]
         if diverged and self.cfg.train.on_nonfinite == "stop":
@@ -125,7 +138,7 @@ class Driver:
         train_loss = {u.client: u.train_loss for u in kept}
         records = []
         if round_idx % self.cfg.train.eval_every == 0 or round_idx == self.cfg.train.rounds:
-            everyone = self._by_worker(list(range(self.num_clients)))
+            everyone = self._by_worker(list(range(self.num_clients)), self.test_sizes)
             calls = [self.workers[w].evaluate.remote(self.global_ref, cs, round_idx) for w, cs in everyone.items()]
             records = sorted((r for batch in self._get(calls) for r in batch), key=lambda r: r["client"])
             for r in records:
