@@ -83,7 +83,7 @@ def child(n: int, trained: int, use_tracemalloc: bool, trim: bool = False, per_c
         snap = tracemalloc.take_snapshot()
         out["top"] = [str(s) for s in snap.statistics("lineno")[:12]]
     out["personal_vectors"] = len(rt.personal)
-    out["personal_bytes"] = int(sum(v.nbytes for v in rt.personal.values()))
+    out["personal_bytes"] = int(sum(v.nbytes for _, v in rt.personal.items()))
     out["index_bytes"] = int(sum(cd.train.nbytes + cd.test.nbytes for cd in mine.values()))
     return out
 
