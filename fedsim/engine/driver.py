@@ -1,5 +1,5 @@
-"""The driver: owns the global shared weights, samples clients, dispatches them to the workers
-that own them, and averages what comes back. Runs as a Ray actor so a submitted job's
+"""The driver: owns the global shared weights, samples clients, dispatches them to workers (each
+client's owner where clients keep state), and averages what comes back. Runs as a Ray actor so a submitted job's
 entrypoint only loops over rounds and writes results.
 
 This module imports no torch: the driver's process is up in well under a second while the
