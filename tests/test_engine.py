@@ -77,6 +77,8 @@ def test_fedper_never_sends_personal_layers(tmp_path, data_root):
 def test_fedavg_shares_everything_and_local_shares_nothing(tmp_path, data_root):
     fedavg = _runtime(tmp_path, data_root, "fedavg")
     assert fedavg.personal_layout.size == 0
+    fedavg.train(fedavg.shared_layout.pack(fedavg.net), [0], round_idx=1)
+    assert len(fedavg.personal) == 0  # nothing personal is kept, so nothing is checkpointed per client
     local = _runtime(tmp_path, data_root, "local")
     assert local.shared_layout.size == 0
     [u] = local.train(np.empty(0, np.float32), [0], round_idx=1)
@@ -111,3 +113,5 @@ def test_stateless_algorithms_balance_each_round_and_match_one_worker(tmp_path, 
     one = run(small_config(tmp_path, data_root, name="avg1", algorithm="fedavg", engine__workers=1, train__fraction=0.6))
     two = run(small_config(tmp_path, data_root, name="avg2", algorithm="fedavg", engine__workers=2, train__fraction=0.6))
     assert per_client(one.run_dir) == per_client(two.run_dir)
+    # Logs are in client order too, however the round was split.
+    assert (one.run_dir / "comm.jsonl").read_text() == (two.run_dir / "comm.jsonl").read_text()

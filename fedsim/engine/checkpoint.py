@@ -38,7 +38,8 @@ def fingerprint(cfg_dict: dict) -> str:
     """What must match for a checkpoint to continue this run (output location may differ)."""
     relevant = {k: v for k, v in cfg_dict.items() if k not in ("name", "out_dir", "sweep")}
     relevant["train"] = {k: v for k, v in relevant["train"].items() if k != "rounds"}  # resuming may extend a run
-    relevant["engine"] = {k: v for k, v in relevant["engine"].items() if k in ("threads_per_worker",)}
+    # Thread count and tensor layout change floating-point results in the last bits.
+    relevant["engine"] = {k: v for k, v in relevant["engine"].items() if k in ("threads_per_worker", "memory_format")}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

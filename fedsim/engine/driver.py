@@ -125,7 +125,8 @@ class Driver:
         sampled = sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction)
         calls = [self.workers[w].train.remote(self.global_ref, cs, round_idx)
                  for w, cs in self._by_worker(sampled, self.train_steps).items()]
-        updates: list[ClientUpdate] = [u for batch in self._get(calls) for u in batch]
+        # In client order, so logs and the client an error names do not depend on how work was split.
+        updates: list[ClientUpdate] = sorted((u for batch in self._get(calls) for u in batch), key=lambda u: u.client)
         diverged = [u.client for u in updates if u.diverged]
         if diverged and self.cfg.train.on_nonfinite == "stop":
             return {"round": round_idx, "error": f"client {diverged[0]}, round {round_idx}: training loss is not finite; "

@@ -188,7 +188,8 @@ class ClientRuntime:
         loss = float(torch.stack(losses).mean())
         if not np.isfinite(loss):  # keep nothing of this client's round; the driver decides stop or drop
             return ClientUpdate(client, len(y), np.empty(0, np.float32), loss, 0, diverged=True)
-        self.personal[client] = self.personal_layout.pack(self.net)
+        if self.personal_layout.size:  # FedAvg-like: nothing personal to keep (or to checkpoint)
+            self.personal[client] = self.personal_layout.pack(self.net)
         vector = self.shared_layout.pack(self.net)
         if algo.personal_model:
             self._train_personal_model(shared, client, x, y, gen)
