@@ -3,6 +3,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from fedsim.config import ConfigError, validate
 from fedsim.engine import run
@@ -54,8 +55,8 @@ def test_run_folder_contents(tmp_path, data_root, local_ray):
         run(small_config(tmp_path, data_root, name="files", train__rounds=1))
 
 
-def _runtime(tmp_path, data_root, algorithm):
-    cfg = small_config(tmp_path, data_root, algorithm=algorithm)
+def _runtime(tmp_path, data_root, algorithm, **over):
+    cfg = small_config(tmp_path, data_root, algorithm=algorithm, **over)
     data = load_dataset("cifar10", data_root)
     part = make_partition("classes", data.train_y, data.test_y, 5, 1, k=2, train_fraction=0.02, test_fraction=0.05)
     clients = {c: ClientData(part.train[c], part.test[c]) for c in range(5)}
@@ -115,3 +116,21 @@ def test_stateless_algorithms_balance_each_round_and_match_one_worker(tmp_path, 
     assert per_client(one.run_dir) == per_client(two.run_dir)
     # Logs are in client order too, however the round was split.
     assert (one.run_dir / "comm.jsonl").read_text() == (two.run_dir / "comm.jsonl").read_text()
+
+
+def test_memory_format_changes_speed_not_what_is_learned(tmp_path, data_root):
+    # channels_last and contiguous run different kernels; packed vectors are read in logical order,
+    # so the same client's update agrees to rounding, and a mix-up of layouts would not.
+    runtimes = {fmt: _runtime(tmp_path, data_root, "fedper", engine__memory_format=fmt)
+                for fmt in ("channels_last", "contiguous")}
+    conv = next(p for p in runtimes["channels_last"].net.parameters() if p.dim() == 4)
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    assert all(p.is_contiguous() for p in runtimes["contiguous"].net.parameters())
+    g = runtimes["contiguous"].shared_layout.pack(runtimes["contiguous"].net)
+    assert np.array_equal(g, runtimes["channels_last"].shared_layout.pack(runtimes["channels_last"].net))
+    [a], [b] = (rt.train(g, [0], round_idx=1) for rt in runtimes.values())
+    assert not np.array_equal(a.shared, g)
+    # Rounding differences grow over the steps (measured: mean 1e-5 against a mean update of 2e-3).
+    assert np.abs(a.shared - b.shared).mean() < 0.05 * np.abs(a.shared - g).mean()
+    heads = [rt.personal[0] for rt in runtimes.values()]
+    assert np.abs(heads[0] - heads[1]).mean() < 0.05 * np.abs(heads[0] - runtimes["contiguous"].initial_personal).mean()

@@ -47,6 +47,11 @@ def balanced_owners(costs: Sequence[int], workers: int) -> list[int]:
     return owners
 
 
+def steps_per_epoch(n_train: int, batch_size: int) -> int:
+    """A client's SGD steps per local epoch: the cost that client -> worker balancing evens out."""
+    return math.ceil(n_train / batch_size)
+
+
 def assign_clients(cfg: RunConfig, partition: Partition) -> list[dict[int, ClientData]]:
     """Each worker's clients. Where clients keep state, ownership is fixed and balanced by SGD steps per
     epoch (the quickstart's k=4 partition: 49 vs 56 batches per worker under client % workers, 54 vs 51
@@ -58,7 +63,7 @@ def assign_clients(cfg: RunConfig, partition: Partition) -> list[dict[int, Clien
             for c in range(partition.num_clients)}
     if not get_algorithm(cfg.algorithm).keeps_client_state:
         return [data] * workers
-    owners = balanced_owners([math.ceil(len(t) / cfg.train.batch_size) for t in partition.train], workers)
+    owners = balanced_owners([steps_per_epoch(len(t), cfg.train.batch_size) for t in partition.train], workers)
     return [{c: d for c, d in data.items() if owners[c] == w} for w in range(workers)]
 
 
@@ -69,13 +74,13 @@ class Driver:
                  initial_global: np.ndarray):
         # A validated config object, not a dict: re-validating would import the model registry, hence torch.
         self.cfg = cfg
-        self.cfg_dict = cfg.model_dump()
+        self.fingerprint = checkpoint.fingerprint(cfg.model_dump())
         self.assignments = assignments  # kept to respawn a lost worker with the same clients
         self.fixed_owners = get_algorithm(cfg.algorithm).keeps_client_state
-        self.owner = {c: w for w, clients in enumerate(assignments) for c in clients}  # read when fixed_owners
+        self.owner = {c: w for w, clients in enumerate(assignments) for c in clients} if self.fixed_owners else {}
         clients = {c: d for a in assignments for c, d in a.items()}
         self.num_clients = len(clients)
-        self.train_steps = [math.ceil(len(clients[c].train) / cfg.train.batch_size) for c in range(self.num_clients)]
+        self.train_steps = [steps_per_epoch(len(clients[c].train), cfg.train.batch_size) for c in range(self.num_clients)]
         self.test_sizes = [len(clients[c].test) for c in range(self.num_clients)]
         self.workers = list(workers)
         self.shared_size = initial_global.size
@@ -153,7 +158,7 @@ class Driver:
     def checkpoint(self, run_dir: str, round_idx: int) -> str:
         staging = checkpoint.staging_dir(Path(run_dir), round_idx)
         self._get([w.save_state.remote(str(staging / f"worker-{i}.npz")) for i, w in enumerate(self.workers)])
-        meta = {"fingerprint": checkpoint.fingerprint(self.cfg_dict), "recoveries": self.recoveries}
+        meta = {"fingerprint": self.fingerprint, "recoveries": self.recoveries}
         self.last_checkpoint = str(checkpoint.commit(staging, round_idx, self._get(self.global_ref), meta))
         return self.last_checkpoint
 
@@ -162,7 +167,7 @@ class Driver:
         if ckpt is None:
             round_idx, global_vector = 0, self.initial_global
         else:
-            state, global_vector = checkpoint.read_state(Path(ckpt), checkpoint.fingerprint(self.cfg_dict),
+            state, global_vector = checkpoint.read_state(Path(ckpt), self.fingerprint,
                                                          self.shared_size)
             round_idx = int(state["round"])
         self._get([w.load_state.remote(ckpt) for w in self.workers])
