@@ -274,6 +274,12 @@ def make_partition(kind: str, train_y: np.ndarray, test_y: np.ndarray, num_clien
     for field, fraction in (("train_fraction", train_fraction), ("test_fraction", test_fraction)):
         if not 0 < fraction <= 1:
             raise DataError(f"data.{field}: must be in (0, 1], got {fraction}")
+    # Checked before splitting: every client needs a sample of each split, and a huge count (10^9) would
+    # otherwise allocate per-client arrays until memory runs out.
+    for split, labels, fraction in (("train", train_y, train_fraction), ("test", test_y, test_fraction)):
+        if num_clients > len(labels) * fraction:
+            raise DataError(f"data.num_clients: {num_clients} clients but only {int(len(labels) * fraction)} "
+                            f"{split} samples; lower data.num_clients or raise data.{split}_fraction")
     p = splitter(_Request(np.asarray(train_y, np.int64), np.asarray(test_y, np.int64), num_clients,
                           np.random.default_rng(seed), train_fraction, test_fraction, k, shards_per_client, beta,
                           groups))
