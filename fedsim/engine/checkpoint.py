@@ -42,13 +42,33 @@ class CheckpointError(ValueError):
 RESUMABLE = ("name", "out_dir", "sweep", "logging")
 
 
-def fingerprint(cfg_dict: dict) -> str:
-    """What must match for a checkpoint to continue this run (output location may differ)."""
+def _relevant(cfg_dict: dict) -> dict:
     relevant = {k: v for k, v in cfg_dict.items() if k not in RESUMABLE}
     relevant["train"] = {k: v for k, v in relevant["train"].items() if k != "rounds"}  # resuming may extend a run
     # Thread count and tensor layout change floating-point results in the last bits.
     relevant["engine"] = {k: v for k, v in relevant["engine"].items() if k in ("threads_per_worker", "memory_format")}
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return relevant
+
+
+def fingerprint(cfg_dict: dict) -> str:
+    """What must match for a checkpoint to continue this run (output location may differ)."""
+    return hashlib.sha256(json.dumps(_relevant(cfg_dict), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat |= _flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_settings(before: dict, after: dict) -> list[str]:
+    """Dotted keys covered by the fingerprint whose values differ between two resolved configs."""
+    old, new = _flatten(_relevant(before)), _flatten(_relevant(after))
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
 def _fsync_file(path: Path) -> None:

@@ -13,12 +13,14 @@ import ray
 import yaml
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from fedsim import atomic
 from fedsim.config import ConfigError, RunConfig, validate
-from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
-from fedsim.engine import checkpoint
+from fedsim.data import ArrayDataset, DataError, Partition, load_dataset, make_partition
+from fedsim.engine import checkpoint, runlock
 from fedsim.engine.driver import DriverActor, assign_clients
 from fedsim.engine.protocol import spawn_worker
 from fedsim.engine.worker import initial_model, load_client_class, shared_layout
+from fedsim.errors import RunFailed
 from fedsim.metrics import summarize
 from fedsim.metrics.logger import RunLogger
 
@@ -82,7 +84,7 @@ def prepare_inputs(cfg: RunConfig) -> tuple[ArrayDataset, Partition]:
 
 
 def _refuse_existing(run_dir: Path, overwrite: bool) -> None:
-    if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+    if run_dir.exists() and any(p.name != runlock.LOCK_NAME for p in run_dir.iterdir()) and not overwrite:
         raise ConfigError(f"{run_dir}: run folder already exists; pass --resume {run_dir} to continue it, "
                           "--overwrite to replace it, or change name")
 
@@ -92,7 +94,8 @@ def _start_new(run_dir: Path, cfg: RunConfig, partition: Partition, data: ArrayD
     for stale in ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json"):
         (run_dir / stale).unlink(missing_ok=True)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    _write_config(run_dir, cfg)
+    atomic.write_text(run_dir / DATASET_FILE, json.dumps({"dataset": cfg.data.dataset, "digest": data.digest}))
     partition.save(run_dir / "partition.npz")
     stats = partition.stats(data.train_y, data.test_y, data.num_classes)
     (run_dir / "partition_stats.json").write_text(json.dumps(stats, indent=1))
@@ -107,7 +110,46 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig
         raise ConfigError(f"{run_dir}: not a run folder (no config.yaml); pass the folder a `fedsim run` created")
     tree = load_tree(run_dir / "config.yaml", overrides)
     tree.update(name=run_dir.name, out_dir=str(run_dir.parent))
-    return validate(tree)
+    cfg = validate(tree)
+    if overrides:
+        _refuse_changed_settings(run_dir, cfg)
+    return cfg
+
+
+def _refuse_changed_settings(run_dir: Path, cfg: RunConfig) -> None:
+    """A resume may extend the run, log elsewhere or change how it is executed, never what it computes."""
+    from fedsim.config import load_tree
+
+    stored = load_tree(run_dir / "config.yaml")
+    stored.update(name=run_dir.name, out_dir=str(run_dir.parent))
+    changed = checkpoint.changed_settings(validate(stored).model_dump(), cfg.model_dump())
+    if changed:
+        raise ConfigError(f"{changed[0]}: a resumed run cannot change it (it changes what the run computes); resume "
+                          "accepts train.rounds, logging.* and engine settings other than threads_per_worker and "
+                          "memory_format; start a new run with another name instead")
+
+
+DATASET_FILE = "dataset.json"
+
+
+def _refuse_changed_data(run_dir: Path, data: ArrayDataset) -> None:
+    """The partition stored in the run folder indexes the data set as it was: same counts with other
+    images would silently train on different data."""
+    try:
+        started_with = json.loads((run_dir / DATASET_FILE).read_text())["digest"]
+    except FileNotFoundError:
+        return  # a run folder from before data digests: nothing to compare with
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"data.root: {run_dir / DATASET_FILE} is unreadable ({err}); restore it from a backup") from None
+    if started_with != data.digest:
+        raise DataError(f"data.root: the {data.name} data changed since this run started (content {started_with}, now "
+                        f"{data.digest}); restore the original files, or start a new run")
+
+
+def _write_config(run_dir: Path, cfg: RunConfig) -> None:
+    """config.yaml always holds what the run is running now: a resume that extends train.rounds updates it,
+    so a later plain resume (and summary.json) keep the new round count."""
+    atomic.write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(), sort_keys=False))
 
 
 def _this_node() -> NodeAffinitySchedulingStrategy:
@@ -136,24 +178,57 @@ def _sink(cfg: RunConfig, run_dir: Path, resume: bool):
 def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None = None,
         resume: bool = False, on_start: Callable[[int], None] | None = None) -> RunResult:
     """Run (or with ``resume``, continue) a simulation. ``on_start(rounds_already_done)`` is called once the
-    inputs are validated and training begins; ``on_round(row, result)`` after every completed round."""
+    inputs are validated and training begins; ``on_round(row, result)`` after every completed round.
+    Bad input raises ConfigError/DataError/CheckpointError before anything is written; a failure once the
+    run is under way raises RunFailed (with the resume command)."""
     # Every input is checked before Ray starts or a file is written.
     data, partition = prepare_inputs(cfg)
     run_dir = Path(cfg.out_dir) / cfg.name
-    ckpt: Path | None = None
+    runlock.refuse_if_live(run_dir)
     if resume:
-        ckpt = checkpoint.latest(run_dir)
-        if ckpt is not None:
-            layout, _ = shared_layout(cfg, data.num_classes, data.input_shape)
-            checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
-        partition = Partition.load(run_dir / "partition.npz")
+        _refuse_changed_data(run_dir, data)
     else:
         _refuse_existing(run_dir, overwrite)
     connect_ray(cfg)
     check_resources(cfg)
-    if not resume:
-        _start_new(run_dir, cfg, partition, data)
+    with runlock.hold(run_dir):  # held until the run ends: a second run of this folder is refused
+        ckpt: Path | None = None
+        if resume:
+            ckpt = checkpoint.latest(run_dir)  # looked up under the lock: no other run is writing checkpoints
+            if ckpt is not None:
+                layout, _ = shared_layout(cfg, data.num_classes, data.input_shape)
+                checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
+            partition = Partition.load(run_dir / "partition.npz")
+            _write_config(run_dir, cfg)
+        else:
+            _refuse_existing(run_dir, overwrite)  # again: another run may have filled the folder meanwhile
+            _start_new(run_dir, cfg, partition, data)
+        try:
+            return _run_rounds(cfg, run_dir, data, partition, ckpt, resume, on_round, on_start)
+        except (ConfigError, DataError, checkpoint.CheckpointError, TrainingDiverged):
+            raise
+        except Exception as err:
+            raise RunFailed(describe_failure(err), run_dir) from err
 
+
+def describe_failure(err: BaseException) -> str:
+    """One line for what broke, without the traceback Ray wraps around a remote error."""
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    if isinstance(err, RayTaskError) and err.cause is not None and err.cause is not err:
+        return describe_failure(err.cause)
+    if isinstance(err, RayActorError):
+        return "a Ray actor of the run (the driver) died"
+    if isinstance(err, GetTimeoutError):
+        return "no answer within engine.round_timeout_s"
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}{f' ({err.filename})' if err.filename else ''}"
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else 'no message'}"
+
+
+def _run_rounds(cfg: RunConfig, run_dir: Path, data: ArrayDataset, partition: Partition, ckpt: Path | None,
+                resume: bool, on_round: RoundCallback | None, on_start: Callable[[int], None] | None) -> RunResult:
     started = time.perf_counter()
     driver = start_engine(cfg, partition, data)
     timeout = cfg.engine.round_timeout_s
@@ -185,12 +260,22 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
         summary = _summary(cfg, logger, workers, time.perf_counter() - started)
         if logger.sink:
             summary["wandb"] = logger.sink.describe()
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        atomic.write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
     finally:
         logger.close(summary)
-        ray.get(driver.shutdown.remote(), timeout=60)
-        ray.kill(driver)
+        _stop(driver)
     return RunResult(cfg.name, run_dir, summary)
+
+
+def _stop(driver) -> None:
+    """Stop the driver and its workers; a driver that already died must not hide why the run ended."""
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        ray.get(driver.shutdown.remote(), timeout=60)
+    except (RayActorError, GetTimeoutError):
+        pass  # the workers belong to this process and end with its Ray connection
+    ray.kill(driver)
 
 
 def _summary(cfg: RunConfig, logger: RunLogger, workers: list[dict], wall: float) -> dict:
