@@ -45,7 +45,7 @@ class APFL(PartialSharing):
         losses = ctx.sgd(PARTS["full"], ctx.local_epochs, after_step=personal_step)
         ctx.commit_model()
         ctx.set_slot("personal_model", ctx.vector("full", {k: t.detach() for k, t in personal.items()}))
-        ctx.set_slot("alpha", [float(alpha)])
+        ctx.set_slot("alpha", [float(alpha.detach())])
         return losses
 
     def load_for_evaluation(self, ctx) -> None:
