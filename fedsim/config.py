@@ -28,6 +28,9 @@ class DataConfig(_Section):
                            "or a user's 'package.module:function'")
     k: int | None = Field(4, ge=1, description="classes per client for partition=classes")
     shards_per_client: int | None = Field(None, ge=1, description="s for partition=shards")
+    shard_style: Literal["fedbabu", "sorted_pool"] = Field(
+        "fedbabu", description="partition=shards: fedbabu = single-class shards, test set of the train class mix and "
+        "equal size (FedBABU's noniid); sorted_pool = fedsim's earlier label-sorted cut, to reproduce old runs")
     beta: float | None = Field(None, gt=0, description="Dirichlet concentration for partition=dirichlet")
     options: dict[str, Any] = Field(default_factory=dict, description="dataset options, e.g. synthetic alpha/beta")
     train_fraction: float = Field(1.0, gt=0, le=1)

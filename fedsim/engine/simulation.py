@@ -75,6 +75,7 @@ def prepare_inputs(cfg: RunConfig) -> tuple[ArrayDataset, Partition, dict | None
     groups = None if data.train_groups is None else (data.train_groups, data.test_groups)
     partition = make_partition(d.partition, data.train_y, data.test_y, d.num_clients, cfg.seed, k=d.k,
                                shards_per_client=d.shards_per_client, beta=d.beta, groups=groups,
+                               shard_style=d.shard_style,
                                train_fraction=d.train_fraction, test_fraction=d.test_fraction)
     load_client_class(cfg.model.client)
     init_weights = read_initial_weights(cfg.model.init_from) if cfg.model.init_from else None
