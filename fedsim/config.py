@@ -247,9 +247,9 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 _SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = 60
-_SHORT.maxlist = _SHORT.maxdict = 4
-_SHORT.maxlevel = 2
+_SHORT.maxstring = _SHORT.maxother = 40
+_SHORT.maxlist = _SHORT.maxdict = 3
+_SHORT.maxlevel = 1
 
 
 def _format_error(err: ValidationError, prefix: str = "") -> str:

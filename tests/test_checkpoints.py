@@ -10,7 +10,7 @@ from fedsim.engine import checkpoint
 
 def publish(run_dir: Path, round_idx: int) -> Path:
     staging = checkpoint.staging_dir(run_dir, round_idx)
-    checkpoint.write_worker_state(staging / "worker-0.npz", {0: np.full(3, round_idx, np.float32)}, {})
+    checkpoint.write_worker_state(staging / "worker-0.npz", {"personal": {0: np.full(3, round_idx, np.float32)}})
     return checkpoint.commit(staging, round_idx, np.full(4, round_idx, np.float32), {"fingerprint": "f"})
 
 

@@ -174,7 +174,8 @@ def intact(ckpt: Path) -> bool:
         state = json.loads((ckpt / "state.json").read_text())
         int(state["round"])
         np.load(ckpt / "global.npy", allow_pickle=False)
-        for name in state["workers"]:
+        archives = state["workers"] + (["server.npz"] if (ckpt / "server.npz").exists() else [])
+        for name in archives:
             with zipfile.ZipFile(ckpt / name) as z:
                 if z.testzip() is not None:
                     return False
