@@ -41,15 +41,15 @@ RUN_TIMEOUT_S = 300  # a CLI that has not exited by then counts as hung: the tri
 DISK_MB = 64  # the tmpfs the runs write to; a run folder of this config is well under 1 MB
 
 # The smallest config that still goes through Ray workers: synthetic features, an MLP, 2 workers, a few rounds,
-# a checkpoint every round. A short round timeout bounds how long a frozen worker can stall a run.
+# a checkpoint every round. A short heartbeat timeout bounds how long a frozen worker stalls a run.
 CONFIG = {
     "seed": 3, "algorithm": "fedper",
     "data": {"dataset": "synthetic", "partition": "natural", "num_clients": 8,
              "options": {"num_clients": 8, "alpha": 0.5, "beta": 0.5}},
     "model": {"name": "mlp", "personal_layers": 1},
-    "train": {"rounds": 6, "local_epochs": 1, "batch_size": 10, "fraction": 0.5, "eval_every": 2},
+    "train": {"rounds": 5, "local_epochs": 1, "batch_size": 10, "fraction": 0.5, "eval_every": 2},
     "eval": {"finetune_epochs": 1},
-    "engine": {"workers": 2, "checkpoint_every": 1, "round_timeout_s": 30},
+    "engine": {"workers": 2, "checkpoint_every": 1, "round_timeout_s": 120, "heartbeat_timeout_s": 10},
 }
 
 
@@ -144,7 +144,7 @@ def inject(fault: str, proc: subprocess.Popen, disk: Path) -> str:
 
 
 def finish(proc: subprocess.Popen) -> tuple[int | None, str]:
-    """Wait for the CLI; returns (exit code or None when hung, last stderr line)."""
+    """Wait for the CLI; returns (exit code or None when hung, its error line, else its last stderr line)."""
     try:
         _, err = proc.communicate(timeout=RUN_TIMEOUT_S)
         code = proc.returncode
@@ -154,7 +154,8 @@ def finish(proc: subprocess.Popen) -> tuple[int | None, str]:
         code = None
     kill_session(proc.pid)
     lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
-    return code, (lines[-1] if lines else "")
+    errors = [ln for ln in lines if ln.startswith("fedsim: error:")]
+    return code, (errors or lines or [""])[-1]
 
 
 def per_client_metrics(run_dir: Path) -> tuple[list[dict], dict]:

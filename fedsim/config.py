@@ -122,6 +122,10 @@ class EngineConfig(_Section):
     gpus_per_worker: float = Field(0.0, ge=0, le=1)
     threads_per_worker: int = Field(1, ge=1, description="torch threads per worker; fixed so results do not depend on workers")
     round_timeout_s: float = Field(3600.0, gt=0, description="a round taking longer fails instead of hanging silently")
+    heartbeat_timeout_s: float = Field(60.0, gt=0, description="a worker not answering a ping this long during a "
+                                       "round (frozen, or its machine gone) is replaced and the round redone")
+    max_recoveries: int = Field(3, ge=0, description="worker losses in a row (no round completing in between) "
+                                "before the run stops with an error naming the worker")
     checkpoint_every: int = Field(1, ge=0, description="rounds between checkpoints (0 = never); also the rollback unit on worker loss")
     memory_format: Literal["auto", "channels_last", "contiguous"] = Field(
         "auto", description="image tensor layout; auto = channels_last on CPU (conv steps measured 1.7x faster "

@@ -86,3 +86,41 @@ def read_jsonl(path: Path) -> list[dict]:
 def per_client(run_dir: Path) -> list[dict]:
     """Every per-client evaluation record of a run, in file order."""
     return read_jsonl(Path(run_dir) / "metrics.jsonl")
+
+
+def synthetic_tree(tmp_path, name: str = "t", **over) -> dict:
+    """A run on 8 generated clients with an MLP: seconds of compute, still through Ray workers."""
+    tree = {
+        "name": name, "seed": 3, "algorithm": "fedper", "out_dir": str(tmp_path),
+        "data": {"dataset": "synthetic", "partition": "natural", "num_clients": 8, "options": {"num_clients": 8}},
+        "model": {"name": "mlp", "personal_layers": 1},
+        "train": {"rounds": 4, "local_epochs": 1, "batch_size": 10, "fraction": 0.5, "eval_every": 2},
+        "eval": {"finetune_epochs": 1},
+        "engine": {"workers": 2, "round_timeout_s": 300},
+    }
+    for dotted, value in over.items():
+        set_dotted(tree, dotted, value)
+    return tree
+
+
+def own_ray_pids(title: bytes) -> list[int]:
+    """Processes Ray titled ``title...`` (e.g. b"ray::Worker") that descend from this test process, never
+    another Ray on the machine."""
+    def descends(pid: int) -> bool:
+        for _ in range(6):
+            try:
+                pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                return False
+            if pid == os.getpid():
+                return True
+        return False
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(title):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return sorted(p for p in found if descends(p))

@@ -233,10 +233,13 @@ def describe_failure(err: BaseException) -> str:
     """One line for what broke, without the traceback Ray wraps around a remote error."""
     from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+    if isinstance(err, RayTaskError) and isinstance(err.cause, RayActorError):  # raised in the server
+        lines = [ln for ln in str(err.cause).splitlines() if ln.strip()]
+        return f"a worker failed to start or died ({lines[-1].strip()[:200] if lines else 'no message'})"
     if isinstance(err, RayTaskError) and err.cause is not None and err.cause is not err:
         return describe_failure(err.cause)
     if isinstance(err, RayActorError):
-        return "a Ray actor of the run (the server) died"
+        return "the server actor died (its process was killed or ran out of memory)"
     if isinstance(err, GetTimeoutError):
         return "no answer within engine.round_timeout_s"
     if isinstance(err, OSError) and err.strerror:
@@ -271,7 +274,11 @@ def _run_rounds(cfg: RunConfig, run_dir: Path, data: ArrayDataset, partition: Pa
             every = cfg.engine.checkpoint_every
             if every and (round_idx % every == 0 or round_idx == cfg.train.rounds):
                 logger.sync()  # metrics first: a published checkpoint never points past what is on disk
-                ray.get(server.checkpoint.remote(str(run_dir), round_idx), timeout=timeout)
+                saved = ray.get(server.checkpoint.remote(str(run_dir), round_idx), timeout=timeout)
+                if isinstance(saved, RolledBack):  # a worker died while writing its part
+                    logger.truncate(saved.to_round)
+                    round_idx = saved.to_round + 1
+                    continue
             if on_round:
                 on_round(row, result)
             round_idx += 1
