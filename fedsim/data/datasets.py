@@ -189,6 +189,7 @@ class _ArraysOnlyUnpickler(pickle.Unpickler):
 
     ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),  # numpy ints in label lists
         ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
     }
 
