@@ -189,6 +189,8 @@ def trial(k: int, fault: str, delay: float, disk: Path, reference: tuple) -> dic
 
 
 def main() -> int:
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the tmpfs is unmounted on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--work", type=Path, default=Path("/tmp/fedsim-chaos"), help="state and run folders")

@@ -230,7 +230,8 @@ class Server:
         worker lost mid-round (the rounds since the previous checkpoint are redone)."""
         staging = checkpoint.staging_dir(Path(run_dir), round_idx)
         try:
-            self._get([w.save_state.remote(str(staging / f"worker-{i}.npz")) for i, w in enumerate(self.workers)])
+            self._get_watching([w.save_state.remote(str(staging / f"worker-{i}.npz"))
+                                for i, w in enumerate(self.workers)])
         except RayActorError:
             return RolledBack(round_idx, self._recover())
         meta = {"fingerprint": self.fingerprint, "recoveries": self.recoveries}
