@@ -103,7 +103,7 @@ class InProcessWorker:
         return _Call(getattr(self.runtime, name))
 
 
-def in_process_server(monkeypatch, cfg, partition, data):
+def in_process_server(monkeypatch, cfg, partition, data, init_weights=None):
     """The engine's real Server over ``cfg.engine.workers`` in-process workers: what Ray would run, minus
     the processes, so worker-count invariance can be checked for every method in seconds."""
     import types
@@ -114,6 +114,6 @@ def in_process_server(monkeypatch, cfg, partition, data):
     monkeypatch.setattr(server_module, "ray", types.SimpleNamespace(get=lambda refs, timeout=None: refs,
                                                                     put=lambda value: value, kill=lambda _: None))
     assignments = server_module.assign_clients(cfg, partition)
-    workers = [InProcessWorker(ClientRuntime(cfg.model_dump(), clients)) for clients in assignments]
-    _, initial = shared_layout(cfg, data.num_classes, data.input_shape)
-    return server_module.Server(cfg, workers, assignments, initial)
+    workers = [InProcessWorker(ClientRuntime(cfg.model_dump(), clients, init_weights)) for clients in assignments]
+    _, initial = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
+    return server_module.Server(cfg, workers, assignments, initial, init_weights)
