@@ -87,3 +87,22 @@ def test_cli_exit_code_3_is_one_line_with_the_resume_command(tmp_path, capsys, m
     err = capsys.readouterr().err.strip()
     assert err == (f"fedsim: error: run failed: No space left on device (/runs/x/metrics.jsonl); continue it with "
                    f"`fedsim run --resume {tmp_path / 'runs' / 'x'}`")
+
+
+def test_a_worker_silent_at_startup_is_named(tmp_path, monkeypatch):
+    """Before the workers answer pings (still importing torch), only the round timeout applies; when it
+    passes, the error names the worker that never answered instead of a bare timeout."""
+    import fedsim.engine.server as server_module
+    from conftest import in_process_server
+
+    from fedsim.engine.simulation import prepare_inputs
+
+    cfg = validate(synthetic_tree(tmp_path, "silent", engine__round_timeout_s=1))
+    data, partition, _ = prepare_inputs(cfg)
+    server = in_process_server(monkeypatch, cfg, partition, data)
+    for index, worker in enumerate(server.workers):  # distinct stand-ins for the calls' ObjectRefs
+        worker.runtime.load_state = lambda ckpt, index=index: f"call on worker {index}"
+    monkeypatch.setattr(server_module.ray, "wait", lambda refs, **_: (list(refs[:1]), list(refs[1:])))
+    with pytest.raises(server_module.GetTimeoutError, match=r"^worker 1 \(clients [\d, ]+\) did not answer within "
+                                                            r"engine.round_timeout_s=1"):
+        server.restore(None)

@@ -118,6 +118,22 @@ class Server:
     def _get(self, refs):
         return ray.get(refs, timeout=self.cfg.engine.round_timeout_s)
 
+    def _get_from_each(self, refs: list) -> list:
+        """``_get`` of one call per worker (``refs[i]`` on worker i), naming the silent workers on timeout.
+        Not watched by pings: a worker still importing torch cannot answer them yet."""
+        timeout = self.cfg.engine.round_timeout_s
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if pending:
+            silent = [i for i, ref in enumerate(refs) if ref in pending]
+            raise GetTimeoutError(f"{self._name_worker(silent[0])} did not answer within engine.round_timeout_s="
+                                  f"{timeout:g} (frozen, or out of memory)")
+        return ray.get(refs)
+
+    def _name_worker(self, index: int) -> str:
+        clients = sorted(self.assignments[index])
+        shown = ", ".join(map(str, clients[:8])) + (f" and {len(clients) - 8} more" if len(clients) > 8 else "")
+        return f"worker {index} (clients {shown})"
+
     def _get_watching(self, refs: list) -> list:
         """Like ``_get`` for a round's calls, but a worker that stops answering pings is killed after
         engine.heartbeat_timeout_s, so its call fails now (and the round is redone on a replacement)
@@ -247,7 +263,7 @@ class Server:
             state, global_vector, server_state = checkpoint.read_state(Path(ckpt), self.fingerprint, self.shared_size)
             round_idx = int(state["round"])
             self.state = {WEIGHTS: global_vector, **server_state}
-        self._get([w.load_state.remote(ckpt) for w in self.workers])
+        self._get_from_each([w.load_state.remote(ckpt) for w in self.workers])
         self.broadcast_ref = self._publish()
         self.times_sampled = self._times_sampled_until(round_idx)
         self.last_checkpoint = ckpt
@@ -280,10 +296,8 @@ class Server:
 
     def _describe_loss(self, lost: list[int]) -> str:
         index = lost[0] if lost else min(self.unresponsive, default=0)
-        clients = sorted(self.assignments[index])
-        shown = ", ".join(map(str, clients[:8])) + (f" and {len(clients) - 8} more" if len(clients) > 8 else "")
         how = "stopped answering pings" if index in self.unresponsive else "died"
-        return (f"worker {index} (clients {shown}) {how} {self.losses_in_a_row} times in a row, more than "
+        return (f"{self._name_worker(index)} {how} {self.losses_in_a_row} times in a row, more than "
                 f"engine.max_recoveries={self.cfg.engine.max_recoveries}; check its memory (a smaller "
                 "train.batch_size or fewer engine.workers per machine) or the client module")
 

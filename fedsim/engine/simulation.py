@@ -240,6 +240,8 @@ def describe_failure(err: BaseException) -> str:
         return describe_failure(err.cause)
     if isinstance(err, RayActorError):
         return "the server actor died (its process was killed or ran out of memory)"
+    if isinstance(err, RayTaskError) and isinstance(err.cause, GetTimeoutError):  # the server's, naming a worker
+        return str(err.cause).splitlines()[0]
     if isinstance(err, GetTimeoutError):
         return "no answer within engine.round_timeout_s"
     if isinstance(err, OSError) and err.strerror:
@@ -248,12 +250,16 @@ def describe_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else 'no message'}"
 
 
+SERVER_MARGIN_S = 60  # entrypoint waits on the server this much longer than the server waits on workers
+
+
 def _run_rounds(cfg: RunConfig, run_dir: Path, data: ArrayDataset, partition: Partition, init_weights: dict | None,
                 ckpt: Path | None, resume: bool, on_round: RoundCallback | None,
                 on_start: Callable[[int], None] | None) -> RunResult:
     started = time.perf_counter()
     server = start_engine(cfg, partition, data, init_weights)
-    timeout = cfg.engine.round_timeout_s
+    # The server's own deadline for its workers comes first, and its error names the silent worker.
+    timeout = cfg.engine.round_timeout_s + SERVER_MARGIN_S
     logger = RunLogger(run_dir, _sink(cfg, run_dir, resume))
     summary = None
     try:
