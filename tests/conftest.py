@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+import fedsim  # noqa: F401  - sets Ray's local-run defaults (loopback, token auth) before any test imports ray
+
 os.environ.setdefault("WANDB_MODE", "offline")
 
 

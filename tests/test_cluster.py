@@ -2,6 +2,7 @@
 quickstart submitted with `ray job submit --working-dir`, compared with a local run."""
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -30,10 +31,29 @@ def test_cluster_yaml_passes_rays_own_validation():
     types = config["available_node_types"]
     assert config["head_node_type"] in types and any("gpu" in name for name in types)
     assert any("pip install" in cmd and "fedsim" in cmd for cmd in config["setup_commands"])
+    import ray
+
+    assert any(f"ray[default]=={ray.__version__}" in cmd for cmd in config["setup_commands"])  # the tested Ray
+    assert {".venv", "runs", "wandb"} <= set(config["rsync_exclude"])
+    sync = [cmd for cmd in config["setup_commands"] if "s3 sync" in cmd]
+    assert sync and not any("|| true" in cmd for cmd in sync)  # a failed data sync fails the setup
+    starts = config["head_start_ray_commands"] + config["worker_start_ray_commands"]
+    assert all("RAY_AUTH_MODE=token" in cmd for cmd in starts if "ray start" in cmd)
+    assert "~/.ray/auth_token" in config["cluster_synced_files"]
+    assert "RAY_AUTH_MODE=disabled" not in (REPO / "ray_cluster.yaml").read_text()
     broken = yaml.safe_load((REPO / "ray_cluster.yaml").read_text())
     broken["available_node_types"]["head"]["min_wrokers"] = 1
     with pytest.raises(Exception, match="min_wrokers"):
         validate_config(prepare_config(broken))
+
+
+def cluster_env(data_root: Path) -> dict:
+    """Environment of the test's nodes and clients: token authentication with a token of the test's own
+    (every node, `ray job submit` and the job itself use it; ~/.ray is left alone), multi-node mode."""
+    env = dict(os.environ, FEDSIM_DATA=str(data_root), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
+    env.pop("RAY_ADDRESS", None)
+    return env
 
 
 def _node(*args: str, env: dict) -> subprocess.Popen:
@@ -73,8 +93,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 def test_job_submitted_to_two_node_cluster_matches_local_run(tmp_path, data_root):
     overrides = ["sweep.algorithm=[fedper]", "train.rounds=2", "train.local_epochs=1", "data.train_fraction=0.02",
                  "data.test_fraction=0.05", "engine.round_timeout_s=300"]
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", FEDSIM_DATA=str(data_root))
-    env.pop("RAY_ADDRESS", None)
+    env = cluster_env(data_root)
     local = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", "experiments/quickstart.yaml", "--quiet",
                             *overrides, f"out_dir={tmp_path / 'local'}"], cwd=REPO, env=env, capture_output=True,
                            text=True, timeout=600)
@@ -88,7 +107,7 @@ def test_job_submitted_to_two_node_cluster_matches_local_run(tmp_path, data_root
         _wait_for_nodes(f"127.0.0.1:{gcs}", 1, env)
         second = _node(f"--address=127.0.0.1:{gcs}", "--num-cpus=1", env=env)
         _wait_for_nodes(f"127.0.0.1:{gcs}", 2, env)
-        runtime_env = {"env_vars": {k: env[k] for k in ("FEDSIM_DATA", "RAY_AUTH_MODE", "FEDSIM_CACHE") if k in env}}
+        runtime_env = {"env_vars": {k: env[k] for k in ("FEDSIM_DATA", "FEDSIM_CACHE") if k in env}}
         submit = [RAY, "job", "submit", f"--address=http://127.0.0.1:{dashboard}", f"--working-dir={REPO}",
                   f"--runtime-env-json={json.dumps(runtime_env)}", "--",
                   sys.executable, "-m", "fedsim.cli.main", "run", "experiments/quickstart.yaml", "--quiet", *overrides,

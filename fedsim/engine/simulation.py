@@ -40,7 +40,6 @@ def connect_ray(cfg: RunConfig) -> None:
     """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers."""
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     quiet = {"log_to_driver": True, "configure_logging": True, "logging_level": "warning"}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
