@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from fedsim import storage
 from fedsim.algorithms import get_algorithm
 from fedsim.config import RunConfig
 from fedsim.engine import checkpoint
@@ -155,11 +155,13 @@ class Driver:
                 "seconds": time.perf_counter() - start}
 
     # -- checkpoints and recovery ----------------------------------------------------------------
-    def checkpoint(self, run_dir: str, round_idx: int) -> str:
-        staging = checkpoint.staging_dir(Path(run_dir), round_idx)
-        self._get([w.save_state.remote(str(staging / f"worker-{i}.npz")) for i, w in enumerate(self.workers)])
+    def checkpoint(self, run_location: str, round_idx: int) -> str:
+        """Each worker writes its own file straight to the run's storage; then the driver publishes."""
+        staging = checkpoint.begin(run_location, round_idx)
+        names = [f"worker-{i}.npz" for i in range(len(self.workers))]
+        self._get([w.save_state.remote(storage.join(staging, name)) for w, name in zip(self.workers, names)])
         meta = {"fingerprint": self.fingerprint, "recoveries": self.recoveries}
-        self.last_checkpoint = str(checkpoint.commit(staging, round_idx, self._get(self.global_ref), meta))
+        self.last_checkpoint = checkpoint.finish(staging, round_idx, self._get(self.global_ref), meta, names)
         return self.last_checkpoint
 
     def restore(self, ckpt: str | None) -> int:
@@ -167,8 +169,8 @@ class Driver:
         if ckpt is None:
             round_idx, global_vector = 0, self.initial_global
         else:
-            state, global_vector = checkpoint.read_state(Path(ckpt), self.fingerprint,
-                                                         self.shared_size)
+            with storage.local_folder(ckpt) as local:
+                state, global_vector = checkpoint.read_state(local, self.fingerprint, self.shared_size)
             round_idx = int(state["round"])
         self._get([w.load_state.remote(ckpt) for w in self.workers])
         self.global_ref = ray.put(global_vector)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ import ray
 import yaml
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from fedsim import storage
 from fedsim.config import ConfigError, RunConfig, validate
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
 from fedsim.engine import checkpoint
@@ -32,7 +34,7 @@ class TrainingDiverged(ValueError):
 @dataclass
 class RunResult:
     name: str
-    run_dir: Path
+    run_dir: Path | str  # a URI when out_dir is an object store
     summary: dict
 
 
@@ -97,14 +99,18 @@ def _start_new(run_dir: Path, cfg: RunConfig, partition: Partition, data: ArrayD
 
 
 def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig:
-    """The resolved config a run folder was started with (for --resume)."""
+    """The resolved config a run folder (a path or a URI) was started with (for --resume)."""
     from fedsim.config import load_tree
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
+    store = storage.Store(run_dir)
+    if not store.exists("config.yaml"):
         raise ConfigError(f"{run_dir}: not a run folder (no config.yaml); pass the folder a `fedsim run` created")
-    tree = load_tree(run_dir / "config.yaml", overrides)
-    tree.update(name=run_dir.name, out_dir=str(run_dir.parent))
+    with tempfile.TemporaryDirectory(prefix="fedsim-config-") as tmp:
+        config = Path(tmp, "config.yaml")
+        config.write_bytes(store.read_bytes("config.yaml"))
+        tree = load_tree(config, overrides)
+    out_dir, name = storage.parent_and_name(str(run_dir))
+    tree.update(name=name, out_dir=out_dir)
     return validate(tree)
 
 
@@ -131,26 +137,84 @@ def _sink(cfg: RunConfig, run_dir: Path, resume: bool):
     return WandbSink(cfg, run_dir, resume)
 
 
+class RunFolder:
+    """A run's folder as this process sees it: ``local`` is where it writes, ``location`` where the run lives.
+    For a local out_dir they are the same folder. For an object store, ``local`` is a staging copy whose
+    files are uploaded at every checkpoint and at the end (checkpoints themselves go straight to the store)."""
+
+    def __init__(self, cfg: RunConfig):
+        self.location = storage.join(cfg.out_dir, cfg.name)
+        self.remote = storage.is_uri(self.location)
+        self.store = storage.Store(self.location) if self.remote else None
+        self.local = storage.staging_folder(self.location) if self.remote else Path(self.location)
+
+    def refuse_existing(self, overwrite: bool) -> None:
+        if not self.remote:
+            _refuse_existing(self.local, overwrite)
+        elif self.store.files() and not overwrite:
+            raise ConfigError(f"{self.location}: run folder already exists; pass --resume {self.location} to continue "
+                              "it, --overwrite to replace it, or change name")
+
+    def fetch(self) -> None:
+        """Bring a stored run's files into the staging copy (to resume it)."""
+        if self.remote:
+            if not self.store.exists("config.yaml"):
+                raise ConfigError(f"{self.location}: not a run folder (no config.yaml); pass the folder a `fedsim run` created")
+            self.store.download_tree(self.local)
+
+    def checkpoint_location(self, ckpt: Path) -> str:
+        return storage.join(self.location, "checkpoints", ckpt.name) if self.remote else str(ckpt)
+
+    def clear(self) -> None:
+        """--overwrite: the stored run goes before the new one is written."""
+        if self.remote:
+            self.store.delete("")
+
+    def publish(self) -> None:
+        """Upload the run's files (metrics, config, W&B) from the staging copy; checkpoints are not among them."""
+        if self.remote:
+            for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
+                rel = path.relative_to(self.local)
+                if rel.parts[0] != "checkpoints":
+                    self.store.upload(path, rel.as_posix())
+
+    def close(self) -> None:
+        if self.remote:
+            storage.remove_staging(self.local)
+
+
 def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None = None,
         resume: bool = False, on_start: Callable[[int], None] | None = None) -> RunResult:
     """Run (or with ``resume``, continue) a simulation. ``on_start(rounds_already_done)`` is called once the
     inputs are validated and training begins; ``on_round(row, result)`` after every completed round."""
     # Every input is checked before Ray starts or a file is written.
     data, partition = prepare_inputs(cfg)
-    run_dir = Path(cfg.out_dir) / cfg.name
+    folder = RunFolder(cfg)
+    try:
+        return _run(cfg, folder, data, partition, overwrite, on_round, resume, on_start)
+    finally:
+        folder.close()
+
+
+def _run(cfg: RunConfig, folder: RunFolder, data: ArrayDataset, partition: Partition, overwrite: bool,
+         on_round: RoundCallback | None, resume: bool, on_start: Callable[[int], None] | None) -> RunResult:
+    run_dir = folder.local
     ckpt: Path | None = None
     if resume:
+        folder.fetch()
         ckpt = checkpoint.latest(run_dir)
         if ckpt is not None:
             layout, _ = shared_layout(cfg, data.num_classes, data.input_shape)
             checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
         partition = Partition.load(run_dir / "partition.npz")
     else:
-        _refuse_existing(run_dir, overwrite)
+        folder.refuse_existing(overwrite)
     connect_ray(cfg)
     check_resources(cfg)
     if not resume:
+        folder.clear()
         _start_new(run_dir, cfg, partition, data)
+        folder.publish()
 
     started = time.perf_counter()
     driver = start_engine(cfg, partition, data)
@@ -158,7 +222,7 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
     logger = RunLogger(run_dir, _sink(cfg, run_dir, resume))
     summary = None
     try:
-        done = ray.get(driver.restore.remote(str(ckpt) if ckpt else None), timeout=timeout)
+        done = ray.get(driver.restore.remote(folder.checkpoint_location(ckpt) if ckpt else None), timeout=timeout)
         logger.truncate(done)
         if on_start:
             on_start(done)
@@ -175,7 +239,8 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
             every = cfg.engine.checkpoint_every
             if every and (round_idx % every == 0 or round_idx == cfg.train.rounds):
                 logger.sync()  # metrics first: a published checkpoint never points past what is on disk
-                ray.get(driver.checkpoint.remote(str(run_dir), round_idx), timeout=timeout)
+                folder.publish()
+                ray.get(driver.checkpoint.remote(folder.location, round_idx), timeout=timeout)
             if on_round:
                 on_round(row, result)
             round_idx += 1
@@ -186,9 +251,10 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     finally:
         logger.close(summary)
+        folder.publish()  # also after a failure: the metrics so far and the W&B run's final state
         ray.get(driver.shutdown.remote(), timeout=60)
         ray.kill(driver)
-    return RunResult(cfg.name, run_dir, summary)
+    return RunResult(cfg.name, folder.location if folder.remote else run_dir, summary)
 
 
 def _summary(cfg: RunConfig, logger: RunLogger, workers: list[dict], wall: float) -> dict:

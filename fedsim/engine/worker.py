@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from pathlib import Path
 
 import numpy as np
 import ray
@@ -17,6 +16,7 @@ import torch
 from lightning_fabric import Fabric
 from torch import nn
 
+from fedsim import storage
 from fedsim.algorithms import PARTS, get_algorithm
 from fedsim.client import FedClient
 from fedsim.config import ConfigError, RunConfig
@@ -209,12 +209,15 @@ class ClientRuntime:
     def ping(self) -> int:
         return os.getpid()
 
-    def save_state(self, path: str) -> None:
-        write_worker_state(Path(path), self.personal, self.personal_models)
+    def save_state(self, target: str) -> None:
+        """Write this worker's clients to ``target``: a local path, or a URI in the run's object store."""
+        with storage.local_output(target) as path:
+            write_worker_state(path, self.personal, self.personal_models)
 
     def load_state(self, ckpt: str | None) -> None:
         """Restore this worker's clients from a checkpoint (None: the round-0 state)."""
-        personal, models = read_worker_states(Path(ckpt), set(self.client_data)) if ckpt else ({}, {})
+        with storage.local_folder(ckpt) as local:
+            personal, models = read_worker_states(local, set(self.client_data)) if local else ({}, {})
         if any(v.size != self.personal_layout.size for v in personal.values()) or any(
                 v.size != self.full_layout.size for v in models.values()):
             raise CheckpointError(f"{ckpt}: personal weights do not fit this model; resume with the run's own config")
