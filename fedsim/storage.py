@@ -90,8 +90,11 @@ class Store:
         for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
             self.upload(path, str(PurePosixPath(rel, path.relative_to(local_dir).as_posix())))
 
-    def download_tree(self, local_dir: Path, rel: str = "") -> None:
+    def download_tree(self, local_dir: Path, rel: str = "", skip: str | None = None) -> None:
+        """Every file under ``rel`` into ``local_dir``, except those in its top-level folder ``skip``."""
         for name in self.files(rel):
+            if skip and PurePosixPath(name).relative_to(rel or ".").parts[0] == skip:
+                continue
             target = local_dir / PurePosixPath(name).relative_to(rel or ".")
             target.parent.mkdir(parents=True, exist_ok=True)
             pafs.copy_files(self._path(name), str(target), source_filesystem=self.fs)
@@ -120,14 +123,16 @@ def local_output(target: str) -> Iterator[Path]:
 
 
 @contextmanager
-def local_folder(location: str | None) -> Iterator[Path | None]:
-    """``location``'s files as a local folder: the folder itself, or a temporary download of a URI."""
+def local_folder(location: str | None, skip: str | None = None) -> Iterator[Path | None]:
+    """``location``'s files as a local folder: the folder itself, or a temporary download of a URI (without
+    its top-level folder ``skip``). The copy keeps the location's name, which reports show."""
     if location is None or not is_uri(location):
         yield None if location is None else Path(location)
         return
     with tempfile.TemporaryDirectory(prefix="fedsim-in-") as tmp:
-        Store(location).download_tree(Path(tmp))
-        yield Path(tmp)
+        local = Path(tmp, parent_and_name(location)[1])
+        Store(location).download_tree(local, skip=skip)
+        yield local
 
 
 def staging_folder(location: str) -> Path:

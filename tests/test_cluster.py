@@ -1,12 +1,17 @@
-"""A real two-node Ray cluster on this machine: `ray start --head` + `ray start --address`, the
-quickstart submitted with `ray job submit --working-dir`, compared with a local run."""
+"""A real two-node Ray cluster on this machine whose nodes share no disk: `ray start --head` +
+`ray start --address` (in its own mount namespace, where the head's folders are hidden), an S3 server
+(moto) for out_dir, the quickstart submitted with `ray job submit --working-dir`, killed mid-run, resumed
+from the bucket, and compared with a local run."""
 import json
 import os
+import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,12 +61,18 @@ def cluster_env(data_root: Path) -> dict:
     return env
 
 
-def _node(*args: str, env: dict) -> subprocess.Popen:
-    # --block keeps each node's processes under one parent we can stop without touching other Ray instances.
+def _node(*args: str, env: dict, cwd: Path, hide: tuple[Path, ...] = ()) -> subprocess.Popen:
+    """``ray start --block`` (its processes stay under one parent we can stop without touching other Ray
+    instances) run in ``cwd``. ``hide``: folders this node must not see, covered by empty tmpfs mounts in a
+    mount namespace of its own - what a second machine without shared disk sees of the head's files."""
     # Each node's agents get their own free ports: two nodes (and any other Ray) share this machine.
     ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
                                                       "metrics-export-port", "runtime-env-agent-port")]
-    return subprocess.Popen([RAY, "start", "--block", *ports, *args], env=env, start_new_session=True,
+    command = [RAY, "start", "--block", *ports, *args]
+    if hide:
+        mounts = " && ".join(f"mount -t tmpfs fedsim-hidden {folder}" for folder in hide)
+        command = ["unshare", "--mount", "sh", "-c", f'{mounts} && exec "$@"', "node", *command]
+    return subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -86,38 +97,126 @@ def _wait_for_nodes(address: str, count: int, env: dict) -> None:
     raise AssertionError(f"cluster at {address} never reached {count} nodes")
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def _rows(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
 
 
-def test_job_submitted_to_two_node_cluster_matches_local_run(tmp_path, data_root):
-    overrides = ["sweep.algorithm=[fedper]", "train.rounds=2", "train.local_epochs=1", "data.train_fraction=0.02",
+@pytest.fixture
+def s3_bucket(tmp_path):
+    """A moto S3 server on a loopback port with one bucket; yields the environment that reaches it."""
+    pytest.importorskip("moto", reason="moto[server] is a dev dependency: pip install -e '.[dev]'")
+    import boto3
+
+    port = free_port()
+    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "fedsim-test",
+           "AWS_SECRET_ACCESS_KEY": "fedsim-test", "AWS_DEFAULT_REGION": "us-east-1"}
+    try:
+        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="fedsim-test", aws_secret_access_key="fedsim-test")
+        deadline = time.time() + 60
+        while True:
+            try:
+                s3.create_bucket(Bucket="fedsim-runs")
+                break
+            except Exception:  # the server is still starting
+                if time.time() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.5)
+        yield env, s3
+    finally:
+        _stop(server)
+
+
+class Cluster:
+    """Submit/stop/status through the head's job server, as a user does from a laptop."""
+
+    def __init__(self, dashboard: int, env: dict):
+        self.address, self.env = f"http://127.0.0.1:{dashboard}", env
+
+    def submit(self, *entrypoint: str, runtime_env: dict) -> str:
+        command = [RAY, "job", "submit", f"--address={self.address}", f"--working-dir={REPO}", "--no-wait",
+                   f"--runtime-env-json={json.dumps(runtime_env)}", "--", *entrypoint]
+        for _ in range(30):  # the head's job agent comes up some seconds after the node
+            out = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=300)
+            if "No available agent" not in out.stdout + out.stderr:
+                break
+            time.sleep(3)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return re.search(r"raysubmit_\w+", out.stdout + out.stderr).group(0)
+
+    def _job(self, *args: str) -> str:
+        out = subprocess.run([RAY, "job", *args, f"--address={self.address}"], env=self.env, capture_output=True,
+                             text=True, timeout=300)
+        return out.stdout + out.stderr
+
+    def wait(self, job: str) -> str:
+        """Block until the job ends; returns its final status."""
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            status = re.search(r"(PENDING|RUNNING|STOPPED|SUCCEEDED|FAILED)", self._job("status", job))
+            if status and status.group(1) in ("STOPPED", "SUCCEEDED", "FAILED"):
+                return status.group(1)
+            time.sleep(2)
+        raise AssertionError(f"job {job} still running after 600 s")
+
+    def stop(self, job: str) -> None:
+        self._job("stop", job)
+
+    def logs(self, job: str) -> str:
+        return self._job("logs", job)[-4000:]
+
+
+def _objects(s3, prefix: str) -> dict[str, bytes]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="fedsim-runs", Prefix=prefix)
+    keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+    return {key[len(prefix):]: s3.get_object(Bucket="fedsim-runs", Key=key)["Body"].read() for key in keys}
+
+
+def test_job_on_a_cluster_without_shared_disk_checkpoints_to_s3_resumes_and_matches_local_run(
+        tmp_path, data_root, s3_bucket):
+    overrides = ["sweep.algorithm=[fedper]", "train.rounds=4", "train.local_epochs=1", "data.train_fraction=0.02",
                  "data.test_fraction=0.05", "engine.round_timeout_s=300"]
-    env = cluster_env(data_root)
+    s3_env, s3 = s3_bucket
+    env = {**cluster_env(data_root), **s3_env}
     local = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", "experiments/quickstart.yaml", "--quiet",
                             *overrides, f"out_dir={tmp_path / 'local'}"], cwd=REPO, env=env, capture_output=True,
                            text=True, timeout=600)
     assert local.returncode == 0, local.stderr[-3000:]
 
+    # Short folders of their own: Ray's socket paths must stay under 108 characters.
+    head_dir, second_dir = (Path(tempfile.mkdtemp(prefix=f"fs{n}-", dir="/tmp")) for n in (1, 2))
+    for folder in (head_dir, second_dir):
+        (folder / "cwd").mkdir()
     gcs, dashboard = free_port(), free_port()
-    head = _node("--head", f"--port={gcs}", "--num-cpus=1", "--include-dashboard=true",
-                 "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", env=env)
+    head = _node("--head", f"--port={gcs}", "--num-cpus=1", "--include-dashboard=true", f"--temp-dir={head_dir / 'ray'}",
+                 "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", env=env, cwd=head_dir / "cwd")
     second = None
+    api_key = "fedsim-test-key-" + secrets.token_hex(20)  # W&B offline never needs it; it must not be written anywhere
+    runtime_env = {"env_vars": {**{k: env[k] for k in ("FEDSIM_DATA", "FEDSIM_CACHE") if k in env}, **s3_env,
+                                "WANDB_API_KEY": api_key},
+                   "excludes": [".venv", "runs", "wandb", ".git"]}
+    entrypoint = [sys.executable, "-m", "fedsim.cli.main", "run", "--quiet"]
     try:
         _wait_for_nodes(f"127.0.0.1:{gcs}", 1, env)
-        second = _node(f"--address=127.0.0.1:{gcs}", "--num-cpus=1", env=env)
+        second = _node(f"--address=127.0.0.1:{gcs}", "--num-cpus=1", f"--temp-dir={second_dir / 'ray'}", env=env,
+                       cwd=second_dir / "cwd", hide=(head_dir, tmp_path))
         _wait_for_nodes(f"127.0.0.1:{gcs}", 2, env)
-        runtime_env = {"env_vars": {k: env[k] for k in ("FEDSIM_DATA", "FEDSIM_CACHE") if k in env}}
-        submit = [RAY, "job", "submit", f"--address=http://127.0.0.1:{dashboard}", f"--working-dir={REPO}",
-                  f"--runtime-env-json={json.dumps(runtime_env)}", "--",
-                  sys.executable, "-m", "fedsim.cli.main", "run", "experiments/quickstart.yaml", "--quiet", *overrides,
-                  f"out_dir={tmp_path / 'cluster'}"]
-        for _ in range(30):  # the head's job agent comes up some seconds after the node
-            job = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
-            if "No available agent" not in job.stdout + job.stderr:
-                break
-            time.sleep(3)
-        assert job.returncode == 0 and "succeeded" in job.stdout, job.stdout[-3000:] + job.stderr[-3000:]
+        cluster = Cluster(dashboard, env)
+        first = cluster.submit(*entrypoint, "experiments/quickstart.yaml", *overrides, "out_dir=s3://fedsim-runs/runs",
+                               "logging.wandb.mode=offline", runtime_env=runtime_env)
+        deadline = time.time() + 300  # kill it once its first checkpoint is in the bucket
+        while b"round-0001" not in _objects(s3, "runs/quickstart-fedper/checkpoints/").get("latest", b""):
+            assert time.time() < deadline, cluster.logs(first)
+            time.sleep(0.3)
+        cluster.stop(first)
+        assert cluster.wait(first) == "STOPPED", cluster.logs(first)
+        crashed = _rows(_objects(s3, "runs/quickstart-fedper/").get("rounds.jsonl", b"").decode())
+        assert 1 <= len(crashed) < 4  # the kill came mid-run
+        second_job = cluster.submit(*entrypoint, "--resume", "s3://fedsim-runs/runs/quickstart-fedper",
+                                    runtime_env=runtime_env)
+        assert cluster.wait(second_job) == "SUCCEEDED", cluster.logs(second_job)
     finally:
         for proc in (second, head):
             if proc is not None:
@@ -126,7 +225,23 @@ def test_job_submitted_to_two_node_cluster_matches_local_run(tmp_path, data_root
         pointer = Path("/tmp/ray/ray_current_cluster")
         if pointer.exists() and pointer.read_text().strip().endswith(f":{gcs}"):
             pointer.unlink()
-    cluster_run, local_run = tmp_path / "cluster" / "quickstart-fedper", tmp_path / "local" / "quickstart-fedper"
-    workers = json.loads((cluster_run / "summary.json").read_text())["workers"]
-    assert len({w["node"] for w in workers}) == 2  # one worker on each node
-    assert _metrics(cluster_run) == _metrics(local_run)
+        shutil.rmtree(head_dir, ignore_errors=True)
+        shutil.rmtree(second_dir, ignore_errors=True)
+
+    stored = _objects(s3, "runs/quickstart-fedper/")
+    local_run = tmp_path / "local" / "quickstart-fedper"
+    assert _rows(stored["metrics.jsonl"].decode()) == _rows((local_run / "metrics.jsonl").read_text())
+    summary = json.loads(stored["summary.json"])
+    assert len({w["node"] for w in summary["workers"]}) == 2  # one worker on each node
+    # Every worker wrote its own shard to the bucket (the second node cannot see the head's disk).
+    latest = stored["checkpoints/latest"].decode()
+    assert latest == "round-0004"
+    state = json.loads(stored[f"checkpoints/{latest}/state.json"])
+    assert state["workers"] == ["worker-0.npz", "worker-1.npz"]
+    assert all(f"checkpoints/{latest}/{name}" in stored for name in state["workers"])
+    # W&B: both jobs' offline files landed, as one W&B run (the resumed job continued the same id).
+    wandb_id = json.loads(stored["wandb_run.json"])["id"]
+    runs = {name.split("/")[1] for name in stored if name.startswith("wandb/offline-run-")}
+    assert len(runs) == 2 and all(run.endswith(f"-{wandb_id}") for run in runs), runs
+    assert all(f"wandb/{run}/run-{wandb_id}.wandb" in stored for run in runs)
+    assert not [name for name, data in stored.items() if api_key.encode() in data]  # the key stayed in the env

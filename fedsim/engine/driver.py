@@ -71,11 +71,12 @@ class Driver:
     """``workers[i]`` hosts ``assignments[i]``; the entrypoint spawns them so they start while this actor does."""
 
     def __init__(self, cfg: RunConfig, workers: list, assignments: list[dict[int, ClientData]],
-                 initial_global: np.ndarray):
+                 initial_global: np.ndarray, slots: list):
         # A validated config object, not a dict: re-validating would import the model registry, hence torch.
         self.cfg = cfg
         self.fingerprint = checkpoint.fingerprint(cfg.model_dump())
-        self.assignments = assignments  # kept to respawn a lost worker with the same clients
+        self.assignments = assignments  # kept to respawn a lost worker with the same clients, in the same slot
+        self.slots = slots
         self.fixed_owners = get_algorithm(cfg.algorithm).keeps_client_state
         self.owner = {c: w for w, clients in enumerate(assignments) for c in clients} if self.fixed_owners else {}
         clients = {c: d for a in assignments for c, d in a.items()}
@@ -185,7 +186,7 @@ class Driver:
                 ray.get(worker.ping.remote(), timeout=PING_TIMEOUT_S)
             except (RayActorError, GetTimeoutError):
                 ray.kill(worker)
-                self.workers[index] = spawn_worker(self.cfg, self.assignments[index])
+                self.workers[index] = spawn_worker(self.cfg, self.assignments[index], self.slots[index])
         self.recoveries += 1
         return self.restore(self.last_checkpoint)
 

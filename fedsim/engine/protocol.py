@@ -65,9 +65,10 @@ class Worker:
 WorkerActor = ray.remote(Worker)
 
 
-def spawn_worker(cfg: RunConfig, clients: dict[int, ClientData]):
-    """One worker actor at the configured CPU/GPU fractions. torch's thread count is set by the runtime
-    itself: a per-actor runtime_env would cost a fresh process (~0.6 s) instead of a prestarted one."""
+def spawn_worker(cfg: RunConfig, clients: dict[int, ClientData], slot="SPREAD"):
+    """One worker actor at the configured CPU/GPU fractions, in ``slot`` (its bundle of the run's placement
+    group, see ``placement.slots``). torch's thread count is set by the runtime itself: a per-actor
+    runtime_env would cost a fresh process (~0.6 s) instead of a prestarted one."""
     engine = cfg.engine
     return WorkerActor.options(num_cpus=engine.cpus_per_worker, num_gpus=engine.gpus_per_worker,
-                               scheduling_strategy="SPREAD").remote(cfg.model_dump(), clients)
+                               scheduling_strategy=slot).remote(cfg.model_dump(), clients)

@@ -17,7 +17,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from fedsim import storage
 from fedsim.config import ConfigError, RunConfig, validate
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
-from fedsim.engine import checkpoint
+from fedsim.engine import checkpoint, placement
 from fedsim.engine.driver import DriverActor, assign_clients
 from fedsim.engine.protocol import spawn_worker
 from fedsim.engine.worker import initial_model, load_client_class, shared_layout
@@ -119,14 +119,14 @@ def _this_node() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset):
-    """Spawn the workers and the driver actor together (the workers' ~3 s of imports overlap the driver's
-    start-up instead of following it). Returns the driver's handle."""
+def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, slots: list):
+    """Spawn the workers (worker i in ``slots[i]``) and the driver actor together (the workers' ~3 s of
+    imports overlap the driver's start-up instead of following it). Returns the driver's handle."""
     assignments = assign_clients(cfg, partition)
-    workers = [spawn_worker(cfg, clients) for clients in assignments]
+    workers = [spawn_worker(cfg, clients, slot) for clients, slot in zip(assignments, slots)]
     _, initial_global = shared_layout(cfg, data.num_classes, data.input_shape)
     return DriverActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
-        cfg, workers, assignments, initial_global)
+        cfg, workers, assignments, initial_global, slots)
 
 
 def _sink(cfg: RunConfig, run_dir: Path, resume: bool):
@@ -146,7 +146,8 @@ class RunFolder:
         self.location = storage.join(cfg.out_dir, cfg.name)
         self.remote = storage.is_uri(self.location)
         self.store = storage.Store(self.location) if self.remote else None
-        self.local = storage.staging_folder(self.location) if self.remote else Path(self.location)
+        # Absolute: the driver actor and the marker check must not depend on a process's working folder.
+        self.local = storage.staging_folder(self.location) if self.remote else Path(self.location).resolve()
 
     def refuse_existing(self, overwrite: bool) -> None:
         if not self.remote:
@@ -191,33 +192,47 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
     data, partition = prepare_inputs(cfg)
     folder = RunFolder(cfg)
     try:
-        return _run(cfg, folder, data, partition, overwrite, on_round, resume, on_start)
+        ckpt = None
+        if resume:
+            folder.fetch()
+            ckpt = _checked_checkpoint(cfg, folder.local, data)
+            partition = Partition.load(folder.local / "partition.npz")
+        else:
+            folder.refuse_existing(overwrite)
+        connect_ray(cfg)
+        if not os.environ.get("RAY_ADDRESS"):
+            check_resources(cfg)  # a Ray started here has no autoscaler: what it lacks now, it lacks for good
+        workers = min(cfg.engine.workers, partition.num_clients)
+        group = placement.reserve(cfg, workers)
+        try:
+            if not folder.remote:
+                placement.check_shared(folder.local.parent, placement.nodes_of(group), cfg.engine.round_timeout_s)
+            if not resume:
+                folder.clear()
+                _start_new(folder.local, cfg, partition, data)
+                folder.publish()
+            return _train(cfg, folder, partition, data, placement.slots(group, workers), ckpt, resume, on_round, on_start)
+        finally:
+            placement.release(group)
     finally:
         folder.close()
 
 
-def _run(cfg: RunConfig, folder: RunFolder, data: ArrayDataset, partition: Partition, overwrite: bool,
-         on_round: RoundCallback | None, resume: bool, on_start: Callable[[int], None] | None) -> RunResult:
-    run_dir = folder.local
-    ckpt: Path | None = None
-    if resume:
-        folder.fetch()
-        ckpt = checkpoint.latest(run_dir)
-        if ckpt is not None:
-            layout, _ = shared_layout(cfg, data.num_classes, data.input_shape)
-            checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
-        partition = Partition.load(run_dir / "partition.npz")
-    else:
-        folder.refuse_existing(overwrite)
-    connect_ray(cfg)
-    check_resources(cfg)
-    if not resume:
-        folder.clear()
-        _start_new(run_dir, cfg, partition, data)
-        folder.publish()
+def _checked_checkpoint(cfg: RunConfig, run_dir: Path, data: ArrayDataset) -> Path | None:
+    """The checkpoint a resume starts from (validated against this config), None for round 0."""
+    ckpt = checkpoint.latest(run_dir)
+    if ckpt is not None:
+        layout, _ = shared_layout(cfg, data.num_classes, data.input_shape)
+        checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
+    return ckpt
 
+
+def _train(cfg: RunConfig, folder: RunFolder, partition: Partition, data: ArrayDataset, slots: list,
+           ckpt: Path | None, resume: bool, on_round: RoundCallback | None,
+           on_start: Callable[[int], None] | None) -> RunResult:
+    run_dir = folder.local
     started = time.perf_counter()
-    driver = start_engine(cfg, partition, data)
+    driver = start_engine(cfg, partition, data, slots)
     timeout = cfg.engine.round_timeout_s
     logger = RunLogger(run_dir, _sink(cfg, run_dir, resume))
     summary = None
@@ -240,14 +255,15 @@ def _run(cfg: RunConfig, folder: RunFolder, data: ArrayDataset, partition: Parti
             if every and (round_idx % every == 0 or round_idx == cfg.train.rounds):
                 logger.sync()  # metrics first: a published checkpoint never points past what is on disk
                 folder.publish()
-                ray.get(driver.checkpoint.remote(folder.location, round_idx), timeout=timeout)
+                ray.get(driver.checkpoint.remote(folder.location if folder.remote else str(run_dir), round_idx),
+                        timeout=timeout)
             if on_round:
                 on_round(row, result)
             round_idx += 1
         workers = ray.get(driver.worker_info.remote(), timeout=timeout)
         summary = _summary(cfg, logger, workers, time.perf_counter() - started)
         if logger.sink:
-            summary["wandb"] = logger.sink.describe()
+            summary["wandb"] = logger.sink.describe(run_dir, folder.location)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     finally:
         logger.close(summary)
