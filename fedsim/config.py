@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,9 +24,13 @@ class DataConfig(_Section):
     root: str | None = Field(None, description="folder holding the data; default: env FEDSIM_DATA")
     download: bool = Field(False, description="let torchvision download when the data is missing (needs internet)")
     num_clients: int = Field(10, ge=1)
-    partition: Literal["iid", "classes", "shards", "dirichlet", "conflicting", "natural"] = "classes"
+    partition: str = Field("classes", description="iid, classes, shards, dirichlet, conflicting, natural, "
+                           "or a user's 'package.module:function'")
     k: int | None = Field(4, ge=1, description="classes per client for partition=classes")
     shards_per_client: int | None = Field(None, ge=1, description="s for partition=shards")
+    shard_style: Literal["fedbabu", "sorted_pool"] = Field(
+        "fedbabu", description="partition=shards: fedbabu = single-class shards, test set of the train class mix and "
+        "equal size (FedBABU's noniid); sorted_pool = fedsim's earlier label-sorted cut, to reproduce old runs")
     beta: float | None = Field(None, gt=0, description="Dirichlet concentration for partition=dirichlet")
     options: dict[str, Any] = Field(default_factory=dict, description="dataset options, e.g. synthetic alpha/beta")
     train_fraction: float = Field(1.0, gt=0, le=1)
@@ -33,15 +39,34 @@ class DataConfig(_Section):
 
 
 class ModelConfig(_Section):
-    name: str = "cnn4"
+    name: str = Field("cnn4", description="a registered model or a user's 'package.module:function'")
     personal_layers: int = Field(1, ge=0, description="K_P: classifier + the last K_P-1 blocks are personal")
     client: str | None = Field(None, description="'package.module:Class' of your own FedClient-compatible LightningModule")
+    batchnorm: Literal["averaged", "personal", "batch_stats"] | None = Field(
+        None, description="BatchNorm: running statistics kept and shared like other weights (averaged), every BN "
+        "layer kept on the client (personal, FedBN), or batch statistics only, track_running_stats=False (batch_stats, "
+        "the FedBABU authors' 4-conv and MobileNet); null: the algorithm's default (averaged except fedbn)")
+    init_from: str | None = Field(None, description="a finished run folder: start from its final global weights "
+                                  "(its model.npz), e.g. LG-FedAvg from a FedAvg run as the FedBABU authors do")
 
 
 class OptimConfig(_Section):
+    optimizer: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(0.01, ge=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(5e-4, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (ignored by adam)")
+    weight_decay: float = Field(0.0, ge=0, description="neither the FedPer nor the FedBABU paper uses it")
+    schedule: Literal["constant", "step"] = Field("constant", description="constant (FedPer paper) or x gamma at "
+                                                  "each milestone (FedBABU's code: x0.1 at 1/2 and 3/4 of the rounds)")
+    milestones: list[float] = Field([0.5, 0.75], description="step schedule: fractions of train.rounds")
+    gamma: float = Field(0.1, gt=0, description="step schedule: factor at each milestone")
+
+    def lr_at(self, round_idx: int, rounds: int) -> float:
+        """The learning rate of round ``round_idx`` (1-based) of ``rounds``. As FedBABU's main_fed.py: the
+        rate drops once round_idx - 1 >= floor(milestone * rounds)."""
+        if self.schedule == "constant":
+            return self.lr
+        drops = sum(round_idx - 1 >= math.floor(m * rounds) for m in self.milestones)
+        return self.lr * self.gamma ** drops
 
 
 class TrainConfig(_Section):
@@ -50,9 +75,8 @@ class TrainConfig(_Section):
     batch_size: int = Field(50, ge=1)
     fraction: float = Field(1.0, gt=0, le=1, description="f: share of clients sampled each round")
     eval_every: int = Field(1, ge=1)
-    head_epochs: int = Field(1, ge=1, description="head-only epochs first, for algorithms with head_first (FedRep, FedPer-FT)")
-    mu: float = Field(0.01, ge=0, description="FedProx proximal coefficient")
-    ditto_lambda: float = Field(0.1, ge=0, description="Ditto: pull of the personal model toward the global one")
+    weighting: Literal["samples", "uniform"] = Field(
+        "samples", description="aggregation weights: n_j / sum n (FedPer's Algorithm 1) or uniform (FedBABU's code)")
     on_nonfinite: Literal["stop", "drop"] = Field("stop", description="a NaN/Inf loss stops the run, or drops that update")
     body: OptimConfig = OptimConfig()
     head: OptimConfig = OptimConfig()
@@ -61,6 +85,11 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     finetune_epochs: int = Field(5, ge=0, description="tau_f: personalized accuracy after this many fine-tune epochs; 0 = initial only")
     finetune_part: Literal["full", "body", "head"] = "full"
+    finetune_lr: float | None = Field(None, ge=0, description="null: each part's training lr at that round "
+                                      "(FedBABU: the final lr, 1e-3 after decay)")
+    finetune_momentum: float = Field(0.9, ge=0, lt=1)
+    finetune_weight_decay: float = Field(0.0, ge=0)
+    finetune_batch_size: int | None = Field(None, ge=1, description="null: train.batch_size")
 
 
 class EngineConfig(_Section):
@@ -92,10 +121,32 @@ class LoggingConfig(_Section):
     wandb: WandbConfig = WandbConfig()
 
 
+class AlgorithmConfig(BaseModel):
+    """``algorithm: fedprox`` or ``algorithm: {name: fedprox, mu: 0.01}``; the method's own parameters are
+    validated by its ``Params`` (see ``fedsim algorithms``)."""
+    model_config = ConfigDict(extra="allow")
+    name: str = "fedper"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+# Keys that moved into a method's own parameters: old key -> where it lives now.
+MOVED_KEYS = {("train", "mu"): "algorithm: {name: fedprox, mu: ...}",
+              ("train", "ditto_lambda"): "algorithm: {name: ditto, lambda: ...}",
+              ("train", "head_epochs"): "algorithm: {name: fedrep or fedper_ft, head_epochs: ...}"}
+
+
 class RunConfig(_Section):
     name: str = "run"
     seed: int = 0
-    algorithm: str = "fedper"
+    algorithm: AlgorithmConfig = AlgorithmConfig()
     out_dir: str = "runs"
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -107,13 +158,20 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "RunConfig":
-        from fedsim.algorithms import ALGORITHMS
+        from fedsim.algorithms import algorithm_class
         from fedsim.models import MODELS
+        from fedsim.plugins import is_plugin
 
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {sorted(ALGORITHMS)}")
-        if self.model.name not in MODELS:
-            raise ValueError(f"unknown model.name {self.model.name!r}; choose one of {sorted(MODELS)}")
+        method = algorithm_class(self.algorithm.name)
+        try:
+            params = method.Params.model_validate(self.algorithm.params)
+        except ValidationError as err:
+            raise ValueError(_format_error(err, prefix="algorithm")) from None
+        # Stored with defaults filled in, so config.yaml and checkpoints say exactly what ran.
+        self.algorithm.__pydantic_extra__ = params.model_dump(by_alias=True)
+        if self.model.name not in MODELS and not is_plugin(self.model.name):
+            raise ValueError(f"unknown model.name {self.model.name!r}; choose one of {sorted(MODELS)} "
+                             "or give 'package.module:function'")
         if self.data.partition == "classes" and self.data.k is None:
             raise ValueError("data.k is required for data.partition=classes")
         return self
@@ -123,6 +181,8 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = tree
     for key in parents:
+        if key == "algorithm" and isinstance(node.get(key), str):  # `algorithm: fedprox` + `algorithm.mu=0.1`
+            node[key] = {"name": node[key]}
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
             raise ConfigError(f"{dotted}: {key} is not a section; check the key")
@@ -147,13 +207,23 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _format_error(err: ValidationError) -> str:
+def _format_error(err: ValidationError, prefix: str = "") -> str:
     first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "config"
-    return f"{where}: {first['msg']} (got {first.get('input')!r})" if first["loc"] else f"config: {first['msg']}"
+    where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(first["loc"]))
+    if where:
+        return f"{where}: {first['msg']} (got {first.get('input')!r})"
+    message = first["msg"].removeprefix("Value error, ")
+    return message if re.match(r"^[\w.]+: ", message) else f"config: {message}"  # already names its field
+
+
+def _refuse_moved_keys(tree: dict[str, Any]) -> None:
+    for (section, key), now in MOVED_KEYS.items():
+        if isinstance(tree.get(section), dict) and key in tree[section]:
+            raise ConfigError(f"{section}.{key}: moved to the method's own parameters; write {now}")
 
 
 def validate(tree: dict[str, Any]) -> RunConfig:
+    _refuse_moved_keys(tree)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as err:
@@ -171,7 +241,14 @@ def load_tree(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (data:, model:, train:, ...)")
     tree.setdefault("name", path.stem)
+    if isinstance(tree.get("algorithm"), str):  # so that `algorithm.mu=...` overrides keep the name
+        tree["algorithm"] = {"name": tree["algorithm"]}
     return _merge(tree, parse_overrides(list(overrides)))
+
+
+def _label(value: Any) -> str:
+    """A sweep value in a run name: an algorithm given as a mapping is named by its name."""
+    return str(value["name"]) if isinstance(value, dict) and "name" in value else str(value)
 
 
 def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
@@ -185,7 +262,7 @@ def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
         variant = {k: v for k, v in tree.items() if k != "sweep"}
         for key, value in zip(keys, values):
             _set_dotted(variant, key, value)
-        variant["name"] = "-".join([base.name, *(str(v) for v in values)])
+        variant["name"] = "-".join([base.name, *(_label(v) for v in values)])
         if base.logging.wandb.group is None:  # the variants of one config form one W&B group, named after it
             _set_dotted(variant, "logging.wandb.group", base.name)
         runs.append(validate(variant))

@@ -1,3 +1,5 @@
+"""Builders every test shares: configs, client runtimes, run-folder readers, a local Ray."""
+import json
 import os
 from pathlib import Path
 
@@ -6,6 +8,8 @@ import pytest
 import fedsim  # noqa: F401  - sets Ray's local-run defaults (loopback, token auth) before any test imports ray
 
 os.environ.setdefault("WANDB_MODE", "offline")
+
+TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +28,62 @@ def local_ray():
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def set_dotted(tree: dict, dotted: str, value) -> dict:
+    """``set_dotted(tree, "train.rounds", 3)``; ``__`` also separates (for keyword arguments)."""
+    *parents, leaf = dotted.replace("__", ".").split(".")
+    node = tree
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return tree
+
+
+def small_tree(tmp_path, data_root, **over) -> dict:
+    """A run of a few CIFAR-10 clients with a few images each; ``over``: ``train__rounds=3`` style."""
+    tree = {
+        "name": "t", "seed": 1, "algorithm": "fedper", "out_dir": str(tmp_path),
+        "data": {"dataset": "cifar10", "root": str(data_root), "num_clients": 5, "partition": "classes", "k": 2,
+                 "train_fraction": 0.02, "test_fraction": 0.05},
+        "model": {"name": "cnn4", "personal_layers": 1},
+        "train": {"rounds": 2, "local_epochs": 1, "batch_size": 50},
+        "eval": {"finetune_epochs": 0},
+        "engine": {"workers": 2, "round_timeout_s": 300},
+    }
+    for dotted, value in over.items():
+        set_dotted(tree, dotted, value)
+    return tree
+
+
+def small_config(tmp_path, data_root, **over):
+    from fedsim.config import validate
+
+    return validate(small_tree(tmp_path, data_root, **over))
+
+
+def client_runtime(data_root, algorithm, *, seed=3, clients=5, **over):
+    """A worker's runtime over ``clients`` CIFAR-10 clients (k = 2), without Ray."""
+    from fedsim.client.runtime import ClientRuntime
+    from fedsim.data import load_dataset, make_partition
+    from fedsim.engine.protocol import ClientData
+
+    tree = small_tree("unused", data_root, seed=seed, algorithm=algorithm, data__num_clients=clients,
+                      data__train_fraction=0.01, data__test_fraction=0.02, train__batch_size=25,
+                      eval__finetune_epochs=2, **over)
+    from fedsim.config import validate
+
+    cfg = validate(tree)
+    data = load_dataset("cifar10", data_root)
+    part = make_partition("classes", data.train_y, data.test_y, clients, seed, k=2, train_fraction=0.01,
+                          test_fraction=0.02)
+    return ClientRuntime(cfg.model_dump(), {c: ClientData(part.train[c], part.test[c]) for c in range(clients)})
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def per_client(run_dir: Path) -> list[dict]:
+    """Every per-client evaluation record of a run, in file order."""
+    return read_jsonl(Path(run_dir) / "metrics.jsonl")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedsim.engine.aggregate import weighted_average
-from fedsim.engine.driver import balanced_owners, sample_clients
+from fedsim.engine.server import balanced_owners, sample_clients
 from fedsim.engine.weights import Layout
 from fedsim.models import build_model
 
@@ -69,15 +69,17 @@ def test_ownership_balances_cost_and_is_a_pure_function():
     assert loads == [54, 51]
 
 
-def test_driver_process_needs_no_torch(tmp_path):
-    # The driver actor's process must come up fast: torch + Lightning cost ~3 s of imports. It gets the
-    # validated config as an object; unpickling it must not re-run validation (that imports the models).
+def test_server_process_needs_no_torch(tmp_path):
+    # The server actor's process must come up fast: torch + Lightning cost ~3 s of imports. It gets the
+    # validated config as an object; unpickling it must not re-run validation (that imports the models),
+    # and it builds the algorithm to run its server hook.
     from fedsim.config import validate
 
     cfg = tmp_path / "cfg.pkl"
     cfg.write_bytes(pickle.dumps(validate({})))
-    code = (f"import pickle, sys; import fedsim.engine.driver; pickle.loads(open({str(cfg)!r}, 'rb').read()); "
-            "assert 'torch' not in sys.modules, 'the driver imported torch'")
+    code = (f"import pickle, sys; import fedsim.engine.actors; from fedsim.algorithms import build_algorithm; "
+            f"build_algorithm(pickle.loads(open({str(cfg)!r}, 'rb').read())); "
+            "assert 'torch' not in sys.modules, 'the server imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +33,76 @@ def assert_same(a: Partition, b: Partition) -> None:
     assert all(np.array_equal(x, y) for x, y in zip(a.label_maps or (), b.label_maps or ()))
 
 
-# --------------------------------------------------------------------------- shards
+# --------------------------------------------------------------------------- shards (FedBABU style)
+
+
+def fedbabu_shard_counts(p: Partition, train_y: np.ndarray, test_y: np.ndarray, m: int,
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Per client and class: train counts, and shards drawn (test counts / the common test shard size m)."""
+    train_counts = np.stack([np.bincount(train_y[t], minlength=10) for t in p.train])
+    test_counts = np.stack([np.bincount(test_y[t], minlength=10) for t in p.test])
+    assert np.all(test_counts % m == 0)
+    return train_counts, test_counts // m
+
+
+@pytest.mark.parametrize("num_clients,s,seed,train_fraction,test_fraction",
+                         [(10, 3, 0, 1.0, 1.0), (5, 2, 1, 1.0, 1.0), (30, 1, 2, 1.0, 1.0), (4, 15, 3, 1.0, 1.0),
+                          (5, 4, 4, 0.5, 0.5), (20, 5, 5, 1.0, 0.5)])
+def test_fedbabu_shards_are_single_class_and_tests_mirror_train(num_clients: int, s: int, seed: int,
+                                                                train_fraction: float, test_fraction: float) -> None:
+    p = make_partition("shards", TRAIN_Y, TEST_Y, num_clients, seed, shards_per_client=s,
+                       train_fraction=train_fraction, test_fraction=test_fraction)
+    per_class = num_clients * s // 10
+    kept_train, kept_test = round(60 * train_fraction), round(20 * test_fraction)
+    shard, m = kept_train // per_class, kept_test // per_class  # chosen so that shard divides kept_train
+    assert shard * per_class == kept_train
+    assert_disjoint_and_complete(p.train, 10 * kept_train)  # every kept train sample is in exactly one shard
+    assert len(np.unique(np.concatenate(p.test))) == sum(map(len, p.test))
+    train_counts, shards_drawn = fedbabu_shard_counts(p, TRAIN_Y, TEST_Y, m)
+    assert np.array_equal(train_counts, shards_drawn * shard)  # whole single-class shards, none straddling
+    assert np.all(shards_drawn.sum(axis=1) == s)  # exactly s shards per client
+    assert np.all(shards_drawn.sum(axis=0) == per_class)  # every shard of every class handed out once
+    assert [len(t) for t in p.test] == [s * m] * num_clients  # equal test sizes, the train class mix
+    assert 10 * per_class * m == sum(map(len, p.test)) <= 10 * kept_test  # only the remainder (< per_class) dropped
+
+
+def test_fedbabu_shards_of_unequal_classes() -> None:
+    """Uneven class sizes: a class's shards differ by at most one sample; test shards all share one size."""
+    rng = np.random.default_rng(11)
+    train_y = np.repeat(np.arange(10), rng.integers(40, 90, 10))
+    test_y = np.repeat(np.arange(10), rng.integers(15, 40, 10))
+    p = make_partition("shards", train_y, test_y, 8, 3, shards_per_client=5)  # 4 shards per class
+    assert_disjoint_and_complete(p.train, len(train_y))
+    train_counts, shards_drawn = fedbabu_shard_counts(p, train_y, test_y, np.bincount(test_y).min() // 4)
+    assert np.all(shards_drawn.sum(axis=1) == 5) and np.all(shards_drawn.sum(axis=0) == 4)
+    low = np.bincount(train_y) // 4
+    assert np.all(train_counts >= shards_drawn * low) and np.all(train_counts <= shards_drawn * (low + 1))
+    assert len({len(t) for t in p.test}) == 1
+
+
+def test_fedbabu_shards_are_a_pure_function_of_the_seed() -> None:
+    a = make_partition("shards", TRAIN_Y, TEST_Y, 10, 7, shards_per_client=2, test_fraction=0.5)
+    assert_same(a, make_partition("shards", TRAIN_Y, TEST_Y, 10, 7, shards_per_client=2, test_fraction=0.5,
+                                  shard_style="fedbabu"))
+    b = make_partition("shards", TRAIN_Y, TEST_Y, 10, 8, shards_per_client=2, test_fraction=0.5)
+    assert not all(np.array_equal(x, y) for x, y in zip(a.train, b.train))
+
+
+def test_fedbabu_shards_suggest_a_count_that_works() -> None:
+    with pytest.raises(DataError, match=r"^data\.shards_per_client: .*7 x 2 is not a multiple of 10") as info:
+        make_partition("shards", TRAIN_Y, TEST_Y, 7, 0, shards_per_client=2)
+    suggested = int(re.search(r"e\.g\. (\d+)", str(info.value)).group(1))
+    assert suggested == 10
+    assert make_partition("shards", TRAIN_Y, TEST_Y, 7, 0, shards_per_client=suggested).num_clients == 7
+
+
+# --------------------------------------------------------------------------- shards (sorted pool)
 
 
 @pytest.mark.parametrize("num_clients,s,seed", [(10, 3, 0), (5, 2, 1), (30, 1, 2), (4, 15, 3)])
-def test_shards(num_clients: int, s: int, seed: int) -> None:
+def test_sorted_pool_shards(num_clients: int, s: int, seed: int) -> None:
     # 60 samples per class and shard size 600 / (n * s) dividing 60: every shard holds one class.
-    p = make_partition("shards", TRAIN_Y, TEST_Y, num_clients, seed, shards_per_client=s)
+    p = make_partition("shards", TRAIN_Y, TEST_Y, num_clients, seed, shards_per_client=s, shard_style="sorted_pool")
     shard = len(TRAIN_Y) // (num_clients * s)
     assert p.num_clients == num_clients and p.label_maps is None
     assert_disjoint_and_complete(p.train, len(TRAIN_Y))  # no shard shared, none dropped
@@ -52,11 +117,56 @@ def test_shards(num_clients: int, s: int, seed: int) -> None:
         assert max(counts) - min(counts) <= 1
 
 
-def test_shards_of_uneven_size_and_fractions() -> None:
-    p = make_partition("shards", TRAIN_Y, TEST_Y, 7, 0, shards_per_client=2, train_fraction=0.5)
+def test_sorted_pool_shards_of_uneven_size_and_fractions() -> None:
+    p = make_partition("shards", TRAIN_Y, TEST_Y, 7, 0, shards_per_client=2, train_fraction=0.5,
+                       shard_style="sorted_pool")
     assert_disjoint_and_complete(p.train, 300)
     sizes = [len(t) for t in p.train]
     assert sum(sizes) == 300 and max(sizes) - min(sizes) <= 2  # 14 shards of 21 or 22
+
+
+def partition_digest(p: Partition) -> str:
+    h = hashlib.sha256()
+    for part in p.train + p.test:
+        h.update(np.int64(len(part)).tobytes() + part.astype(np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+_RANDOM_LABELS = np.random.default_rng(7)
+RANDOM_TRAIN_Y, RANDOM_TEST_Y = _RANDOM_LABELS.integers(0, 10, 1000), _RANDOM_LABELS.integers(0, 10, 300)
+
+
+# Digests of `partition: shards` as fedsim computed it before shard_style existed (commit dae5d9e).
+@pytest.mark.parametrize("labels,num_clients,s,seed,train_fraction,test_fraction,digest", [
+    ("equal", 10, 3, 0, 1.0, 1.0, "1de844cea4b75a3a"),
+    ("equal", 7, 2, 1, 0.5, 1.0, "3753f7c6385db002"),
+    ("equal", 4, 15, 3, 1.0, 0.5, "5ac0d8e6b7493411"),
+    ("random", 13, 2, 5, 1.0, 1.0, "d8086a636637ee0b"),  # shards straddle classes
+    ("random", 20, 3, 2, 0.3, 0.4, "7b63179edd2f2362"),
+])
+def test_sorted_pool_reproduces_the_earlier_shards_bit_for_bit(labels: str, num_clients: int, s: int, seed: int,
+                                                               train_fraction: float, test_fraction: float,
+                                                               digest: str) -> None:
+    train_y, test_y = (TRAIN_Y, TEST_Y) if labels == "equal" else (RANDOM_TRAIN_Y, RANDOM_TEST_Y)
+    p = make_partition("shards", train_y, test_y, num_clients, seed, shards_per_client=s, shard_style="sorted_pool",
+                       train_fraction=train_fraction, test_fraction=test_fraction)
+    assert partition_digest(p) == digest
+
+
+@pytest.mark.skipif(not os.environ.get("FEDSIM_DATA"), reason="set FEDSIM_DATA to the shared datasets folder")
+def test_shards_on_real_cifar10(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not os.environ.get("FEDSIM_CACHE"):
+        monkeypatch.setenv("FEDSIM_CACHE", str(tmp_path))
+    d = load_dataset("cifar10")
+    # FedBABU's CIFAR-10 setting (100 clients, s=2): 500 train and 100 test images per client.
+    p = make_partition("shards", d.train_y, d.test_y, 100, 0, shards_per_client=2)
+    assert {len(t) for t in p.train} == {500} and {len(t) for t in p.test} == {100}
+    stats = p.stats(d.train_y, d.test_y, 10)
+    assert stats["classes_per_client"] == stats["test_classes_per_client"]
+    # experiments/personalization.yaml's partition as fedsim made it before shard_style existed (commit dae5d9e)
+    old = make_partition("shards", d.train_y, d.test_y, 20, 0, shards_per_client=2, shard_style="sorted_pool",
+                         train_fraction=0.1, test_fraction=0.2)
+    assert partition_digest(old) == "f4e4f840ff8a5fa3"
 
 
 # --------------------------------------------------------------------------- dirichlet
@@ -176,7 +286,13 @@ def test_natural_on_real_femnist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         ("pathological", 5, {}, "data.partition"),
         ("shards", 5, {}, "data.shards_per_client"),
         ("shards", 5, {"shards_per_client": 0}, "data.shards_per_client"),
-        ("shards", 100, {"shards_per_client": 7}, "data.shards_per_client"),  # 700 shards > 600 samples
+        ("shards", 100, {"shards_per_client": 7}, "data.shards_per_client"),  # 70 shards of a 60-sample class
+        ("shards", 100, {"shards_per_client": 7, "shard_style": "sorted_pool"}, "data.shards_per_client"),  # > 600
+        ("shards", 5, {"shards_per_client": 2, "shard_style": "label_sorted"}, "data.shard_style"),
+        ("shards", 7, {"shards_per_client": 2}, "data.shards_per_client"),  # 14 shards for 10 classes
+        ("shards", 10, {"shards_per_client": 10, "train_fraction": 0.1}, "data.train_fraction"),  # 6 for 10 shards
+        ("shards", 30, {"shards_per_client": 10}, "data.test_fraction"),  # 20 test samples for 30 shards
+        ("shards", 5, {"shards_per_client": 2, "test_y": TEST_Y[TEST_Y < 9]}, "data.shard_style"),  # no 9s
         ("dirichlet", 5, {}, "data.beta"),
         ("dirichlet", 5, {"beta": 0.0}, "data.beta"),
         ("dirichlet", 400, {"beta": 1.0}, "data.beta"),  # 400 clients x 2 > 600 samples
@@ -189,12 +305,16 @@ def test_natural_on_real_femnist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_errors_name_the_setting(monkeypatch: pytest.MonkeyPatch, kind: str, num_clients: int, kwargs: dict,
                                  field: str) -> None:
     monkeypatch.setattr(partition_module, "_DIRICHLET_TRIES", 3)  # keep the hopeless case fast
+    kwargs = dict(kwargs)
+    test_y = kwargs.pop("test_y", TEST_Y)
     with pytest.raises(DataError, match=field.replace(".", r"\.")) as info:
-        make_partition(kind, TRAIN_Y, TEST_Y, num_clients, seed=0, **kwargs)
+        make_partition(kind, TRAIN_Y, test_y, num_clients, seed=0, **kwargs)
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("kind,kwargs", [("shards", {"shards_per_client": 2}), ("dirichlet", {"beta": 0.3}),
+@pytest.mark.parametrize("kind,kwargs", [("shards", {"shards_per_client": 5}),
+                                         ("shards", {"shards_per_client": 2, "shard_style": "sorted_pool"}),
+                                         ("dirichlet", {"beta": 0.3}),
                                          ("conflicting", {}), ("natural", {"groups": (TRAIN_Y, TEST_Y)})])
 def test_new_kinds_are_pure_functions_of_the_seed(kind: str, kwargs: dict) -> None:
     state = np.random.get_state()

@@ -1,38 +1,16 @@
 """End-to-end engine tests on a real CIFAR-10 subset (FEDSIM_DATA)."""
-import json
-
 import numpy as np
 import pytest
 import torch
+from conftest import per_client, small_config
 
-from fedsim.config import ConfigError, validate
-from fedsim.engine import run
-from fedsim.engine.driver import Driver
-from fedsim.engine.worker import ClientData, ClientRuntime, ClientUpdate
+from fedsim.algorithms import WEIGHTS
+from fedsim.client.runtime import ClientRuntime
+from fedsim.config import ConfigError
 from fedsim.data import load_dataset, make_partition
-
-
-def small_config(tmp_path, data_root, **over):
-    tree = {
-        "name": "t", "seed": 1, "algorithm": "fedper", "out_dir": str(tmp_path),
-        "data": {"dataset": "cifar10", "root": str(data_root), "num_clients": 5, "partition": "classes", "k": 2,
-                 "train_fraction": 0.02, "test_fraction": 0.05},
-        "model": {"name": "cnn4", "personal_layers": 1},
-        "train": {"rounds": 2, "local_epochs": 1, "batch_size": 50},
-        "eval": {"finetune_epochs": 0},
-        "engine": {"workers": 2, "round_timeout_s": 300},
-    }
-    for dotted, value in over.items():
-        *parents, leaf = dotted.split("__")
-        node = tree
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return validate(tree)
-
-
-def per_client(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+from fedsim.engine import run
+from fedsim.engine.protocol import ClientData, ClientUpdate
+from fedsim.engine.server import Server
 
 
 def test_same_metrics_with_one_or_two_workers(tmp_path, data_root, local_ray):
@@ -65,33 +43,33 @@ def _runtime(tmp_path, data_root, algorithm, **over):
 
 def test_fedper_never_sends_personal_layers(tmp_path, data_root):
     rt = _runtime(tmp_path, data_root, "fedper")
-    assert all(k.startswith("classifier.") for k in rt.personal_layout.keys)
-    assert not set(rt.shared_layout.keys) & set(rt.personal_layout.keys)
-    global0 = rt.shared_layout.pack(rt.net)
-    [update] = rt.train(global0, [3], round_idx=1)
-    assert update.shared.shape == (rt.shared_layout.size,)
+    shared, personal = rt.layouts["shared"], rt.layouts["personal"]
+    assert all(k.startswith("classifier.") for k in personal.keys)
+    assert not set(shared.keys) & set(personal.keys)
+    [update] = rt.train({WEIGHTS: shared.pack(rt.net)}, [3], round_idx=1)
+    assert update.uploads[WEIGHTS].shape == (shared.size,)
     # The head that trained stays on the worker, and it really changed there.
-    assert not np.array_equal(rt.personal[3], rt.initial_personal)
-    assert rt.personal_layout.size == 64 * 2 * 2 * 10 + 10  # exactly Linear(256, 10)
+    assert not np.array_equal(rt.slots["personal"][3], rt.initial["personal"])
+    assert personal.size == 64 * 2 * 2 * 10 + 10  # exactly Linear(256, 10)
 
 
 def test_fedavg_shares_everything_and_local_shares_nothing(tmp_path, data_root):
     fedavg = _runtime(tmp_path, data_root, "fedavg")
-    assert fedavg.personal_layout.size == 0
-    fedavg.train(fedavg.shared_layout.pack(fedavg.net), [0], round_idx=1)
-    assert len(fedavg.personal) == 0  # nothing personal is kept, so nothing is checkpointed per client
+    assert fedavg.layouts["personal"].size == 0
+    fedavg.train({WEIGHTS: fedavg.layouts["shared"].pack(fedavg.net)}, [0], round_idx=1)
+    assert len(fedavg.slots["personal"]) == 0  # nothing personal is kept, so nothing is checkpointed per client
     local = _runtime(tmp_path, data_root, "local")
-    assert local.shared_layout.size == 0
-    [u] = local.train(np.empty(0, np.float32), [0], round_idx=1)
-    assert u.shared.size == 0
+    assert local.layouts["shared"].size == 0
+    [u] = local.train({WEIGHTS: np.empty(0, np.float32)}, [0], round_idx=1)
+    assert u.uploads[WEIGHTS].size == 0
 
 
-def test_driver_guard_refuses_oversized_payload():
-    guard = Driver.__new__(Driver)
-    guard.shared_size = 10
-    guard._check_update(ClientUpdate(0, 5, np.zeros(10, np.float32), 0.1, 40))
+def test_server_guard_refuses_oversized_payload():
+    guard = Server.__new__(Server)
+    guard.initial_global = np.zeros(10, np.float32)
+    guard._check_update(ClientUpdate(0, 5, {WEIGHTS: np.zeros(10, np.float32)}, 0.1, 40))
     with pytest.raises(RuntimeError, match="personal weights"):
-        guard._check_update(ClientUpdate(0, 5, np.zeros(12, np.float32), 0.1, 48))
+        guard._check_update(ClientUpdate(0, 5, {WEIGHTS: np.zeros(12, np.float32)}, 0.1, 48))
 
 
 @pytest.mark.slow
@@ -105,11 +83,9 @@ def test_fedper_beats_fedavg_at_k2(tmp_path, data_root, local_ray):
 
 def test_stateless_algorithms_balance_each_round_and_match_one_worker(tmp_path, data_root, local_ray):
     # FedAvg keeps nothing on clients, so every round's sample is split afresh by SGD steps.
-    from fedsim.engine.driver import Driver
-
-    driver = Driver.__new__(Driver)
-    driver.fixed_owners, driver.workers = False, [None, None]
-    split = driver._by_worker([0, 2, 4, 6], [9, 0, 3, 0, 3, 0, 3])  # costs by client id
+    server = Server.__new__(Server)
+    server.fixed_owners, server.workers = False, [None, None]
+    split = server._by_worker([0, 2, 4, 6], [9, 0, 3, 0, 3, 0, 3])  # costs by client id
     assert split == {0: [0], 1: [2, 4, 6]}
     one = run(small_config(tmp_path, data_root, name="avg1", algorithm="fedavg", engine__workers=1, train__fraction=0.6))
     two = run(small_config(tmp_path, data_root, name="avg2", algorithm="fedavg", engine__workers=2, train__fraction=0.6))
@@ -126,11 +102,13 @@ def test_memory_format_changes_speed_not_what_is_learned(tmp_path, data_root):
     conv = next(p for p in runtimes["channels_last"].net.parameters() if p.dim() == 4)
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
     assert all(p.is_contiguous() for p in runtimes["contiguous"].net.parameters())
-    g = runtimes["contiguous"].shared_layout.pack(runtimes["contiguous"].net)
-    assert np.array_equal(g, runtimes["channels_last"].shared_layout.pack(runtimes["channels_last"].net))
-    [a], [b] = (rt.train(g, [0], round_idx=1) for rt in runtimes.values())
-    assert not np.array_equal(a.shared, g)
+    g = runtimes["contiguous"].layouts["shared"].pack(runtimes["contiguous"].net)
+    assert np.array_equal(g, runtimes["channels_last"].layouts["shared"].pack(runtimes["channels_last"].net))
+    [a], [b] = (rt.train({WEIGHTS: g}, [0], round_idx=1) for rt in runtimes.values())
+    a, b = a.uploads[WEIGHTS], b.uploads[WEIGHTS]
+    assert not np.array_equal(a, g)
     # Rounding differences grow over the steps (measured: mean 1e-5 against a mean update of 2e-3).
-    assert np.abs(a.shared - b.shared).mean() < 0.05 * np.abs(a.shared - g).mean()
-    heads = [rt.personal[0] for rt in runtimes.values()]
-    assert np.abs(heads[0] - heads[1]).mean() < 0.05 * np.abs(heads[0] - runtimes["contiguous"].initial_personal).mean()
+    assert np.abs(a - b).mean() < 0.05 * np.abs(a - g).mean()
+    heads = [rt.slots["personal"][0] for rt in runtimes.values()]
+    initial = runtimes["contiguous"].initial["personal"]
+    assert np.abs(heads[0] - heads[1]).mean() < 0.05 * np.abs(heads[0] - initial).mean()

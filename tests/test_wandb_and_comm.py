@@ -11,7 +11,7 @@ from fedsim.models import build_model
 
 from fedsim.config import validate
 from fedsim.engine import run
-from fedsim.engine.worker import serialized_size
+from fedsim.engine.protocol import serialized_size
 
 
 def wandb_records(path: Path):

@@ -1,26 +1,47 @@
-"""Algorithm registry. Adding an algorithm = one short file declaring an :class:`Algorithm`."""
+"""Algorithm registry. Adding a method = one file with an :class:`Algorithm` subclass, listed here; a user's
+own method is named in a config as ``package.module:Class`` instead."""
 from __future__ import annotations
 
-from fedsim.algorithms.ditto import DITTO
-from fedsim.algorithms.fedavg import FEDAVG
-from fedsim.algorithms.fedbabu import FEDBABU
-from fedsim.algorithms.fedper import FEDPER
-from fedsim.algorithms.fedper_ft import FEDPER_FT
-from fedsim.algorithms.fedprox import FEDPROX, FEDPROX_BABU
-from fedsim.algorithms.fedrep import FEDREP
-from fedsim.algorithms.lg_fedavg import LG_FEDAVG
-from fedsim.algorithms.local import LOCAL
-from fedsim.algorithms.spec import PARTS, Algorithm
+from fedsim.algorithms.apfl import APFL
+from fedsim.algorithms.base import PARTS, WEIGHTS, Algorithm, KeyParts, PartialSharing, parameter_table
+from fedsim.algorithms.ditto import Ditto
+from fedsim.algorithms.fedadam import FedAdam
+from fedsim.algorithms.fedavg import FedAvg
+from fedsim.algorithms.fedavgm import FedAvgM
+from fedsim.algorithms.fedbabu import FedBABU
+from fedsim.algorithms.fedbn import FedBN
+from fedsim.algorithms.fedper import FedPer
+from fedsim.algorithms.fedper_ft import FedPerFT
+from fedsim.algorithms.fedprox import FedProx, FedProxBABU
+from fedsim.algorithms.fedrep import FedRep
+from fedsim.algorithms.lg_fedavg import LGFedAvg
+from fedsim.algorithms.local import Local
+from fedsim.algorithms.scaffold import Scaffold
+from fedsim.plugins import is_plugin, load_plugin
 
-ALGORITHMS: dict[str, Algorithm] = {
-    a.name: a for a in (FEDAVG, FEDPER, LOCAL, FEDBABU, FEDREP, FEDPER_FT, LG_FEDAVG, FEDPROX, FEDPROX_BABU, DITTO)
-}
+ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (
+    FedAvg, FedPer, Local, FedBABU, FedRep, FedPerFT, LGFedAvg, FedProx, FedProxBABU, Ditto,
+    FedAvgM, FedAdam, Scaffold, FedBN, APFL)}
 
 
-def get_algorithm(name: str) -> Algorithm:
+def algorithm_class(name: str) -> type[Algorithm]:
+    """A registered method by name, or a user's ``package.module:Class``."""
+    if is_plugin(name):
+        cls = load_plugin(name, "algorithm.name")
+        if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+            raise ValueError(f"algorithm.name: {name!r} is not a subclass of fedsim.algorithms.Algorithm")
+        return cls
     if name not in ALGORITHMS:
-        raise ValueError(f"algorithm: unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}")
+        raise ValueError(f"algorithm.name: unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)} "
+                         "or give 'package.module:Class'")
     return ALGORITHMS[name]
 
 
-__all__ = ["ALGORITHMS", "PARTS", "Algorithm", "get_algorithm"]
+def build_algorithm(cfg) -> Algorithm:
+    """The run's method with its validated parameters (``cfg``: a RunConfig)."""
+    cls = algorithm_class(cfg.algorithm.name)
+    return cls(cls.Params.model_validate(cfg.algorithm.params), cfg.model.batchnorm)
+
+
+__all__ = ["ALGORITHMS", "PARTS", "WEIGHTS", "Algorithm", "KeyParts", "PartialSharing", "algorithm_class",
+           "build_algorithm", "parameter_table"]

@@ -1,4 +1,32 @@
-from fedsim.algorithms.spec import Algorithm
+from pydantic import Field
 
-DITTO = Algorithm("ditto", train="full", share="full", personal_model=True,
-                  summary="FedAvg global model + a personal model regularised toward it by lambda (Li et al. 2021)")
+from fedsim.algorithms.base import PARTS, Params, PartialSharing
+
+
+class DittoParams(Params):
+    lam: float = Field(0.1, ge=0, alias="lambda", description="pull of the personal model toward the global one: "
+                       "+ lambda/2 ||v - w_global||^2")
+    personal_epochs: int | None = Field(None, ge=1, description="epochs on the personal model; null: train.local_epochs")
+
+
+class Ditto(PartialSharing):
+    """FedAvg global model + a personal model regularised toward it, used for scoring (Li et al. 2021)"""
+    name, train, share = "ditto", "full", "full"
+    Params = DittoParams
+    client_slots = {"personal_model": "full"}
+
+    def client_update(self, ctx):
+        losses = super().client_update(ctx)  # the global model's local update, uploaded
+        ctx.load()  # the received global weights: the anchor of the personal model
+        pull = ctx.proximal(self.params.lam, keys=ctx.full_keys)
+        ctx.unpack("full", self._personal_model(ctx))
+        ctx.sgd(PARTS["full"], self.params.personal_epochs or ctx.local_epochs, penalty=pull)
+        ctx.set_slot("personal_model", ctx.pack("full"))
+        return losses
+
+    def load_for_evaluation(self, ctx) -> None:
+        ctx.unpack("full", self._personal_model(ctx))
+
+    @staticmethod
+    def _personal_model(ctx):
+        return ctx.slot("personal_model", default=ctx.initial("full"))

@@ -1,3 +1,6 @@
-from fedsim.algorithms.spec import Algorithm
+from fedsim.algorithms.base import PartialSharing
 
-FEDAVG = Algorithm("fedavg", train="full", share="full", summary="one global model (McMahan et al. 2017)")
+
+class FedAvg(PartialSharing):
+    """one global model (McMahan et al. 2017)"""
+    name, train, share = "fedavg", "full", "full"

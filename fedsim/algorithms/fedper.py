@@ -1,4 +1,6 @@
-from fedsim.algorithms.spec import Algorithm
+from fedsim.algorithms.base import PartialSharing
 
-FEDPER = Algorithm("fedper", train="full", share="body",
-                   summary="base averaged, personal layers never leave the client (Arivazhagan et al. 2019)")
+
+class FedPer(PartialSharing):
+    """base averaged, personal layers never leave the client (Arivazhagan et al. 2019)"""
+    name, train, share = "fedper", "full", "body"

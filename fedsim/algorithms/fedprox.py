@@ -1,6 +1,30 @@
-from fedsim.algorithms.spec import Algorithm
+from pydantic import Field
 
-FEDPROX = Algorithm("fedprox", train="full", share="full", proximal=True,
-                    summary="FedAvg + proximal term mu/2 ||w - w_global||^2 (Li et al. 2020)")
-FEDPROX_BABU = Algorithm("fedprox_babu", train="body", share="body", orthogonal_head=True, proximal=True,
-                         summary="FedProx on the body under FedBABU's fixed orthogonal head (FedBABU paper, App. M)")
+from fedsim.algorithms.base import Params, PartialSharing
+from fedsim.algorithms.fedbabu import FedBABU, FedBABUParams
+
+
+class FedProxParams(Params):
+    mu: float = Field(0.01, ge=0, description="proximal coefficient: + mu/2 ||w - w_global||^2 over shared weights")
+
+
+class FedProx(PartialSharing):
+    """FedAvg + proximal term mu/2 ||w - w_global||^2 (Li et al. 2020); mu = 0 is FedAvg bit for bit"""
+    name, train, share = "fedprox", "full", "full"
+    Params = FedProxParams
+
+    def penalty(self, ctx):
+        return ctx.proximal(self.params.mu)
+
+
+class FedProxBABUParams(FedBABUParams, FedProxParams):
+    pass
+
+
+class FedProxBABU(FedBABU):
+    """FedProx on the body under FedBABU's fixed head (FedBABU paper, App. M)"""
+    name = "fedprox_babu"
+    Params = FedProxBABUParams
+
+    def penalty(self, ctx):
+        return ctx.proximal(self.params.mu)

@@ -1,4 +1,6 @@
-from fedsim.algorithms.spec import Algorithm
+from fedsim.algorithms.base import PartialSharing
 
-LG_FEDAVG = Algorithm("lg_fedavg", train="full", share="head",
-                      summary="local representation, global head: only the head is averaged (Liang et al. 2020)")
+
+class LGFedAvg(PartialSharing):
+    """local representation, global head: only the head is averaged (Liang et al. 2020)"""
+    name, train, share = "lg_fedavg", "full", "head"

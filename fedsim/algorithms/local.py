@@ -1,3 +1,6 @@
-from fedsim.algorithms.spec import Algorithm
+from fedsim.algorithms.base import PartialSharing
 
-LOCAL = Algorithm("local", train="full", share="none", summary="each client trains alone; nothing is shared")
+
+class Local(PartialSharing):
+    """each client trains alone; nothing is shared"""
+    name, train, share = "local", "full", "none"

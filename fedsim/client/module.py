@@ -1,20 +1,22 @@
 """The client: a LightningModule with one optimizer for the base (body) and one for the head.
 
-Contract the engine relies on (a user's own module meets it by subclassing ``FedClient`` or by
-providing the same members):
+The user writes the objective (``loss``); the framework owns the loop. Contract the engine relies
+on (a user's own module meets it by subclassing ``FedClient`` and overriding ``loss``):
 
 * ``net``: an ``nn.Module`` whose ``state_dict`` keys the engine splits into body and head;
 * ``part_keys``: ``{"body": [...], "head": [...]}`` state-dict keys of ``net`` per part;
-* ``trainable``: a set of part names; the engine sets it before each local phase and
-  ``training_step`` must update only those parts;
-* ``proximal``: ``None`` or ``(coefficient, [(parameter, anchor tensor)])``; when set, the loss gets
-  ``coefficient / 2 * sum ||parameter - anchor||^2`` (FedProx, Ditto);
-* ``configure_optimizers()`` returns one optimizer per non-empty part, in ``OPTIMIZED_PARTS`` order,
-  with ``automatic_optimization = False`` (manual optimization);
-* ``training_step(batch, batch_idx)`` returns the loss; ``evaluate_batch(batch)`` returns
-  the summed loss and updates ``self.accuracy`` (a torchmetrics metric).
+* ``configure_optimizers()`` returns one optimizer per non-empty part, in ``optimized_parts`` order
+  (manual optimization); ``build_optimizer(part, settings)`` makes another one for a part
+  (evaluation fine-tuning has its own settings);
+* before each local phase the engine sets ``active_optimizers`` (the parts that train) and
+  ``penalty`` (``None`` or a callable giving the algorithm's extra loss term: FedProx's proximal pull,
+  Ditto's anchor, SCAFFOLD's correction); ``training_step`` adds it to ``loss``, so a module that
+  changes the loss keeps every algorithm working;
+* ``evaluate_batch(batch)`` returns the summed loss and updates ``self.accuracy`` (a torchmetrics metric).
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytorch_lightning as pl
 import torch
@@ -42,33 +44,35 @@ class FedClient(pl.LightningModule):
         named = dict(net.named_parameters())
         self._part_params = {part: [named[k] for k in keys if k in named] for part, keys in self.part_keys.items()}
         self.optimized_parts = [p for p in OPTIMIZED_PARTS if self._part_params[p]]
-        self.trainable: set[str] = set(self.optimized_parts)
-        # Proximal pull toward reference weights (FedProx's mu, Ditto's lambda): (coefficient, [(param, anchor)]).
-        self.proximal: tuple[float, list[tuple[nn.Parameter, torch.Tensor]]] | None = None
+        self.active_optimizers: list[torch.optim.Optimizer] = []
+        self.penalty: Callable[[], torch.Tensor] | None = None
         self.accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The local objective; override to change it."""
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def build_optimizer(self, part: str, settings: OptimConfig) -> torch.optim.Optimizer:
+        params = self._part_params[part]
+        if settings.optimizer == "adam":
+            return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
+        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
+
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
-        return [
-            torch.optim.SGD(self._part_params[p], lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
-            for p in self.optimized_parts
-            for c in [self._optim_cfg[p]]
-        ]
+        return [self.build_optimizer(p, self._optim_cfg[p]) for p in self.optimized_parts]
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        active = [opt for part, opt in zip(self.optimized_parts, self._as_list(self.optimizers()))
-                  if part in self.trainable]
-        loss = F.cross_entropy(self(x), y)
-        if self.proximal is not None:
-            coef, pairs = self.proximal
-            loss = loss + coef / 2 * sum(((p - a) ** 2).sum() for p, a in pairs)
-        for opt in active:
+        loss = self.loss(batch)
+        if self.penalty is not None:
+            loss = loss + self.penalty()
+        for opt in self.active_optimizers:
             opt.zero_grad(set_to_none=True)
         self.manual_backward(loss)
-        for opt in active:
+        for opt in self.active_optimizers:
             opt.step()
         return loss.detach()
 
@@ -79,7 +83,3 @@ class FedClient(pl.LightningModule):
         logits = self(x)
         self.accuracy.update(logits, y)
         return float(F.cross_entropy(logits, y, reduction="sum"))
-
-    @staticmethod
-    def _as_list(opts) -> list:
-        return opts if isinstance(opts, list) else [opts]

@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image
 
 from fedsim.data.errors import DataError
+from fedsim.plugins import PluginError, is_plugin, load_plugin
 
 
 class Arrays(NamedTuple):
@@ -395,6 +396,18 @@ def _build_cache(folder: Path, source: Path, read: Callable[[Path], Arrays], spe
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _user_dataset(name: str, root: str | Path | None, options: dict) -> ArrayDataset:
+    """``data.dataset: package.module:function``, called as function(root, options) -> ArrayDataset."""
+    try:
+        dataset = load_plugin(name, "data.dataset")(root, options)
+    except PluginError as err:
+        raise DataError(str(err)) from None
+    if not isinstance(dataset, ArrayDataset):
+        raise DataError(f"data.dataset: {name!r} returned a {type(dataset).__name__}; return a "
+                        "fedsim.data.ArrayDataset")
+    return dataset
+
+
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False,
                  options: dict | None = None) -> ArrayDataset:
     """Load a data set by name from ``root`` (or FEDSIM_DATA), decoding only on first use.
@@ -402,9 +415,12 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
     Generated data sets (synthetic) need no root and take their parameters from ``options``;
     the others ignore it.
     """
+    if is_plugin(name):
+        return _user_dataset(name, root, options or {})
     spec = _DATASETS.get(name)
     if spec is None:
-        raise DataError(f"data.dataset: unknown data set {name!r}; choose one of {', '.join(_DATASETS)}")
+        raise DataError(f"data.dataset: unknown data set {name!r}; choose one of {', '.join(_DATASETS)} "
+                        "or give 'package.module:function'")
     if not isinstance(spec, _Spec):
         return spec(options or {})
     source, read = _find_source(spec, resolve_root(root), download)

@@ -6,6 +6,7 @@ A partition is a pure function of (labels, arguments, seed): all randomness come
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsim.data.errors import DataError
+from fedsim.plugins import PluginError, is_plugin, load_plugin
 
 _DIRICHLET_TRIES = 1000  # one try costs num_classes Dirichlet draws: well under a second in all
 
@@ -92,6 +94,7 @@ class _Request:
     test_fraction: float
     k: int | None
     shards_per_client: int | None
+    shard_style: str
     beta: float | None
     groups: tuple[np.ndarray, np.ndarray] | None
 
@@ -164,23 +167,108 @@ def _classes(r: _Request) -> Partition:
 
 
 def _shards(r: _Request) -> Partition:
-    """FedBABU / FedAvg shards: label-sorted train samples cut into n*s shards, s random shards per client.
+    """Shards: each client holds ``shards_per_client`` shards of train data, in one of two styles."""
+    s = r.shards_per_client
+    if s is None or s < 1:
+        raise DataError(f"data.shards_per_client: the 'shards' partition needs shards_per_client >= 1, got {s}; "
+                        "set it (FedBABU's scripts use 10, 50 and 100 with 100 clients)")
+    style = _SHARD_STYLES.get(r.shard_style)
+    if style is None:
+        raise DataError(f"data.shard_style: unknown shard style {r.shard_style!r}; choose one of "
+                        f"{', '.join(_SHARD_STYLES)}")
+    return style(r)
 
-    Each client is tested on the classes its shards hold, each class's test samples split evenly
-    among its holders, as in the "classes" kind.
+
+def _fedbabu_shards(r: _Request) -> Partition:
+    """FedBABU's ``noniid`` (jhoon-oh/FedBABU, utils/sampling.py): single-class shards; test drawn like train.
+
+    Each of the C classes is cut into P = n*s/C shards (sizes differ by at most one within a class,
+    as in the authors' code). The class list, each class repeated P times, is shuffled and dealt s to
+    a client, so a client may draw one class twice (the authors' code allows it too); the client
+    gets a random unused shard of every class it drew. Its test set is drawn with the same class
+    list from test shards that all hold m = min over classes of (test samples // P) samples: every
+    client's test set has its train class mix and holds s*m samples. The authors' code spreads
+    each class's test remainder over its first shards instead; with their dataset sizes there is
+    none. We drop it (fewer than P samples per class) to keep test sizes equal for any fraction.
+    Two more differences, neither changing the distribution on CIFAR: their shards are runs of a
+    class's indices in file order, ours runs of a seeded shuffle (a dataset stored grouped, e.g. by
+    writer, would otherwise give grouped shards); their class list is shuffled by Python's
+    ``random``, which their scripts never seed, ours by the run's seed.
     """
     train_pool, test_pool = r.pools()
     s, n = r.shards_per_client, r.num_clients
-    if s is None or not 1 <= s * n <= len(train_pool):
-        raise DataError(f"data.shards_per_client: the 'shards' partition needs shards_per_client >= 1 with "
-                        f"num_clients x shards_per_client <= {len(train_pool)} train samples, got {s}; set it "
-                        "(FedBABU uses 2 to 10) or lower data.num_clients")
+    train_by_class = _members_by_class(r.train_y, train_pool)
+    test_by_class = _members_by_class(r.test_y, test_pool)
+    per_class = _fedbabu_shards_per_class(s, n, train_by_class, test_by_class)
+    drawn = r.rng.permutation(np.repeat(list(train_by_class), per_class)).reshape(n, s)
+    train_shards = {c: np.array_split(r.rng.permutation(members), per_class) for c, members in train_by_class.items()}
+    test_size = min(len(test_by_class[c]) for c in train_by_class) // per_class
+    test_shards = {c: r.rng.permutation(test_by_class[c])[: per_class * test_size].reshape(per_class, test_size)
+                   for c in train_by_class}
+    train, test = (_hand_out(drawn, shards, r.rng) for shards in (train_shards, test_shards))
+    return Partition(tuple(train), tuple(test))
+
+
+def _members_by_class(y: np.ndarray, pool: np.ndarray) -> dict[int, np.ndarray]:
+    """The pool's indices of each class present in it, classes in increasing order."""
+    return {c: pool[y[pool] == c] for c in np.unique(y[pool]).tolist()}
+
+
+def _fedbabu_shards_per_class(s: int, n: int, train_by_class: dict[int, np.ndarray],
+                              test_by_class: dict[int, np.ndarray]) -> int:
+    """P = n*s/C, after checking that every class can be cut into P non-empty train and test shards.
+
+    The authors' code floors n*s/C; when C does not divide n*s their reshape to (n, -1) either fails
+    or silently deals fewer than s shards, so we refuse those numbers.
+    """
+    num_classes = len(train_by_class)
+    if n * s % num_classes:
+        step = num_classes // math.gcd(n, num_classes)
+        raise DataError(f"data.shards_per_client: FedBABU-style shards cut each of the {num_classes} classes into "
+                        f"num_clients x shards_per_client / {num_classes} shards, and {n} x {s} is not a multiple "
+                        f"of {num_classes}; set data.shards_per_client to a multiple of {step} (e.g. "
+                        f"{-(-s // step) * step}) or data.shard_style: sorted_pool")
+    per_class = n * s // num_classes
+    missing = sorted(set(train_by_class) - set(test_by_class))
+    if missing:
+        raise DataError(f"data.shard_style: FedBABU-style shards test each client on its train classes, but the "
+                        f"test split has no samples of classes {missing[:5]}; use data.shard_style: sorted_pool")
+    for split, by_class in (("train", train_by_class), ("test", test_by_class)):
+        fewest = min(len(by_class[c]) for c in train_by_class)
+        if fewest < per_class:
+            raise DataError(f"data.{split}_fraction: a class keeps only {fewest} {split} samples for its {per_class} "
+                            f"shards (num_clients x shards_per_client / {num_classes}); raise data.{split}_fraction "
+                            "or lower data.num_clients or data.shards_per_client")
+    return per_class
+
+
+def _hand_out(drawn: np.ndarray, shards: dict[int, list[np.ndarray] | np.ndarray],
+              rng: np.random.Generator) -> list[np.ndarray]:
+    """Give each client (a row of ``drawn`` class labels) a random unused shard of every class in its row."""
+    unused = {c: iter(rng.permutation(len(class_shards)).tolist()) for c, class_shards in shards.items()}
+    return [np.sort(np.concatenate([shards[c][next(unused[c])] for c in row])) for row in drawn.tolist()]
+
+
+def _sorted_pool_shards(r: _Request) -> Partition:
+    """fedsim's shards before FedBABU's style: label-sorted train pool cut into n*s shards, s random per client.
+
+    A shard may straddle two classes. Each client is tested on the classes its shards hold, each
+    class's test samples split evenly among its holders, as in the "classes" kind.
+    """
+    train_pool, test_pool = r.pools()
+    s, n = r.shards_per_client, r.num_clients
+    if s * n > len(train_pool):
+        raise DataError(f"data.shards_per_client: the 'shards' partition needs num_clients x shards_per_client <= "
+                        f"{len(train_pool)} train samples, got {s}; lower it or data.num_clients")
     shuffled = r.rng.permutation(train_pool)  # then a stable sort: shuffled within each class
     shards = np.array_split(shuffled[np.argsort(r.train_y[shuffled], kind="stable")], n * s)
     train = [np.sort(np.concatenate([shards[j] for j in own])) for own in r.rng.permutation(n * s).reshape(n, s)]
     held = [set(np.unique(r.train_y[t]).tolist()) for t in train]
     (test,) = _deal(held, [(r.test_y, test_pool)], r.rng)
     return Partition(tuple(train), tuple(test))
+
+
+_SHARD_STYLES: dict[str, Splitter] = {"fedbabu": _fedbabu_shards, "sorted_pool": _sorted_pool_shards}
 
 
 def _dirichlet(r: _Request) -> Partition:
@@ -257,16 +345,32 @@ _KINDS: dict[str, Splitter] = {"iid": _iid, "classes": _classes, "shards": _shar
                                "conflicting": _conflicting, "natural": _natural}
 
 
+def _user_partition(spec: str) -> Splitter:
+    """``data.partition: package.module:function``, called as function(train_y, test_y, num_clients, rng)
+    and returning (train index arrays, test index arrays), one of each per client."""
+    try:
+        split = load_plugin(spec, "data.partition")
+    except PluginError as err:
+        raise DataError(str(err)) from None
+
+    def splitter(r: _Request) -> Partition:
+        train, test = split(r.train_y, r.test_y, r.num_clients, r.rng)
+        return Partition(tuple(np.sort(np.asarray(t, np.int64)) for t in train),
+                         tuple(np.sort(np.asarray(t, np.int64)) for t in test))
+
+    return splitter
+
+
 def make_partition(kind: str, train_y: np.ndarray, test_y: np.ndarray, num_clients: int, seed: int, *,
                    k: int | None = None, train_fraction: float = 1.0, test_fraction: float = 1.0,
-                   shards_per_client: int | None = None, beta: float | None = None,
+                   shards_per_client: int | None = None, shard_style: str = "fedbabu", beta: float | None = None,
                    groups: tuple[np.ndarray, np.ndarray] | None = None) -> Partition:
     """Split the (optionally subsampled) train and test sets across ``num_clients`` clients.
 
     ``groups`` holds per-sample client ids (train, test) for the "natural" kind; each kind
     ignores the arguments it does not use.
     """
-    splitter = _KINDS.get(kind)
+    splitter = _user_partition(kind) if is_plugin(kind) else _KINDS.get(kind)
     if splitter is None:
         raise DataError(f"data.partition: unknown partition {kind!r}; choose one of {', '.join(_KINDS)}")
     if num_clients < 1:
@@ -275,8 +379,8 @@ def make_partition(kind: str, train_y: np.ndarray, test_y: np.ndarray, num_clien
         if not 0 < fraction <= 1:
             raise DataError(f"data.{field}: must be in (0, 1], got {fraction}")
     p = splitter(_Request(np.asarray(train_y, np.int64), np.asarray(test_y, np.int64), num_clients,
-                          np.random.default_rng(seed), train_fraction, test_fraction, k, shards_per_client, beta,
-                          groups))
+                          np.random.default_rng(seed), train_fraction, test_fraction, k, shards_per_client,
+                          shard_style, beta, groups))
     for split, parts in (("train", p.train), ("test", p.test)):
         empty = next((i for i, part in enumerate(parts) if len(part) == 0), None)
         if empty is not None:

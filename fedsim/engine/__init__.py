@@ -1,5 +1,5 @@
-"""Ray engine. ``run`` is imported on first use so that ``fedsim.engine.driver`` (whose actor process only
-routes and averages) can be imported without torch."""
+"""Ray engine. ``run`` is imported on first use so that ``fedsim.engine.server`` (whose actor process only
+routes and aggregates) can be imported without torch."""
 from fedsim.engine.aggregate import weighted_average
 
 __all__ = ["RunResult", "run", "weighted_average"]

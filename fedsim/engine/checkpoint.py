@@ -4,7 +4,8 @@ Layout of ``RUN/checkpoints/``::
 
     round-0005/state.json     round, config fingerprint, shared-vector size, worker files
     round-0005/global.npy     global shared weights
-    round-0005/worker-1.npz   personal state of the clients worker 1 owned (``p<client>``, ``m<client>``)
+    round-0005/server.npz     the algorithm's other server state (momentum, control variates), if any
+    round-0005/worker-1.npz   per-client state of the clients worker 1 owned (``<slot>.<client>``)
     latest                    name of the newest complete checkpoint
 
 In an object store (``out_dir: s3://...``) there is no rename: the round's files are written in
@@ -44,7 +45,9 @@ class CheckpointError(ValueError):
 def fingerprint(cfg_dict: dict) -> str:
     """What must match for a checkpoint to continue this run (output location may differ)."""
     relevant = {k: v for k, v in cfg_dict.items() if k not in ("name", "out_dir", "sweep")}
-    relevant["train"] = {k: v for k, v in relevant["train"].items() if k != "rounds"}  # resuming may extend a run
+    # Resuming may extend a run - unless a step schedule places its milestones by the round count.
+    stepped = any(relevant["train"][part]["schedule"] != "constant" for part in ("body", "head"))
+    relevant["train"] = {k: v for k, v in relevant["train"].items() if k != "rounds" or stepped}
     # Thread count and tensor layout change floating-point results in the last bits.
     relevant["engine"] = {k: v for k, v in relevant["engine"].items() if k in ("threads_per_worker", "memory_format")}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -70,36 +73,41 @@ def staging_dir(run_dir: Path, round_idx: int) -> Path:
     return path
 
 
-def write_worker_state(path: Path, personal: VectorStore, models: VectorStore) -> None:
-    arrays = {f"p{c}": v for c, v in personal.items()} | {f"m{c}": v for c, v in models.items()}
+def write_worker_state(path: Path, slots: dict[str, VectorStore]) -> None:
+    arrays = {f"{name}.{client}": v for name, store in slots.items() for client, v in store.items()}
     with open(path, "wb") as f:
         np.savez(f, **arrays)
         f.flush()
         os.fsync(f.fileno())
 
 
-def read_worker_states(ckpt: Path, clients: set[int]) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
-    """Personal vectors of ``clients`` from every worker file (ownership may differ from the writer's)."""
-    personal: dict[int, np.ndarray] = {}
-    models: dict[int, np.ndarray] = {}
+def read_worker_states(ckpt: Path, clients: set[int]) -> dict[str, dict[int, np.ndarray]]:
+    """Slot -> client -> vector for ``clients`` from every worker file (ownership may differ from the writer's)."""
+    slots: dict[str, dict[int, np.ndarray]] = {}
     for path in sorted(ckpt.glob("worker-*.npz")):
         try:
             with np.load(path, allow_pickle=False) as z:
                 for key in z.files:
-                    client = int(key[1:])
-                    if client in clients:
-                        (personal if key[0] == "p" else models)[client] = z[key]
+                    name, _, client = key.rpartition(".")
+                    if int(client) in clients:
+                        slots.setdefault(name, {})[int(client)] = z[key]
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
             raise CheckpointError(f"{path}: unreadable checkpoint file ({err}); delete {ckpt} to resume from an earlier one")
-    return personal, models
+    return slots
 
 
-def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict) -> Path:
-    """Write the driver's part, fsync everything, and atomically publish the checkpoint."""
+def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict,
+           server_state: dict[str, np.ndarray] | None = None) -> Path:
+    """Write the server's part, fsync everything, and atomically publish the checkpoint."""
     with open(staging / "global.npy", "wb") as f:
         np.save(f, global_vector)
         f.flush()
         os.fsync(f.fileno())
+    if server_state:
+        with open(staging / "server.npz", "wb") as f:
+            np.savez(f, **server_state)
+            f.flush()
+            os.fsync(f.fileno())
     state = {"round": round_idx, "global_size": int(global_vector.size),
              "workers": sorted(p.name for p in staging.glob("worker-*.npz")), **meta}
     (staging / "state.json").write_text(json.dumps(state))
@@ -129,11 +137,13 @@ def latest(run_dir: Path) -> Path | None:
     return ckpt
 
 
-def read_state(ckpt: Path, expected_fingerprint: str, global_size: int) -> tuple[dict, np.ndarray]:
-    """Validate a checkpoint against this run and return (state, global vector)."""
+def read_state(ckpt: Path, expected_fingerprint: str,
+               global_size: int) -> tuple[dict, np.ndarray, dict[str, np.ndarray]]:
+    """Validate a checkpoint against this run and return (state, global vector, other server state)."""
     try:
         state = json.loads((ckpt / "state.json").read_text())
         global_vector = np.load(ckpt / "global.npy", allow_pickle=False)
+        server_state = _read_server_state(ckpt / "server.npz")
         missing = [w for w in state["workers"] if not (ckpt / w).is_file()]
         int(state["round"])
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -143,7 +153,17 @@ def read_state(ckpt: Path, expected_fingerprint: str, global_size: int) -> tuple
     if state.get("fingerprint") != expected_fingerprint or global_vector.shape != (global_size,):
         raise CheckpointError(f"{ckpt}: checkpoint of a different configuration (model, data, algorithm or seed differ); "
                               "resume with the run's own config.yaml or start a new run")
-    return state, global_vector.astype(np.float32)
+    return state, global_vector.astype(np.float32), server_state
+
+
+def _read_server_state(path: Path) -> dict[str, np.ndarray]:
+    if not path.exists():
+        return {}
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {name: z[name] for name in z.files}
+    except zipfile.BadZipFile as err:
+        raise ValueError(f"{path.name}: {err}") from None
 
 
 def begin(run_location: str, round_idx: int) -> str:
@@ -156,15 +176,22 @@ def begin(run_location: str, round_idx: int) -> str:
     return folder
 
 
-def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict, workers: list[str]) -> str:
+def _npy_bytes(write, *args, **arrays) -> bytes:
+    buffer = io.BytesIO()
+    write(buffer, *args, **arrays)
+    return buffer.getvalue()
+
+
+def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict, workers: list[str],
+           server_state: dict[str, np.ndarray] | None = None) -> str:
     """Publish the checkpoint whose worker files (``workers``) are already in ``staging``; returns its location."""
     if not storage.is_uri(staging):
-        return str(commit(Path(staging), round_idx, global_vector, meta))
+        return str(commit(Path(staging), round_idx, global_vector, meta, server_state))
     ckpt_dir, name = storage.parent_and_name(staging)
     store = storage.Store(ckpt_dir)
-    buffer = io.BytesIO()
-    np.save(buffer, global_vector)
-    store.write_bytes(f"{name}/global.npy", buffer.getvalue())
+    store.write_bytes(f"{name}/global.npy", _npy_bytes(np.save, global_vector))
+    if server_state:
+        store.write_bytes(f"{name}/server.npz", _npy_bytes(np.savez, **server_state))
     state = {"round": round_idx, "global_size": int(global_vector.size), "workers": sorted(workers), **meta}
     store.write_bytes(f"{name}/state.json", json.dumps(state).encode())
     store.write_bytes("latest", name.encode())  # last: the checkpoint is complete once this names it

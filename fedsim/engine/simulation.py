@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import ray
 import yaml
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -18,9 +19,11 @@ from fedsim import storage
 from fedsim.config import ConfigError, RunConfig, validate
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
 from fedsim.engine import checkpoint, placement
-from fedsim.engine.driver import DriverActor, assign_clients
-from fedsim.engine.protocol import spawn_worker
-from fedsim.engine.worker import initial_model, load_client_class, shared_layout
+from fedsim.algorithms import build_algorithm
+from fedsim.client.runtime import initial_model, load_client_class, read_initial_weights, shared_layout
+from fedsim.engine.actors import ServerActor, spawn_worker
+from fedsim.engine.protocol import RolledBack, RoundFailed
+from fedsim.engine.server import assign_clients
 from fedsim.metrics import summarize
 from fedsim.metrics.logger import RunLogger
 
@@ -65,20 +68,24 @@ def check_resources(cfg: RunConfig) -> None:
                               f"has {have.get(resource, 0):g}; lower engine.workers or engine.{field}")
 
 
-def prepare_inputs(cfg: RunConfig) -> tuple[ArrayDataset, Partition]:
-    """Everything that can be wrong with the inputs is found here, before any file is written."""
+def prepare_inputs(cfg: RunConfig) -> tuple[ArrayDataset, Partition, dict | None]:
+    """Everything that can be wrong with the inputs is found here, before any file is written.
+    Returns the data, the partition and the initial weights of model.init_from (or None)."""
     d = cfg.data
     data = load_dataset(d.dataset, d.root, d.download, options=d.options)  # decodes once; workers then mmap
     groups = None if data.train_groups is None else (data.train_groups, data.test_groups)
     partition = make_partition(d.partition, data.train_y, data.test_y, d.num_clients, cfg.seed, k=d.k,
                                shards_per_client=d.shards_per_client, beta=d.beta, groups=groups,
+                               shard_style=d.shard_style,
                                train_fraction=d.train_fraction, test_fraction=d.test_fraction)
     load_client_class(cfg.model.client)
+    init_weights = read_initial_weights(cfg.model.init_from) if cfg.model.init_from else None
     try:
-        initial_model(cfg, data.num_classes, data.input_shape).head_prefixes(cfg.model.personal_layers)
+        net = initial_model(cfg, build_algorithm(cfg), data.num_classes, data.input_shape, init_weights)
+        net.head_prefixes(cfg.model.personal_layers)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    return data, partition
+    return data, partition, init_weights
 
 
 def _refuse_existing(run_dir: Path, overwrite: bool) -> None:
@@ -115,18 +122,31 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig
 
 
 def _this_node() -> NodeAffinitySchedulingStrategy:
-    # The driver actor stays on the submitting node so it shares that node's view of the run folder.
+    # The server actor stays on the submitting node so it shares that node's view of the run folder.
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, slots: list):
-    """Spawn the workers (worker i in ``slots[i]``) and the driver actor together (the workers' ~3 s of
-    imports overlap the driver's start-up instead of following it). Returns the driver's handle."""
+def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, slots: list,
+                 init_weights: dict | None = None):
+    """Spawn the workers (worker i in ``slots[i]``) and the server actor together (the workers' ~3 s of
+    imports overlap the server's start-up instead of following it). Returns the server's handle."""
     assignments = assign_clients(cfg, partition)
-    workers = [spawn_worker(cfg, clients, slot) for clients, slot in zip(assignments, slots)]
-    _, initial_global = shared_layout(cfg, data.num_classes, data.input_shape)
-    return DriverActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
-        cfg, workers, assignments, initial_global, slots)
+    init_ref = ray.put(init_weights) if init_weights else None
+    workers = [spawn_worker(cfg, clients, init_ref, slot) for clients, slot in zip(assignments, slots)]
+    _, initial_global = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
+    return ServerActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
+        cfg, workers, assignments, initial_global, init_ref, slots)
+
+
+def save_final_model(run_dir: Path, cfg: RunConfig, data: ArrayDataset, global_vector: np.ndarray) -> None:
+    """``model.npz``: the final global weights by state-dict key, what another run's model.init_from reads."""
+    layout, _ = shared_layout(cfg, data.num_classes, data.input_shape)
+    arrays = {key: global_vector[start:end].reshape(shape)
+              for key, shape, start, end in zip(layout.keys, layout.shapes, layout.offsets, layout.offsets[1:])}
+    tmp = run_dir / ".model.npz.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, run_dir / "model.npz")
 
 
 def _sink(cfg: RunConfig, run_dir: Path, resume: bool):
@@ -189,13 +209,13 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
     """Run (or with ``resume``, continue) a simulation. ``on_start(rounds_already_done)`` is called once the
     inputs are validated and training begins; ``on_round(row, result)`` after every completed round."""
     # Every input is checked before Ray starts or a file is written.
-    data, partition = prepare_inputs(cfg)
+    data, partition, init_weights = prepare_inputs(cfg)
     folder = RunFolder(cfg)
     try:
         ckpt = None
         if resume:
             folder.fetch()
-            ckpt = _checked_checkpoint(cfg, folder.local, data)
+            ckpt = _checked_checkpoint(cfg, folder.local, data, init_weights)
             partition = Partition.load(folder.local / "partition.npz")
         else:
             folder.refuse_existing(overwrite)
@@ -211,56 +231,58 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
                 folder.clear()
                 _start_new(folder.local, cfg, partition, data)
                 folder.publish()
-            return _train(cfg, folder, partition, data, placement.slots(group, workers), ckpt, resume, on_round, on_start)
+            slots = placement.slots(group, workers)
+            return _train(cfg, folder, partition, data, init_weights, slots, ckpt, resume, on_round, on_start)
         finally:
             placement.release(group)
     finally:
         folder.close()
 
 
-def _checked_checkpoint(cfg: RunConfig, run_dir: Path, data: ArrayDataset) -> Path | None:
+def _checked_checkpoint(cfg: RunConfig, run_dir: Path, data: ArrayDataset, init_weights: dict | None) -> Path | None:
     """The checkpoint a resume starts from (validated against this config), None for round 0."""
     ckpt = checkpoint.latest(run_dir)
     if ckpt is not None:
-        layout, _ = shared_layout(cfg, data.num_classes, data.input_shape)
+        layout, _ = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
         checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
     return ckpt
 
 
-def _train(cfg: RunConfig, folder: RunFolder, partition: Partition, data: ArrayDataset, slots: list,
-           ckpt: Path | None, resume: bool, on_round: RoundCallback | None,
+def _train(cfg: RunConfig, folder: RunFolder, partition: Partition, data: ArrayDataset, init_weights: dict | None,
+           slots: list, ckpt: Path | None, resume: bool, on_round: RoundCallback | None,
            on_start: Callable[[int], None] | None) -> RunResult:
     run_dir = folder.local
     started = time.perf_counter()
-    driver = start_engine(cfg, partition, data, slots)
+    server = start_engine(cfg, partition, data, slots, init_weights)
     timeout = cfg.engine.round_timeout_s
     logger = RunLogger(run_dir, _sink(cfg, run_dir, resume))
     summary = None
     try:
-        done = ray.get(driver.restore.remote(folder.checkpoint_location(ckpt) if ckpt else None), timeout=timeout)
+        done = ray.get(server.restore.remote(folder.checkpoint_location(ckpt) if ckpt else None), timeout=timeout)
         logger.truncate(done)
         if on_start:
             on_start(done)
         round_idx = done + 1
         while round_idx <= cfg.train.rounds:
-            result = ray.get(driver.round.remote(round_idx), timeout=timeout)
-            if "error" in result:
-                raise TrainingDiverged(result["error"])
-            if "rolled_back_to" in result:  # a worker died: redo everything since the last checkpoint
-                logger.truncate(result["rolled_back_to"])
-                round_idx = result["rolled_back_to"] + 1
+            result = ray.get(server.round.remote(round_idx), timeout=timeout)
+            if isinstance(result, RoundFailed):
+                raise TrainingDiverged(result.error)
+            if isinstance(result, RolledBack):  # a worker died: redo everything since the last checkpoint
+                logger.truncate(result.to_round)
+                round_idx = result.to_round + 1
                 continue
             row = logger.log_round(result)
             every = cfg.engine.checkpoint_every
             if every and (round_idx % every == 0 or round_idx == cfg.train.rounds):
                 logger.sync()  # metrics first: a published checkpoint never points past what is on disk
                 folder.publish()
-                ray.get(driver.checkpoint.remote(folder.location if folder.remote else str(run_dir), round_idx),
+                ray.get(server.checkpoint.remote(folder.location if folder.remote else str(run_dir), round_idx),
                         timeout=timeout)
             if on_round:
                 on_round(row, result)
             round_idx += 1
-        workers = ray.get(driver.worker_info.remote(), timeout=timeout)
+        workers = ray.get(server.worker_info.remote(), timeout=timeout)
+        save_final_model(run_dir, cfg, data, ray.get(server.global_weights.remote(), timeout=timeout))
         summary = _summary(cfg, logger, workers, time.perf_counter() - started)
         if logger.sink:
             summary["wandb"] = logger.sink.describe(run_dir, folder.location)
@@ -268,14 +290,15 @@ def _train(cfg: RunConfig, folder: RunFolder, partition: Partition, data: ArrayD
     finally:
         logger.close(summary)
         folder.publish()  # also after a failure: the metrics so far and the W&B run's final state
-        ray.get(driver.shutdown.remote(), timeout=60)
-        ray.kill(driver)
+        ray.get(server.shutdown.remote(), timeout=60)
+        ray.kill(server)
     return RunResult(cfg.name, folder.location if folder.remote else run_dir, summary)
 
 
 def _summary(cfg: RunConfig, logger: RunLogger, workers: list[dict], wall: float) -> dict:
     records = logger.records_of_round(cfg.train.rounds)
-    summary = {"name": cfg.name, "algorithm": cfg.algorithm, "rounds": cfg.train.rounds}
+    summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "rounds": cfg.train.rounds,
+               "never_sampled": sum(r.get("times_sampled") == 0 for r in records)}
     for key in ("acc", "acc_personalized"):
         if records and key in records[0]:
             per_client = {r["client"]: r[key] for r in records}

@@ -50,6 +50,20 @@ class Layout:
             target.copy_(flat[start:end].view(shape).to(target.dtype))
 
 
+    def tensors(self, vector: np.ndarray, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """Each key's values as its own tensor on ``device`` (a copy of ``vector``)."""
+        flat = torch.tensor(vector, dtype=torch.float32, device=device)
+        return {key: flat[start:end].view(shape).clone()
+                for key, shape, start, end in zip(self.keys, self.shapes, self.offsets, self.offsets[1:])}
+
+    def vector(self, tensors: dict[str, torch.Tensor]) -> np.ndarray:
+        """The inverse of ``tensors``."""
+        out = np.empty(self.size, dtype=np.float32)
+        for key, start, end in zip(self.keys, self.offsets, self.offsets[1:]):
+            out[start:end] = tensors[key].detach().reshape(-1).to("cpu", torch.float32).numpy()
+        return out
+
+
 class VectorStore:
     """Per-client flat vectors of one length, kept as rows of large preallocated blocks.
 

@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from fedsim.engine.protocol import RoundResult
 from fedsim.metrics.summary import summarize
 
 JSONL_FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")
@@ -44,17 +45,17 @@ class RunLogger:
             self.files[name] = open(self.run_dir / name, "a")
         self._write_csv()
 
-    def log_round(self, result: dict) -> dict:
+    def log_round(self, result: RoundResult) -> dict:
         """Append one round; returns its summary row."""
-        records = result["records"]
-        row = {"round": result["round"], "seconds": result["seconds"], "sampled": len(result["sampled"]),
-               "dropped": result["dropped"],
-               "bytes_down": sum(c["bytes_down"] for c in result["comm"]),
-               "bytes_up": sum(c["bytes_up"] for c in result["comm"])}
+        records = result.records
+        row = {"round": result.round, "seconds": result.seconds, "sampled": len(result.sampled),
+               "dropped": result.dropped,
+               "bytes_down": sum(c["bytes_down"] for c in result.comm),
+               "bytes_up": sum(c["bytes_up"] for c in result.comm)}
         for key in ACC_KEYS:
             if records and key in records[0]:
                 row[key] = summarize([r[key] for r in records])
-        for name, rows in (("metrics.jsonl", records), ("comm.jsonl", result["comm"]), ("rounds.jsonl", [row])):
+        for name, rows in (("metrics.jsonl", records), ("comm.jsonl", result.comm), ("rounds.jsonl", [row])):
             self.files[name].writelines(json.dumps(r) + "\n" for r in rows)
             self.files[name].flush()
         if records:

@@ -47,7 +47,7 @@ class WandbSink:
         os.environ.setdefault("WANDB_SILENT", "true")
         # dir: an absolute path, so W&B's files land in the run folder whatever the process's working folder.
         self.run = wandb.init(project=wcfg.project, entity=wcfg.entity, group=wcfg.group or cfg.name,
-                              job_type=cfg.algorithm, tags=wcfg.tags, name=cfg.name, config=cfg.model_dump(),
+                              job_type=cfg.algorithm.name, tags=wcfg.tags, name=cfg.name, config=cfg.model_dump(),
                               dir=str(run_dir.resolve()), mode=mode, id=wcfg.run_id or saved.get("id"),
                               resume="allow" if resume else None, reinit="finish_previous")
         self.run.define_metric("round")

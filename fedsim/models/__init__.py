@@ -8,6 +8,7 @@ from fedsim.models.mlp import linear_base, mlp
 from fedsim.models.mobilenet import mobilenet_v1
 from fedsim.models.resnet import resnet34
 from fedsim.models.split import SplitNet
+from fedsim.plugins import is_plugin, load_plugin
 
 MODELS: dict[str, Callable[..., SplitNet]] = {
     "cnn4": cnn4, "resnet34": resnet34, "mobilenet_v1": mobilenet_v1, "mlp": mlp, "linear_base": linear_base,
@@ -15,11 +16,19 @@ MODELS: dict[str, Callable[..., SplitNet]] = {
 
 
 def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int]) -> SplitNet:
-    """Build a registered model for inputs of shape (C, H, W)."""
-    if name not in MODELS:
+    """Build a registered model (or a user's ``package.module:function``) for inputs of shape (C, H, W)."""
+    if is_plugin(name):
+        factory = load_plugin(name, "model.name")
+    elif name in MODELS:
+        factory = MODELS[name]
+    else:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(MODELS)}")
     channels, height, _ = input_shape
-    return MODELS[name](num_classes=num_classes, in_channels=channels, image_size=height)
+    net = factory(num_classes=num_classes, in_channels=channels, image_size=height)
+    if not isinstance(net, SplitNet):
+        raise ValueError(f"model.name: {name!r} built a {type(net).__name__}; a model must return a "
+                         "fedsim.models.SplitNet (stem, blocks, classifier)")
+    return net
 
 
 __all__ = ["MODELS", "SplitNet", "build_model"]

@@ -1,0 +1,63 @@
+from pydantic import Field
+
+from fedsim.algorithms.base import PARTS, Params, PartialSharing
+
+
+class APFLParams(Params):
+    alpha: float = Field(0.5, ge=0, le=1, description="initial mixing weight of the personal model")
+    adaptive: bool = Field(True, description="learn each client's alpha by gradient descent (APFL's adaptive variant)")
+    alpha_lr: float | None = Field(None, ge=0, description="step size for alpha; null: train.body.lr")
+
+
+class APFL(PartialSharing):
+    """a personal model v mixed with the global w as alpha v + (1 - alpha) w, scored mixed (Deng et al. 2020)"""
+    name, train, share = "apfl", "full", "full"
+    Params = APFLParams
+    client_slots = {"personal_model": "full", "alpha": 1}
+
+    def client_update(self, ctx):
+        import torch
+        from torch.nn import functional as F
+
+        ctx.load()
+        global_params = dict(ctx.net.named_parameters())
+        personal = ctx.tensors("full", self._personal_model(ctx))
+        keys = [k for k in personal if k in global_params]
+        for k in keys:
+            personal[k].requires_grad_()
+        alpha = torch.tensor(float(ctx.slot("alpha", default=[self.params.alpha])[0]), requires_grad=True)
+        lr = ctx.learning_rates("full").max()
+        alpha_lr = lr if self.params.alpha_lr is None else self.params.alpha_lr
+        buffers = dict(ctx.net.named_buffers())
+
+        def personal_step(x, y) -> None:
+            # After each step of w on the batch: v (through the mixture) and alpha on the same batch.
+            mixed = {k: alpha * personal[k] + (1 - alpha) * global_params[k].detach() for k in keys}
+            scratch = {k: b.clone() for k, b in buffers.items()}  # w's BatchNorm statistics stay w's own
+            loss = F.cross_entropy(torch.func.functional_call(ctx.net, {**mixed, **scratch}, (x,)), y)
+            grads = torch.autograd.grad(loss, [personal[k] for k in keys] + [alpha])
+            with torch.no_grad():
+                for k, g in zip(keys, grads):
+                    personal[k] -= lr * g
+                if self.params.adaptive:
+                    alpha.copy_((alpha - alpha_lr * grads[-1]).clamp(0, 1))
+
+        losses = ctx.sgd(PARTS["full"], ctx.local_epochs, after_step=personal_step)
+        ctx.commit_model()
+        ctx.set_slot("personal_model", ctx.vector("full", {k: t.detach() for k, t in personal.items()}))
+        ctx.set_slot("alpha", [float(alpha.detach())])
+        return losses
+
+    def load_for_evaluation(self, ctx) -> None:
+        import torch
+
+        ctx.load()
+        alpha = float(ctx.slot("alpha", default=[self.params.alpha])[0])
+        personal = ctx.tensors("full", self._personal_model(ctx))
+        with torch.no_grad():
+            for k, w in ctx.net.named_parameters():
+                w.copy_(alpha * personal[k] + (1 - alpha) * w)
+
+    @staticmethod
+    def _personal_model(ctx):
+        return ctx.slot("personal_model", default=ctx.initial("full"))

@@ -1,0 +1,130 @@
+"""What an algorithm is: a client hook (the local update) and a server hook (how updates become the
+next global model), plus the typed parameters the method takes.
+
+Most personalized-FL methods differ only in *what trains locally* and *what the server averages*;
+:class:`PartialSharing` states those two words and runs the common local update, so FedAvg, FedPer,
+FedBABU, LG-FedAvg and local-only are a few declarative lines. A method that needs more overrides a
+hook in its own file, using the runtime primitives of :class:`~fedsim.client.context.ClientContext`.
+
+This module imports no torch: the server actor builds the algorithm to run its server hook.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from fedsim.client.context import ClientContext
+
+Part = Literal["full", "body", "head", "none"]
+BatchNormMode = Literal["averaged", "personal", "batch_stats"]
+Weighting = Literal["samples", "uniform"]
+
+PARTS: dict[str, frozenset[str]] = {
+    "full": frozenset({"body", "head"}),
+    "body": frozenset({"body"}),
+    "head": frozenset({"head"}),
+    "none": frozenset(),
+}
+
+WEIGHTS = "weights"  # the upload / server-state entry holding the shared model weights
+
+
+class Params(BaseModel):
+    """Base of every method's parameters: typed, documented, unknown keys refused."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+@dataclass(frozen=True)
+class KeyParts:
+    """State-dict keys of a model by role: base (body), personal layers (head), BatchNorm layers."""
+    body: tuple[str, ...]
+    head: tuple[str, ...]
+    batchnorm: frozenset[str]
+
+    def of(self, parts: frozenset[str]) -> set[str]:
+        return {k for part, keys in (("body", self.body), ("head", self.head)) if part in parts for k in keys}
+
+
+class Algorithm:
+    """One federated method. Subclasses set the class attributes and override the hooks they need."""
+
+    name: ClassVar[str]  # the class docstring's first line is the method's one-line summary
+    Params: ClassVar[type[BaseModel]] = Params
+    train: ClassVar[Part] = "full"  # what a client's local update trains (for the default hooks)
+    share: ClassVar[Part] = "full"  # what clients send and the server averages and broadcasts
+    batchnorm: ClassVar[BatchNormMode] = "averaged"  # the method's default for model.batchnorm
+    # Per-client state kept between rounds beyond the personal part of the model: slot -> its size,
+    # "full" (the whole model), "shared" (the shared weights) or a number of values.
+    client_slots: ClassVar[dict[str, str | int]] = {}
+    # What each client uploads: name -> weighting of its average (None: the run's train.weighting).
+    uploads: ClassVar[dict[str, Weighting | None]] = {WEIGHTS: None}
+    # Server state beyond the weights, each a vector the size of the shared weights, starting at zero.
+    server_slots: ClassVar[tuple[str, ...]] = ()
+    # What the server sends to the clients each round (entries of its state).
+    broadcast: ClassVar[tuple[str, ...]] = (WEIGHTS,)
+
+    def __init__(self, params: BaseModel | None = None, batchnorm: BatchNormMode | None = None):
+        self.params = params if params is not None else self.Params()
+        self.bn_mode: BatchNormMode = batchnorm or self.batchnorm  # the run's model.batchnorm, else the method's
+
+    @classmethod
+    def summary(cls) -> str:
+        return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+    # -- what is shared --------------------------------------------------------------------------
+    def shared_keys(self, keys: KeyParts) -> set[str]:
+        """State keys the server holds; everything else stays on the client (its personal part)."""
+        shared = keys.of(PARTS[self.share])
+        return shared - keys.batchnorm if self.bn_mode == "personal" else shared
+
+    @property
+    def keeps_client_state(self) -> bool:
+        """Whether anything of a client outlives a round on its worker. If not, any worker can train any
+        client, so each round's sample can be balanced over the workers afresh."""
+        return self.share != "full" or bool(self.client_slots) or self.bn_mode == "personal"
+
+    # -- client hooks ----------------------------------------------------------------------------
+    def init_model(self, net: Any) -> None:
+        """Change the freshly built round-0 model (drawn from the run's seed); identical in every process."""
+
+    def client_update(self, ctx: ClientContext) -> list:
+        """Train one client for one round; returns the per-step losses. Write uploads and state through ``ctx``."""
+        raise NotImplementedError
+
+    def load_for_evaluation(self, ctx: ClientContext) -> None:
+        """Put the model a client is scored with into ``ctx``'s network."""
+        ctx.load()
+
+    # -- server hook -----------------------------------------------------------------------------
+    def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
+                      num_clients: int) -> None:
+        """Fold the round's averaged uploads (float64) into the server state (in place).
+        By default the new global weights are the average (FedAvg / FedPer's aggregation)."""
+        state[WEIGHTS] = means[WEIGHTS].astype(np.float32)
+
+
+class PartialSharing(Algorithm):
+    """The common family, stated by two words: ``train`` (what local SGD updates) and ``share``."""
+
+    def client_update(self, ctx: ClientContext) -> list:
+        ctx.load()
+        losses = ctx.sgd(PARTS[self.train], ctx.local_epochs, penalty=self.penalty(ctx))
+        ctx.commit_model()
+        return losses
+
+    def penalty(self, ctx: ClientContext):
+        """An extra loss term for local training (FedProx's proximal pull); None for plain SGD."""
+        return None
+
+
+def parameter_table(algorithm: type[Algorithm]) -> list[tuple[str, str, Any, str]]:
+    """(name, type, default, description) of a method's parameters, for `fedsim algorithms` and the README."""
+    rows = []
+    for field_name, field in algorithm.Params.model_fields.items():
+        annotation = getattr(field.annotation, "__name__", str(field.annotation))
+        rows.append((field.alias or field_name, annotation, field.default, field.description or ""))
+    return rows

@@ -1,0 +1,6 @@
+from fedsim.algorithms.base import PartialSharing
+
+
+class FedBN(PartialSharing):
+    """FedAvg with every BatchNorm layer (affine weights and running statistics) kept local (Li et al. 2021)"""
+    name, train, share, batchnorm = "fedbn", "full", "full", "personal"

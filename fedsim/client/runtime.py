@@ -1,0 +1,300 @@
+"""The torch side of a worker: many virtual clients in one model.
+
+A client is only state: its data indices (and label map) plus the named per-client slots its
+algorithm keeps (always ``personal``: the part of the model that is not shared). Training a client =
+the algorithm's client hook run on a :class:`ClientContext` over the one model.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+from lightning_fabric import Fabric
+from torch import nn
+
+from fedsim import storage
+from fedsim.algorithms import PARTS, Algorithm, KeyParts, build_algorithm
+from fedsim.client.context import ClientContext, Penalty, StepCallback
+from fedsim.client.module import FedClient
+from fedsim.config import ConfigError, OptimConfig, RunConfig
+from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
+from fedsim.engine.checkpoint import CheckpointError, read_worker_states, write_worker_state
+from fedsim.engine.protocol import ClientData, ClientUpdate, serialized_size
+from fedsim.engine.weights import Layout, VectorStore
+from fedsim.models import SplitNet, build_model
+from fedsim.plugins import load_plugin
+
+EVAL_BATCH = 500
+FINETUNE_STREAM = 1  # keeps evaluation fine-tuning randomness apart from training's
+
+
+def client_generator(seed: int, round_idx: int, client: int, stream: int = 0) -> torch.Generator:
+    """All of a client's randomness in a round (shuffling, augmentation) comes from (seed, round, client),
+    never from the worker, so results do not depend on how clients are spread over workers."""
+    state = np.random.SeedSequence([seed, round_idx, client, stream]).generate_state(2, dtype=np.uint64)
+    return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
+
+
+def key_parts(net: SplitNet, personal_layers: int) -> KeyParts:
+    body, head = net.split_keys(personal_layers)
+    batchnorm = {f"{name}.{key}" for name, m in net.named_modules()
+                 if isinstance(m, nn.modules.batchnorm._BatchNorm) for key in m.state_dict()}
+    return KeyParts(tuple(body), tuple(head), frozenset(batchnorm))
+
+
+def load_client_class(path: str | None) -> type[FedClient]:
+    """``model.client``: a user's LightningModule meeting FedClient's contract; FedClient by default."""
+    if path is None:
+        return FedClient
+    try:
+        return load_plugin(path, "model.client")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def use_batch_statistics(net: nn.Module) -> None:
+    """BatchNorm without running statistics (track_running_stats=False): batch statistics in training and
+    at test, as the FedBABU authors build their 4-conv CNN and MobileNet."""
+    for m in net.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.track_running_stats = False
+            for buffer in ("running_mean", "running_var", "num_batches_tracked"):
+                m.register_buffer(buffer, None)
+
+
+def read_initial_weights(run_dir: str) -> dict[str, np.ndarray]:
+    """``model.init_from``: the final global weights a finished run saved (its ``model.npz``)."""
+    path = Path(run_dir) / "model.npz"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {key: z[key] for key in z.files}
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model.init_from: cannot read {path} ({err}); give the folder of a finished run") from None
+
+
+def initial_model(cfg: RunConfig, algorithm: Algorithm, num_classes: int, input_shape: tuple[int, int, int],
+                  init_weights: dict[str, np.ndarray] | None = None) -> SplitNet:
+    """The round-0 model, identical in every process because it is built from the run's seed."""
+    torch.manual_seed(cfg.seed)
+    net = build_model(cfg.model.name, num_classes, input_shape)
+    if algorithm.bn_mode == "batch_stats":
+        use_batch_statistics(net)
+    algorithm.init_model(net)
+    if init_weights:
+        _load_weights(net, init_weights)
+    return net
+
+
+@torch.no_grad()
+def _load_weights(net: nn.Module, weights: dict[str, np.ndarray]) -> None:
+    state = net.state_dict()
+    for key, value in weights.items():
+        if key not in state or tuple(state[key].shape) != value.shape:
+            raise ConfigError(f"model.init_from: weight {key!r} {value.shape} does not fit this model "
+                              f"({tuple(state[key].shape) if key in state else 'no such weight'}); start from a run "
+                              "of the same model and model.batchnorm")
+        state[key].copy_(torch.from_numpy(value))
+
+
+def model_layouts(algorithm: Algorithm, net: SplitNet, keys: KeyParts) -> dict[str, Layout]:
+    """``shared`` (what the server holds), ``personal`` (the rest) and ``full`` (the whole model)."""
+    shared = algorithm.shared_keys(keys)
+    everything = list(net.state_dict())
+    return {"shared": Layout.of(net, [k for k in everything if k in shared]),
+            "personal": Layout.of(net, [k for k in everything if k not in shared]),
+            "full": Layout.of(net, everything)}
+
+
+def shared_layout(cfg: RunConfig, num_classes: int, input_shape: tuple[int, int, int],
+                  init_weights: dict[str, np.ndarray] | None = None) -> tuple[Layout, np.ndarray]:
+    """Layout and round-0 value of the weights the server holds."""
+    algorithm = build_algorithm(cfg)
+    net = initial_model(cfg, algorithm, num_classes, input_shape, init_weights)
+    layout = model_layouts(algorithm, net, key_parts(net, cfg.model.personal_layers))["shared"]
+    return layout, layout.pack(net)
+
+
+class ClientRuntime:
+    """Plain-Python core of a worker (the Ray actor wraps it; tests may use it directly)."""
+
+    def __init__(self, cfg_dict: dict, client_data: dict[int, ClientData],
+                 init_weights: dict[str, np.ndarray] | None = None):
+        self.cfg = RunConfig.model_validate(cfg_dict)
+        torch.set_num_threads(self.cfg.engine.threads_per_worker)
+        for name in ("pytorch_lightning", "lightning_fabric", "lightning.fabric"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        d = self.cfg.data
+        self.data: ArrayDataset = load_dataset(d.dataset, d.root, d.download, options=d.options)
+        self.augment = d.augment and self.data.augmentable
+        self.client_data = client_data
+        self.algorithm = build_algorithm(self.cfg)
+
+        net = initial_model(self.cfg, self.algorithm, self.data.num_classes, self.data.input_shape, init_weights)
+        keys = key_parts(net, self.cfg.model.personal_layers)
+        self.layouts = model_layouts(self.algorithm, net, keys)
+        self.initial = {name: layout.pack(net) for name, layout in self.layouts.items()}
+        self.slots = self._empty_slots()
+        self._head_keys = set(keys.head)
+
+        on_gpu = self._assigned_gpu()
+        fmt = self.cfg.engine.memory_format
+        self.channels_last = fmt == "channels_last" or (fmt == "auto" and not on_gpu)
+        if self.channels_last:  # packing reads logical order (reshape), so flat vectors do not change
+            net.to(memory_format=torch.channels_last)
+        client_cls = load_client_class(self.cfg.model.client)
+        module = client_cls(net, list(keys.head), self.data.num_classes, self.cfg.train.body, self.cfg.train.head)
+        # Fabric rather than a Trainer: a Trainer costs ~7 ms per fit and must be coaxed into refitting;
+        # Fabric adds ~0.1-2 ms per client and still runs the module's own training_step (NOTES-stack.md).
+        self.fabric = Fabric(accelerator="cuda" if on_gpu else "cpu", devices=1)
+        e = self.cfg.eval
+        finetune = OptimConfig(lr=e.finetune_lr or 0.0, momentum=e.finetune_momentum, weight_decay=e.finetune_weight_decay)
+        self.optimizers = {"train": dict(zip(module.optimized_parts, module.configure_optimizers())),
+                           "finetune": {p: module.build_optimizer(p, finetune) for p in module.optimized_parts}}
+        self.client_module = module  # attributes (active_optimizers, penalty, accuracy) live on the plain module
+        self.module, *_ = self.fabric.setup(module, *self.optimizers["train"].values())  # calls go through Fabric
+        self.net = module.net
+        self.device = self.fabric.device
+
+    def _empty_slots(self) -> dict[str, VectorStore]:
+        sizes = {"personal": self.layouts["personal"].size}
+        for name, size in self.algorithm.client_slots.items():
+            sizes[name] = self.layouts[size].size if isinstance(size, str) else int(size)
+        return {name: VectorStore(size) for name, size in sizes.items()}
+
+    @staticmethod
+    def _assigned_gpu() -> bool:
+        return bool(ray.is_initialized() and ray.get_gpu_ids()) and torch.cuda.is_available()
+
+    def device_info(self) -> dict:
+        return {"device": str(self.fabric.device), "gpu_ids": ray.get_gpu_ids() if ray.is_initialized() else [],
+                "node": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
+                "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    # -- data ------------------------------------------------------------------------------------
+    def tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        cd = self.client_data[client]
+        idx = cd.train if split == "train" else cd.test
+        images = self.data.train_x[idx] if split == "train" else self.data.test_x[idx]
+        labels = self.data.train_y[idx] if split == "train" else self.data.test_y[idx]
+        if cd.label_map is not None:
+            labels = cd.label_map[labels]
+        x = to_float(images, self.data.mean, self.data.std).to(self.device)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, torch.as_tensor(labels, device=self.device)
+
+    # -- local SGD -------------------------------------------------------------------------------
+    def learning_rate(self, part: str, round_idx: int, finetune: bool = False) -> float:
+        if finetune and self.cfg.eval.finetune_lr is not None:
+            return self.cfg.eval.finetune_lr
+        return getattr(self.cfg.train, part).lr_at(round_idx, self.cfg.train.rounds)
+
+    def learning_rates(self, layout: str, round_idx: int) -> np.ndarray:
+        """Per value of ``layout``: its part's training lr this round, 0 for buffers (never trained)."""
+        params = dict(self.net.named_parameters())
+        lay, out = self.layouts[layout], np.zeros(self.layouts[layout].size, np.float64)
+        for key, start, end in zip(lay.keys, lay.offsets, lay.offsets[1:]):
+            if key in params:
+                out[start:end] = self.learning_rate("head" if key in self._head_keys else "body", round_idx)
+        return out
+
+    def sgd(self, x: torch.Tensor, y: torch.Tensor, parts: frozenset[str], epochs: int, gen: torch.Generator,
+            round_idx: int, penalty: Penalty | None = None, after_step: StepCallback | None = None,
+            finetune: bool = False) -> list[torch.Tensor]:
+        optimizers = self.optimizers["finetune" if finetune else "train"]
+        for part, opt in optimizers.items():  # momentum restarts with every phase, as in FedAvg's ClientUpdate
+            opt.state.clear()
+            for group in opt.param_groups:
+                group["lr"] = self.learning_rate(part, round_idx, finetune)
+        self.module.train()
+        module = self.client_module
+        module.active_optimizers = [optimizers[p] for p in module.optimized_parts if p in parts]
+        module.penalty = penalty
+        batch = (self.cfg.eval.finetune_batch_size if finetune else None) or self.cfg.train.batch_size
+        losses = []
+        try:
+            for _ in range(epochs):
+                order = torch.randperm(len(y), generator=gen).to(self.device)
+                for step, start in enumerate(range(0, len(y), batch)):
+                    idx = order[start:start + batch]
+                    xb = random_crop_flip(x[idx], gen) if self.augment else x[idx]
+                    losses.append(self.module.training_step((xb, y[idx]), step))
+                    if after_step is not None:
+                        after_step(xb, y[idx])
+        finally:
+            module.active_optimizers, module.penalty = [], None
+        return losses
+
+    def train(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[ClientUpdate]:
+        return [self._train_one(broadcast, c, round_idx) for c in clients]
+
+    def _train_one(self, broadcast: dict[str, np.ndarray], client: int, round_idx: int) -> ClientUpdate:
+        ctx = ClientContext(self, client, round_idx, broadcast, client_generator(self.cfg.seed, round_idx, client))
+        losses = self.algorithm.client_update(ctx)
+        loss = float(torch.stack(losses).mean())
+        n_train = len(self.client_data[client].train)
+        if not np.isfinite(loss):  # keep nothing of this client's round; the server decides stop or drop
+            return ClientUpdate(client, n_train, {}, loss, 0, diverged=True)
+        if set(ctx.uploads) != set(self.algorithm.uploads):
+            raise RuntimeError(f"algorithm {self.algorithm.name}: client {client} uploaded {sorted(ctx.uploads)}, "
+                               f"it declares {sorted(self.algorithm.uploads)}")
+        for name, vector in ctx.slots.items():
+            self.slots[name][client] = vector
+        return ClientUpdate(client, n_train, ctx.uploads, loss, sum(serialized_size(v) for v in ctx.uploads.values()))
+
+    # -- persistence (checkpoints are written by the owner; personal state never reaches the server) --
+    def ping(self) -> int:
+        return os.getpid()
+
+    def save_state(self, target: str) -> None:
+        """Write this worker's clients to ``target``: a local path, or a URI in the run's object store."""
+        with storage.local_output(target) as path:
+            write_worker_state(path, self.slots)
+
+    def load_state(self, ckpt: str | None) -> None:
+        """Restore this worker's clients from a checkpoint (None: the round-0 state; a URI is downloaded)."""
+        self.slots = self._empty_slots()
+        with storage.local_folder(ckpt) as local:
+            stored = read_worker_states(local, set(self.client_data)) if local else {}
+        for name, vectors in stored.items():
+            store = self.slots.get(name)
+            if store is None or any(v.size != store.size for v in vectors.values()):
+                raise CheckpointError(f"{ckpt}: per-client state {name!r} does not fit this model and algorithm; "
+                                      "resume with the run's own config")
+            for client in sorted(vectors):
+                store[client] = vectors[client]
+
+    # -- evaluation ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _score(self, client: int) -> tuple[float, float]:
+        self.module.eval()
+        x, y = self.tensors(client, "test")
+        # Batch statistics depend on the batch: score a client's whole test set at once, as FedBABU's authors.
+        batch = len(y) if self.algorithm.bn_mode == "batch_stats" else EVAL_BATCH
+        self.client_module.accuracy.reset()
+        loss_sum = sum(self.client_module.evaluate_batch((x[i:i + batch], y[i:i + batch]))
+                       for i in range(0, len(y), batch))
+        return loss_sum / len(y), float(self.client_module.accuracy.compute())
+
+    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
+        """FedBABU's protocol for every algorithm: *initial* accuracy of the model the client is scored with,
+        and *personalized* accuracy after eval.finetune_epochs on its own training data with the
+        fine-tuning optimizer. Fine-tuning works on the loaded copy and is never packed back."""
+        ecfg, results = self.cfg.eval, []
+        for client in clients:
+            cd = self.client_data[client]
+            gen = client_generator(self.cfg.seed, round_idx, client, FINETUNE_STREAM)
+            ctx = ClientContext(self, client, round_idx, broadcast, gen)
+            self.algorithm.load_for_evaluation(ctx)
+            loss, acc = self._score(client)
+            rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), "loss": loss, "acc": acc}
+            if ecfg.finetune_epochs:
+                x, y = ctx.data()
+                self.sgd(x, y, PARTS[ecfg.finetune_part], ecfg.finetune_epochs, gen, round_idx, finetune=True)
+                rec["loss_personalized"], rec["acc_personalized"] = self._score(client)
+            results.append(rec)
+        return results
