@@ -7,8 +7,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,15 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import free_port, s3_objects, stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_cluster_yaml_passes_rays_own_validation():
@@ -76,15 +71,6 @@ def _node(*args: str, env: dict, cwd: Path, hide: tuple[Path, ...] = ()) -> subp
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 def _wait_for_nodes(address: str, count: int, env: dict) -> None:
     probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='error'); "
              "print(sum(n['Alive'] for n in ray.nodes()))")
@@ -99,34 +85,6 @@ def _wait_for_nodes(address: str, count: int, env: dict) -> None:
 
 def _rows(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
-
-
-@pytest.fixture
-def s3_bucket(tmp_path):
-    """A moto S3 server on a loopback port with one bucket; yields the environment that reaches it."""
-    pytest.importorskip("moto", reason="moto[server] is a dev dependency: pip install -e '.[dev]'")
-    import boto3
-
-    port = free_port()
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "fedsim-test",
-           "AWS_SECRET_ACCESS_KEY": "fedsim-test", "AWS_DEFAULT_REGION": "us-east-1"}
-    try:
-        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id="fedsim-test", aws_secret_access_key="fedsim-test")
-        deadline = time.time() + 60
-        while True:
-            try:
-                s3.create_bucket(Bucket="fedsim-runs")
-                break
-            except Exception:  # the server is still starting
-                if time.time() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.5)
-        yield env, s3
-    finally:
-        _stop(server)
 
 
 class Cluster:
@@ -152,12 +110,13 @@ class Cluster:
         return out.stdout + out.stderr
 
     def wait(self, job: str) -> str:
-        """Block until the job ends; returns its final status."""
+        """Block until the job ends; returns its final status: succeeded, failed or stopped."""
         deadline = time.time() + 600
         while time.time() < deadline:
-            status = re.search(r"(PENDING|RUNNING|STOPPED|SUCCEEDED|FAILED)", self._job("status", job))
-            if status and status.group(1) in ("STOPPED", "SUCCEEDED", "FAILED"):
-                return status.group(1)
+            # `ray job status` ends with "Job '...' succeeded" / "failed" / "was stopped" once it is over.
+            final = re.search(rf"Job '{job}' (?:was )?(succeeded|failed|stopped)", self._job("status", job))
+            if final:
+                return final.group(1)
             time.sleep(2)
         raise AssertionError(f"job {job} still running after 600 s")
 
@@ -166,12 +125,6 @@ class Cluster:
 
     def logs(self, job: str) -> str:
         return self._job("logs", job)[-4000:]
-
-
-def _objects(s3, prefix: str) -> dict[str, bytes]:
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="fedsim-runs", Prefix=prefix)
-    keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
-    return {key[len(prefix):]: s3.get_object(Bucket="fedsim-runs", Key=key)["Body"].read() for key in keys}
 
 
 def test_job_on_a_cluster_without_shared_disk_checkpoints_to_s3_resumes_and_matches_local_run(
@@ -204,23 +157,29 @@ def test_job_on_a_cluster_without_shared_disk_checkpoints_to_s3_resumes_and_matc
                        cwd=second_dir / "cwd", hide=(head_dir, tmp_path))
         _wait_for_nodes(f"127.0.0.1:{gcs}", 2, env)
         cluster = Cluster(dashboard, env)
+        # A folder on the head is not shared with the second node: refused at start, naming out_dir.
+        refused = cluster.submit(*entrypoint, "experiments/quickstart.yaml", *overrides, f"out_dir={head_dir / 'runs'}",
+                                 runtime_env=runtime_env)
+        assert cluster.wait(refused) == "failed"
+        assert "fedsim: error: out_dir: " in cluster.logs(refused)
+        assert "is not shared with 1 of the run's 2 nodes" in cluster.logs(refused)
         first = cluster.submit(*entrypoint, "experiments/quickstart.yaml", *overrides, "out_dir=s3://fedsim-runs/runs",
                                "logging.wandb.mode=offline", runtime_env=runtime_env)
         deadline = time.time() + 300  # kill it once its first checkpoint is in the bucket
-        while b"round-0001" not in _objects(s3, "runs/quickstart-fedper/checkpoints/").get("latest", b""):
+        while b"round-0001" not in s3_objects(s3, "runs/quickstart-fedper/checkpoints/").get("latest", b""):
             assert time.time() < deadline, cluster.logs(first)
             time.sleep(0.3)
         cluster.stop(first)
-        assert cluster.wait(first) == "STOPPED", cluster.logs(first)
-        crashed = _rows(_objects(s3, "runs/quickstart-fedper/").get("rounds.jsonl", b"").decode())
+        assert cluster.wait(first) == "stopped", cluster.logs(first)
+        crashed = _rows(s3_objects(s3, "runs/quickstart-fedper/").get("rounds.jsonl", b"").decode())
         assert 1 <= len(crashed) < 4  # the kill came mid-run
         second_job = cluster.submit(*entrypoint, "--resume", "s3://fedsim-runs/runs/quickstart-fedper",
                                     runtime_env=runtime_env)
-        assert cluster.wait(second_job) == "SUCCEEDED", cluster.logs(second_job)
+        assert cluster.wait(second_job) == "succeeded", cluster.logs(second_job)
     finally:
         for proc in (second, head):
             if proc is not None:
-                _stop(proc)
+                stop_process_group(proc)
         # `ray start` records the head for later `ray.init()` calls; do not leave a pointer to a dead cluster.
         pointer = Path("/tmp/ray/ray_current_cluster")
         if pointer.exists() and pointer.read_text().strip().endswith(f":{gcs}"):
@@ -228,7 +187,7 @@ def test_job_on_a_cluster_without_shared_disk_checkpoints_to_s3_resumes_and_matc
         shutil.rmtree(head_dir, ignore_errors=True)
         shutil.rmtree(second_dir, ignore_errors=True)
 
-    stored = _objects(s3, "runs/quickstart-fedper/")
+    stored = s3_objects(s3, "runs/quickstart-fedper/")
     local_run = tmp_path / "local" / "quickstart-fedper"
     assert _rows(stored["metrics.jsonl"].decode()) == _rows((local_run / "metrics.jsonl").read_text())
     summary = json.loads(stored["summary.json"])

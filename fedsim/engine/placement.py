@@ -14,6 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from fedsim.config import ConfigError, RunConfig
 
+FIRST_LOOK_S = 1.0
 PROGRESS_EVERY_S = 15.0
 
 
@@ -35,19 +36,19 @@ def reserve(cfg: RunConfig, workers: int) -> PlacementGroup | None:
         return None
     group = placement_group([bundle] * workers, strategy="SPREAD")
     limit = cfg.engine.wait_for_resources_s
-    started = time.monotonic()
-    while True:
-        left = limit - (time.monotonic() - started)
-        ready, _ = ray.wait([group.ready()], timeout=max(0.0, min(PROGRESS_EVERY_S, left)))
-        if ready:
-            return group
-        if left <= PROGRESS_EVERY_S:
+    deadline = time.monotonic() + limit
+    wait, said = min(FIRST_LOOK_S, limit), False  # a cluster with room answers at once: say nothing then
+    while not ray.wait([group.ready()], timeout=wait)[0]:
+        left = max(0.0, deadline - time.monotonic())
+        if said and left == 0:
             remove_placement_group(group)
             raise ConfigError(f"engine.wait_for_resources_s: the Ray cluster found no room for {_describe(workers, bundle)} "
                               f"within {limit:g} s (it has {_free()} free); check its node types and autoscaler "
                               "(`ray status`), raise engine.wait_for_resources_s, or lower engine.workers")
         print(f"fedsim: waiting for the cluster to make room for {_describe(workers, bundle)} (free now: {_free()}); "
-              f"giving up in {left - PROGRESS_EVERY_S:.0f} s (engine.wait_for_resources_s)", file=sys.stderr, flush=True)
+              f"giving up in {left:.0f} s (engine.wait_for_resources_s)", file=sys.stderr, flush=True)
+        wait, said = min(PROGRESS_EVERY_S, left), True
+    return group
 
 
 def _free() -> str:
