@@ -333,3 +333,10 @@ def test_a_users_own_loss_keeps_the_algorithms_penalty(data_root):
     assert np.linalg.norm(b.uploads[WEIGHTS] - g[WEIGHTS]) < np.linalg.norm(a.uploads[WEIGHTS] - g[WEIGHTS])
     with pytest.raises(ConfigError, match="model.client: cannot import"):
         load_client_class("nowhere.module:Nothing")
+
+
+def test_readme_algorithm_table_is_generated_from_the_code():
+    from fedsim.algorithms.catalog import markdown_table
+
+    readme = (TESTS.parent / "README.md").read_text()
+    assert markdown_table() in readme, "README's algorithm table is stale: paste `fedsim algorithms --markdown`"
