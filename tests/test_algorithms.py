@@ -355,3 +355,10 @@ def test_fedyogi_second_moment_moves_additively(data_root):
     expected = 1e-6 + (1 - rt.algorithm.params.beta2) * squared * (squared > 1e-6) - \
         (1 - rt.algorithm.params.beta2) * squared * (squared < 1e-6)
     np.testing.assert_allclose(state["v"], expected.astype(np.float32), rtol=1e-5, atol=1e-12)
+
+
+def test_every_experiment_config_validates():
+    from fedsim.config import expand_sweep, load_tree
+
+    for path in sorted((TESTS.parent / "experiments").glob("*.yaml")):
+        assert expand_sweep(load_tree(path)), path
