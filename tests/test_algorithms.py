@@ -362,3 +362,12 @@ def test_every_experiment_config_validates():
 
     for path in sorted((TESTS.parent / "experiments").glob("*.yaml")):
         assert expand_sweep(load_tree(path)), path
+
+
+def test_adam_is_an_optimizer_choice_per_part(data_root):
+    rt = client_runtime(data_root, "fedper", train__body={"optimizer": "adam", "lr": 1e-3})
+    assert isinstance(rt.optimizers["train"]["body"], torch.optim.Adam)
+    assert isinstance(rt.optimizers["train"]["head"], torch.optim.SGD)
+    assert isinstance(rt.optimizers["finetune"]["body"], torch.optim.SGD)  # FedBABU fine-tunes with SGD
+    [u] = rt.train(start(rt), [CLIENT], round_idx=1)
+    assert np.isfinite(u.train_loss)
