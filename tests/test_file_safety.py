@@ -51,3 +51,25 @@ def test_cache_build_never_removes_a_cache_another_process_published(tmp_path, m
     assert (folder / "train_x.npy").stat().st_ino == inode  # the published files were never replaced
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [folder.name]  # no temp folder left
     assert (published.train_x == load_dataset("imagefolder", zpath).train_x).all()
+
+
+def test_a_full_disk_while_creating_the_run_folder_is_exit_3_and_leaves_no_config(tmp_path, monkeypatch):
+    """Nothing to resume yet: the folder has no config.yaml (so it never looks resumable), and the error
+    says to start again."""
+    from conftest import synthetic_tree
+
+    from fedsim.config import validate
+    from fedsim.data import Partition
+    from fedsim.engine import simulation
+    from fedsim.errors import RunFailed
+
+    def disk_full(self, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(Partition, "save", disk_full)
+    cfg = validate(synthetic_tree(tmp_path, "full"))
+    data, partition, _ = simulation.prepare_inputs(cfg)
+    with pytest.raises(RunFailed, match=r"No space left on device \(.*partition.npz\); its folder .* is incomplete: "
+                                        "start the run again with --overwrite"):
+        simulation._create(simulation.RunFolder(cfg), cfg, partition, data)
+    assert not (tmp_path / "full" / "config.yaml").exists()
