@@ -129,3 +129,24 @@ def test_run_time_failures_are_described_in_one_line():
     }
     for err, line in cases.items():
         assert describe_failure(err) == line
+
+
+def test_a_worker_dying_while_the_run_starts_is_replaced(tmp_path, monkeypatch):
+    from conftest import InProcessWorker, in_process_server
+    from ray.exceptions import RayActorError
+
+    from fedsim.client.runtime import ClientRuntime
+    from fedsim.engine.simulation import prepare_inputs
+
+    cfg = validate(synthetic_tree(tmp_path, "startup"))
+    data, partition, _ = prepare_inputs(cfg)
+    server = in_process_server(monkeypatch, cfg, partition, data)
+
+    def died(*_):
+        raise RayActorError()
+
+    server.workers[0].runtime.load_state = server.workers[0].runtime.ping = died
+    replacement = InProcessWorker(ClientRuntime(cfg.model_dump(), server.assignments[0]))
+    monkeypatch.setattr("fedsim.engine.actors.spawn_worker", lambda *_, **__: replacement)
+    assert server.restore(None) == 0
+    assert server.workers[0] is replacement and server.recoveries == 1

@@ -259,7 +259,15 @@ class Server:
         return self.last_checkpoint
 
     def restore(self, ckpt: str | None) -> int:
-        """Load the global state and every worker's clients from ``ckpt`` (None: round 0). Returns its round."""
+        """Load the global state and every worker's clients from ``ckpt`` (None: round 0). Returns its round.
+        A worker lost meanwhile (also one dying while it starts) is replaced, bounded like any other loss."""
+        try:
+            return self._restore(ckpt)
+        except RayActorError:
+            self.last_checkpoint = ckpt
+            return self._recover()
+
+    def _restore(self, ckpt: str | None) -> int:
         if ckpt is None:
             round_idx, self.state = 0, self._initial_state()
         else:
