@@ -8,7 +8,7 @@ Both: fedsim's cnn4, SGD lr 0.01 / momentum 0.9 / wd 5e-4, crop+flip augmentatio
 each), every client evaluated once, in the last round (fedsim: eval_every > rounds; Flower: a
 FedAvg subclass that skips federated evaluation before the last round). Per-round figures are the
 training phase of a round (sample, dispatch, local SGD, collect, average), median over rounds 2..R
-(fedsim: the driver's clock of the rounds without evaluation; Flower: FedAvg.configure_train ->
+(fedsim: the server's clock of the rounds without evaluation; Flower: FedAvg.configure_train ->
 aggregate_train; round 1 is skipped because Flower starts Ray and its actors inside it); end to end
 is the framework call: fedsim.engine.run + ray.shutdown, flwr.simulation.run_simulation.
 
@@ -103,8 +103,7 @@ def run_flower(spec: Path) -> dict:
     out = spec.with_suffix(".result.json")
     out.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "VIRTUAL_ENV"))}
-    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{BENCH}", FLWR_TELEMETRY_ENABLED="0", RAY_AUTH_MODE="disabled",
-               RAY_USAGE_STATS_ENABLED="0")
+    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{BENCH}", FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
     logf = spec.with_suffix(".flower.log")
     t0 = time.perf_counter()
     with open(logf, "w") as f:
@@ -129,7 +128,7 @@ def run_flower(spec: Path) -> dict:
 
 def fedsim_side(name: str, w: dict) -> dict:
     r = run_fedsim(fedsim_tree(name, w))
-    # rounds.jsonl seconds: the driver's sample -> dispatch -> collect -> average (+ evaluation in the last round)
+    # rounds.jsonl seconds: the server's sample -> dispatch -> collect -> average (+ evaluation in the last round)
     train_only = r["round_s"][:-1] if len(r["round_s"]) > 1 else r["round_s"]
     r["train_round_s"] = train_only[1:] if len(train_only) > 1 else train_only  # skip round 1 (warm-up) if we can
     r["startup_s"] = r["end_to_end_s"] - r["wall_seconds"]  # data, partition, ray.init (+ shutdown)
