@@ -226,6 +226,9 @@ class CpuMeter(Periodic):
 
 QUIET_CORES = float(os.environ.get("BENCH_QUIET_CORES", "0.3"))
 QUIET_WAIT_S = float(os.environ.get("BENCH_QUIET_WAIT_S", "180"))
+# A rep during which other processes kept fewer cores busy than this counts as quiet; reports then
+# also give the medians over the quiet reps alone.
+QUIET_REP_CORES = 0.25
 
 
 def wait_quiet(threshold: float = QUIET_CORES, max_wait: float = QUIET_WAIT_S, window: float = 4.0) -> float:

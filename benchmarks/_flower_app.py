@@ -8,12 +8,12 @@ handlers, on the Ray backend with 1 CPU per virtual-client actor (2 actors on 2 
 ``fedsim.models`` and ``fedsim.data.transforms`` need only torch/numpy/PIL), and the clients read the
 same memory-mapped uint8 cache files through the partition peer_flower.py exported.
 
-What this venv cannot import: the rest of fedsim (``fedsim.client.runtime`` needs Lightning and
-pydantic, ``fedsim.engine`` needs Ray 2.60, while flwr pins its own Ray). So client sampling and
-aggregation are Flower's own (its FedAvg), and each client seeds its shuffles from (seed, round,
-partition id) with a formula of its own rather than fedsim's ``client_generator``: Flower samples
-different clients than fedsim does, so the two never train the same client in the same round and
-identical streams would not make the work identical; only the amount of work is matched.
+Client sampling and aggregation are Flower's own (its FedAvg): that is what is being measured. Each
+client seeds its shuffles from (seed, round, partition id) with a formula of its own, not fedsim's
+``client_generator``: that lives in ``fedsim.client.runtime``, which imports Lightning, and this venv
+has none (checked: ``import fedsim.client.runtime`` fails here). Matching streams would not make the
+work identical anyway, since Flower samples different clients than fedsim each round; only the
+amount of work (clients, images, epochs, batch size) is matched.
 
 Choices that favour Flower: each actor process keeps the data arrays and one model instance
 across messages (only the weights are loaded per message), and federated evaluation runs only

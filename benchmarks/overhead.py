@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from _common import REPO, check_quickstart, log, machine, measured, median, quickstart, run_fedsim, save
+from _common import (QUIET_REP_CORES, REPO, check_quickstart, log, machine, measured, median, quickstart, run_fedsim,
+                     save)
 
 
 def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
@@ -112,9 +113,6 @@ def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
     return {"end_to_end_s": time.perf_counter() - t0, "round_s": round_s, "acc": accs}
 
 
-QUIET = 0.25
-
-
 LABELS = {"fedsim": "fedsim (2 workers x 1 thread)", "bare": "bare loop, 2 threads, NCHW",
           "bare_cl": "bare loop, 2 threads, channels_last", "bare1_cl": "bare loop, 1 thread, channels_last"}
 
@@ -167,9 +165,9 @@ def main() -> None:
 
     print(f"\nquickstart FedPer, {rounds} rounds, {len(runs['fedsim'])} interleaved reps")
     report(runs, "all reps")
-    quiet = {name: [r for r in xs if r["others_cores"] < QUIET] for name, xs in runs.items()}
+    quiet = {name: [r for r in xs if r["others_cores"] < QUIET_REP_CORES] for name, xs in runs.items()}
     if all(quiet.values()) and any(len(quiet[n]) < len(runs[n]) for n in runs):
-        report(quiet, f"quiet reps only (other processes < {QUIET} cores)")
+        report(quiet, f"quiet reps only (other processes < {QUIET_REP_CORES} cores)")
 
     # Same work? fedsim's final per-client accuracy vs the bare loops' (1 thread = fedsim's thread count).
     fed_acc = {int(k): v for k, v in runs["fedsim"][0]["summary"]["per_client_acc"].items()}

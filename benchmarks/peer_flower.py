@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import BENCH, REPO, log, machine, measured, median, run_fedsim, save
+from _common import BENCH, QUIET_REP_CORES, REPO, log, machine, measured, median, run_fedsim, save
 
 FLWR_VENV = BENCH / ".venv-flwr"
 FLWR_PY = FLWR_VENV / "bin" / "python"
@@ -136,9 +136,6 @@ def fedsim_side(name: str, w: dict) -> dict:
     return r
 
 
-QUIET = 0.25
-
-
 def report(name: str, pairs: list) -> dict:
     """Medians over the chosen (fedsim, flower) pairs. eval s: Flower's is timed (configure_evaluate ->
     aggregate_evaluate); fedsim's is its last round minus a training round. rest s = end to end -
@@ -199,8 +196,8 @@ def main() -> None:
     summary = {}
     for name in args.workloads:
         pairs = list(zip(results[name]["fedsim"], results[name]["flower"]))
-        quiet = [p for p in pairs if max(p[0]["others_cores"], p[1]["others_cores"]) < QUIET]
-        for title, chosen in (("all reps", pairs), (f"quiet reps (others < {QUIET} cores)", quiet)):
+        quiet = [p for p in pairs if max(p[0]["others_cores"], p[1]["others_cores"]) < QUIET_REP_CORES]
+        for title, chosen in (("all reps", pairs), (f"quiet reps (others < {QUIET_REP_CORES} cores)", quiet)):
             if not chosen or (title != "all reps" and len(chosen) == len(pairs)):
                 continue
             summary.setdefault(name, {})[title] = report(name, chosen)

@@ -7,6 +7,7 @@
   pyspy    `py-spy record` on the worker and server actors during a run's steady rounds, summarised
   step     one client's training: fedsim's worker core (ClientRuntime, channels_last and NCHW) vs a
            plain PyTorch loop, in this process, 1 thread
+  compute  NCHW vs channels_last for cnn4's training step and evaluation forward alone, plain PyTorch
   memory   the worker core's RssAnon by stage (construct, train, evaluate, train more), per client
            count, each in a fresh process
 
@@ -14,6 +15,7 @@
     .venv/bin/python benchmarks/profiling.py spawn [--reps 3]
     .venv/bin/python benchmarks/profiling.py pyspy --preset quickstart|device|scale
     .venv/bin/python benchmarks/profiling.py step [--samples 5000] [--reps 3]
+    .venv/bin/python benchmarks/profiling.py compute [--reps 5]
     .venv/bin/python benchmarks/profiling.py memory [--clients 1000 10000] [--trim]
 """
 from __future__ import annotations
@@ -144,7 +146,7 @@ def startup(args) -> None:
     print_actor_timeline(events, next((b for n, a, b in marks if n == "connect_ray"), t0) - t0)
     first_get = [b for n, a, b in marks if n == "ray.get (entrypoint)"]
     ready = first_get[0] - t0 if first_get else 0.0
-    windows = [("start-up: run() until the server answered", 0.0, ready)]
+    windows = [("start-up: run() until the workers answered (server.restore)", 0.0, ready)]
     bounds = [ready, *(t - t0 for t in rounds[:2])]
     windows += [(f"round {i}", a, b) for i, (a, b) in enumerate(zip(bounds, bounds[1:]), 1)]
     print()
@@ -379,6 +381,61 @@ def step(args) -> None:
     print(f"RATIO engine / plain (what a user gets):          {e / p:.3f}")
 
 
+# -- compute ---------------------------------------------------------------------------------------
+COMPUTE_CASES = [("train step, batch 50", 50, True, 20), ("train step, batch 5", 5, True, 60),
+                 ("eval forward, batch 500", 500, False, 5)]  # (label, batch, train, timed calls)
+
+
+def seconds_per_call(channels_last: bool, batch: int, train: bool, calls: int) -> float:
+    """cnn4 on random images in plain PyTorch (no engine): a training step or an evaluation forward."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedsim.models import build_model
+
+    torch.manual_seed(0)
+    net = build_model("cnn4", 10, (3, 32, 32))
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    net.train(train)
+
+    def once() -> None:
+        if train:
+            loss = F.cross_entropy(net(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        else:
+            with torch.no_grad():
+                net(x)
+
+    for _ in range(3):  # warm-up
+        once()
+    t = time.perf_counter()
+    for _ in range(calls):
+        once()
+    return (time.perf_counter() - t) / calls
+
+
+def compute(args) -> None:
+    """NCHW vs channels_last for the kernels alone, 1 torch thread, interleaved reps."""
+    import torch
+
+    torch.set_num_threads(1)
+    print("cnn4, 1 thread, ms per call (median of interleaved reps)")
+    print(f"  {'':26}{'NCHW':>8}{'channels_last':>15}{'speed-up':>10}")
+    for label, batch, train, calls in COMPUTE_CASES:
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(args.reps):
+            for channels_last in times:
+                times[channels_last].append(seconds_per_call(channels_last, batch, train, calls))
+        nchw, cl = median(times[False]), median(times[True])
+        print(f"  {label:26}{1000 * nchw:>8.1f}{1000 * cl:>15.1f}{nchw / cl:>10.2f}")
+
+
 # -- memory ----------------------------------------------------------------------------------------
 def anon_kb() -> int:
     with open("/proc/self/status") as f:
@@ -511,6 +568,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--algorithm", default="fedavg")
     p.set_defaults(fn=step)
+    p = sub.add_parser("compute", help="NCHW vs channels_last for the cnn4 kernels alone")
+    p.add_argument("--reps", type=int, default=5)
+    p.set_defaults(fn=compute)
     p = sub.add_parser("memory", help="the worker core's memory by stage")
     p.add_argument("--clients", type=int, nargs="+", default=[1000, 10000])
     p.add_argument("--trained", type=int, default=200)
