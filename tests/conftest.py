@@ -86,3 +86,34 @@ def read_jsonl(path: Path) -> list[dict]:
 def per_client(run_dir: Path) -> list[dict]:
     """Every per-client evaluation record of a run, in file order."""
     return read_jsonl(Path(run_dir) / "metrics.jsonl")
+
+
+class _Call:
+    def __init__(self, method):
+        self.remote = method  # runs at once; the result stands in for the ObjectRef
+
+
+class InProcessWorker:
+    """A worker actor handle that runs its ClientRuntime in this process (``handle.train.remote(...)``)."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def __getattr__(self, name):
+        return _Call(getattr(self.runtime, name))
+
+
+def in_process_server(monkeypatch, cfg, partition, data, init_weights=None):
+    """The engine's real Server over ``cfg.engine.workers`` in-process workers: what Ray would run, minus
+    the processes, so worker-count invariance can be checked for every method in seconds."""
+    import types
+
+    import fedsim.engine.server as server_module
+    from fedsim.client.runtime import ClientRuntime, shared_layout
+
+    monkeypatch.setattr(server_module, "ray", types.SimpleNamespace(get=lambda refs, timeout=None: refs,
+                                                                    put=lambda value: value, kill=lambda _: None))
+    assignments = server_module.assign_clients(cfg, partition)
+    workers = [InProcessWorker(ClientRuntime(cfg.model_dump(), clients, init_weights)) for clients in assignments]
+    _, initial = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
+    return server_module.Server(cfg, workers, assignments, initial, init_weights)

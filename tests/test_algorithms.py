@@ -333,3 +333,41 @@ def test_a_users_own_loss_keeps_the_algorithms_penalty(data_root):
     assert np.linalg.norm(b.uploads[WEIGHTS] - g[WEIGHTS]) < np.linalg.norm(a.uploads[WEIGHTS] - g[WEIGHTS])
     with pytest.raises(ConfigError, match="model.client: cannot import"):
         load_client_class("nowhere.module:Nothing")
+
+
+def test_readme_algorithm_table_is_generated_from_the_code():
+    from fedsim.algorithms.catalog import markdown_table
+
+    readme = (TESTS.parent / "README.md").read_text()
+    assert markdown_table() in readme, "README's algorithm table is stale: paste `fedsim algorithms --markdown`"
+
+
+def test_fedyogi_second_moment_moves_additively(data_root):
+    rt = client_runtime(data_root, "fedyogi")
+    state = start(rt)
+    state["v"] = np.full_like(state["v"], 1e-6)
+    weights = state[WEIGHTS].astype(np.float64)
+    updates = rt.train(state, [0, CLIENT], round_idx=1)
+    avg = weighted_average([(u.client, u.n_train, u.uploads[WEIGHTS]) for u in updates], as_float32=False)
+    server_round(rt, state, updates)
+    squared = (avg - weights) ** 2
+    # Yogi: v - (1 - b2) D^2 sign(v - D^2); from a small v it grows by exactly (1 - b2) D^2 (Adam would decay it).
+    expected = 1e-6 + (1 - rt.algorithm.params.beta2) * squared * (squared > 1e-6) - \
+        (1 - rt.algorithm.params.beta2) * squared * (squared < 1e-6)
+    np.testing.assert_allclose(state["v"], expected.astype(np.float32), rtol=1e-5, atol=1e-12)
+
+
+def test_every_experiment_config_validates():
+    from fedsim.config import expand_sweep, load_tree
+
+    for path in sorted((TESTS.parent / "experiments").glob("*.yaml")):
+        assert expand_sweep(load_tree(path)), path
+
+
+def test_adam_is_an_optimizer_choice_per_part(data_root):
+    rt = client_runtime(data_root, "fedper", train__body={"optimizer": "adam", "lr": 1e-3})
+    assert isinstance(rt.optimizers["train"]["body"], torch.optim.Adam)
+    assert isinstance(rt.optimizers["train"]["head"], torch.optim.SGD)
+    assert isinstance(rt.optimizers["finetune"]["body"], torch.optim.SGD)  # FedBABU fine-tunes with SGD
+    [u] = rt.train(start(rt), [CLIENT], round_idx=1)
+    assert np.isfinite(u.train_loss)

@@ -13,6 +13,15 @@ from fedsim.engine.protocol import ClientData, ClientUpdate
 from fedsim.engine.server import Server
 
 
+def test_scaffold_over_ray_matches_on_one_and_three_workers(tmp_path, data_root, local_ray):
+    # Client and server control variates, owned by workers and checkpointed every round, over real actors.
+    over = dict(algorithm="scaffold", train__fraction=0.6, engine__cpus_per_worker=0.5)
+    one = run(small_config(tmp_path, data_root, name="s1", engine__workers=1, **over))
+    three = run(small_config(tmp_path, data_root, name="s3", engine__workers=3, **over))
+    assert per_client(one.run_dir) == per_client(three.run_dir)
+    assert len(three.summary["workers"]) == 3
+
+
 def test_same_metrics_with_one_or_two_workers(tmp_path, data_root, local_ray):
     one = run(small_config(tmp_path, data_root, name="w1", engine__workers=1))
     two = run(small_config(tmp_path, data_root, name="w2", engine__workers=2))

@@ -14,6 +14,7 @@ from fedsim.algorithms.fedper import FedPer
 from fedsim.algorithms.fedper_ft import FedPerFT
 from fedsim.algorithms.fedprox import FedProx, FedProxBABU
 from fedsim.algorithms.fedrep import FedRep
+from fedsim.algorithms.fedyogi import FedYogi
 from fedsim.algorithms.lg_fedavg import LGFedAvg
 from fedsim.algorithms.local import Local
 from fedsim.algorithms.scaffold import Scaffold
@@ -21,7 +22,7 @@ from fedsim.plugins import is_plugin, load_plugin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (
     FedAvg, FedPer, Local, FedBABU, FedRep, FedPerFT, LGFedAvg, FedProx, FedProxBABU, Ditto,
-    FedAvgM, FedAdam, Scaffold, FedBN, APFL)}
+    FedAvgM, FedAdam, FedYogi, Scaffold, FedBN, APFL)}
 
 
 def algorithm_class(name: str) -> type[Algorithm]:

@@ -125,6 +125,7 @@ def parameter_table(algorithm: type[Algorithm]) -> list[tuple[str, str, Any, str
     """(name, type, default, description) of a method's parameters, for `fedsim algorithms` and the README."""
     rows = []
     for field_name, field in algorithm.Params.model_fields.items():
-        annotation = getattr(field.annotation, "__name__", str(field.annotation))
+        plain = isinstance(field.annotation, type)
+        annotation = field.annotation.__name__ if plain else str(field.annotation).replace("typing.", "")
         rows.append((field.alias or field_name, annotation, field.default, field.description or ""))
     return rows

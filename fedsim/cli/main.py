@@ -21,6 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="plots and a Markdown table from run folders")
     report.add_argument("runs", nargs="+", help="run folders, e.g. runs/quickstart-fedavg runs/quickstart-fedper")
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
+    algorithms = sub.add_parser("algorithms", help="every method with its parameters and what it does")
+    algorithms.add_argument("--markdown", action="store_true", help="the README's table")
     return parser
 
 
@@ -99,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if args.command == "run":
         args.overrides += extra
+    if args.command == "algorithms":
+        from fedsim.algorithms.catalog import markdown_table, text_listing
+
+        print(markdown_table() if args.markdown else text_listing())
+        return 0
     try:
         return _report_command(args) if args.command == "report" else _run_command(args)
     except (ConfigError, DataError, ValueError, OSError) as err:

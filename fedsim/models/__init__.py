@@ -24,7 +24,11 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int]) 
     else:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(MODELS)}")
     channels, height, _ = input_shape
-    net = factory(num_classes=num_classes, in_channels=channels, image_size=height)
+    try:
+        net = factory(num_classes=num_classes, in_channels=channels, image_size=height)
+    except TypeError as err:
+        raise ValueError(f"model.name: {name!r} cannot be called as f(num_classes=, in_channels=, image_size=) "
+                         f"({err})") from None
     if not isinstance(net, SplitNet):
         raise ValueError(f"model.name: {name!r} built a {type(net).__name__}; a model must return a "
                          "fedsim.models.SplitNet (stem, blocks, classifier)")
