@@ -157,14 +157,6 @@ def test_resume_a_folder_that_is_not_a_run(capsys, tmp_path):
     _expect_clean_error(capsys, ["run", "--resume", str(tmp_path)], "not a run folder")
 
 
-def test_resume_with_dangling_latest_pointer(capsys, tmp_path, data_root):
-    run_dir = tmp_path / "r"
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({**GOOD, "data": {**GOOD["data"], "root": str(data_root)}}))
-    (run_dir / "checkpoints" / "latest").write_text("round-0007")
-    _expect_clean_error(capsys, ["run", "--resume", str(run_dir)], "incomplete")
-
-
 def test_neither_config_nor_resume(capsys):
     _expect_clean_error(capsys, ["run"], "give a CONFIG.yaml")
 
@@ -175,7 +167,7 @@ def test_gpus_requested_but_none_exist(tmp_path, data_root):
             "engine": {"workers": 2, "gpus_per_worker": 0.5}}
     (tmp_path / "x.yaml").write_text(yaml.safe_dump(tree))
     proc = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", str(tmp_path / "x.yaml")],
-                          capture_output=True, text=True, timeout=180, env=dict(os.environ, RAY_AUTH_MODE="disabled"))
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedsim: error:")]
     assert lines and "engine.gpus_per_worker: 2 workers x 0.5 need 1 GPU, the Ray cluster has 0" in lines[0]

@@ -86,9 +86,8 @@ def test_worker_killed_mid_round_is_replaced_and_results_match(tmp_path, data_ro
 
 
 def _start_cli(cfg_path: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
     return subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", "run", str(cfg_path), "--quiet", *extra],
-                            env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def test_sigkill_mid_round_then_resume_is_bit_identical(tmp_path, data_root):
@@ -110,7 +109,7 @@ def test_sigkill_mid_round_then_resume_is_bit_identical(tmp_path, data_root):
             out, _ = proc.communicate(timeout=600)
             assert proc.returncode == 0, out.decode()[-2000:]
     resumed = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", "--resume", str(tmp_path / "crashy"),
-                              "--quiet"], env=dict(os.environ, RAY_AUTH_MODE="disabled"), capture_output=True,
+                              "--quiet"], capture_output=True,
                              timeout=600, start_new_session=True)
     assert resumed.returncode == 0, resumed.stdout.decode()[-2000:] + resumed.stderr.decode()[-2000:]
     assert metrics(tmp_path / "crashy") == metrics(tmp_path / "straight")
@@ -143,6 +142,8 @@ def test_resume_refuses_a_foreign_checkpoint(tmp_path, data_root, local_ray):
     shutil.copytree(other.run_dir / "checkpoints", first.run_dir / "checkpoints")
     with pytest.raises(CheckpointError, match="different configuration"):
         run(load_run_config(first.run_dir), resume=True)
+    # A damaged checkpoint is skipped (resume falls back to an older one, here to round 0), never loaded.
+    from fedsim.engine.checkpoint import latest
+
     (first.run_dir / "checkpoints" / "round-0001" / "global.npy").write_bytes(b"\x93NUMPY trunc")
-    with pytest.raises(CheckpointError, match="truncated or unreadable"):
-        run(load_run_config(first.run_dir), resume=True)
+    assert latest(first.run_dir) is None

@@ -1,4 +1,7 @@
-"""``fedsim run CONFIG.yaml [key=value ...]`` - run a configured simulation (or each of its sweep variants)."""
+"""``fedsim run CONFIG.yaml [key=value ...]`` - run a configured simulation (or each of its sweep variants).
+
+Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
+3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +10,7 @@ import sys
 
 from fedsim.config import ConfigError, expand_sweep, load_tree
 from fedsim.data import DataError
+from fedsim.errors import RunFailed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar; one line per run")
     report = sub.add_parser("report", help="plots and a Markdown table from run folders")
-    report.add_argument("runs", nargs="+", help="run folders, e.g. runs/quickstart-fedavg runs/quickstart-fedper")
+    report.add_argument("runs", nargs="+", help="run folders or their URIs, e.g. runs/quickstart-fedavg s3://BUCKET/runs/quickstart-fedper")
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
     algorithms = sub.add_parser("algorithms", help="every method with its parameters and what it does")
     algorithms.add_argument("--markdown", action="store_true", help="the README's table")
@@ -77,18 +81,22 @@ def _run_command(args: argparse.Namespace) -> int:
         print(f"{cfg.name}: mean client accuracy {100 * acc['mean']:.2f}% (std {100 * acc['std']:.2f}, "
               f"min {100 * acc['min']:.2f}) -> {result.run_dir}")
         if "sync" in result.summary.get("wandb", {}):
-            print(f"  W&B run saved offline; upload with `{result.summary['wandb']['sync']}`")
+            print(f"  W&B run saved offline; {result.summary['wandb']['sync']}")
     print(comparison_table(results))
     return 0
 
 
 def _report_command(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
     from pathlib import Path
 
+    from fedsim import storage
     from fedsim.metrics.report import write_report
 
-    for path in write_report([Path(r) for r in args.runs], Path(args.out)):
-        print(path)
+    with ExitStack() as stack:  # run folders in a bucket are read from a temporary local copy
+        runs = [stack.enter_context(storage.local_folder(run, skip="checkpoints")) for run in args.runs]
+        for path in write_report(runs, Path(args.out)):
+            print(path)
     return 0
 
 
@@ -108,15 +116,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return _report_command(args) if args.command == "report" else _run_command(args)
+    except RunFailed as err:
+        return _fail(err, 3)
     except (ConfigError, DataError, ValueError, OSError) as err:
         # User-facing input problems: one line naming the field and the fix, no traceback.
-        if os.environ.get("FEDSIM_DEBUG"):
-            raise
         where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
-        print(f"fedsim: error: {err}{where}", file=sys.stderr)
-        return 2
+        return _fail(err, 2, where)
     finally:
         _disconnect_ray()
+
+
+def _fail(err: Exception, code: int, where: str = "") -> int:
+    if os.environ.get("FEDSIM_DEBUG"):
+        raise err
+    print(f"fedsim: error: {err}{where}", file=sys.stderr)
+    return code
 
 
 def _disconnect_ray() -> None:

@@ -1,9 +1,11 @@
 """Run one configured simulation: validate inputs, start Ray, loop rounds, checkpoint, write the run folder."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,14 +16,16 @@ import ray
 import yaml
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from fedsim import atomic, storage
 from fedsim.config import ConfigError, RunConfig, validate
-from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
-from fedsim.engine import checkpoint
+from fedsim.data import ArrayDataset, DataError, Partition, load_dataset, make_partition
+from fedsim.engine import checkpoint, placement, runlock
 from fedsim.algorithms import build_algorithm
 from fedsim.client.runtime import initial_model, load_client_class, read_initial_weights, shared_layout
 from fedsim.engine.actors import ServerActor, spawn_worker
 from fedsim.engine.protocol import RolledBack, RoundFailed
 from fedsim.engine.server import assign_clients
+from fedsim.errors import RunFailed
 from fedsim.metrics import summarize
 from fedsim.metrics.logger import RunLogger
 
@@ -35,7 +39,7 @@ class TrainingDiverged(ValueError):
 @dataclass
 class RunResult:
     name: str
-    run_dir: Path
+    run_dir: Path | str  # a URI when out_dir is an object store
     summary: dict
 
 
@@ -43,7 +47,6 @@ def connect_ray(cfg: RunConfig) -> None:
     """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers."""
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     quiet = {"log_to_driver": True, "configure_logging": True, "logging_level": "warning"}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
@@ -88,7 +91,7 @@ def prepare_inputs(cfg: RunConfig) -> tuple[ArrayDataset, Partition, dict | None
 
 
 def _refuse_existing(run_dir: Path, overwrite: bool) -> None:
-    if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+    if run_dir.exists() and any(p.name != runlock.LOCK_NAME for p in run_dir.iterdir()) and not overwrite:
         raise ConfigError(f"{run_dir}: run folder already exists; pass --resume {run_dir} to continue it, "
                           "--overwrite to replace it, or change name")
 
@@ -98,22 +101,59 @@ def _start_new(run_dir: Path, cfg: RunConfig, partition: Partition, data: ArrayD
     for stale in ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json"):
         (run_dir / stale).unlink(missing_ok=True)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    _write_config(run_dir, cfg)
+    atomic.write_text(run_dir / DATASET_FILE, json.dumps({"dataset": cfg.data.dataset, "digest": data.digest}))
     partition.save(run_dir / "partition.npz")
     stats = partition.stats(data.train_y, data.test_y, data.num_classes)
     (run_dir / "partition_stats.json").write_text(json.dumps(stats, indent=1))
 
 
 def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig:
-    """The resolved config a run folder was started with (for --resume)."""
+    """The resolved config a run folder (a path or a URI) was started with (for --resume)."""
     from fedsim.config import load_tree
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
+    store = storage.Store(run_dir)
+    if not store.exists("config.yaml"):
         raise ConfigError(f"{run_dir}: not a run folder (no config.yaml); pass the folder a `fedsim run` created")
-    tree = load_tree(run_dir / "config.yaml", overrides)
-    tree.update(name=run_dir.name, out_dir=str(run_dir.parent))
-    return validate(tree)
+    out_dir, name = storage.parent_and_name(str(run_dir))
+    with tempfile.TemporaryDirectory(prefix="fedsim-config-") as tmp:
+        config = Path(tmp, "config.yaml")
+        config.write_bytes(store.read_bytes("config.yaml"))
+        tree, stored = load_tree(config, overrides), load_tree(config)
+    for t in (tree, stored):
+        t.update(name=name, out_dir=out_dir)
+    cfg = validate(tree)
+    changed = checkpoint.changed_settings(validate(stored).model_dump(), cfg.model_dump()) if overrides else []
+    if changed:
+        raise ConfigError(f"{changed[0]}: a resumed run cannot change it (it changes what the run computes); resume "
+                          "accepts train.rounds, logging.* and engine settings other than threads_per_worker and "
+                          "memory_format; start a new run with another name instead")
+    return cfg
+
+
+DATASET_FILE = "dataset.json"
+
+
+def _refuse_changed_data(run_dir: Path, data: ArrayDataset) -> None:
+    """The partition stored in the run folder indexes the data set as it was: same counts with other
+    images would silently train on different data."""
+    try:
+        started_with = json.loads((run_dir / DATASET_FILE).read_text())["digest"]
+    except FileNotFoundError:
+        return  # a run folder from before data digests: nothing to compare with
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"data.root: {run_dir / DATASET_FILE} is unreadable ({err}); restore it from a backup") from None
+    if started_with != data.digest:
+        raise DataError(f"data.root: the {data.name} data changed since this run started (content {started_with}, now "
+                        f"{data.digest}); restore the original files, or start a new run")
+
+
+def _write_config(run_dir: Path, cfg: RunConfig) -> None:
+    """config.yaml always holds what the run is running now: a resume that extends train.rounds updates it,
+    so a later plain resume (and summary.json) keep the new round count."""
+    atomic.write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+
+
 
 
 def _this_node() -> NodeAffinitySchedulingStrategy:
@@ -121,15 +161,16 @@ def _this_node() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, init_weights: dict | None = None):
-    """Spawn the workers and the server actor together (the workers' ~3 s of imports overlap the server's
-    start-up instead of following it). Returns the server's handle."""
+def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, slots: list,
+                 init_weights: dict | None = None):
+    """Spawn the workers (worker i in ``slots[i]``) and the server actor together (the workers' ~3 s of
+    imports overlap the server's start-up instead of following it). Returns the server's handle."""
     assignments = assign_clients(cfg, partition)
     init_ref = ray.put(init_weights) if init_weights else None
-    workers = [spawn_worker(cfg, clients, init_ref) for clients in assignments]
+    workers = [spawn_worker(cfg, clients, init_ref, slot) for clients, slot in zip(assignments, slots)]
     _, initial_global = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
     return ServerActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
-        cfg, workers, assignments, initial_global, init_ref)
+        cfg, workers, assignments, initial_global, init_ref, slots)
 
 
 def save_final_model(run_dir: Path, cfg: RunConfig, data: ArrayDataset, global_vector: np.ndarray) -> None:
@@ -151,34 +192,149 @@ def _sink(cfg: RunConfig, run_dir: Path, resume: bool):
     return WandbSink(cfg, run_dir, resume)
 
 
+class RunFolder:
+    """A run's folder as this process sees it: ``local`` is where it writes, ``location`` where the run lives.
+    For a local out_dir they are the same folder. For an object store, ``local`` is a staging copy whose
+    files are uploaded at every checkpoint and at the end (checkpoints themselves go straight to the store)."""
+
+    def __init__(self, cfg: RunConfig):
+        self.location = storage.join(cfg.out_dir, cfg.name)
+        self.remote = storage.is_uri(self.location)
+        self.store = storage.Store(self.location) if self.remote else None
+        # Absolute: the driver actor and the marker check must not depend on a process's working folder.
+        self.local = storage.staging_folder(self.location) if self.remote else Path(self.location).resolve()
+
+    def refuse_existing(self, overwrite: bool) -> None:
+        if not self.remote:
+            _refuse_existing(self.local, overwrite)
+        elif self.store.files() and not overwrite:
+            raise ConfigError(f"{self.location}: run folder already exists; pass --resume {self.location} to continue "
+                              "it, --overwrite to replace it, or change name")
+
+    def fetch(self) -> None:
+        """Bring a stored run's files into the staging copy (to resume it)."""
+        if self.remote:
+            if not self.store.exists("config.yaml"):
+                raise ConfigError(f"{self.location}: not a run folder (no config.yaml); pass the folder a `fedsim run` created")
+            self.store.download_tree(self.local)
+
+    def checkpoint_location(self, ckpt: Path) -> str:
+        return storage.join(self.location, "checkpoints", ckpt.name) if self.remote else str(ckpt)
+
+    def clear(self) -> None:
+        """--overwrite: the stored run goes before the new one is written."""
+        if self.remote:
+            self.store.delete("")
+
+    def publish(self) -> None:
+        """Upload the run's files (metrics, config, W&B) from the staging copy; checkpoints are not among them."""
+        if self.remote:
+            for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
+                rel = path.relative_to(self.local)
+                if rel.parts[0] != "checkpoints":
+                    self.store.upload(path, rel.as_posix())
+
+    def close(self) -> None:
+        if self.remote:
+            storage.remove_staging(self.local)
+
+
 def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None = None,
         resume: bool = False, on_start: Callable[[int], None] | None = None) -> RunResult:
     """Run (or with ``resume``, continue) a simulation. ``on_start(rounds_already_done)`` is called once the
-    inputs are validated and training begins; ``on_round(row, result)`` after every completed round."""
+    inputs are validated and training begins; ``on_round(row, result)`` after every completed round.
+    Bad input raises ConfigError/DataError/CheckpointError before anything is written; a failure once the
+    run is under way raises RunFailed (with the resume command)."""
     # Every input is checked before Ray starts or a file is written.
     data, partition, init_weights = prepare_inputs(cfg)
-    run_dir = Path(cfg.out_dir) / cfg.name
-    ckpt: Path | None = None
-    if resume:
-        ckpt = checkpoint.latest(run_dir)
-        if ckpt is not None:
-            layout, _ = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
-            checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
-        partition = Partition.load(run_dir / "partition.npz")
-    else:
-        _refuse_existing(run_dir, overwrite)
-    connect_ray(cfg)
-    check_resources(cfg)
-    if not resume:
-        _start_new(run_dir, cfg, partition, data)
+    folder = RunFolder(cfg)
+    try:
+        ckpt = None
+        if not folder.remote:
+            runlock.refuse_if_live(folder.local)
+        if resume:
+            folder.fetch()
+            _refuse_changed_data(folder.local, data)
+            ckpt = _checked_checkpoint(cfg, folder.local, data, init_weights)
+            partition = Partition.load(folder.local / "partition.npz")
+        else:
+            folder.refuse_existing(overwrite)
+        connect_ray(cfg)
+        if not os.environ.get("RAY_ADDRESS"):
+            check_resources(cfg)  # a Ray started here has no autoscaler: what it lacks now, it lacks for good
+        workers = min(cfg.engine.workers, partition.num_clients)
+        group = placement.reserve(cfg, workers)
+        try:
+            if not folder.remote:
+                placement.check_shared(folder.local.parent, placement.nodes_of(group), cfg.engine.round_timeout_s)
+            # Held until the run ends: a second run of this folder, or --overwrite meanwhile, is refused. An
+            # object store has no such lock: there the staging copy is private to this process anyway.
+            with contextlib.nullcontext() if folder.remote else runlock.hold(folder.local):
+                if resume:
+                    _write_config(folder.local, cfg)  # an extended train.rounds is remembered
+                else:
+                    folder.refuse_existing(overwrite)  # again: another run may have filled the folder meanwhile
+                    folder.clear()
+                    _start_new(folder.local, cfg, partition, data)
+                    folder.publish()
+                slots = placement.slots(group, workers)
+                try:
+                    return _train(cfg, folder, partition, data, init_weights, slots, ckpt, resume, on_round, on_start)
+                except (ConfigError, DataError, checkpoint.CheckpointError, TrainingDiverged):
+                    raise
+                except Exception as err:
+                    raise RunFailed(describe_failure(err), folder.location) from err
+        finally:
+            placement.release(group)
+    finally:
+        folder.close()
 
+
+def describe_failure(err: BaseException) -> str:
+    """One line for what broke, without the traceback Ray wraps around a remote error."""
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    if isinstance(err, RayTaskError) and isinstance(err.cause, RayActorError):  # raised in the server
+        lines = [ln for ln in str(err.cause).splitlines() if ln.strip()]
+        return f"a worker failed to start or died ({lines[-1].strip()[:200] if lines else 'no message'})"
+    if isinstance(err, RayTaskError) and isinstance(err.cause, GetTimeoutError):  # the server's, naming a worker
+        return str(err.cause).splitlines()[0]
+    if isinstance(err, RayTaskError) and err.cause is not None and err.cause is not err:
+        return describe_failure(err.cause)
+    if isinstance(err, RayActorError):
+        return "the server actor died (its process was killed or ran out of memory)"
+    if isinstance(err, GetTimeoutError):
+        return "no answer within engine.round_timeout_s"
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}{f' ({err.filename})' if err.filename else ''}"
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else 'no message'}"
+
+
+SERVER_MARGIN_S = 60  # entrypoint waits on the server this much longer than the server waits on workers
+
+
+def _checked_checkpoint(cfg: RunConfig, run_dir: Path, data: ArrayDataset, init_weights: dict | None) -> Path | None:
+    """The checkpoint a resume starts from (validated against this config), None for round 0."""
+    ckpt = checkpoint.latest(run_dir)
+    if ckpt is not None:
+        layout, _ = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
+        checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
+    return ckpt
+
+
+def _train(cfg: RunConfig, folder: RunFolder, partition: Partition, data: ArrayDataset, init_weights: dict | None,
+           slots: list, ckpt: Path | None, resume: bool, on_round: RoundCallback | None,
+           on_start: Callable[[int], None] | None) -> RunResult:
+    run_dir = folder.local
     started = time.perf_counter()
-    server = start_engine(cfg, partition, data, init_weights)
-    timeout = cfg.engine.round_timeout_s
+    server = start_engine(cfg, partition, data, slots, init_weights)
+    # The server's own deadline for its workers comes first, and its error names the silent worker.
+    timeout = cfg.engine.round_timeout_s + SERVER_MARGIN_S
     logger = RunLogger(run_dir, _sink(cfg, run_dir, resume))
     summary = None
     try:
-        done = ray.get(server.restore.remote(str(ckpt) if ckpt else None), timeout=timeout)
+        done = ray.get(server.restore.remote(folder.checkpoint_location(ckpt) if ckpt else None), timeout=timeout)
         logger.truncate(done)
         if on_start:
             on_start(done)
@@ -195,7 +351,13 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
             every = cfg.engine.checkpoint_every
             if every and (round_idx % every == 0 or round_idx == cfg.train.rounds):
                 logger.sync()  # metrics first: a published checkpoint never points past what is on disk
-                ray.get(server.checkpoint.remote(str(run_dir), round_idx), timeout=timeout)
+                folder.publish()
+                saved = ray.get(server.checkpoint.remote(folder.location if folder.remote else str(run_dir), round_idx),
+                                timeout=timeout)
+                if isinstance(saved, RolledBack):  # a worker died while writing its part
+                    logger.truncate(saved.to_round)
+                    round_idx = saved.to_round + 1
+                    continue
             if on_round:
                 on_round(row, result)
             round_idx += 1
@@ -203,13 +365,24 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
         save_final_model(run_dir, cfg, data, ray.get(server.global_weights.remote(), timeout=timeout))
         summary = _summary(cfg, logger, workers, time.perf_counter() - started)
         if logger.sink:
-            summary["wandb"] = logger.sink.describe()
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            summary["wandb"] = logger.sink.describe(run_dir, folder.location)
+        atomic.write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
     finally:
         logger.close(summary)
+        folder.publish()  # also after a failure: the metrics so far and the W&B run's final state
+        _stop(server)
+    return RunResult(cfg.name, folder.location if folder.remote else run_dir, summary)
+
+
+def _stop(server) -> None:
+    """Stop the server and its workers; a server that already died must not hide why the run ended."""
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
         ray.get(server.shutdown.remote(), timeout=60)
-        ray.kill(server)
-    return RunResult(cfg.name, run_dir, summary)
+    except (RayActorError, GetTimeoutError):
+        pass  # the workers belong to this process and end with its Ray connection
+    ray.kill(server)
 
 
 def _summary(cfg: RunConfig, logger: RunLogger, workers: list[dict], wall: float) -> dict:
