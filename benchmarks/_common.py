@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import fedsim  # noqa: F401  (first: it sets Ray's local-cluster env, token auth and loopback, which Ray reads on import)
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
 RESULTS = BENCH / "results"  # gitignored; each script leaves a JSON of its raw measurements here
