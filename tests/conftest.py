@@ -115,5 +115,5 @@ def in_process_server(monkeypatch, cfg, partition, data, init_weights=None):
                                                                     put=lambda value: value, kill=lambda _: None))
     assignments = server_module.assign_clients(cfg, partition)
     workers = [InProcessWorker(ClientRuntime(cfg.model_dump(), clients, init_weights)) for clients in assignments]
-    _, initial = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
-    return server_module.Server(cfg, workers, assignments, initial, init_weights)
+    layout, initial = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
+    return server_module.Server(cfg, workers, assignments, initial, layout.offsets, init_weights)

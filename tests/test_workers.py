@@ -53,3 +53,22 @@ def test_checkpointed_server_and_client_state_resume_exactly(tmp_path, data_root
     resumed = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, 3))
     assert resumed.restore(ckpt) == 1
     assert head + _records([resumed.round(2)]) == expected
+
+
+def test_a_client_outside_the_fixed_point_range_keeps_nothing_and_is_reported(tmp_path, data_root):
+    from conftest import client_runtime
+
+    from fedsim.algorithms import WEIGHTS
+    from fedsim.engine.aggregate import FixedPoint
+    from fedsim.engine.protocol import SumPlan
+
+    rt = client_runtime(data_root, "fedper")
+    weights = rt.layouts["shared"].pack(rt.net)
+    fits = SumPlan({WEIGHTS: FixedPoint.plan(weights, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
+    tiny = SumPlan({WEIGHTS: FixedPoint.plan(weights * 1e-9, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
+    out = rt.train_and_sum({WEIGHTS: weights}, [0, 1], 1, tiny)
+    assert [r.diverged for r in out.reports] == [True, True] and not out.sums[WEIGHTS].any()
+    assert out.weights[WEIGHTS] == 0 and len(rt.slots["personal"]) == 0  # no personal state kept either
+    kept = rt.train_and_sum({WEIGHTS: weights}, [0, 1], 1, fits)
+    assert not any(r.diverged for r in kept.reports) and len(rt.slots["personal"]) == 2
+    assert kept.weights[WEIGHTS] == sum(r.n_train for r in kept.reports)

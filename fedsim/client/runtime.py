@@ -22,7 +22,8 @@ from fedsim.client.module import FedClient
 from fedsim.config import ConfigError, OptimConfig, RunConfig
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
 from fedsim.engine.checkpoint import CheckpointError, read_worker_states, write_worker_state
-from fedsim.engine.protocol import ClientData, ClientUpdate, serialized_size
+from fedsim.engine.aggregate import ExactSum
+from fedsim.engine.protocol import ClientData, ClientReport, ClientUpdate, SumPlan, WorkerPartial, payload_bytes
 from fedsim.engine.weights import Layout, VectorStore
 from fedsim.models import SplitNet, build_model
 from fedsim.plugins import load_plugin
@@ -229,21 +230,54 @@ class ClientRuntime:
         return losses
 
     def train(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[ClientUpdate]:
-        return [self._train_one(broadcast, c, round_idx) for c in clients]
+        """Per-client results, each with its uploads (for inspection; the engine uses ``train_and_sum``)."""
+        updates = []
+        for client in clients:
+            update, slots = self._train_one(broadcast, client, round_idx)
+            if not update.diverged:
+                self._keep(client, slots)
+            updates.append(update)
+        return updates
 
-    def _train_one(self, broadcast: dict[str, np.ndarray], client: int, round_idx: int) -> ClientUpdate:
+    def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
+                      plan: SumPlan) -> WorkerPartial:
+        """Train ``clients`` and sum their weighted uploads exactly (fixed point): one partial per worker
+        reaches the server, never a vector per client. A client whose loss is not finite or whose upload
+        leaves the fixed-point range keeps nothing and is reported diverged."""
+        sums = {name: ExactSum(scale) for name, scale in plan.scales.items()}
+        weights = dict.fromkeys(plan.scales, 0)
+        reports = []
+        for client in clients:
+            update, slots = self._train_one(broadcast, client, round_idx)
+            kept = not update.diverged and all(sums[name].fits(v) for name, v in update.uploads.items())
+            if kept:
+                self._keep(client, slots)
+                for name, vector in update.uploads.items():
+                    weight = 1 if plan.uniform[name] else update.n_train
+                    sums[name].add(weight, vector)
+                    weights[name] += weight
+            reports.append(ClientReport(client, update.n_train, update.train_loss, update.bytes_up if kept else 0,
+                                        diverged=not kept))
+        return WorkerPartial(reports, {name: s.total for name, s in sums.items()}, weights)
+
+    def _train_one(self, broadcast: dict[str, np.ndarray], client: int,
+                   round_idx: int) -> tuple[ClientUpdate, dict[str, np.ndarray]]:
+        """The algorithm's client hook; returns the update and the per-client state it staged."""
         ctx = ClientContext(self, client, round_idx, broadcast, client_generator(self.cfg.seed, round_idx, client))
         losses = self.algorithm.client_update(ctx)
         loss = float(torch.stack(losses).mean())
         n_train = len(self.client_data[client].train)
         if not np.isfinite(loss):  # keep nothing of this client's round; the server decides stop or drop
-            return ClientUpdate(client, n_train, {}, loss, 0, diverged=True)
+            return ClientUpdate(client, n_train, {}, loss, 0, diverged=True), {}
         if set(ctx.uploads) != set(self.algorithm.uploads):
             raise RuntimeError(f"algorithm {self.algorithm.name}: client {client} uploaded {sorted(ctx.uploads)}, "
                                f"it declares {sorted(self.algorithm.uploads)}")
-        for name, vector in ctx.slots.items():
+        bytes_up = sum(payload_bytes(v.size) for v in ctx.uploads.values())
+        return ClientUpdate(client, n_train, ctx.uploads, loss, bytes_up), ctx.slots
+
+    def _keep(self, client: int, slots: dict[str, np.ndarray]) -> None:
+        for name, vector in slots.items():
             self.slots[name][client] = vector
-        return ClientUpdate(client, n_train, ctx.uploads, loss, sum(serialized_size(v) for v in ctx.uploads.values()))
 
     # -- persistence (checkpoints are written by the owner; personal state never reaches the server) --
     def ping(self) -> int:
