@@ -4,7 +4,6 @@ PY := $(VENV)/bin/python
 # Real data: the folder holding cifar10-jpeg.zip etc. (override: make demo FEDSIM_DATA=/path).
 FEDSIM_DATA ?= $(abspath ../shared/datasets)
 export FEDSIM_DATA
-export RAY_AUTH_MODE ?= disabled
 
 .PHONY: demo test install
 install: $(VENV)/.installed

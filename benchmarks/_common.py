@@ -19,7 +19,6 @@ BENCH = REPO / "benchmarks"
 RESULTS = BENCH / "results"  # gitignored; each script leaves a JSON of its raw measurements here
 
 os.environ.setdefault("FEDSIM_DATA", str(REPO.parent / "shared" / "datasets"))
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 

@@ -103,8 +103,7 @@ def run_flower(spec: Path) -> dict:
     out = spec.with_suffix(".result.json")
     out.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "VIRTUAL_ENV"))}
-    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{BENCH}", FLWR_TELEMETRY_ENABLED="0", RAY_AUTH_MODE="disabled",
-               RAY_USAGE_STATS_ENABLED="0")
+    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{BENCH}", FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
     logf = spec.with_suffix(".flower.log")
     t0 = time.perf_counter()
     with open(logf, "w") as f:

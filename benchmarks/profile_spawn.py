@@ -53,7 +53,6 @@ def main() -> None:
         "driver actor -> 2 workers, runtime_env (as fedsim)": ("chain", True),
         "driver actor -> 2 workers, no runtime_env": ("chain", False),
     }
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     for rep in range(args.reps):
         for label, (how, env) in variants.items():
             t0 = time.perf_counter()

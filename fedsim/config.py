@@ -102,6 +102,8 @@ class EngineConfig(_Section):
     memory_format: Literal["auto", "channels_last", "contiguous"] = Field(
         "auto", description="image tensor layout; auto = channels_last on CPU (conv steps measured 1.7x faster "
         "there, benchmarks/profile_compute.py), contiguous on GPU")
+    wait_for_resources_s: float = Field(600.0, ge=0, description="on a cluster: how long to wait for the autoscaler "
+                                        "to add nodes for the workers (a local run fails at once when it is short)")
     dashboard: bool = Field(False, description="start Ray's dashboard (bound to 127.0.0.1) for local runs")
 
 
@@ -109,7 +111,7 @@ class WandbConfig(_Section):
     mode: Literal["disabled", "offline", "online"] = "disabled"
     project: str = "fedsim"
     entity: str | None = None
-    group: str | None = None
+    group: str | None = Field(None, description="W&B group; default: the config's name (a sweep's variants share it)")
     tags: list[str] = Field(default_factory=list)
     run_id: str | None = Field(None, description="W&B run id; set to continue the same W&B run on --resume")
     per_client_limit: int = Field(100, ge=0, description="clients logged as their own curve (all go into the final table)")
@@ -261,5 +263,7 @@ def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
         for key, value in zip(keys, values):
             _set_dotted(variant, key, value)
         variant["name"] = "-".join([base.name, *(_label(v) for v in values)])
+        if base.logging.wandb.group is None:  # the variants of one config form one W&B group, named after it
+            _set_dotted(variant, "logging.wandb.group", base.name)
         runs.append(validate(variant))
     return runs

@@ -1,11 +1,17 @@
 """Builders every test shares: configs, client runtimes, run-folder readers, a local Ray."""
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+import fedsim  # noqa: F401  - sets Ray's local-run defaults (loopback, token auth) before any test imports ray
+
 os.environ.setdefault("WANDB_MODE", "offline")
 
 TESTS = Path(__file__).resolve().parent
@@ -117,3 +123,59 @@ def in_process_server(monkeypatch, cfg, partition, data, init_weights=None):
     workers = [InProcessWorker(ClientRuntime(cfg.model_dump(), clients, init_weights)) for clients in assignments]
     layout, initial = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
     return server_module.Server(cfg, workers, assignments, initial, layout.offsets, init_weights)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """SIGTERM a process started with start_new_session=True and everything it started; SIGKILL after 30 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+S3_BUCKET = "fedsim-runs"
+
+
+@pytest.fixture
+def s3_bucket(monkeypatch):
+    """A moto S3 server on a loopback port with one bucket, reachable from this process (pyarrow reads
+    AWS_ENDPOINT_URL); yields (the environment that reaches it, a boto3 client)."""
+    pytest.importorskip("moto", reason="moto[server] is a dev dependency: pip install -e '.[dev]'")
+    import boto3
+
+    port = free_port()
+    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "fedsim-test",
+           "AWS_SECRET_ACCESS_KEY": "fedsim-test", "AWS_DEFAULT_REGION": "us-east-1"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    try:
+        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+        deadline = time.time() + 60
+        while True:
+            try:
+                s3.create_bucket(Bucket=S3_BUCKET)
+                break
+            except Exception:  # the server is still starting
+                if time.time() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.5)
+        yield env, s3
+    finally:
+        stop_process_group(server)
+
+
+def s3_objects(s3, prefix: str) -> dict[str, bytes]:
+    """Every object under ``prefix`` in the test bucket, by key relative to it."""
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=S3_BUCKET, Prefix=prefix)
+    keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+    return {key[len(prefix):]: s3.get_object(Bucket=S3_BUCKET, Key=key)["Body"].read() for key in keys}

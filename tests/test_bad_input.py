@@ -175,7 +175,7 @@ def test_gpus_requested_but_none_exist(tmp_path, data_root):
             "engine": {"workers": 2, "gpus_per_worker": 0.5}}
     (tmp_path / "x.yaml").write_text(yaml.safe_dump(tree))
     proc = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", str(tmp_path / "x.yaml")],
-                          capture_output=True, text=True, timeout=180, env=dict(os.environ, RAY_AUTH_MODE="disabled"))
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedsim: error:")]
     assert lines and "engine.gpus_per_worker: 2 workers x 0.5 need 1 GPU, the Ray cluster has 0" in lines[0]

@@ -86,9 +86,8 @@ def test_worker_killed_mid_round_is_replaced_and_results_match(tmp_path, data_ro
 
 
 def _start_cli(cfg_path: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
     return subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", "run", str(cfg_path), "--quiet", *extra],
-                            env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def test_sigkill_mid_round_then_resume_is_bit_identical(tmp_path, data_root):
@@ -110,7 +109,7 @@ def test_sigkill_mid_round_then_resume_is_bit_identical(tmp_path, data_root):
             out, _ = proc.communicate(timeout=600)
             assert proc.returncode == 0, out.decode()[-2000:]
     resumed = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", "--resume", str(tmp_path / "crashy"),
-                              "--quiet"], env=dict(os.environ, RAY_AUTH_MODE="disabled"), capture_output=True,
+                              "--quiet"], capture_output=True,
                              timeout=600, start_new_session=True)
     assert resumed.returncode == 0, resumed.stdout.decode()[-2000:] + resumed.stderr.decode()[-2000:]
     assert metrics(tmp_path / "crashy") == metrics(tmp_path / "straight")

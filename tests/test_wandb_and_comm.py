@@ -47,6 +47,17 @@ def config(tmp_path, data_root, name, algorithm, **extra):
     })
 
 
+def wandb_history(offline: Path) -> list[dict]:
+    [log] = list(offline.glob("run-*.wandb"))
+    return [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+            for r in wandb_records(log) if r.WhichOneof("record_type") == "history"]
+
+
+def wandb_record(offline: Path, kind: str):
+    [log] = list(offline.glob("run-*.wandb"))
+    return next(getattr(r, kind) for r in wandb_records(log) if r.WhichOneof("record_type") == kind)
+
+
 def test_wandb_offline_run_has_a_curve_per_client_and_syncs(tmp_path, data_root, local_ray):
     cfg = config(tmp_path, data_root, "wb", "fedper",
                  logging={"wandb": {"mode": "offline", "project": "fedsim-test", "group": "g", "tags": ["t"]}})
@@ -57,6 +68,9 @@ def test_wandb_offline_run_has_a_curve_per_client_and_syncs(tmp_path, data_root,
                for r in wandb_records(log) if r.WhichOneof("record_type") == "history"]
     per_round = [h for h in history if "acc/mean" in h]
     assert [h["round"] for h in per_round] == [1, 2]
+    for h in per_round:  # loss curves beside the accuracies
+        assert h["loss/train_mean"] > 0 and h["loss/test_mean"] > 0
+    assert wandb_record(offline, "run").job_type == "fedper"
     for client in range(5):  # one series per client, every round
         assert all(f"client_acc/{client:05d}" in h for h in per_round)
     final = json.loads((res.run_dir / "summary.json").read_text())
@@ -81,3 +95,40 @@ def test_communication_is_what_is_serialised_and_fedper_sends_less(tmp_path, dat
         "cnn4", 10, (3, 32, 32)).state_dict().values()) - head_floats
     assert rows[0]["bytes_up"] == serialized_size(np.zeros(body_floats, np.float32))
     assert rows[0]["bytes_down"] == rows[0]["bytes_up"]  # FedPer sends the body both ways
+
+
+def test_resumed_run_continues_its_wandb_run_without_logging_a_round_twice(tmp_path, data_root, local_ray):
+    from fedsim.engine.simulation import load_run_config
+
+    first = run(config(tmp_path, data_root, "wbr", "fedper", logging={"wandb": {"mode": "offline"}}))
+    (first.run_dir / "checkpoints" / "latest").write_text("round-0001")  # as if it crashed after logging round 2
+    second = run(load_run_config(first.run_dir, ["train.rounds=3"]), resume=True)
+    runs = sorted((second.run_dir / "wandb").glob("offline-run-*"))  # named offline-run-<start time>-<id>
+    saved_id = json.loads((second.run_dir / "wandb_run.json").read_text())["id"]
+    assert len(runs) == 2 and {wandb_record(p, "run").run_id for p in runs} == {saved_id}
+    logged = [[h["round"] for h in wandb_history(p) if "acc/mean" in h] for p in runs]
+    assert logged == [[1, 2], [3]]  # round 2 was redone after the resume, but W&B had it already
+    assert wandb_record(runs[0], "run").run_group == "wbr"  # group: the config's name
+
+
+def test_failed_run_is_marked_failed_in_wandb(tmp_path, data_root, local_ray):
+    import pytest
+
+    from fedsim.engine.simulation import TrainingDiverged
+
+    huge = {"lr": 1e30, "momentum": 0.9, "weight_decay": 0}
+    cfg = config(tmp_path, data_root, "wbf", "fedper", logging={"wandb": {"mode": "offline"}},
+                 train={"rounds": 2, "local_epochs": 1, "body": huge, "head": huge})
+    with pytest.raises(TrainingDiverged):
+        run(cfg)
+    [offline] = list((tmp_path / "wbf" / "wandb").glob("offline-run-*"))
+    assert wandb_record(offline, "exit").exit_code == 1
+
+
+def test_sweep_variants_share_one_wandb_group_named_after_the_config():
+    from fedsim.config import expand_sweep
+
+    variants = expand_sweep({"name": "quick", "sweep": {"algorithm": ["fedavg", "fedper"]}})
+    assert [(v.name, v.logging.wandb.group) for v in variants] == [("quick-fedavg", "quick"), ("quick-fedper", "quick")]
+    chosen = expand_sweep({"name": "quick", "logging": {"wandb": {"group": "mine"}}, "sweep": {"seed": [1, 2]}})
+    assert {v.logging.wandb.group for v in chosen} == {"mine"}

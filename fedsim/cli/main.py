@@ -19,7 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar; one line per run")
     report = sub.add_parser("report", help="plots and a Markdown table from run folders")
-    report.add_argument("runs", nargs="+", help="run folders, e.g. runs/quickstart-fedavg runs/quickstart-fedper")
+    report.add_argument("runs", nargs="+", help="run folders or their URIs, e.g. runs/quickstart-fedavg s3://BUCKET/runs/quickstart-fedper")
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
     algorithms = sub.add_parser("algorithms", help="every method with its parameters and what it does")
     algorithms.add_argument("--markdown", action="store_true", help="the README's table")
@@ -77,18 +77,22 @@ def _run_command(args: argparse.Namespace) -> int:
         print(f"{cfg.name}: mean client accuracy {100 * acc['mean']:.2f}% (std {100 * acc['std']:.2f}, "
               f"min {100 * acc['min']:.2f}) -> {result.run_dir}")
         if "sync" in result.summary.get("wandb", {}):
-            print(f"  W&B run saved offline; upload with `{result.summary['wandb']['sync']}`")
+            print(f"  W&B run saved offline; {result.summary['wandb']['sync']}")
     print(comparison_table(results))
     return 0
 
 
 def _report_command(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
     from pathlib import Path
 
+    from fedsim import storage
     from fedsim.metrics.report import write_report
 
-    for path in write_report([Path(r) for r in args.runs], Path(args.out)):
-        print(path)
+    with ExitStack() as stack:  # run folders in a bucket are read from a temporary local copy
+        runs = [stack.enter_context(storage.local_folder(run, skip="checkpoints")) for run in args.runs]
+        for path in write_report(runs, Path(args.out)):
+            print(path)
     return 0
 
 

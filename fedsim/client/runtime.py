@@ -16,6 +16,7 @@ import torch
 from lightning_fabric import Fabric
 from torch import nn
 
+from fedsim import storage
 from fedsim.algorithms import PARTS, Algorithm, KeyParts, build_algorithm
 from fedsim.client.context import ClientContext, Penalty, StepCallback
 from fedsim.client.module import FedClient
@@ -283,13 +284,16 @@ class ClientRuntime:
     def ping(self) -> int:
         return os.getpid()
 
-    def save_state(self, path: str) -> None:
-        write_worker_state(Path(path), self.slots)
+    def save_state(self, target: str) -> None:
+        """Write this worker's clients to ``target``: a local path, or a URI in the run's object store."""
+        with storage.local_output(target) as path:
+            write_worker_state(path, self.slots)
 
     def load_state(self, ckpt: str | None) -> None:
-        """Restore this worker's clients from a checkpoint (None: the round-0 state)."""
+        """Restore this worker's clients from a checkpoint (None: the round-0 state; a URI is downloaded)."""
         self.slots = self._empty_slots()
-        stored = read_worker_states(Path(ckpt), set(self.client_data)) if ckpt else {}
+        with storage.local_folder(ckpt) as local:
+            stored = read_worker_states(local, set(self.client_data)) if local else {}
         for name, vectors in stored.items():
             store = self.slots.get(name)
             if store is None or any(v.size != store.size for v in vectors.values()):

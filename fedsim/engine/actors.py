@@ -28,8 +28,8 @@ class Worker:
     def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
         return self.runtime.evaluate(broadcast, clients, round_idx)
 
-    def save_state(self, path: str) -> None:
-        self.runtime.save_state(path)
+    def save_state(self, target: str) -> None:
+        self.runtime.save_state(target)
 
     def load_state(self, ckpt: str | None) -> None:
         self.runtime.load_state(ckpt)
@@ -45,9 +45,10 @@ WorkerActor = ray.remote(Worker)
 ServerActor = ray.remote(Server)
 
 
-def spawn_worker(cfg: RunConfig, clients: dict[int, ClientData], init_weights=None):
-    """One worker actor at the configured CPU/GPU fractions. torch's thread count is set by the runtime
-    itself: a per-actor runtime_env would cost a fresh process (~0.6 s) instead of a prestarted one."""
+def spawn_worker(cfg: RunConfig, clients: dict[int, ClientData], init_weights=None, slot="SPREAD"):
+    """One worker actor at the configured CPU/GPU fractions, in ``slot`` (its bundle of the run's placement
+    group, see ``placement.slots``). torch's thread count is set by the runtime itself: a per-actor
+    runtime_env would cost a fresh process (~0.6 s) instead of a prestarted one."""
     engine = cfg.engine
     return WorkerActor.options(num_cpus=engine.cpus_per_worker, num_gpus=engine.gpus_per_worker,
-                               scheduling_strategy="SPREAD").remote(cfg.model_dump(), clients, init_weights)
+                               scheduling_strategy=slot).remote(cfg.model_dump(), clients, init_weights)

@@ -8,7 +8,11 @@ Layout of ``RUN/checkpoints/``::
     round-0005/worker-1.npz   per-client state of the clients worker 1 owned (``<slot>.<client>``)
     latest                    name of the newest complete checkpoint
 
-A checkpoint folder is built under a temporary name, every file fsynced, then renamed into
+In an object store (``out_dir: s3://...``) there is no rename: the round's files are written in
+place, each in one request (workers upload their own), and ``latest`` is written last, so a reader
+never follows it to a partial checkpoint (``begin``/``finish`` pick the way by location).
+
+On a local disk, a checkpoint folder is built under a temporary name, every file fsynced, then renamed into
 place; ``latest`` is replaced atomically afterwards. A crash at any moment leaves the previous
 checkpoint intact. Personal weights are written by the worker that owns them and never pass
 through the driver.
@@ -16,6 +20,7 @@ through the driver.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -24,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from fedsim import storage
 
 if TYPE_CHECKING:
     from fedsim.engine.weights import VectorStore
@@ -157,3 +164,44 @@ def _read_server_state(path: Path) -> dict[str, np.ndarray]:
             return {name: z[name] for name in z.files}
     except zipfile.BadZipFile as err:
         raise ValueError(f"{path.name}: {err}") from None
+
+
+def begin(run_location: str, round_idx: int) -> str:
+    """Where this round's checkpoint files go: a local temporary folder (renamed into place by ``finish``),
+    or the round's own folder in an object store."""
+    if not storage.is_uri(run_location):
+        return str(staging_dir(Path(run_location), round_idx))
+    folder = storage.join(run_location, "checkpoints", f"round-{round_idx:04d}")
+    storage.Store(folder).delete("")  # left from before a rollback; ``latest`` names an older round meanwhile
+    return folder
+
+
+def _npy_bytes(write, *args, **arrays) -> bytes:
+    buffer = io.BytesIO()
+    write(buffer, *args, **arrays)
+    return buffer.getvalue()
+
+
+def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict, workers: list[str],
+           server_state: dict[str, np.ndarray] | None = None) -> str:
+    """Publish the checkpoint whose worker files (``workers``) are already in ``staging``; returns its location."""
+    if not storage.is_uri(staging):
+        return str(commit(Path(staging), round_idx, global_vector, meta, server_state))
+    ckpt_dir, name = storage.parent_and_name(staging)
+    store = storage.Store(ckpt_dir)
+    store.write_bytes(f"{name}/global.npy", _npy_bytes(np.save, global_vector))
+    if server_state:
+        store.write_bytes(f"{name}/server.npz", _npy_bytes(np.savez, **server_state))
+    state = {"round": round_idx, "global_size": int(global_vector.size), "workers": sorted(workers), **meta}
+    store.write_bytes(f"{name}/state.json", json.dumps(state).encode())
+    store.write_bytes("latest", name.encode())  # last: the checkpoint is complete once this names it
+    _prune_store(store, round_idx)
+    return staging
+
+
+def _prune_store(store: storage.Store, current: int) -> None:
+    """As on a local disk: keep the checkpoint just published and the KEEP-1 newest before it."""
+    rounds = {int(name.split("/")[0].partition("-")[2]) for name in store.files() if name.startswith("round-")}
+    older = sorted((r for r in rounds if r < current), reverse=True)
+    for stale in [r for r in rounds if r > current] + older[KEEP - 1:]:
+        store.delete(f"round-{stale:04d}")

@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from fedsim import storage
 from fedsim.algorithms import WEIGHTS, build_algorithm
 from fedsim.config import RunConfig
 from fedsim.engine import checkpoint
@@ -74,13 +74,15 @@ class Server:
     """``workers[i]`` hosts ``assignments[i]``; the entrypoint spawns them so they start while this actor does."""
 
     def __init__(self, cfg: RunConfig, workers: list, assignments: list[dict[int, ClientData]],
-                 initial_global: np.ndarray, tensor_offsets: tuple[int, ...], init_weights=None):
+                 initial_global: np.ndarray, tensor_offsets: tuple[int, ...], init_weights=None,
+                 slots: list | None = None):
         # A validated config object, not a dict: re-validating would import the model registry, hence torch.
         self.cfg = cfg
         self.algorithm = build_algorithm(cfg)
         self.fingerprint = checkpoint.fingerprint(cfg.model_dump())
-        self.assignments = assignments  # kept to respawn a lost worker with the same clients
+        self.assignments = assignments  # kept to respawn a lost worker with the same clients, in the same slot
         self.init_weights = init_weights
+        self.slots = slots or ["SPREAD"] * len(workers)
         self.fixed_owners = self.algorithm.keeps_client_state
         self.owner = {c: w for w, clients in enumerate(assignments) for c in clients} if self.fixed_owners else {}
         clients = {c: d for a in assignments for c, d in a.items()}
@@ -200,12 +202,14 @@ class Server:
         return records
 
     # -- checkpoints and recovery ----------------------------------------------------------------
-    def checkpoint(self, run_dir: str, round_idx: int) -> str:
-        staging = checkpoint.staging_dir(Path(run_dir), round_idx)
-        self._get([w.save_state.remote(str(staging / f"worker-{i}.npz")) for i, w in enumerate(self.workers)])
+    def checkpoint(self, run_location: str, round_idx: int) -> str:
+        """Each worker writes its own file straight to the run's storage; then the driver publishes."""
+        staging = checkpoint.begin(run_location, round_idx)
+        names = [f"worker-{i}.npz" for i in range(len(self.workers))]
+        self._get([w.save_state.remote(storage.join(staging, name)) for w, name in zip(self.workers, names)])
         meta = {"fingerprint": self.fingerprint, "recoveries": self.recoveries}
         server_state = {name: v for name, v in self.state.items() if name != WEIGHTS}
-        self.last_checkpoint = str(checkpoint.commit(staging, round_idx, self.state[WEIGHTS], meta, server_state))
+        self.last_checkpoint = checkpoint.finish(staging, round_idx, self.state[WEIGHTS], meta, names, server_state)
         return self.last_checkpoint
 
     def restore(self, ckpt: str | None) -> int:
@@ -213,7 +217,8 @@ class Server:
         if ckpt is None:
             round_idx, self.state = 0, self._initial_state()
         else:
-            state, global_vector, server_state = checkpoint.read_state(Path(ckpt), self.fingerprint, self.shared_size)
+            with storage.local_folder(ckpt) as local:
+                state, global_vector, server_state = checkpoint.read_state(local, self.fingerprint, self.shared_size)
             round_idx = int(state["round"])
             self.state = {WEIGHTS: global_vector, **server_state}
         self._get([w.load_state.remote(ckpt) for w in self.workers])
@@ -238,7 +243,8 @@ class Server:
                 ray.get(worker.ping.remote(), timeout=PING_TIMEOUT_S)
             except (RayActorError, GetTimeoutError):
                 ray.kill(worker)
-                self.workers[index] = spawn_worker(self.cfg, self.assignments[index], self.init_weights)
+                self.workers[index] = spawn_worker(self.cfg, self.assignments[index], self.init_weights,
+                                                   self.slots[index])
         self.recoveries += 1
         return self.restore(self.last_checkpoint)
 

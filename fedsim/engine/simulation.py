@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +15,10 @@ import ray
 import yaml
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from fedsim import storage
 from fedsim.config import ConfigError, RunConfig, validate
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
-from fedsim.engine import checkpoint
+from fedsim.engine import checkpoint, placement
 from fedsim.algorithms import build_algorithm
 from fedsim.client.runtime import initial_model, load_client_class, read_initial_weights, shared_layout
 from fedsim.engine.actors import ServerActor, spawn_worker
@@ -35,7 +37,7 @@ class TrainingDiverged(ValueError):
 @dataclass
 class RunResult:
     name: str
-    run_dir: Path
+    run_dir: Path | str  # a URI when out_dir is an object store
     summary: dict
 
 
@@ -43,7 +45,6 @@ def connect_ray(cfg: RunConfig) -> None:
     """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers."""
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     quiet = {"log_to_driver": True, "configure_logging": True, "logging_level": "warning"}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
@@ -105,14 +106,18 @@ def _start_new(run_dir: Path, cfg: RunConfig, partition: Partition, data: ArrayD
 
 
 def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig:
-    """The resolved config a run folder was started with (for --resume)."""
+    """The resolved config a run folder (a path or a URI) was started with (for --resume)."""
     from fedsim.config import load_tree
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
+    store = storage.Store(run_dir)
+    if not store.exists("config.yaml"):
         raise ConfigError(f"{run_dir}: not a run folder (no config.yaml); pass the folder a `fedsim run` created")
-    tree = load_tree(run_dir / "config.yaml", overrides)
-    tree.update(name=run_dir.name, out_dir=str(run_dir.parent))
+    with tempfile.TemporaryDirectory(prefix="fedsim-config-") as tmp:
+        config = Path(tmp, "config.yaml")
+        config.write_bytes(store.read_bytes("config.yaml"))
+        tree = load_tree(config, overrides)
+    out_dir, name = storage.parent_and_name(str(run_dir))
+    tree.update(name=name, out_dir=out_dir)
     return validate(tree)
 
 
@@ -121,15 +126,16 @@ def _this_node() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, init_weights: dict | None = None):
-    """Spawn the workers and the server actor together (the workers' ~3 s of imports overlap the server's
-    start-up instead of following it). Returns the server's handle."""
+def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, slots: list,
+                 init_weights: dict | None = None):
+    """Spawn the workers (worker i in ``slots[i]``) and the server actor together (the workers' ~3 s of
+    imports overlap the server's start-up instead of following it). Returns the server's handle."""
     assignments = assign_clients(cfg, partition)
     init_ref = ray.put(init_weights) if init_weights else None
-    workers = [spawn_worker(cfg, clients, init_ref) for clients in assignments]
+    workers = [spawn_worker(cfg, clients, init_ref, slot) for clients, slot in zip(assignments, slots)]
     layout, initial_global = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
     return ServerActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
-        cfg, workers, assignments, initial_global, layout.offsets, init_ref)
+        cfg, workers, assignments, initial_global, layout.offsets, init_ref, slots)
 
 
 def save_final_model(run_dir: Path, cfg: RunConfig, data: ArrayDataset, global_vector: np.ndarray) -> None:
@@ -151,34 +157,108 @@ def _sink(cfg: RunConfig, run_dir: Path, resume: bool):
     return WandbSink(cfg, run_dir, resume)
 
 
+class RunFolder:
+    """A run's folder as this process sees it: ``local`` is where it writes, ``location`` where the run lives.
+    For a local out_dir they are the same folder. For an object store, ``local`` is a staging copy whose
+    files are uploaded at every checkpoint and at the end (checkpoints themselves go straight to the store)."""
+
+    def __init__(self, cfg: RunConfig):
+        self.location = storage.join(cfg.out_dir, cfg.name)
+        self.remote = storage.is_uri(self.location)
+        self.store = storage.Store(self.location) if self.remote else None
+        # Absolute: the driver actor and the marker check must not depend on a process's working folder.
+        self.local = storage.staging_folder(self.location) if self.remote else Path(self.location).resolve()
+
+    def refuse_existing(self, overwrite: bool) -> None:
+        if not self.remote:
+            _refuse_existing(self.local, overwrite)
+        elif self.store.files() and not overwrite:
+            raise ConfigError(f"{self.location}: run folder already exists; pass --resume {self.location} to continue "
+                              "it, --overwrite to replace it, or change name")
+
+    def fetch(self) -> None:
+        """Bring a stored run's files into the staging copy (to resume it)."""
+        if self.remote:
+            if not self.store.exists("config.yaml"):
+                raise ConfigError(f"{self.location}: not a run folder (no config.yaml); pass the folder a `fedsim run` created")
+            self.store.download_tree(self.local)
+
+    def checkpoint_location(self, ckpt: Path) -> str:
+        return storage.join(self.location, "checkpoints", ckpt.name) if self.remote else str(ckpt)
+
+    def clear(self) -> None:
+        """--overwrite: the stored run goes before the new one is written."""
+        if self.remote:
+            self.store.delete("")
+
+    def publish(self) -> None:
+        """Upload the run's files (metrics, config, W&B) from the staging copy; checkpoints are not among them."""
+        if self.remote:
+            for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
+                rel = path.relative_to(self.local)
+                if rel.parts[0] != "checkpoints":
+                    self.store.upload(path, rel.as_posix())
+
+    def close(self) -> None:
+        if self.remote:
+            storage.remove_staging(self.local)
+
+
 def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None = None,
         resume: bool = False, on_start: Callable[[int], None] | None = None) -> RunResult:
     """Run (or with ``resume``, continue) a simulation. ``on_start(rounds_already_done)`` is called once the
     inputs are validated and training begins; ``on_round(row, result)`` after every completed round."""
     # Every input is checked before Ray starts or a file is written.
     data, partition, init_weights = prepare_inputs(cfg)
-    run_dir = Path(cfg.out_dir) / cfg.name
-    ckpt: Path | None = None
-    if resume:
-        ckpt = checkpoint.latest(run_dir)
-        if ckpt is not None:
-            layout, _ = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
-            checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
-        partition = Partition.load(run_dir / "partition.npz")
-    else:
-        _refuse_existing(run_dir, overwrite)
-    connect_ray(cfg)
-    check_resources(cfg)
-    if not resume:
-        _start_new(run_dir, cfg, partition, data)
+    folder = RunFolder(cfg)
+    try:
+        ckpt = None
+        if resume:
+            folder.fetch()
+            ckpt = _checked_checkpoint(cfg, folder.local, data, init_weights)
+            partition = Partition.load(folder.local / "partition.npz")
+        else:
+            folder.refuse_existing(overwrite)
+        connect_ray(cfg)
+        if not os.environ.get("RAY_ADDRESS"):
+            check_resources(cfg)  # a Ray started here has no autoscaler: what it lacks now, it lacks for good
+        workers = min(cfg.engine.workers, partition.num_clients)
+        group = placement.reserve(cfg, workers)
+        try:
+            if not folder.remote:
+                placement.check_shared(folder.local.parent, placement.nodes_of(group), cfg.engine.round_timeout_s)
+            if not resume:
+                folder.clear()
+                _start_new(folder.local, cfg, partition, data)
+                folder.publish()
+            slots = placement.slots(group, workers)
+            return _train(cfg, folder, partition, data, init_weights, slots, ckpt, resume, on_round, on_start)
+        finally:
+            placement.release(group)
+    finally:
+        folder.close()
 
+
+def _checked_checkpoint(cfg: RunConfig, run_dir: Path, data: ArrayDataset, init_weights: dict | None) -> Path | None:
+    """The checkpoint a resume starts from (validated against this config), None for round 0."""
+    ckpt = checkpoint.latest(run_dir)
+    if ckpt is not None:
+        layout, _ = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
+        checkpoint.read_state(ckpt, checkpoint.fingerprint(cfg.model_dump()), layout.size)
+    return ckpt
+
+
+def _train(cfg: RunConfig, folder: RunFolder, partition: Partition, data: ArrayDataset, init_weights: dict | None,
+           slots: list, ckpt: Path | None, resume: bool, on_round: RoundCallback | None,
+           on_start: Callable[[int], None] | None) -> RunResult:
+    run_dir = folder.local
     started = time.perf_counter()
-    server = start_engine(cfg, partition, data, init_weights)
+    server = start_engine(cfg, partition, data, slots, init_weights)
     timeout = cfg.engine.round_timeout_s
     logger = RunLogger(run_dir, _sink(cfg, run_dir, resume))
     summary = None
     try:
-        done = ray.get(server.restore.remote(str(ckpt) if ckpt else None), timeout=timeout)
+        done = ray.get(server.restore.remote(folder.checkpoint_location(ckpt) if ckpt else None), timeout=timeout)
         logger.truncate(done)
         if on_start:
             on_start(done)
@@ -195,7 +275,9 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
             every = cfg.engine.checkpoint_every
             if every and (round_idx % every == 0 or round_idx == cfg.train.rounds):
                 logger.sync()  # metrics first: a published checkpoint never points past what is on disk
-                ray.get(server.checkpoint.remote(str(run_dir), round_idx), timeout=timeout)
+                folder.publish()
+                ray.get(server.checkpoint.remote(folder.location if folder.remote else str(run_dir), round_idx),
+                        timeout=timeout)
             if on_round:
                 on_round(row, result)
             round_idx += 1
@@ -203,13 +285,14 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
         save_final_model(run_dir, cfg, data, ray.get(server.global_weights.remote(), timeout=timeout))
         summary = _summary(cfg, logger, workers, time.perf_counter() - started)
         if logger.sink:
-            summary["wandb"] = logger.sink.describe()
+            summary["wandb"] = logger.sink.describe(run_dir, folder.location)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     finally:
         logger.close(summary)
+        folder.publish()  # also after a failure: the metrics so far and the W&B run's final state
         ray.get(server.shutdown.remote(), timeout=60)
         ray.kill(server)
-    return RunResult(cfg.name, run_dir, summary)
+    return RunResult(cfg.name, folder.location if folder.remote else run_dir, summary)
 
 
 def _summary(cfg: RunConfig, logger: RunLogger, workers: list[dict], wall: float) -> dict:

@@ -1,10 +1,15 @@
-"""Weights & Biases logging: summary curves, one accuracy curve per client, final histogram, artifact.
+"""Weights & Biases logging: summary curves (accuracies and losses), one accuracy curve per client, final
+histogram, artifact.
 
 Never needs a server: ``mode: offline`` writes ``RUN/wandb/offline-run-*`` for a later
 ``wandb sync``; ``online`` without an API key falls back to offline and says how to sync.
+The API key is read from the environment (``WANDB_API_KEY``, e.g. a Ray job's ``runtime_env``) or
+``~/.netrc`` and never written to the run folder. ``RUN/wandb_run.json`` keeps the W&B run id and the
+last round logged: a resumed fedsim run continues the same W&B run and never logs a round twice.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -12,6 +17,7 @@ from pathlib import Path
 from fedsim.config import RunConfig, WandbConfig
 
 ARTIFACT_FILES = ("summary.json", "rounds.csv", "rounds.jsonl", "partition_stats.json", "config.yaml")
+STATE_FILE = "wandb_run.json"
 
 
 def _has_api_key() -> bool:
@@ -19,6 +25,10 @@ def _has_api_key() -> bool:
         return True
     netrc = Path.home() / ".netrc"
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 class WandbSink:
@@ -32,20 +42,38 @@ class WandbSink:
                   f"`wandb sync {run_dir / 'wandb'}/offline-run-*`", file=sys.stderr)
             mode = "offline"
         self.per_client_limit = wcfg.per_client_limit
+        self.state_path = run_dir / STATE_FILE
+        saved = json.loads(self.state_path.read_text()) if resume and self.state_path.exists() else {}
         os.environ.setdefault("WANDB_SILENT", "true")
-        self.run = wandb.init(project=wcfg.project, entity=wcfg.entity, group=wcfg.group, tags=wcfg.tags,
-                              name=cfg.name, config=cfg.model_dump(), dir=str(run_dir), mode=mode,
-                              id=wcfg.run_id, resume="allow" if resume else None, reinit="finish_previous")
+        # dir: an absolute path, so W&B's files land in the run folder whatever the process's working folder.
+        self.run = wandb.init(project=wcfg.project, entity=wcfg.entity, group=wcfg.group or cfg.name,
+                              job_type=cfg.algorithm.name, tags=wcfg.tags, name=cfg.name, config=cfg.model_dump(),
+                              dir=str(run_dir.resolve()), mode=mode, id=wcfg.run_id or saved.get("id"),
+                              resume="allow" if resume else None, reinit="finish_previous")
         self.run.define_metric("round")
         self.run.define_metric("*", step_metric="round")
         self.mode = mode
+        self.logged_through = saved.get("logged_through", 0)
+        self._save_state()
+
+    def _save_state(self) -> None:
+        self.state_path.write_text(json.dumps({"id": self.run.id, "logged_through": self.logged_through}))
 
     def log_round(self, row: dict, records: list[dict]) -> None:
+        if row["round"] <= self.logged_through:  # redone after a rollback or a resume: W&B has it already
+            return
         data = {"round": row["round"], "comm/bytes_up": row["bytes_up"], "comm/bytes_down": row["bytes_down"],
                 "round_seconds": row["seconds"]}
         for key in ("acc", "acc_personalized"):
             for stat, value in row.get(key, {}).items():
                 data[f"{key}/{stat}"] = value
+        # Loss curves beside the accuracies: training loss of the clients trained this round, test loss of all.
+        train_losses = [r["train_loss"] for r in records if r.get("train_loss") is not None]
+        if train_losses:
+            data["loss/train_mean"] = _mean(train_losses)
+        for key, name in (("loss", "loss/test_mean"), ("loss_personalized", "loss/test_personalized_mean")):
+            if records and key in records[0]:
+                data[name] = _mean([r[key] for r in records])
         # One key per client gives one curve per client in the W&B UI; beyond the limit, the table at
         # the end carries every client.
         for r in records[: self.per_client_limit]:
@@ -53,6 +81,8 @@ class WandbSink:
             if "acc_personalized" in r:
                 data[f"client_acc_personalized/{r['client']:05d}"] = r["acc_personalized"]
         self.run.log(data)
+        self.logged_through = row["round"]
+        self._save_state()
 
     def finish(self, summary: dict | None, run_dir: Path) -> None:
         import wandb
@@ -70,10 +100,19 @@ class WandbSink:
                 if (run_dir / name).exists():
                     artifact.add_file(str(run_dir / name))
             self.run.log_artifact(artifact)
-        self.run.finish()
+        self.run.finish(exit_code=0 if summary else 1)  # no summary: the run failed, and W&B marks it failed
 
-    def describe(self) -> dict:
-        """Where the W&B run lives, for the run summary (and the CLI's sync hint)."""
-        run_folder = Path(self.run.dir).parent
-        return {"mode": self.mode, "dir": str(run_folder),
-                **({"sync": f"wandb sync {run_folder}"} if self.mode == "offline" else {"url": self.run.url})}
+    def describe(self, run_dir: Path, location: str) -> dict:
+        """Where the W&B run lives, for the run summary (and the CLI's sync hint). ``location``: where the
+        run folder ``run_dir`` is stored (itself, or a URI when it is a staging copy)."""
+        from fedsim import storage
+
+        inside = Path(self.run.dir).parent.resolve().relative_to(run_dir.resolve())
+        folder = storage.join(location, *inside.parts)
+        if self.mode != "offline":
+            return {"mode": self.mode, "dir": folder, "url": self.run.url}
+        if storage.is_uri(folder):
+            sync = f"copy {folder} to this machine, then upload it with `wandb sync {inside.name}`"
+        else:
+            sync = f"upload with `wandb sync {folder}`"
+        return {"mode": self.mode, "dir": folder, "sync": sync}

@@ -1,0 +1,145 @@
+"""Where a run folder lives: a local folder (or a mount every node shares) or an object store URI
+(``s3://bucket/prefix``, ``gs://bucket/prefix``, ``hdfs://...``).
+
+The filesystem layer is ``pyarrow.fs``: one self-contained wheel with S3, GCS and HDFS built in (no
+botocore/aiobotocore version pins to reconcile, as fsspec's s3fs needs), and the layer Ray itself uses for
+its storage paths. Credentials come from the usual places (``AWS_*`` variables or the instance's role,
+``GOOGLE_APPLICATION_CREDENTIALS``); ``AWS_ENDPOINT_URL`` points S3 at any S3-compatible server.
+
+Each process works in a local folder and moves whole files: an object is written by one request, so a
+reader sees all of it or none of it. Object stores have no rename; checkpoints are published by writing
+their files first and the ``latest`` pointer last (see ``checkpoint.publish``).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+
+import pyarrow.fs as pafs
+
+
+class StorageError(OSError):
+    """A run location that cannot be reached (one line naming out_dir and the fix)."""
+
+
+def is_uri(location: str | Path) -> bool:
+    """Whether ``location`` names an object store rather than a folder of this machine."""
+    return "://" in str(location) and not str(location).startswith("file://")
+
+
+def join(location: str | Path, *parts: str) -> str:
+    """``location``/part/...: for URIs by string (a URI is not a local path), else as a path."""
+    if is_uri(location):
+        return "/".join([str(location).rstrip("/"), *parts])
+    return str(Path(location, *parts))
+
+
+def parent_and_name(location: str) -> tuple[str, str]:
+    """``s3://b/runs/quick`` -> (``s3://b/runs``, ``quick``); a local path likewise."""
+    if is_uri(location):
+        parent, _, name = location.rstrip("/").rpartition("/")
+        return parent, name
+    path = Path(location)
+    return str(path.parent), path.name
+
+
+class Store:
+    """The files under one location, by path relative to it."""
+
+    def __init__(self, location: str | Path):
+        self.location = str(location)
+        if is_uri(location):
+            try:
+                self.fs, self.root = pafs.FileSystem.from_uri(self.location)
+            except (OSError, ValueError) as err:
+                raise StorageError(f"out_dir: cannot open {self.location} ({err}); check the URI and credentials") from None
+        else:
+            self.fs, self.root = pafs.LocalFileSystem(), str(Path(location).resolve())
+
+    def _path(self, rel: str = "") -> str:
+        return str(PurePosixPath(self.root, rel)) if rel else self.root
+
+    def exists(self, rel: str = "") -> bool:
+        return self.fs.get_file_info(self._path(rel)).type != pafs.FileType.NotFound
+
+    def files(self, rel: str = "") -> list[str]:
+        """Every file under ``rel``, as paths relative to this location."""
+        selector = pafs.FileSelector(self._path(rel), recursive=True, allow_not_found=True)
+        base = PurePosixPath(self.root)
+        return sorted(str(PurePosixPath(info.path).relative_to(base)) for info in self.fs.get_file_info(selector)
+                      if info.type == pafs.FileType.File)
+
+    def read_bytes(self, rel: str) -> bytes:
+        with self.fs.open_input_stream(self._path(rel)) as stream:
+            return stream.read()
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        self.fs.create_dir(str(PurePosixPath(self._path(rel)).parent), recursive=True)
+        with self.fs.open_output_stream(self._path(rel)) as stream:
+            stream.write(data)
+
+    def upload(self, local: Path, rel: str) -> None:
+        self.fs.create_dir(str(PurePosixPath(self._path(rel)).parent), recursive=True)
+        pafs.copy_files(str(local), self._path(rel), destination_filesystem=self.fs)
+
+    def upload_tree(self, local_dir: Path, rel: str = "") -> None:
+        """Every file under ``local_dir`` to ``rel`` (files already there are replaced)."""
+        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+            self.upload(path, str(PurePosixPath(rel, path.relative_to(local_dir).as_posix())))
+
+    def download_tree(self, local_dir: Path, rel: str = "", skip: str | None = None) -> None:
+        """Every file under ``rel`` into ``local_dir``, except those in its top-level folder ``skip``."""
+        for name in self.files(rel):
+            if skip and PurePosixPath(name).relative_to(rel or ".").parts[0] == skip:
+                continue
+            target = local_dir / PurePosixPath(name).relative_to(rel or ".")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            pafs.copy_files(self._path(name), str(target), source_filesystem=self.fs)
+
+    def delete(self, rel: str) -> None:
+        """A file or a whole folder; nothing when it is absent."""
+        info = self.fs.get_file_info(self._path(rel))
+        if info.type == pafs.FileType.Directory:
+            self.fs.delete_dir(info.path)
+        elif info.type == pafs.FileType.File:
+            self.fs.delete_file(info.path)
+
+
+@contextmanager
+def local_output(target: str) -> Iterator[Path]:
+    """A local file to write ``target``'s content into. A URI target is uploaded whole once the block ends
+    without error; a local target is written in place (the caller makes it durable)."""
+    if not is_uri(target):
+        yield Path(target)
+        return
+    parent, name = parent_and_name(target)
+    with tempfile.TemporaryDirectory(prefix="fedsim-out-") as tmp:
+        local = Path(tmp) / name
+        yield local
+        Store(parent).upload(local, name)
+
+
+@contextmanager
+def local_folder(location: str | None, skip: str | None = None) -> Iterator[Path | None]:
+    """``location``'s files as a local folder: the folder itself, or a temporary download of a URI (without
+    its top-level folder ``skip``). The copy keeps the location's name, which reports show."""
+    if location is None or not is_uri(location):
+        yield None if location is None else Path(location)
+        return
+    with tempfile.TemporaryDirectory(prefix="fedsim-in-") as tmp:
+        local = Path(tmp, parent_and_name(location)[1])
+        Store(location).download_tree(local, skip=skip)
+        yield local
+
+
+def staging_folder(location: str) -> Path:
+    """A fresh local working copy for a run stored at ``location`` (a URI): what the run writes goes
+    here first and is uploaded from here."""
+    return Path(tempfile.mkdtemp(prefix=f"fedsim-{parent_and_name(location)[1]}-"))
+
+
+def remove_staging(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)

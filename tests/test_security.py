@@ -1,0 +1,71 @@
+"""A local run's Ray is private: every port it listens on is bound to loopback, and even over loopback a
+client without Ray's auth token is refused."""
+import ipaddress
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import psutil
+import ray
+
+from fedsim.config import validate
+from fedsim.engine import run
+
+RAY = str(Path(sys.executable).with_name("ray"))
+# A GCS call that returns cluster data (every node's address): what an intruder would ask first.
+GCS_NODE_LIST = "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo"
+
+
+def _listening_addresses() -> list[tuple[str, str, int]]:
+    """(process name, address, port) of every socket listening in this test's own Ray (its child processes)."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            found += [(proc.name(), c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                      if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:  # a short-lived helper that exited meanwhile
+            continue
+    return found
+
+
+def _is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+
+def _gcs_answer(gcs_address: str, token: str | None) -> str:
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(gcs_address) as channel:
+        try:
+            channel.unary_unary(GCS_NODE_LIST)(b"", timeout=30, metadata=metadata)
+        except grpc.RpcError as err:
+            return err.code().name
+    return "OK"
+
+
+def test_local_run_listens_on_loopback_only_and_refuses_clients_without_the_token(tmp_path, data_root):
+    cfg = validate({"name": "private", "algorithm": "fedavg", "out_dir": str(tmp_path),
+                    "data": {"root": str(data_root), "num_clients": 2, "partition": "iid", "train_fraction": 0.01, "test_fraction": 0.02},
+                    "train": {"rounds": 1, "local_epochs": 1}, "eval": {"finetune_epochs": 0},
+                    "engine": {"workers": 2, "round_timeout_s": 300}})
+    seen = {}
+
+    def inspect_during_the_run(_row: dict, _result: dict) -> None:
+        gcs = ray.get_runtime_context().gcs_address
+        token = subprocess.run([RAY, "get-auth-token"], capture_output=True, text=True, timeout=60).stdout.strip()
+        seen.update(listening=_listening_addresses(), gcs=gcs, without_token=_gcs_answer(gcs, None),
+                    with_token=_gcs_answer(gcs, token))
+
+    try:
+        run(cfg, on_round=inspect_during_the_run)
+    finally:
+        ray.shutdown()
+    names = {name for name, _, _ in seen["listening"]}
+    assert {"gcs_server", "raylet"} <= names, names  # the probe saw the run's Ray, workers included
+    assert any(name.startswith("ray::") for name in names), names
+    exposed = [entry for entry in seen["listening"] if not _is_loopback(entry[1])]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    assert _is_loopback(seen["gcs"].rpartition(":")[0])
+    assert seen["without_token"] == "UNAUTHENTICATED"
+    assert seen["with_token"] == "OK"  # the same call with the token works: the refusal is the token's doing

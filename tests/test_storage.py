@@ -1,0 +1,63 @@
+"""Run folders in an object store (a moto S3 server on loopback), and waiting for cluster resources."""
+import json
+
+import numpy as np
+import pytest
+from conftest import s3_objects, small_config
+
+from fedsim import storage
+from fedsim.config import ConfigError
+from fedsim.engine import checkpoint, placement
+
+RUN = "s3://fedsim-runs/unit/run"
+
+
+def _write_round(round_idx: int, value: float) -> str:
+    staging = checkpoint.begin(RUN, round_idx)
+    with storage.local_output(storage.join(staging, "worker-0.npz")) as path:  # as a worker does
+        checkpoint.write_worker_state(path, {"personal": {3: np.full(4, value, np.float32)}})
+    return staging
+
+
+def test_checkpoint_in_a_bucket_is_complete_before_latest_names_it(s3_bucket):
+    _, s3 = s3_bucket
+    staging = _write_round(1, 1.0)
+    assert "latest" not in s3_objects(s3, "unit/run/checkpoints/")  # shards are there, the checkpoint is not yet
+    published = checkpoint.finish(staging, 1, np.zeros(5, np.float32), {"fingerprint": "f"}, ["worker-0.npz"],
+                                  {"momentum": np.ones(5, np.float32)})
+    stored = s3_objects(s3, "unit/run/checkpoints/")
+    assert stored["latest"] == b"round-0001"
+    assert json.loads(stored["round-0001/state.json"])["workers"] == ["worker-0.npz"]
+    with storage.local_folder(published) as local:  # what a resuming server and worker read
+        state, global_vector, server_state = checkpoint.read_state(local, "f", 5)
+        assert checkpoint.read_worker_states(local, {3})["personal"][3].tolist() == [1.0] * 4
+    assert state["round"] == 1 and global_vector.tolist() == [0.0] * 5 and server_state["momentum"].sum() == 5
+
+
+def test_bucket_keeps_the_two_newest_checkpoints(s3_bucket):
+    _, s3 = s3_bucket
+    for round_idx in (1, 2, 3):
+        checkpoint.finish(_write_round(round_idx, round_idx), round_idx, np.zeros(5, np.float32), {}, ["worker-0.npz"])
+    # (pyarrow also leaves empty "folder/" marker objects, named "" here)
+    rounds = {name.split("/")[0] for name in s3_objects(s3, "unit/run/checkpoints/") if name not in ("", "latest")}
+    assert rounds == {"round-0002", "round-0003"}
+
+
+def test_report_and_resume_read_a_run_folder_from_its_uri(s3_bucket, tmp_path):
+    storage.Store(RUN).write_bytes("config.yaml", b"name: ignored\nseed: 4\nalgorithm: fedavg\n")
+    from fedsim.engine.simulation import load_run_config
+
+    cfg = load_run_config(RUN, ["train.rounds=7"])
+    assert (cfg.name, cfg.out_dir, cfg.seed, cfg.train.rounds) == ("run", "s3://fedsim-runs/unit", 4, 7)
+    with pytest.raises(ConfigError, match="not a run folder"):
+        load_run_config("s3://fedsim-runs/unit/missing")
+
+
+def test_a_request_the_cluster_cannot_hold_waits_saying_so_then_fails_naming_the_setting(
+        tmp_path, data_root, local_ray, capfd):
+    cfg = small_config(tmp_path, data_root, engine__workers=3, engine__wait_for_resources_s=2)
+    with pytest.raises(ConfigError, match=r"engine.wait_for_resources_s: .* no room for 3 workers x \(1 CPU\)"):
+        placement.reserve(cfg, 3)  # local_ray has 2 CPUs
+    assert "fedsim: waiting for the cluster to make room for 3 workers x (1 CPU)" in capfd.readouterr().err
+    group = placement.reserve(cfg, 2)  # the failed request left nothing reserved behind
+    placement.release(group)
