@@ -90,6 +90,18 @@ class EvalConfig(_Section):
     finetune_momentum: float = Field(0.9, ge=0, lt=1)
     finetune_weight_decay: float = Field(0.0, ge=0)
     finetune_batch_size: int | None = Field(None, ge=1, description="null: train.batch_size")
+    clients: int | float | None = Field(
+        None, gt=0, description="evaluation cohort: a count (an integer) or a fraction (a number with a point, "
+        "at most 1.0) of the clients, drawn once from the seed and scored every evaluation round; null: all. "
+        "Every client is scored at the final round")
+    full_every: int | None = Field(None, ge=1, description="with a cohort, also score every client each this many rounds")
+
+    @model_validator(mode="after")
+    def _fraction_at_most_one(self) -> "EvalConfig":
+        if isinstance(self.clients, float) and self.clients > 1:
+            raise ValueError(f"eval.clients: a fraction must be at most 1.0, got {self.clients}; give a count as "
+                             "an integer")
+        return self
 
 
 class EngineConfig(_Section):

@@ -159,6 +159,7 @@ class ClientRuntime:
         self.module, *_ = self.fabric.setup(module, *self.optimizers["train"].values())  # calls go through Fabric
         self.net = module.net
         self.device = self.fabric.device
+        self._held: tuple[np.ndarray, int] | None = None  # (broadcast weights in the model, their tensors' version)
 
     def _empty_slots(self) -> dict[str, VectorStore]:
         sizes = {"personal": self.layouts["personal"].size}
@@ -174,6 +175,20 @@ class ClientRuntime:
         return {"device": str(self.fabric.device), "gpu_ids": ray.get_gpu_ids() if ray.is_initialized() else [],
                 "node": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
                 "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    # -- the global weights in the model --------------------------------------------------------
+    def _shared_version(self) -> int:
+        """Sum of the shared tensors' version counters: torch bumps them on every in-place change
+        (optimizer steps, copies, BatchNorm statistics), so any change at all is seen."""
+        state = self.net.state_dict(keep_vars=True)
+        return sum(state[key]._version for key in self.layouts["shared"].keys)
+
+    def holds(self, weights: np.ndarray) -> bool:
+        """Whether the model's shared part is exactly ``weights``, untouched since it was loaded."""
+        return self._held is not None and self._held[0] is weights and self._held[1] == self._shared_version()
+
+    def mark_held(self, weights: np.ndarray) -> None:
+        self._held = (weights, self._shared_version())
 
     # -- data ------------------------------------------------------------------------------------
     def tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,6 +221,8 @@ class ClientRuntime:
     def sgd(self, x: torch.Tensor, y: torch.Tensor, parts: frozenset[str], epochs: int, gen: torch.Generator,
             round_idx: int, penalty: Penalty | None = None, after_step: StepCallback | None = None,
             finetune: bool = False) -> list[torch.Tensor]:
+        self._held = None  # training moves the model off the received weights (BatchNorm statistics too,
+        #                   which torch's version counters do not see)
         optimizers = self.optimizers["finetune" if finetune else "train"]
         for part, opt in optimizers.items():  # momentum restarts with every phase, as in FedAvg's ClientUpdate
             opt.state.clear()

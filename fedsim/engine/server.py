@@ -38,6 +38,17 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float)
     return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
 
 
+def evaluation_cohort(seed: int, num_clients: int, clients: int | float | None) -> list[int]:
+    """eval.clients: the clients scored on evaluation rounds, drawn once from the seed alone, so the curve
+    follows the same clients every round and for any number of workers."""
+    count = num_clients if clients is None else clients if isinstance(clients, int) else round(clients * num_clients)
+    count = min(max(count, 1), num_clients)
+    if count == num_clients:
+        return list(range(num_clients))
+    rng = np.random.default_rng([seed, 0xC0407])
+    return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
+
+
 def balanced_owners(costs: Sequence[int], workers: int) -> list[int]:
     """Item -> worker, balanced by cost: longest first onto the least-loaded worker, ties to the lower
     index. Which worker runs a client never changes results (all randomness is per (seed, round,
@@ -98,6 +109,7 @@ class Server:
         # Measured on owned copies: Ray hands this actor read-only views, which pickle 4 bytes differently.
         self.bytes_down = sum(serialized_size(self.state[name].copy()) for name in self.algorithm.broadcast)
         self.times_sampled = np.zeros(self.num_clients, np.int64)
+        self.cohort = evaluation_cohort(cfg.seed, self.num_clients, cfg.eval.clients)
         self.last_checkpoint: str | None = None
         self.recoveries = 0
 
@@ -191,9 +203,16 @@ class Server:
     def _evaluates(self, round_idx: int) -> bool:
         return round_idx % self.cfg.train.eval_every == 0 or round_idx == self.cfg.train.rounds
 
+    def _evaluated_clients(self, round_idx: int) -> list[int]:
+        """The cohort, except at the final round (and every eval.full_every rounds): every client."""
+        every = self.cfg.eval.full_every
+        if round_idx == self.cfg.train.rounds or (every and round_idx % every == 0):
+            return list(range(self.num_clients))
+        return self.cohort
+
     def _evaluate(self, round_idx: int, train_loss: dict[int, float]) -> list[dict]:
-        everyone = self._by_worker(list(range(self.num_clients)), self.test_sizes)
-        calls = [self.workers[w].evaluate.remote(self.broadcast_ref, cs, round_idx) for w, cs in everyone.items()]
+        groups = self._by_worker(self._evaluated_clients(round_idx), self.test_sizes)
+        calls = [self.workers[w].evaluate.remote(self.broadcast_ref, cs, round_idx) for w, cs in groups.items()]
         records = sorted((r for batch in self._get(calls) for r in batch), key=lambda r: r["client"])
         for r in records:
             r["round"] = round_idx
