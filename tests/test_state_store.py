@@ -9,6 +9,7 @@ import pytest
 from conftest import client_runtime, in_process_server, small_config
 
 from fedsim.algorithms import WEIGHTS
+from fedsim.config import ConfigError
 from fedsim.data import load_dataset, make_partition
 from fedsim.engine import checkpoint
 from fedsim.engine.weights import StateMemory
@@ -53,6 +54,12 @@ def test_state_spilled_to_disk_is_bit_identical_to_state_in_ram(tmp_path, data_r
     # one folder per worker, its files unlinked as soon as they are mapped (nothing is left if a worker is killed)
     folders = list(disk_spill.iterdir())
     assert len(folders) == 2 and not any(list(f.iterdir()) for f in folders)
+
+
+def test_a_spill_dir_that_cannot_be_written_is_named(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ConfigError, match=r"^engine.spill_dir: cannot keep .* in .*a-file/state \(.*\); point it at"):
+        StateMemory(0, str(tmp_path / "a-file" / "state")).block(2, 3)
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])

@@ -112,9 +112,14 @@ def staging_dir(run_dir: Path, round_idx: int) -> Path:
 
 
 def write_worker_state(path: Path, slots: Mapping[str, VectorStore | Mapping[int, np.ndarray]]) -> None:
-    arrays = {f"{name}.{client}": v for name, store in slots.items() for client, v in store.items()}
+    """An ``.npz`` of ``<slot>.<client>`` arrays, as ``np.savez`` writes it, but one row read at a time: a store
+    that spilled to disk then pages its rows in and out as it goes instead of all at once."""
     with open(path, "wb") as f:
-        np.savez(f, **arrays)
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for name, store in slots.items():
+                for client, vector in store.items():
+                    with archive.open(f"{name}.{client}.npy", "w", force_zip64=True) as member:
+                        np.lib.format.write_array(member, vector, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
 

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.config import ConfigError
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -93,6 +95,16 @@ class StateMemory:
         if nbytes <= self.ram_left:
             self.ram_left -= nbytes
             return np.empty((rows, size), np.float32), False
+        try:
+            mapped = self._mapped_file(max(nbytes, 1))
+        except OSError as err:
+            raise ConfigError(f"engine.spill_dir: cannot keep per-client state past engine.state_ram_mb in "
+                              f"{self.spill_dir or tempfile.gettempdir()} ({err.strerror}); point it at a writable "
+                              "local disk with room, or raise engine.state_ram_mb") from None
+        self._maps.append(mapped)
+        return np.ndarray((rows, size), np.float32, buffer=mapped), True
+
+    def _mapped_file(self, nbytes: int) -> mmap.mmap:
         if self._folder is None:
             if self.spill_dir:
                 os.makedirs(self.spill_dir, exist_ok=True)
@@ -100,13 +112,12 @@ class StateMemory:
             weakref.finalize(self, shutil.rmtree, self._folder, True)  # also at exit
         fd, path = tempfile.mkstemp(dir=self._folder, suffix=".f32")
         try:
-            os.ftruncate(fd, max(nbytes, 1))
-            mapped = mmap.mmap(fd, max(nbytes, 1))
+            # Reserved now: a full disk is an error here, not a SIGBUS when a page of a sparse file is first written.
+            os.posix_fallocate(fd, 0, nbytes)
+            return mmap.mmap(fd, nbytes)
         finally:
             os.close(fd)
             os.unlink(path)
-        self._maps.append(mapped)
-        return np.ndarray((rows, size), np.float32, buffer=mapped), True
 
     def touched(self, nbytes: int) -> None:
         """Count spilled bytes read or written; past RELEASE_BYTES, drop their pages from this process."""
