@@ -115,10 +115,9 @@ def small_disk(path: Path):
 
 def fill(disk: Path) -> Path:
     filler = disk / "filler"
-    with open(filler, "wb") as f, contextlib.suppress(OSError):
+    with contextlib.suppress(OSError), open(filler, "wb", buffering=0) as f:  # ENOSPC ends it, close included
         while True:
             f.write(b"\0" * (1 << 20))
-            f.flush()
     return filler
 
 

@@ -148,7 +148,7 @@ class EngineConfig(_Section):
                                   "temp dir - set it when that is a RAM disk (tmpfs)")
     memory_format: Literal["auto", "channels_last", "contiguous"] = Field(
         "auto", description="image tensor layout; auto = channels_last on CPU (conv steps measured 1.7x faster "
-        "there, benchmarks/profile_compute.py), contiguous on GPU")
+        "there, benchmarks/profiling.py compute), contiguous on GPU")
     wait_for_resources_s: float = Field(600.0, ge=0, description="on a cluster: how long to wait for the autoscaler "
                                         "to add nodes for the workers (a local run fails at once when it is short)")
     dashboard: bool = Field(False, description="start Ray's dashboard (bound to 127.0.0.1) for local runs")
