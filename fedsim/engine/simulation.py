@@ -168,9 +168,9 @@ def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, slots
     assignments = assign_clients(cfg, partition)
     init_ref = ray.put(init_weights) if init_weights else None
     workers = [spawn_worker(cfg, clients, init_ref, slot) for clients, slot in zip(assignments, slots)]
-    _, initial_global = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
+    layout, initial_global = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
     return ServerActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
-        cfg, workers, assignments, initial_global, init_ref, slots)
+        cfg, workers, assignments, initial_global, layout.offsets, init_ref, slots)
 
 
 def save_final_model(run_dir: Path, cfg: RunConfig, data: ArrayDataset, global_vector: np.ndarray) -> None:
