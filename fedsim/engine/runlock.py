@@ -51,8 +51,9 @@ def hold(run_dir: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             _refuse(run_dir)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        with contextlib.suppress(OSError):  # who holds it is for the refusal message only (a full disk fails it)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
         yield
     finally:
         os.close(fd)  # releases the lock
