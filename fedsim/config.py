@@ -4,19 +4,43 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import reprlib
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from fedsim import strict_yaml
 
 
 class ConfigError(ValueError):
     """A one-line, user-facing configuration problem (names the field and the fix)."""
 
 
+def _scalar_types(annotation: Any) -> set:
+    """``int | None`` -> {int, NoneType}; ``Literal[...]``, ``dict[...]`` -> their origin."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_scalar_types(a) for a in typing.get_args(annotation)))
+    return {origin or annotation}
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf/nan are never meaningful settings (round_timeout_s: .inf would reach Ray as a timeout).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_number_confusion(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic's lax mode turns true into 1 and 1 into true; in a config that is always a typo."""
+        wanted = _scalar_types(cls.model_fields[info.field_name].annotation)
+        if bool in wanted and not isinstance(value, bool) and not (value is None and type(None) in wanted):
+            raise ValueError("expected true or false")
+        if isinstance(value, bool) and bool not in wanted and wanted & {int, float}:
+            raise ValueError("expected a number, not true/false")
+        return value
 
 
 class DataConfig(_Section):
@@ -98,6 +122,10 @@ class EngineConfig(_Section):
     gpus_per_worker: float = Field(0.0, ge=0, le=1)
     threads_per_worker: int = Field(1, ge=1, description="torch threads per worker; fixed so results do not depend on workers")
     round_timeout_s: float = Field(3600.0, gt=0, description="a round taking longer fails instead of hanging silently")
+    heartbeat_timeout_s: float = Field(60.0, gt=0, description="a worker not answering a ping this long during a "
+                                       "round (frozen, or its machine gone) is replaced and the round redone")
+    max_recoveries: int = Field(3, ge=0, description="worker losses in a row (no round completing in between) "
+                                "before the run stops with an error naming the worker")
     checkpoint_every: int = Field(1, ge=0, description="rounds between checkpoints (0 = never); also the rollback unit on worker loss")
     memory_format: Literal["auto", "channels_last", "contiguous"] = Field(
         "auto", description="image tensor layout; auto = channels_last on CPU (conv steps measured 1.7x faster "
@@ -143,9 +171,12 @@ MOVED_KEYS = {("train", "mu"): "algorithm: {name: fedprox, mu: ...}",
               ("train", "head_epochs"): "algorithm: {name: fedrep or fedper_ft, head_epochs: ...}"}
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # one folder name, and a valid W&B artifact name
+
+
 class RunConfig(_Section):
-    name: str = "run"
-    seed: int = 0
+    name: str = Field("run", description="the run's folder under out_dir: letters, digits, '.', '_', '-'")
+    seed: int = Field(0, ge=0, lt=2**63, description="every random choice derives from it")
     algorithm: AlgorithmConfig = AlgorithmConfig()
     out_dir: str = "runs"
     data: DataConfig = DataConfig()
@@ -155,6 +186,16 @@ class RunConfig(_Section):
     engine: EngineConfig = EngineConfig()
     logging: LoggingConfig = LoggingConfig()
     sweep: dict[str, list[Any]] = Field(default_factory=dict, description="dotted key -> values; one run per combination")
+
+    @field_validator("name")
+    @classmethod
+    def _one_safe_folder_name(cls, name: str) -> str:
+        # Checked before anything runs: a path-like name would write (and with --overwrite delete) outside
+        # out_dir, and a space breaks the W&B artifact only after training.
+        if not RUN_NAME.fullmatch(name):
+            raise ValueError("must be one folder name of at most 128 letters, digits, '.', '_' or '-', starting "
+                             "with a letter or digit (no '/', '..' or spaces); rename the run")
+        return name
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "RunConfig":
@@ -196,7 +237,11 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {pair!r}: expected key=value, e.g. train.rounds=3")
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        try:
+            value = strict_yaml.load(raw)
+        except strict_yaml.YamlError as err:
+            raise ConfigError(f"override {key.strip()}: {err}") from None
+        _set_dotted(tree, key.strip(), value)
     return tree
 
 
@@ -207,11 +252,18 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 40
+_SHORT.maxlist = _SHORT.maxdict = 3
+_SHORT.maxlevel = 1
+
+
 def _format_error(err: ValidationError, prefix: str = "") -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(first["loc"]))
     if where:
-        return f"{where}: {first['msg']} (got {first.get('input')!r})"
+        got = _SHORT.repr(first.get("input"))  # short: the input may be huge (a whole section, an alias expansion)
+        return f"{where}: {first['msg']} (got {got})"
     message = first["msg"].removeprefix("Value error, ")
     return message if re.match(r"^[\w.]+: ", message) else f"config: {message}"  # already names its field
 
@@ -235,9 +287,9 @@ def load_tree(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found; pass the path of a YAML file such as experiments/quickstart.yaml")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]}); fix the syntax") from None
+        tree = strict_yaml.load(path.read_text()) or {}
+    except strict_yaml.YamlError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err}); fix the syntax") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (data:, model:, train:, ...)")
     tree.setdefault("name", path.stem)
@@ -262,7 +314,7 @@ def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
         variant = {k: v for k, v in tree.items() if k != "sweep"}
         for key, value in zip(keys, values):
             _set_dotted(variant, key, value)
-        variant["name"] = "-".join([base.name, *(_label(v) for v in values)])
+        variant["name"] = "-".join([base.name, *(re.sub(r"[^A-Za-z0-9_.-]+", "_", _label(v)) for v in values)])
         if base.logging.wandb.group is None:  # the variants of one config form one W&B group, named after it
             _set_dotted(variant, "logging.wandb.group", base.name)
         runs.append(validate(variant))

@@ -94,6 +94,44 @@ def per_client(run_dir: Path) -> list[dict]:
     return read_jsonl(Path(run_dir) / "metrics.jsonl")
 
 
+def synthetic_tree(tmp_path, name: str = "t", **over) -> dict:
+    """A run on 8 generated clients with an MLP: seconds of compute, still through Ray workers."""
+    tree = {
+        "name": name, "seed": 3, "algorithm": "fedper", "out_dir": str(tmp_path),
+        "data": {"dataset": "synthetic", "partition": "natural", "num_clients": 8, "options": {"num_clients": 8}},
+        "model": {"name": "mlp", "personal_layers": 1},
+        "train": {"rounds": 4, "local_epochs": 1, "batch_size": 10, "fraction": 0.5, "eval_every": 2},
+        "eval": {"finetune_epochs": 1},
+        "engine": {"workers": 2, "round_timeout_s": 300},
+    }
+    for dotted, value in over.items():
+        set_dotted(tree, dotted, value)
+    return tree
+
+
+def own_ray_pids(title: bytes) -> list[int]:
+    """Processes Ray titled ``title...`` (e.g. b"ray::Worker") that descend from this test process, never
+    another Ray on the machine."""
+    def descends(pid: int) -> bool:
+        for _ in range(6):
+            try:
+                pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                return False
+            if pid == os.getpid():
+                return True
+        return False
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(title):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return sorted(p for p in found if descends(p))
+
+
 class _Call:
     def __init__(self, method):
         self.remote = method  # runs at once; the result stands in for the ObjectRef
@@ -118,7 +156,8 @@ def in_process_server(monkeypatch, cfg, partition, data, init_weights=None):
     from fedsim.client.runtime import ClientRuntime, shared_layout
 
     monkeypatch.setattr(server_module, "ray", types.SimpleNamespace(get=lambda refs, timeout=None: refs,
-                                                                    put=lambda value: value, kill=lambda _: None))
+                                                                    put=lambda value: value, kill=lambda _: None,
+                                                                    wait=lambda refs, **_: (list(refs), [])))
     assignments = server_module.assign_clients(cfg, partition)
     workers = [InProcessWorker(ClientRuntime(cfg.model_dump(), clients, init_weights)) for clients in assignments]
     _, initial = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)

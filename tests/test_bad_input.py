@@ -157,14 +157,6 @@ def test_resume_a_folder_that_is_not_a_run(capsys, tmp_path):
     _expect_clean_error(capsys, ["run", "--resume", str(tmp_path)], "not a run folder")
 
 
-def test_resume_with_dangling_latest_pointer(capsys, tmp_path, data_root):
-    run_dir = tmp_path / "r"
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({**GOOD, "data": {**GOOD["data"], "root": str(data_root)}}))
-    (run_dir / "checkpoints" / "latest").write_text("round-0007")
-    _expect_clean_error(capsys, ["run", "--resume", str(run_dir)], "incomplete")
-
-
 def test_neither_config_nor_resume(capsys):
     _expect_clean_error(capsys, ["run"], "give a CONFIG.yaml")
 

@@ -104,6 +104,8 @@ def test_partition_errors_name_the_setting(kind: str, num_clients: int, kwargs: 
 
 def test_too_many_clients_message() -> None:
     with pytest.raises(DataError, match=r"client \d+ with no training data; lower data.num_clients"):
+        make_partition("iid", TRAIN_Y, TEST_Y, 90, seed=0, train_fraction=0.1)
+    with pytest.raises(DataError, match=r"501 clients but the data set has only 500 train samples; lower"):
         make_partition("iid", TRAIN_Y, TEST_Y, 501, seed=0)
 
 

@@ -295,7 +295,8 @@ def test_natural_on_real_femnist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         ("shards", 5, {"shards_per_client": 2, "test_y": TEST_Y[TEST_Y < 9]}, "data.shard_style"),  # no 9s
         ("dirichlet", 5, {}, "data.beta"),
         ("dirichlet", 5, {"beta": 0.0}, "data.beta"),
-        ("dirichlet", 400, {"beta": 1.0}, "data.beta"),  # 400 clients x 2 > 600 samples
+        ("dirichlet", 150, {"beta": 1.0}, "data.beta"),  # 150 clients x 2 > 200 test samples
+        ("dirichlet", 400, {"beta": 1.0}, "data.num_clients"),  # more clients than test samples
         ("conflicting", 601, {}, "data.num_clients"),
         ("natural", 5, {}, "data.partition: natural needs a dataset with per-sample client ids, e.g. femnist"),
         ("natural", 11, {"groups": (TRAIN_Y, TEST_Y)}, "data.num_clients"),  # 10 groups

@@ -1,4 +1,7 @@
-"""``fedsim run CONFIG.yaml [key=value ...]`` - run a configured simulation (or each of its sweep variants)."""
+"""``fedsim run CONFIG.yaml [key=value ...]`` - run a configured simulation (or each of its sweep variants).
+
+Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
+3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +10,7 @@ import sys
 
 from fedsim.config import ConfigError, expand_sweep, load_tree
 from fedsim.data import DataError
+from fedsim.errors import RunFailed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,15 +116,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return _report_command(args) if args.command == "report" else _run_command(args)
+    except RunFailed as err:
+        return _fail(err, 3)
     except (ConfigError, DataError, ValueError, OSError) as err:
         # User-facing input problems: one line naming the field and the fix, no traceback.
-        if os.environ.get("FEDSIM_DEBUG"):
-            raise
         where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
-        print(f"fedsim: error: {err}{where}", file=sys.stderr)
-        return 2
+        return _fail(err, 2, where)
     finally:
         _disconnect_ray()
+
+
+def _fail(err: Exception, code: int, where: str = "") -> int:
+    if os.environ.get("FEDSIM_DEBUG"):
+        raise err
+    print(f"fedsim: error: {err}{where}", file=sys.stderr)
+    return code
 
 
 def _disconnect_ray() -> None:

@@ -17,6 +17,7 @@ import re
 import shutil
 import string
 import tempfile
+import uuid
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class ArrayDataset:
     train_groups: np.ndarray | None = None  # int64 (N,): the natural client (e.g. writer) of each sample
     test_groups: np.ndarray | None = None  # int64 (M,)
     augmentable: bool = True  # whether random crop + flip keeps the label (not for letters or features)
+    digest: str = ""  # hash of the arrays' content: a resumed run refuses data that changed under it
 
     @property
     def num_classes(self) -> int:
@@ -92,6 +94,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FEDSIM_CACHE") or Path.home() / ".cache" / "fedsim").expanduser()
 
 
+def content_digest(*arrays: np.ndarray | None) -> str:
+    """sha256 over the arrays' dtypes, shapes and bytes (CIFAR-10's 180 MB: about half a second)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        if a is not None:
+            h.update(f"{a.dtype}{a.shape}".encode())
+            h.update(memoryview(np.ascontiguousarray(a)).cast("B"))
+    return h.hexdigest()[:16]
+
+
 # ---------------------------------------------------------------------------------------------
 # Readers: each turns one on-disk format into Arrays.
 
@@ -107,6 +119,8 @@ def _decode_images(source: Path, members: list[str], read: Callable[[str], bytes
         try:
             with Image.open(io.BytesIO(read(member))) as img:
                 pixels = np.asarray(img.convert("RGB"))
+        except Image.DecompressionBombError as e:  # tiny file, billions of pixels: refused before decoding
+            raise DataError(f"data.root: {source}/{member} is too large to decode ({e}); remove it") from None
         except (OSError, ValueError, zipfile.BadZipFile) as e:  # UnidentifiedImageError is OSError
             raise DataError(f"data.root: cannot decode {source}/{member} ({e}); replace or remove it") from e
         if out is None:
@@ -139,10 +153,18 @@ def _decode_layout(source: Path, files: dict[str, list[tuple[str, str]]], read: 
     return Arrays(x[:n], y[:n], x[n:], y[n:], classes)
 
 
+def _is_image(member: str) -> bool:
+    """An image file by its name, but not the metadata macOS adds: ``__MACOSX/`` folders in zips and
+    ``._name.jpg`` AppleDouble files, which carry an image's extension but are not images."""
+    parts = member.split("/")
+    return (member.lower().endswith(_IMAGE_EXTS) and "__MACOSX" not in parts
+            and not any(part.startswith(".") for part in parts))
+
+
 def _read_image_folder(root: Path) -> Arrays:
     files = {
         split: [(p.parent.name, p.relative_to(root).as_posix()) for p in (root / split).glob("*/*")
-                if p.suffix.lower() in _IMAGE_EXTS]
+                if _is_image(p.relative_to(root).as_posix())]
         for split in ("train", "test")
     }
     return _decode_layout(root, files, lambda member: (root / member).read_bytes())
@@ -154,21 +176,40 @@ def _read_image_zip(path: Path) -> Arrays:
             files: dict[str, list[tuple[str, str]]] = {"train": [], "test": []}
             for member in zf.namelist():
                 match = _ZIP_MEMBER.match(member)
-                if match and member.lower().endswith(_IMAGE_EXTS):
+                if match and _is_image(member):
                     files[match[1]].append((match[2], member))
             return _decode_layout(path, files, zf.read)
     except (zipfile.BadZipFile, OSError) as e:
         raise DataError(f"data.root: {path} is not a readable zip ({e}); replace it") from e
 
 
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    """Unpickles dicts, lists, strings, numbers and numpy arrays, nothing else: a pickle names any
+    callable to run on load, and a file placed under data.root must not be able to run code."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),  # numpy ints in label lists
+        ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only arrays, lists and dicts are read")
+        return super().find_class(module, name)
+
+
 def _unpickle(path: Path) -> dict:
-    # The CIFAR python archives are Python 2 pickles (trusted, from the data set's authors):
-    # latin1 is how torchvision reads them too.
+    # The CIFAR python archives are Python 2 pickles: latin1 is how torchvision reads them too.
     try:
         with path.open("rb") as f:
-            return pickle.load(f, encoding="latin1")
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError) as e:
-        raise DataError(f"data.root: cannot read {path} ({e}); replace the folder {path.parent}") from e
+            batch = _ArraysOnlyUnpickler(f, encoding="latin1").load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
+        raise DataError(f"data.root: cannot read {path} ({e}); replace the folder {path.parent}") from None
+    if not isinstance(batch, dict):
+        raise DataError(f"data.root: {path} holds a {type(batch).__name__}, not a CIFAR batch; replace the folder "
+                        f"{path.parent}")
+    return batch
 
 
 def _pickle_reader(train: list[str], test: str, meta: str, labels: str, names: str) -> Callable[[Path], Arrays]:
@@ -251,9 +292,11 @@ def _synthetic(options: dict) -> ArrayDataset:
     groups = np.repeat(np.arange(n, dtype=np.int64), sizes)
     train = np.concatenate([np.arange(size) < int(0.8 * size) for size in sizes])  # each client's first 80%
     classes = tuple(str(c) for c in range(num_classes))
-    return ArrayDataset("synthetic", x[train], y[train], x[~train], y[~train], classes,
+    arrays = (x[train], y[train], x[~train], y[~train])
+    return ArrayDataset("synthetic", *arrays, classes,
                         (0.0,) * dim, (1.0,) * dim,  # features stay as generated: to_float is the identity
-                        groups[train], groups[~train], augmentable=False)
+                        groups[train], groups[~train], augmentable=False,
+                        digest=content_digest(*arrays, groups[train], groups[~train]))
 
 
 @dataclass(frozen=True)
@@ -356,8 +399,11 @@ def _open_cache(name: str, folder: Path, spec: _Spec) -> ArrayDataset | None:
         arrays = [np.load(folder / f"{a}.npy", mmap_mode="r", allow_pickle=False)
                   for a in _ARRAYS + (_GROUPS if meta.get("groups") else ())]
         train_x, train_y, test_x, test_y, *groups = arrays
+        # A constant channel (std 0) would divide by zero: left unscaled it is just 0 after centring.
+        std = tuple(float(s) if s > 0 else 1.0 for s in meta["std"])
         dataset = ArrayDataset(name, train_x, train_y, test_x, test_y, tuple(meta["classes"]),
-                               tuple(meta["mean"]), tuple(meta["std"]), *groups, augmentable=spec.augmentable)
+                               tuple(meta["mean"]), std, *groups, augmentable=spec.augmentable,
+                               digest=meta.get("digest") or content_digest(*arrays))  # caches from before digests
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # AttributeError: meta not a dict
         return None
     channels = train_x.shape[-1] if train_x.ndim == 4 else -1
@@ -378,22 +424,37 @@ def _build_cache(folder: Path, source: Path, read: Callable[[Path], Arrays], spe
                         f"{spec.num_classes}; point data.root at the right data set")
     mean, std = _channel_stats(arrays.train_x)
     has_groups = arrays.train_groups is not None
+    names = _ARRAYS + (_GROUPS if has_groups else ())
     folder.parent.mkdir(parents=True, exist_ok=True)
-    # Build next to the target and rename, so no reader ever sees a half-written cache.
+    # Build next to the target under a name of our own, then rename: no reader ever sees a half-written cache.
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache is meant to be shared
-        for a in _ARRAYS + (_GROUPS if has_groups else ()):
+        for a in names:
             np.save(tmp / f"{a}.npy", getattr(arrays, a))
-        meta = {"classes": list(arrays.classes), "mean": mean, "std": std, "source": str(source), "groups": has_groups}
+        meta = {"classes": list(arrays.classes), "mean": mean, "std": std, "source": str(source), "groups": has_groups,
+                "digest": content_digest(*(getattr(arrays, a) for a in names))}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        shutil.rmtree(folder, ignore_errors=True)  # a damaged cache that _open_cache rejected
-        try:
-            os.replace(tmp, folder)
-        except OSError:
-            pass  # another process renamed its complete copy into place first: use theirs
+        _publish(tmp, folder, spec)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish(tmp: Path, folder: Path, spec: _Spec) -> None:
+    """Rename ``tmp`` to ``folder`` unless another process got there first. A folder already in place is
+    only moved aside (then deleted) when it is damaged, and only if it is still damaged right before:
+    a cache another process just published, and may be reading, is never removed."""
+    if folder.exists() and _open_cache(folder.name, folder, spec) is None:
+        trash = folder.with_name(f".{folder.name}-damaged-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(folder, trash)
+        except OSError:
+            pass  # someone else moved it first
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.rename(tmp, folder)  # fails on an existing non-empty folder: a concurrent winner stays
+    except OSError:
+        pass  # another process published its complete copy first: use theirs
 
 
 def _user_dataset(name: str, root: str | Path | None, options: dict) -> ArrayDataset:

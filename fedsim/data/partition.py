@@ -378,6 +378,12 @@ def make_partition(kind: str, train_y: np.ndarray, test_y: np.ndarray, num_clien
     for field, fraction in (("train_fraction", train_fraction), ("test_fraction", test_fraction)):
         if not 0 < fraction <= 1:
             raise DataError(f"data.{field}: must be in (0, 1], got {fraction}")
+    # Checked before splitting: every client needs a sample of each split, and a huge count (10^9) would
+    # otherwise allocate per-client arrays until memory runs out.
+    for split, labels in (("train", train_y), ("test", test_y)):
+        if num_clients > len(labels):
+            raise DataError(f"data.num_clients: {num_clients} clients but the data set has only {len(labels)} "
+                            f"{split} samples; lower data.num_clients")
     p = splitter(_Request(np.asarray(train_y, np.int64), np.asarray(test_y, np.int64), num_clients,
                           np.random.default_rng(seed), train_fraction, test_fraction, k, shards_per_client,
                           shard_style, beta, groups))

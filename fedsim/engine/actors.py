@@ -36,11 +36,14 @@ class Worker:
     def device_info(self) -> dict:
         return self.runtime.device_info()
 
+    @ray.method(concurrency_group="health")
     def ping(self) -> int:
         return self.runtime.ping()
 
 
-WorkerActor = ray.remote(Worker)
+# Pings run on a thread of their own, so a worker busy training still answers them (the server tells
+# busy from frozen that way); every other call stays on the one default thread, in order.
+WorkerActor = ray.remote(concurrency_groups={"health": 1})(Worker)
 ServerActor = ray.remote(Server)
 
 

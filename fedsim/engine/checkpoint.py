@@ -15,13 +15,16 @@ never follows it to a partial checkpoint (``begin``/``finish`` pick the way by l
 On a local disk, a checkpoint folder is built under a temporary name, every file fsynced, then renamed into
 place; ``latest`` is replaced atomically afterwards. A crash at any moment leaves the previous
 checkpoint intact. Personal weights are written by the worker that owns them and never pass
-through the driver.
+through the driver. Old checkpoints are pruned by round number (names sort wrongly from round
+10,000 on), never the one ``latest`` names; when ``latest`` is missing or names a damaged
+checkpoint, resume falls back to the newest intact one.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import zipfile
@@ -42,15 +45,40 @@ class CheckpointError(ValueError):
     """A missing, truncated or foreign checkpoint (one line naming the file and the fix)."""
 
 
-def fingerprint(cfg_dict: dict) -> str:
-    """What must match for a checkpoint to continue this run (output location may differ)."""
-    relevant = {k: v for k, v in cfg_dict.items() if k not in ("name", "out_dir", "sweep")}
+# Settings a resumed run may change: where it writes, how it logs, how long it runs, and engine
+# settings that do not change results.
+RESUMABLE = ("name", "out_dir", "sweep", "logging")
+
+
+def _relevant(cfg_dict: dict) -> dict:
+    relevant = {k: v for k, v in cfg_dict.items() if k not in RESUMABLE}
     # Resuming may extend a run - unless a step schedule places its milestones by the round count.
     stepped = any(relevant["train"][part]["schedule"] != "constant" for part in ("body", "head"))
     relevant["train"] = {k: v for k, v in relevant["train"].items() if k != "rounds" or stepped}
     # Thread count and tensor layout change floating-point results in the last bits.
     relevant["engine"] = {k: v for k, v in relevant["engine"].items() if k in ("threads_per_worker", "memory_format")}
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return relevant
+
+
+def fingerprint(cfg_dict: dict) -> str:
+    """What must match for a checkpoint to continue this run (output location may differ)."""
+    return hashlib.sha256(json.dumps(_relevant(cfg_dict), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat |= _flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_settings(before: dict, after: dict) -> list[str]:
+    """Dotted keys covered by the fingerprint whose values differ between two resolved configs."""
+    old, new = _flatten(_relevant(before)), _flatten(_relevant(after))
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
 def _fsync_file(path: Path) -> None:
@@ -92,7 +120,8 @@ def read_worker_states(ckpt: Path, clients: set[int]) -> dict[str, dict[int, np.
                     if int(client) in clients:
                         slots.setdefault(name, {})[int(client)] = z[key]
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-            raise CheckpointError(f"{path}: unreadable checkpoint file ({err}); delete {ckpt} to resume from an earlier one")
+            raise CheckpointError(f"{path}: unreadable checkpoint file ({err}); resume again: it falls back to an "
+                                  "earlier intact checkpoint")
     return slots
 
 
@@ -121,20 +150,65 @@ def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict,
     _fsync_file(latest_tmp)
     os.replace(latest_tmp, staging.parent / "latest")
     _fsync_dir(staging.parent)
-    for old in sorted(staging.parent.glob("round-*"))[:-KEEP]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune(staging.parent, round_idx)
     return final
 
 
+def round_of(folder: Path) -> int | None:
+    """The round a ``round-NNNN`` folder holds (any number of digits), else None."""
+    prefix, _, digits = folder.name.partition("-")
+    return int(digits) if prefix == "round" and digits.isdigit() else None
+
+
+def _by_round(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """Checkpoint folders, newest round first (by number: 'round-10000' sorts before 'round-9999' by name)."""
+    found = [(round_of(p), p) for p in ckpt_dir.glob("round-*") if p.is_dir()]
+    return sorted(((r, p) for r, p in found if r is not None), key=lambda rp: rp[0], reverse=True)
+
+
+def prune(ckpt_dir: Path, current: int) -> None:
+    """Keep the checkpoint just published and the KEEP-1 newest before it. Later ones are left over from
+    before a rollback or a resume that fell back past them: the run is redoing those rounds."""
+    older = [p for r, p in _by_round(ckpt_dir) if r < current]
+    newer = [p for r, p in _by_round(ckpt_dir) if r > current]
+    for old in newer + older[KEEP - 1:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def intact(ckpt: Path) -> bool:
+    """Whether every file of a checkpoint is present and readable (zip CRCs and all)."""
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+        int(state["round"])
+        np.load(ckpt / "global.npy", allow_pickle=False)
+        archives = state["workers"] + (["server.npz"] if (ckpt / "server.npz").exists() else [])
+        for name in archives:
+            with zipfile.ZipFile(ckpt / name) as z:
+                if z.testzip() is not None:
+                    return False
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError):
+        return False
+    return True
+
+
 def latest(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run, or None when it has none yet."""
-    pointer = run_dir / "checkpoints" / "latest"
-    if not pointer.exists():
-        return None
-    ckpt = pointer.parent / pointer.read_text().strip()
-    if not (ckpt / "state.json").is_file():
-        raise CheckpointError(f"{pointer}: points at {ckpt.name}, which is incomplete; delete {pointer} to start over")
-    return ckpt
+    """The newest intact checkpoint of a run, or None when it has none. ``latest`` names the newest;
+    when it is missing, dangling or names a damaged checkpoint, the newest intact older one is used, so a
+    crash or a broken disk block costs the rounds since that checkpoint instead of the whole run."""
+    ckpt_dir = run_dir / "checkpoints"
+    pointer = ckpt_dir / "latest"
+    try:
+        named = ckpt_dir / pointer.read_text().strip()
+    except (OSError, ValueError):
+        named = None
+    if named is not None and named.parent == ckpt_dir and round_of(named) is not None and intact(named):
+        return named
+    chosen = next((p for _, p in _by_round(ckpt_dir) if intact(p)), None)
+    if named is not None:
+        logging.getLogger(__name__).warning(
+            "fedsim: warning: %s names %s, which is missing or damaged; resuming from %s", pointer, named.name,
+            chosen.name if chosen else "round 0 (no intact checkpoint left)")
+    return chosen
 
 
 def read_state(ckpt: Path, expected_fingerprint: str,

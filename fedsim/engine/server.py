@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 PING_TIMEOUT_S = 60
 
 
+class WorkerLost(RuntimeError):
+    """A worker kept dying (or freezing) however often it was replaced: one line naming it and its clients."""
+
+
 def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float) -> list[int]:
     """max(1, round(f * N)) distinct clients, drawn from (seed, round) only."""
     count = max(1, round(fraction * num_clients))
@@ -97,6 +101,8 @@ class Server:
         self.times_sampled = np.zeros(self.num_clients, np.int64)
         self.last_checkpoint: str | None = None
         self.recoveries = 0
+        self.losses_in_a_row = 0  # recoveries since a round last completed: bounded by engine.max_recoveries
+        self.unresponsive: set[int] = set()  # workers killed for not answering pings, named if the run gives up
 
     def _initial_state(self) -> dict[str, np.ndarray]:
         zeros = np.zeros_like(self.initial_global)
@@ -112,6 +118,45 @@ class Server:
 
     def _get(self, refs):
         return ray.get(refs, timeout=self.cfg.engine.round_timeout_s)
+
+    def _get_from_each(self, refs: list) -> list:
+        """``_get`` of one call per worker (``refs[i]`` on worker i), naming the silent workers on timeout.
+        Not watched by pings: a worker still importing torch cannot answer them yet."""
+        timeout = self.cfg.engine.round_timeout_s
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if pending:
+            silent = [i for i, ref in enumerate(refs) if ref in pending]
+            raise GetTimeoutError(f"{self._name_worker(silent[0])} did not answer within engine.round_timeout_s="
+                                  f"{timeout:g} (frozen, or out of memory)")
+        return ray.get(refs)
+
+    def _name_worker(self, index: int) -> str:
+        clients = sorted(self.assignments[index])
+        shown = ", ".join(map(str, clients[:8])) + (f" and {len(clients) - 8} more" if len(clients) > 8 else "")
+        return f"worker {index} (clients {shown})"
+
+    def _get_watching(self, refs: list) -> list:
+        """Like ``_get`` for a round's calls, but a worker that stops answering pings is killed after
+        engine.heartbeat_timeout_s, so its call fails now (and the round is redone on a replacement)
+        instead of after the whole round_timeout_s. Pings run in their own thread on the worker, so a
+        busy worker still answers; a frozen one (SIGSTOP, a lost machine) does not."""
+        deadline = time.monotonic() + self.cfg.engine.round_timeout_s
+        pending = list(refs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=self.cfg.engine.heartbeat_timeout_s)
+            if pending:
+                self._kill_unresponsive()
+            if pending and time.monotonic() > deadline:
+                raise GetTimeoutError(f"no answer within engine.round_timeout_s={self.cfg.engine.round_timeout_s:g}")
+        return ray.get(refs)
+
+    def _kill_unresponsive(self) -> None:
+        pings = {w.ping.remote(): index for index, w in enumerate(self.workers)}
+        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=self.cfg.engine.heartbeat_timeout_s)
+        for ref, index in pings.items():
+            if ref not in answered:
+                self.unresponsive.add(index)
+                ray.kill(self.workers[index])  # its pending call now fails with RayActorError: recovery follows
 
     def worker_info(self) -> list[dict]:
         return self._get([w.device_info.remote() for w in self.workers])
@@ -143,9 +188,11 @@ class Server:
         """Train the sampled clients, aggregate, and (on evaluation rounds) score every client.
         A worker lost mid-round is replaced and the run rolls back to the last checkpoint."""
         try:
-            return self._round(round_idx)
+            outcome = self._round(round_idx)
         except RayActorError:
             return RolledBack(round_idx, self._recover())
+        self.losses_in_a_row = 0
+        return outcome
 
     def _round(self, round_idx: int) -> RoundOutcome:
         start = time.perf_counter()
@@ -153,7 +200,8 @@ class Server:
         calls = [self.workers[w].train.remote(self.broadcast_ref, cs, round_idx)
                  for w, cs in self._by_worker(sampled, self.train_steps).items()]
         # In client order, so logs and the client an error names do not depend on how work was split.
-        updates: list[ClientUpdate] = sorted((u for batch in self._get(calls) for u in batch), key=lambda u: u.client)
+        updates: list[ClientUpdate] = sorted((u for batch in self._get_watching(calls) for u in batch),
+                                             key=lambda u: u.client)
         diverged = [u.client for u in updates if u.diverged]
         if diverged and self.cfg.train.on_nonfinite == "stop":
             return RoundFailed(round_idx, f"client {diverged[0]}, round {round_idx}: training loss is not finite; "
@@ -186,7 +234,7 @@ class Server:
     def _evaluate(self, round_idx: int, train_loss: dict[int, float]) -> list[dict]:
         everyone = self._by_worker(list(range(self.num_clients)), self.test_sizes)
         calls = [self.workers[w].evaluate.remote(self.broadcast_ref, cs, round_idx) for w, cs in everyone.items()]
-        records = sorted((r for batch in self._get(calls) for r in batch), key=lambda r: r["client"])
+        records = sorted((r for batch in self._get_watching(calls) for r in batch), key=lambda r: r["client"])
         for r in records:
             r["round"] = round_idx
             r["train_loss"] = train_loss.get(r["client"])
@@ -194,11 +242,17 @@ class Server:
         return records
 
     # -- checkpoints and recovery ----------------------------------------------------------------
-    def checkpoint(self, run_location: str, round_idx: int) -> str:
-        """Each worker writes its own file straight to the run's storage; then the driver publishes."""
+    def checkpoint(self, run_location: str, round_idx: int) -> str | RolledBack:
+        """Each worker writes its own file straight to the run's storage; then the driver publishes. A worker
+        lost while writing its part rolls back like a worker lost mid-round (the rounds since the previous
+        checkpoint are redone)."""
         staging = checkpoint.begin(run_location, round_idx)
         names = [f"worker-{i}.npz" for i in range(len(self.workers))]
-        self._get([w.save_state.remote(storage.join(staging, name)) for w, name in zip(self.workers, names)])
+        try:
+            self._get_watching([w.save_state.remote(storage.join(staging, name))
+                                for w, name in zip(self.workers, names)])
+        except RayActorError:
+            return RolledBack(round_idx, self._recover())
         meta = {"fingerprint": self.fingerprint, "recoveries": self.recoveries}
         server_state = {name: v for name, v in self.state.items() if name != WEIGHTS}
         self.last_checkpoint = checkpoint.finish(staging, round_idx, self.state[WEIGHTS], meta, names, server_state)
@@ -213,7 +267,7 @@ class Server:
                 state, global_vector, server_state = checkpoint.read_state(local, self.fingerprint, self.shared_size)
             round_idx = int(state["round"])
             self.state = {WEIGHTS: global_vector, **server_state}
-        self._get([w.load_state.remote(ckpt) for w in self.workers])
+        self._get_from_each([w.load_state.remote(ckpt) for w in self.workers])
         self.broadcast_ref = self._publish()
         self.times_sampled = self._times_sampled_until(round_idx)
         self.last_checkpoint = ckpt
@@ -230,15 +284,27 @@ class Server:
         then is redone from the same inputs, so the results equal those of a fault-free run."""
         from fedsim.engine.actors import spawn_worker  # the actor shells import this module
 
+        lost = []
         for index, worker in enumerate(self.workers):
             try:
                 ray.get(worker.ping.remote(), timeout=PING_TIMEOUT_S)
             except (RayActorError, GetTimeoutError):
                 ray.kill(worker)
+                lost.append(index)
                 self.workers[index] = spawn_worker(self.cfg, self.assignments[index], self.init_weights,
                                                    self.slots[index])
         self.recoveries += 1
+        self.losses_in_a_row += 1
+        if self.losses_in_a_row > self.cfg.engine.max_recoveries:
+            raise WorkerLost(self._describe_loss(lost))
         return self.restore(self.last_checkpoint)
+
+    def _describe_loss(self, lost: list[int]) -> str:
+        index = lost[0] if lost else min(self.unresponsive, default=0)
+        how = "stopped answering pings" if index in self.unresponsive else "died"
+        return (f"{self._name_worker(index)} {how} {self.losses_in_a_row} times in a row, more than "
+                f"engine.max_recoveries={self.cfg.engine.max_recoveries}; check its memory (a smaller "
+                "train.batch_size or fewer engine.workers per machine) or the client module")
 
     def shutdown(self) -> None:
         for w in self.workers:

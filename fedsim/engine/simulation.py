@@ -1,6 +1,7 @@
 """Run one configured simulation: validate inputs, start Ray, loop rounds, checkpoint, write the run folder."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,15 +16,16 @@ import ray
 import yaml
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from fedsim import storage
+from fedsim import atomic, storage
 from fedsim.config import ConfigError, RunConfig, validate
-from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
-from fedsim.engine import checkpoint, placement
+from fedsim.data import ArrayDataset, DataError, Partition, load_dataset, make_partition
+from fedsim.engine import checkpoint, placement, runlock
 from fedsim.algorithms import build_algorithm
 from fedsim.client.runtime import initial_model, load_client_class, read_initial_weights, shared_layout
 from fedsim.engine.actors import ServerActor, spawn_worker
 from fedsim.engine.protocol import RolledBack, RoundFailed
 from fedsim.engine.server import assign_clients
+from fedsim.errors import RunFailed
 from fedsim.metrics import summarize
 from fedsim.metrics.logger import RunLogger
 
@@ -89,7 +91,7 @@ def prepare_inputs(cfg: RunConfig) -> tuple[ArrayDataset, Partition, dict | None
 
 
 def _refuse_existing(run_dir: Path, overwrite: bool) -> None:
-    if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+    if run_dir.exists() and any(p.name != runlock.LOCK_NAME for p in run_dir.iterdir()) and not overwrite:
         raise ConfigError(f"{run_dir}: run folder already exists; pass --resume {run_dir} to continue it, "
                           "--overwrite to replace it, or change name")
 
@@ -99,7 +101,8 @@ def _start_new(run_dir: Path, cfg: RunConfig, partition: Partition, data: ArrayD
     for stale in ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json"):
         (run_dir / stale).unlink(missing_ok=True)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    _write_config(run_dir, cfg)
+    atomic.write_text(run_dir / DATASET_FILE, json.dumps({"dataset": cfg.data.dataset, "digest": data.digest}))
     partition.save(run_dir / "partition.npz")
     stats = partition.stats(data.train_y, data.test_y, data.num_classes)
     (run_dir / "partition_stats.json").write_text(json.dumps(stats, indent=1))
@@ -112,13 +115,45 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig
     store = storage.Store(run_dir)
     if not store.exists("config.yaml"):
         raise ConfigError(f"{run_dir}: not a run folder (no config.yaml); pass the folder a `fedsim run` created")
+    out_dir, name = storage.parent_and_name(str(run_dir))
     with tempfile.TemporaryDirectory(prefix="fedsim-config-") as tmp:
         config = Path(tmp, "config.yaml")
         config.write_bytes(store.read_bytes("config.yaml"))
-        tree = load_tree(config, overrides)
-    out_dir, name = storage.parent_and_name(str(run_dir))
-    tree.update(name=name, out_dir=out_dir)
-    return validate(tree)
+        tree, stored = load_tree(config, overrides), load_tree(config)
+    for t in (tree, stored):
+        t.update(name=name, out_dir=out_dir)
+    cfg = validate(tree)
+    changed = checkpoint.changed_settings(validate(stored).model_dump(), cfg.model_dump()) if overrides else []
+    if changed:
+        raise ConfigError(f"{changed[0]}: a resumed run cannot change it (it changes what the run computes); resume "
+                          "accepts train.rounds, logging.* and engine settings other than threads_per_worker and "
+                          "memory_format; start a new run with another name instead")
+    return cfg
+
+
+DATASET_FILE = "dataset.json"
+
+
+def _refuse_changed_data(run_dir: Path, data: ArrayDataset) -> None:
+    """The partition stored in the run folder indexes the data set as it was: same counts with other
+    images would silently train on different data."""
+    try:
+        started_with = json.loads((run_dir / DATASET_FILE).read_text())["digest"]
+    except FileNotFoundError:
+        return  # a run folder from before data digests: nothing to compare with
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"data.root: {run_dir / DATASET_FILE} is unreadable ({err}); restore it from a backup") from None
+    if started_with != data.digest:
+        raise DataError(f"data.root: the {data.name} data changed since this run started (content {started_with}, now "
+                        f"{data.digest}); restore the original files, or start a new run")
+
+
+def _write_config(run_dir: Path, cfg: RunConfig) -> None:
+    """config.yaml always holds what the run is running now: a resume that extends train.rounds updates it,
+    so a later plain resume (and summary.json) keep the new round count."""
+    atomic.write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+
+
 
 
 def _this_node() -> NodeAffinitySchedulingStrategy:
@@ -218,14 +253,19 @@ class RunFolder:
 def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None = None,
         resume: bool = False, on_start: Callable[[int], None] | None = None) -> RunResult:
     """Run (or with ``resume``, continue) a simulation. ``on_start(rounds_already_done)`` is called once the
-    inputs are validated and training begins; ``on_round(row, result)`` after every completed round."""
+    inputs are validated and training begins; ``on_round(row, result)`` after every completed round.
+    Bad input raises ConfigError/DataError/CheckpointError before anything is written; a failure once the
+    run is under way raises RunFailed (with the resume command)."""
     # Every input is checked before Ray starts or a file is written.
     data, partition, init_weights = prepare_inputs(cfg)
     folder = RunFolder(cfg)
     try:
         ckpt = None
+        if not folder.remote:
+            runlock.refuse_if_live(folder.local)
         if resume:
             folder.fetch()
+            _refuse_changed_data(folder.local, data)
             ckpt = _checked_checkpoint(cfg, folder.local, data, init_weights)
             partition = Partition.load(folder.local / "partition.npz")
         else:
@@ -238,16 +278,51 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
         try:
             if not folder.remote:
                 placement.check_shared(folder.local.parent, placement.nodes_of(group), cfg.engine.round_timeout_s)
-            if not resume:
-                folder.clear()
-                _start_new(folder.local, cfg, partition, data)
-                folder.publish()
-            slots = placement.slots(group, workers)
-            return _train(cfg, folder, partition, data, init_weights, slots, ckpt, resume, on_round, on_start)
+            # Held until the run ends: a second run of this folder, or --overwrite meanwhile, is refused. An
+            # object store has no such lock: there the staging copy is private to this process anyway.
+            with contextlib.nullcontext() if folder.remote else runlock.hold(folder.local):
+                if resume:
+                    _write_config(folder.local, cfg)  # an extended train.rounds is remembered
+                else:
+                    folder.refuse_existing(overwrite)  # again: another run may have filled the folder meanwhile
+                    folder.clear()
+                    _start_new(folder.local, cfg, partition, data)
+                    folder.publish()
+                slots = placement.slots(group, workers)
+                try:
+                    return _train(cfg, folder, partition, data, init_weights, slots, ckpt, resume, on_round, on_start)
+                except (ConfigError, DataError, checkpoint.CheckpointError, TrainingDiverged):
+                    raise
+                except Exception as err:
+                    raise RunFailed(describe_failure(err), folder.location) from err
         finally:
             placement.release(group)
     finally:
         folder.close()
+
+
+def describe_failure(err: BaseException) -> str:
+    """One line for what broke, without the traceback Ray wraps around a remote error."""
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    if isinstance(err, RayTaskError) and isinstance(err.cause, RayActorError):  # raised in the server
+        lines = [ln for ln in str(err.cause).splitlines() if ln.strip()]
+        return f"a worker failed to start or died ({lines[-1].strip()[:200] if lines else 'no message'})"
+    if isinstance(err, RayTaskError) and isinstance(err.cause, GetTimeoutError):  # the server's, naming a worker
+        return str(err.cause).splitlines()[0]
+    if isinstance(err, RayTaskError) and err.cause is not None and err.cause is not err:
+        return describe_failure(err.cause)
+    if isinstance(err, RayActorError):
+        return "the server actor died (its process was killed or ran out of memory)"
+    if isinstance(err, GetTimeoutError):
+        return "no answer within engine.round_timeout_s"
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}{f' ({err.filename})' if err.filename else ''}"
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else 'no message'}"
+
+
+SERVER_MARGIN_S = 60  # entrypoint waits on the server this much longer than the server waits on workers
 
 
 def _checked_checkpoint(cfg: RunConfig, run_dir: Path, data: ArrayDataset, init_weights: dict | None) -> Path | None:
@@ -265,7 +340,8 @@ def _train(cfg: RunConfig, folder: RunFolder, partition: Partition, data: ArrayD
     run_dir = folder.local
     started = time.perf_counter()
     server = start_engine(cfg, partition, data, slots, init_weights)
-    timeout = cfg.engine.round_timeout_s
+    # The server's own deadline for its workers comes first, and its error names the silent worker.
+    timeout = cfg.engine.round_timeout_s + SERVER_MARGIN_S
     logger = RunLogger(run_dir, _sink(cfg, run_dir, resume))
     summary = None
     try:
@@ -287,8 +363,12 @@ def _train(cfg: RunConfig, folder: RunFolder, partition: Partition, data: ArrayD
             if every and (round_idx % every == 0 or round_idx == cfg.train.rounds):
                 logger.sync()  # metrics first: a published checkpoint never points past what is on disk
                 folder.publish()
-                ray.get(server.checkpoint.remote(folder.location if folder.remote else str(run_dir), round_idx),
-                        timeout=timeout)
+                saved = ray.get(server.checkpoint.remote(folder.location if folder.remote else str(run_dir), round_idx),
+                                timeout=timeout)
+                if isinstance(saved, RolledBack):  # a worker died while writing its part
+                    logger.truncate(saved.to_round)
+                    round_idx = saved.to_round + 1
+                    continue
             if on_round:
                 on_round(row, result)
             round_idx += 1
@@ -297,13 +377,23 @@ def _train(cfg: RunConfig, folder: RunFolder, partition: Partition, data: ArrayD
         summary = _summary(cfg, logger, workers, time.perf_counter() - started)
         if logger.sink:
             summary["wandb"] = logger.sink.describe(run_dir, folder.location)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        atomic.write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
     finally:
         logger.close(summary)
         folder.publish()  # also after a failure: the metrics so far and the W&B run's final state
-        ray.get(server.shutdown.remote(), timeout=60)
-        ray.kill(server)
+        _stop(server)
     return RunResult(cfg.name, folder.location if folder.remote else run_dir, summary)
+
+
+def _stop(server) -> None:
+    """Stop the server and its workers; a server that already died must not hide why the run ended."""
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        ray.get(server.shutdown.remote(), timeout=60)
+    except (RayActorError, GetTimeoutError):
+        pass  # the workers belong to this process and end with its Ray connection
+    ray.kill(server)
 
 
 def _summary(cfg: RunConfig, logger: RunLogger, workers: list[dict], wall: float) -> dict:

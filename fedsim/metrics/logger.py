@@ -6,10 +6,12 @@ rollback, so a resumed run's files equal those of an uninterrupted one.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from pathlib import Path
 
+from fedsim import atomic
 from fedsim.engine.protocol import RoundResult
 from fedsim.metrics.summary import summarize
 
@@ -39,9 +41,7 @@ class RunLogger:
         for name, handle in self.files.items():
             handle.close()
             kept = [r for r in _rows(self.run_dir / name) if r["round"] <= last_round]
-            tmp = self.run_dir / f".{name}.tmp"
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-            os.replace(tmp, self.run_dir / name)
+            atomic.write_text(self.run_dir / name, "".join(json.dumps(r) + "\n" for r in kept))
             self.files[name] = open(self.run_dir / name, "a")
         self._write_csv()
 
@@ -71,13 +71,15 @@ class RunLogger:
             os.fsync(handle.fileno())
 
     def _write_csv(self) -> None:
-        """rounds.csv: one row per evaluation round, every across-client statistic as a column."""
+        """rounds.csv: one row per evaluation round, every across-client statistic as a column. Replaced
+        whole (a kill mid-write leaves the previous version, which `fedsim report` can still read)."""
         rows = [r for r in _rows(self.run_dir / "rounds.jsonl") if "acc" in r]
         columns = [(key, stat) for key in ACC_KEYS if rows and key in rows[0] for stat in rows[0][key]]
-        with open(self.run_dir / "rounds.csv", "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["round"] + [f"{key}_{stat}" for key, stat in columns])
-            writer.writerows([r["round"]] + [r[key][stat] for key, stat in columns] for r in rows)
+        text = io.StringIO(newline="")
+        writer = csv.writer(text)
+        writer.writerow(["round"] + [f"{key}_{stat}" for key, stat in columns])
+        writer.writerows([r["round"]] + [r[key][stat] for key, stat in columns] for r in rows)
+        atomic.write_text(self.run_dir / "rounds.csv", text.getvalue())
 
     def records_of_round(self, round_idx: int) -> list[dict]:
         return [r for r in _rows(self.run_dir / "metrics.jsonl") if r["round"] == round_idx]

@@ -1,0 +1,100 @@
+"""YAML for configs, without the surprises of PyYAML's YAML 1.1 defaults.
+
+- Booleans are only ``true``/``false`` (YAML 1.2): ``checkpoint_every: no`` stays the string 'no', which
+  the config then rejects, instead of becoming False and then 0 (checkpoints silently off).
+- Integers are decimal (or 0x/0o): ``010`` is 10, not 8, and ``1:30`` is not 90. Floats may omit the dot
+  (``1e-3``).
+- A key given twice in one mapping is an error naming it; PyYAML silently keeps the last, which for a
+  section replaces the whole first one.
+- Anchors and aliases still work, but a document that expands past a node budget (an "alias bomb",
+  a few hundred bytes that expand to billions of nodes) or a file past a size limit is refused, and
+  the error never echoes the input back.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+MAX_BYTES = 1 << 20  # a config is a few kB; a megabyte is already far past any real one
+MAX_NODES = 100_000  # nodes after alias expansion (sweeps over hundreds of values stay far below)
+
+
+class YamlError(ValueError):
+    """Not acceptable YAML: one line, saying where (line number) and why, never quoting the input."""
+
+
+def _resolvers() -> dict[str, list[tuple[str, re.Pattern]]]:
+    kept = {first: [(tag, rx) for tag, rx in entries if tag not in (BOOL, INT, FLOAT)]
+            for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for tag, rx, firsts in ((BOOL, _BOOL, "tTfF"), (INT, _INT, "-+0123456789"), (FLOAT, _FLOAT, "-+.0123456789")):
+        for first in firsts:
+            kept.setdefault(first, []).append((tag, rx))
+    return kept
+
+
+BOOL, INT, FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    yaml_implicit_resolvers = _resolvers()
+
+    def construct_yaml_bool(self, node: yaml.Node) -> bool:
+        return self.construct_scalar(node).lower() == "true"
+
+    def construct_yaml_int(self, node: yaml.Node) -> int:
+        text = self.construct_scalar(node)
+        return int(text[2:], 8) if text.startswith("0o") else int(text, 16 if text.startswith("0x") else 10)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise YamlError(f"line {key_node.start_mark.line + 1}: key {str(key)[:60]!r} is given twice in one "
+                                "mapping; keep one (a repeated section would replace the first one whole)")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(BOOL, _StrictLoader.construct_yaml_bool)
+_StrictLoader.add_constructor(INT, _StrictLoader.construct_yaml_int)
+
+
+def _check_expanded_size(value: Any) -> None:
+    """Count nodes as a consumer walking the data would see them (aliases counted every time they are
+    reached); stop as soon as the budget is spent, so the check itself stays cheap."""
+    budget, stack = MAX_NODES, [value]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            raise YamlError(f"expands to more than {MAX_NODES:,} values through anchors and aliases; "
+                            "write the values out instead of nesting aliases")
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def load(text: str) -> Any:
+    """Parse one YAML document under the rules above; raises YamlError (one line)."""
+    if len(text.encode()) > MAX_BYTES:
+        raise YamlError(f"larger than {MAX_BYTES >> 20} MiB; a config is a few kB, check the file")
+    try:
+        value = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise YamlError(f"{where}{getattr(err, 'problem', None) or 'not valid YAML'}") from None
+    except RecursionError:
+        raise YamlError("nested too deeply; flatten the file") from None
+    _check_expanded_size(value)
+    return value

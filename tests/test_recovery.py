@@ -1,0 +1,108 @@
+"""Run-time failures on a live Ray: a frozen worker is replaced, a worker lost too often stops the run with
+a line naming it, a dead server ends in RunFailed with the resume command, and the resumed or recovered
+runs equal an undisturbed one."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+from conftest import own_ray_pids, per_client, synthetic_tree
+
+from fedsim.cli import main as cli
+from fedsim.config import validate
+from fedsim.engine import run
+from fedsim.engine.simulation import load_run_config
+from fedsim.errors import RunFailed
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory, local_ray):
+    return run(validate(synthetic_tree(tmp_path_factory.mktemp("clean"), "clean")))
+
+
+def after_round(target: int, action):
+    """An on_round callback that runs ``action`` once, in the background, shortly after round ``target``."""
+    fired = {}
+
+    def on_round(row, _result):
+        if row["round"] == target and not fired:
+            fired["at"] = time.time()
+            threading.Thread(target=lambda: fired.setdefault("pid", action()), daemon=True).start()
+
+    return on_round, fired
+
+
+def signal_first(title: bytes, sig: int):
+    def act():
+        victim = own_ray_pids(title)[0]
+        os.kill(victim, sig)
+        return victim
+    return act
+
+
+def test_frozen_worker_is_replaced_and_results_match(tmp_path, undisturbed):
+    cfg = validate(synthetic_tree(tmp_path, "frozen", engine__heartbeat_timeout_s=2))
+    on_round, fired = after_round(1, signal_first(b"ray::Worker", signal.SIGSTOP))
+    result = run(cfg, on_round=on_round)
+    assert fired.get("pid"), "the fault was never injected"
+    assert fired["pid"] not in {w["pid"] for w in result.summary["workers"]}
+    assert per_client(result.run_dir) == per_client(undisturbed.run_dir)
+
+
+def test_worker_lost_too_often_stops_with_its_name(tmp_path, local_ray):
+    cfg = validate(synthetic_tree(tmp_path, "lost", engine__max_recoveries=0))
+    on_round, fired = after_round(1, signal_first(b"ray::Worker", signal.SIGKILL))
+    with pytest.raises(RunFailed, match=r"worker \d \(clients [\d, ]+\) died 1 times in a row") as info:
+        run(cfg, on_round=on_round)
+    assert "\n" not in str(info.value) and f"fedsim run --resume {tmp_path / 'lost'}" in str(info.value)
+
+
+def test_dead_server_fails_with_the_resume_command_and_resume_matches(tmp_path, undisturbed):
+    cfg = validate(synthetic_tree(tmp_path, "srv"))
+    on_round, fired = after_round(2, signal_first(b"ray::Server", signal.SIGKILL))
+    with pytest.raises(RunFailed, match="the server actor died") as info:
+        run(cfg, on_round=on_round)
+    assert info.value.resume_command == f"fedsim run --resume {tmp_path / 'srv'}"
+    run(load_run_config(tmp_path / "srv"), resume=True)
+    assert per_client(tmp_path / "srv") == per_client(undisturbed.run_dir)
+
+
+def test_resume_that_extends_rounds_is_remembered(tmp_path, local_ray):
+    run(validate(synthetic_tree(tmp_path, "ext", train__rounds=1)))
+    run(load_run_config(tmp_path / "ext", ["train.rounds=2"]), resume=True)
+    later = load_run_config(tmp_path / "ext")  # a plain resume keeps the extended count
+    assert later.train.rounds == 2
+    assert run(later, resume=True).summary["rounds"] == 2
+
+
+def test_cli_exit_code_3_is_one_line_with_the_resume_command(tmp_path, capsys, monkeypatch):
+    def broken_run(cfg, **_):
+        raise RunFailed("No space left on device (/runs/x/metrics.jsonl)", tmp_path / "runs" / "x")
+
+    monkeypatch.setattr("fedsim.engine.run", broken_run)
+    (tmp_path / "c.yaml").write_text(f"out_dir: {tmp_path / 'runs'}\nname: x\n"
+                                     "data: {dataset: synthetic, partition: natural, num_clients: 4}\nmodel: {name: mlp}\n")
+    assert cli.main(["run", str(tmp_path / "c.yaml")]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == (f"fedsim: error: run failed: No space left on device (/runs/x/metrics.jsonl); continue it with "
+                   f"`fedsim run --resume {tmp_path / 'runs' / 'x'}`")
+
+
+def test_a_worker_silent_at_startup_is_named(tmp_path, monkeypatch):
+    """Before the workers answer pings (still importing torch), only the round timeout applies; when it
+    passes, the error names the worker that never answered instead of a bare timeout."""
+    import fedsim.engine.server as server_module
+    from conftest import in_process_server
+
+    from fedsim.engine.simulation import prepare_inputs
+
+    cfg = validate(synthetic_tree(tmp_path, "silent", engine__round_timeout_s=1))
+    data, partition, _ = prepare_inputs(cfg)
+    server = in_process_server(monkeypatch, cfg, partition, data)
+    for index, worker in enumerate(server.workers):  # distinct stand-ins for the calls' ObjectRefs
+        worker.runtime.load_state = lambda ckpt, index=index: f"call on worker {index}"
+    monkeypatch.setattr(server_module.ray, "wait", lambda refs, **_: (list(refs[:1]), list(refs[1:])))
+    with pytest.raises(server_module.GetTimeoutError, match=r"^worker 1 \(clients [\d, ]+\) did not answer within "
+                                                            r"engine.round_timeout_s=1"):
+        server.restore(None)
