@@ -139,9 +139,16 @@ class EngineConfig(_Section):
     max_recoveries: int = Field(3, ge=0, description="worker losses in a row (no round completing in between) "
                                 "before the run stops with an error naming the worker")
     checkpoint_every: int = Field(1, ge=0, description="rounds between checkpoints (0 = never); also the rollback unit on worker loss")
+    full_checkpoint_every: int = Field(10, ge=1, description="every this many checkpoints one holds all per-client "
+                                       "state; the others only the clients changed since the previous one")
+    state_ram_mb: float = Field(1024.0, ge=0, description="RAM per worker for per-client state (personal parts, "
+                                "Ditto/SCAFFOLD slots); past it, state goes to memory-mapped files in engine.spill_dir")
+    spill_dir: str | None = Field(None, description="local-disk folder for per-client state past engine.state_ram_mb "
+                                  "(each worker makes its own folder inside, removed at exit); default: the system's "
+                                  "temp dir - set it when that is a RAM disk (tmpfs)")
     memory_format: Literal["auto", "channels_last", "contiguous"] = Field(
         "auto", description="image tensor layout; auto = channels_last on CPU (conv steps measured 1.7x faster "
-        "there, benchmarks/profile_compute.py), contiguous on GPU")
+        "there, benchmarks/profiling.py compute), contiguous on GPU")
     wait_for_resources_s: float = Field(600.0, ge=0, description="on a cluster: how long to wait for the autoscaler "
                                         "to add nodes for the workers (a local run fails at once when it is short)")
     dashboard: bool = Field(False, description="start Ray's dashboard (bound to 127.0.0.1) for local runs")

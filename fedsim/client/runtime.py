@@ -22,10 +22,10 @@ from fedsim.client.context import ClientContext, Penalty, StepCallback
 from fedsim.client.module import FedClient
 from fedsim.config import ConfigError, OptimConfig, RunConfig
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
-from fedsim.engine.checkpoint import CheckpointError, read_worker_states, write_worker_state
+from fedsim.engine.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
 from fedsim.engine.aggregate import ExactSum
 from fedsim.engine.protocol import ClientData, ClientReport, ClientUpdate, SumPlan, WorkerPartial, payload_bytes
-from fedsim.engine.weights import Layout, VectorStore
+from fedsim.engine.weights import Layout, StateMemory, VectorStore
 from fedsim.models import SplitNet, build_model
 from fedsim.plugins import load_plugin
 
@@ -165,7 +165,9 @@ class ClientRuntime:
         sizes = {"personal": self.layouts["personal"].size}
         for name, size in self.algorithm.client_slots.items():
             sizes[name] = self.layouts[size].size if isinstance(size, str) else int(size)
-        return {name: VectorStore(size) for name, size in sizes.items()}
+        e = self.cfg.engine
+        memory = StateMemory(int(e.state_ram_mb * 2**20), e.spill_dir)  # one budget for all of a worker's slots
+        return {name: VectorStore(size, memory) for name, size in sizes.items()}
 
     @staticmethod
     def _assigned_gpu() -> bool:
@@ -301,23 +303,27 @@ class ClientRuntime:
     def ping(self) -> int:
         return os.getpid()
 
-    def save_state(self, target: str) -> None:
-        """Write this worker's clients to ``target``: a local path, or a URI in the run's object store."""
+    def save_state(self, target: str, full: bool = True) -> None:
+        """Write this worker's clients to ``target`` (a local path, or a URI in the run's object store): all of
+        them, or (``full=False``) those changed since the checkpoint it last wrote or loaded."""
         with storage.local_output(target) as path:
-            write_worker_state(path, self.slots)
+            write_worker_state(path, self.slots if full else {name: dict(store.changed_items())
+                                                              for name, store in self.slots.items()})
+        for store in self.slots.values():
+            store.mark_saved()
 
     def load_state(self, ckpt: str | None) -> None:
         """Restore this worker's clients from a checkpoint (None: the round-0 state; a URI is downloaded)."""
         self.slots = self._empty_slots()
-        with storage.local_folder(ckpt) as local:
-            stored = read_worker_states(local, set(self.client_data)) if local else {}
-        for name, vectors in stored.items():
-            store = self.slots.get(name)
-            if store is None or any(v.size != store.size for v in vectors.values()):
-                raise CheckpointError(f"{ckpt}: per-client state {name!r} does not fit this model and algorithm; "
-                                      "resume with the run's own config")
-            for client in sorted(vectors):
-                store[client] = vectors[client]
+        with local_checkpoint(ckpt) as local:
+            for name, client, vector in worker_vectors(local, set(self.client_data)) if local else ():
+                store = self.slots.get(name)
+                if store is None or vector.size != store.size:
+                    raise CheckpointError(f"{ckpt}: per-client state {name!r} does not fit this model and algorithm; "
+                                          "resume with the run's own config")
+                store[client] = vector
+        for store in self.slots.values():
+            store.mark_saved()  # equal to the checkpoint: the next delta builds on it
 
     # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()

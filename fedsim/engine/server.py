@@ -115,6 +115,7 @@ class Server:
         self.times_sampled = np.zeros(self.num_clients, np.int64)
         self.cohort = evaluation_cohort(cfg.seed, self.num_clients, cfg.eval.clients)
         self.last_checkpoint: str | None = None
+        self.last_chain: list[list[str]] = []  # the last checkpoint's bases and itself: what the next delta builds on
         self.recoveries = 0
         self.losses_in_a_row = 0  # recoveries since a round last completed: bounded by engine.max_recoveries
         self.unresponsive: set[int] = set()  # workers killed for not answering pings, named if the run gives up
@@ -276,25 +277,36 @@ class Server:
         checkpoint are redone)."""
         staging = checkpoint.begin(run_location, round_idx)
         names = [f"worker-{i}.npz" for i in range(len(self.workers))]
+        bases = checkpoint.next_bases(self.last_chain, self.cfg.engine.full_checkpoint_every)
         try:
-            self._get_watching([w.save_state.remote(storage.join(staging, name))
+            self._get_watching([w.save_state.remote(storage.join(staging, name), not bases)
                                 for w, name in zip(self.workers, names)])
         except RayActorError:
             return RolledBack(round_idx, self._recover())
-        meta = {"fingerprint": self.fingerprint, "recoveries": self.recoveries}
+        meta = {"fingerprint": self.fingerprint, "recoveries": self.recoveries, **checkpoint.new_links(bases)}
         server_state = {name: v for name, v in self.state.items() if name != WEIGHTS}
         self.last_checkpoint = checkpoint.finish(staging, round_idx, self.state[WEIGHTS], meta, names, server_state)
+        self.last_chain = checkpoint.links_of(meta, storage.parent_and_name(self.last_checkpoint)[1])
         return self.last_checkpoint
 
     def restore(self, ckpt: str | None) -> int:
-        """Load the global state and every worker's clients from ``ckpt`` (None: round 0). Returns its round."""
+        """Load the global state and every worker's clients from ``ckpt`` (None: round 0). Returns its round.
+        A worker lost meanwhile (also one dying while it starts) is replaced, bounded like any other loss."""
+        try:
+            return self._restore(ckpt)
+        except RayActorError:
+            self.last_checkpoint = ckpt
+            return self._recover()
+
+    def _restore(self, ckpt: str | None) -> int:
         if ckpt is None:
-            round_idx, self.state = 0, self._initial_state()
+            round_idx, self.state, self.last_chain = 0, self._initial_state(), []
         else:
             with storage.local_folder(ckpt) as local:
                 state, global_vector, server_state = checkpoint.read_state(local, self.fingerprint, self.shared_size)
             round_idx = int(state["round"])
             self.state = {WEIGHTS: global_vector, **server_state}
+            self.last_chain = checkpoint.links_of(state, storage.parent_and_name(ckpt)[1])
         self._get_from_each([w.load_state.remote(ckpt) for w in self.workers])
         self.broadcast_ref = self._publish()
         self.times_sampled = self._times_sampled_until(round_idx)
