@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import fedsim  # noqa: F401  (first: it sets Ray's local-cluster env, token auth and loopback, which Ray reads on import)
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
 RESULTS = BENCH / "results"  # gitignored; each script leaves a JSON of its raw measurements here
@@ -59,9 +61,9 @@ def set_dotted(tree: dict, dotted: str, value) -> dict:
 
 def run_fedsim(tree: dict) -> dict:
     """fedsim end to end in this process, the way a user's script calls it: engine.run (data, partition,
-    ray.init, driver + worker actors, rounds, files) and ray.shutdown. Returns timings and the summary.
+    ray.init, server + worker actors, rounds, files) and ray.shutdown. Returns timings and the summary.
 
-    round_s: the driver's own per-round clock (rounds.jsonl "seconds": sample, train, average, evaluate);
+    round_s: the server actor's own per-round clock (rounds.jsonl "seconds": sample, train, average, evaluate);
     period_s: time between the entrypoint's per-round callbacks (adds checkpointing and logging)."""
     import ray
 
@@ -125,7 +127,66 @@ def check_quickstart() -> None:
         log("WARNING: experiments/quickstart.yaml train differs from benchmarks/_common.py QUICKSTART")
 
 
-class CpuMeter:
+def proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, CPU ticks used so far) for every process on the machine, from /proc."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime+stime
+        except (OSError, IndexError, ValueError):
+            pass  # the process exited while we read it
+    return out
+
+
+def process_tree(table: dict[int, tuple[int, int]], root: int) -> set[int]:
+    """``root`` and every process below it in ``table`` (Ray's raylet and workers descend from the
+    process that called ray.init)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, stack = set(), [root]
+    while stack:
+        p = stack.pop()
+        out.add(p)
+        stack.extend(children.get(p, []))
+    return out
+
+
+def descendants(root: int | None = None) -> set[int]:
+    return process_tree(proc_table(), root or os.getpid())
+
+
+class Periodic:
+    """Calls the subclass's ``sample()`` on a background thread, at once and then every ``interval`` s,
+    for as long as the ``with`` block runs."""
+
+    def __init__(self, interval: float):
+        import threading
+
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class CpuMeter(Periodic):
     """Samples, every `interval` s, how many CPU cores this process tree and everything else kept busy.
 
     The machine is shared: a rep that ran while another engineer's job used a core is not comparable
@@ -133,40 +194,16 @@ class CpuMeter:
     """
 
     def __init__(self, interval: float = 2.0):
-        import threading
-
-        self.interval, self.samples = interval, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+        super().__init__(interval)
+        self.samples: list[tuple[float, float]] = []
         self._hz = os.sysconf("SC_CLK_TCK")
+        self._prev: tuple[dict[int, tuple[int, int]], float] | None = None
 
-    @staticmethod
-    def _procs() -> dict[int, tuple[int, int]]:
-        out = {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                out[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime+stime
-            except (OSError, IndexError, ValueError):
-                pass
-        return out
-
-    def _loop(self) -> None:
-        me = os.getpid()
-        prev, t_prev = self._procs(), time.monotonic()
-        while not self._stop.wait(self.interval):
-            cur, t = self._procs(), time.monotonic()
-            children: dict[int, list[int]] = {}
-            for pid, (ppid, _) in cur.items():
-                children.setdefault(ppid, []).append(pid)
-            mine, stack = set(), [me]
-            while stack:
-                p = stack.pop()
-                mine.add(p)
-                stack.extend(children.get(p, []))
+    def sample(self) -> None:
+        cur, t = proc_table(), time.monotonic()
+        if self._prev is not None:
+            prev, t_prev = self._prev
+            mine = process_tree(cur, os.getpid())
             mine_j = others_j = 0
             for pid, (_, ticks) in cur.items():
                 if pid not in prev:
@@ -178,15 +215,7 @@ class CpuMeter:
                     others_j += delta
             dt = (t - t_prev) * self._hz
             self.samples.append((mine_j / dt, others_j / dt))
-            prev, t_prev = cur, t
-
-    def __enter__(self) -> "CpuMeter":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._prev = cur, t
 
     @property
     def mine_cores(self) -> float:
@@ -199,6 +228,9 @@ class CpuMeter:
 
 QUIET_CORES = float(os.environ.get("BENCH_QUIET_CORES", "0.3"))
 QUIET_WAIT_S = float(os.environ.get("BENCH_QUIET_WAIT_S", "180"))
+# A rep during which other processes kept fewer cores busy than this counts as quiet; reports then
+# also give the medians over the quiet reps alone.
+QUIET_REP_CORES = 0.25
 
 
 def wait_quiet(threshold: float = QUIET_CORES, max_wait: float = QUIET_WAIT_S, window: float = 4.0) -> float:
@@ -221,25 +253,6 @@ def measured(fn, *args, **kwargs) -> dict:
     return out
 
 
-def descendants(root: int | None = None) -> set[int]:
-    root = root or os.getpid()
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    out, stack = set(), [root]
-    while stack:
-        p = stack.pop()
-        out.add(p)
-        stack.extend(children.get(p, []))
-    return out
-
-
 def proc_memory(pid: int) -> dict | None:
     """kB figures from /proc/<pid>/status: VmHWM (peak RSS), VmRSS, RssAnon (private heap etc.),
     RssFile (file-backed pages, e.g. the memory-mapped data set and shared libraries)."""
@@ -254,37 +267,23 @@ def proc_memory(pid: int) -> dict | None:
     return {"cmd": cmd[:80], **kb}
 
 
-class MemorySampler:
-    """Polls the memory of every process in this process tree (Ray's raylet and its workers are
-    children of a process that called ray.init) until stopped; keeps per-pid peaks and last values."""
+class MemorySampler(Periodic):
+    """Polls the memory of every process in this process tree until stopped; keeps per-pid peaks and
+    last values."""
 
     def __init__(self, interval: float = 0.5):
-        import threading
+        super().__init__(interval)
+        self.stats: dict[int, dict] = {}
 
-        self.interval, self.stats = interval, {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while True:
-            for pid in descendants():
-                m = proc_memory(pid)
-                if not m:
-                    continue
-                s = self.stats.setdefault(pid, {"cmd": m["cmd"], "peak_hwm_kb": 0, "peak_anon_kb": 0})
-                if m["cmd"].startswith("ray::"):
-                    s["cmd"] = m["cmd"]
-                s["peak_hwm_kb"] = max(s["peak_hwm_kb"], m.get("VmHWM", 0))
-                s["peak_anon_kb"] = max(s["peak_anon_kb"], m.get("RssAnon", 0))
-                if "RssAnon" in m:  # an exiting process reports no memory lines
-                    s["last"] = m
-            if self._stop.wait(self.interval):
-                return
-
-    def __enter__(self) -> "MemorySampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
+        for pid in descendants():
+            m = proc_memory(pid)
+            if not m:
+                continue
+            s = self.stats.setdefault(pid, {"cmd": m["cmd"], "peak_hwm_kb": 0, "peak_anon_kb": 0})
+            if m["cmd"].startswith("ray::"):  # Ray renames an actor's process once it hosts the actor
+                s["cmd"] = m["cmd"]
+            s["peak_hwm_kb"] = max(s["peak_hwm_kb"], m.get("VmHWM", 0))
+            s["peak_anon_kb"] = max(s["peak_anon_kb"], m.get("RssAnon", 0))
+            if "RssAnon" in m:  # an exiting process reports no memory lines
+                s["last"] = m

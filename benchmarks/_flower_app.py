@@ -5,8 +5,15 @@ Flower 1.42's Python simulation API: ``flwr.simulation.run_simulation`` with a m
 ``ServerApp`` (``flwr.serverapp.strategy.FedAvg``) and a ``ClientApp`` with ``@train`` / ``@evaluate``
 handlers, on the Ray backend with 1 CPU per virtual-client actor (2 actors on 2 cores, like fedsim's
 2 workers x 1 thread). The model and augmentation are fedsim's own code (PYTHONPATH=repo root:
-``fedsim.models`` and ``fedsim.data.transforms`` need only torch/numpy), and the clients read the
+``fedsim.models`` and ``fedsim.data.transforms`` need only torch/numpy/PIL), and the clients read the
 same memory-mapped uint8 cache files through the partition peer_flower.py exported.
+
+Client sampling and aggregation are Flower's own (its FedAvg): that is what is being measured. Each
+client seeds its shuffles from (seed, round, partition id) with a formula of its own, not fedsim's
+``client_generator``: that lives in ``fedsim.client.runtime``, which imports Lightning, and this venv
+has none (checked: ``import fedsim.client.runtime`` fails here). Matching streams would not make the
+work identical anyway, since Flower samples different clients than fedsim each round; only the
+amount of work (clients, images, epochs, batch size) is matched.
 
 Choices that favour Flower: each actor process keeps the data arrays and one model instance
 across messages (only the weights are loaded per message), and federated evaluation runs only
@@ -44,13 +51,18 @@ def _spec() -> dict:
     return _CACHE["spec"]
 
 
-def _net() -> torch.nn.Module:
-    if "net" not in _CACHE:
-        from fedsim.models import build_model
+def _initial_net() -> torch.nn.Module:
+    from fedsim.models import build_model
 
-        hp = _spec()["hp"]
-        torch.manual_seed(hp["seed"])
-        _CACHE["net"] = build_model("cnn4", hp["num_classes"], tuple(hp["input_shape"]))
+    hp = _spec()["hp"]
+    torch.manual_seed(hp["seed"])
+    return build_model("cnn4", hp["num_classes"], tuple(hp["input_shape"]))
+
+
+def _net() -> torch.nn.Module:
+    """One model per client actor, reused across messages (only the weights are loaded per message)."""
+    if "net" not in _CACHE:
+        _CACHE["net"] = _initial_net()
     return _CACHE["net"]
 
 
@@ -151,12 +163,8 @@ def _build_apps():
         sampled = max(1, round(hp["fraction"] * n))
         strategy = TimedFedAvg(hp["rounds"], fraction_train=hp["fraction"], fraction_evaluate=1.0,
                                min_train_nodes=sampled, min_evaluate_nodes=n, min_available_nodes=n)
-        torch.manual_seed(hp["seed"])
-        from fedsim.models import build_model
-
-        net = build_model("cnn4", hp["num_classes"], tuple(hp["input_shape"]))
         TIMES["server_main"] = time.perf_counter()
-        strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=hp["rounds"])
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(_initial_net().state_dict()), num_rounds=hp["rounds"])
         TIMES["server_done"] = time.perf_counter()
 
     return server_app, client_app

@@ -59,10 +59,15 @@ def _env() -> dict[str, str]:
     return env
 
 
+LIVE_SESSIONS: set[int] = set()  # trial sessions not yet cleaned up: killed if the soak itself is stopped
+
+
 def fedsim(*args: str) -> subprocess.Popen:
     """`fedsim ...` in a session of its own, so the trial can find (and clean up) exactly its processes."""
-    return subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", *args, "--quiet"], env=_env(), cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", *args, "--quiet"], env=_env(), cwd=REPO,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    LIVE_SESSIONS.add(proc.pid)
+    return proc
 
 
 def session_pids(sid: int) -> list[int]:
@@ -109,16 +114,17 @@ def small_disk(path: Path):
     try:
         yield mounted
     finally:
+        for sid in list(LIVE_SESSIONS):  # a trial interrupted by SIGTERM or Ctrl-C
+            kill_session(sid)
         if mounted:
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def fill(disk: Path) -> Path:
     filler = disk / "filler"
-    with open(filler, "wb") as f, contextlib.suppress(OSError):
+    with contextlib.suppress(OSError), open(filler, "wb", buffering=0) as f:  # ENOSPC ends it, close included
         while True:
             f.write(b"\0" * (1 << 20))
-            f.flush()
     return filler
 
 
@@ -153,6 +159,7 @@ def finish(proc: subprocess.Popen) -> tuple[int | None, str]:
         _, err = proc.communicate()
         code = None
     kill_session(proc.pid)
+    LIVE_SESSIONS.discard(proc.pid)
     lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("fedsim: error:")]
     return code, (errors or lines or [""])[-1]

@@ -5,13 +5,14 @@ Workload: experiments/quickstart.yaml, FedPer variant (10 clients, CIFAR-10 k=4 
 every client evaluated every round), for --rounds rounds (default: the quickstart's 10).
 
   A  fedsim: fedsim.engine.run(cfg) + ray.shutdown(), timed from the call (data, partition,
-     ray.init, driver and 2 worker actors x 1 thread, rounds, run folder) to the return.
+     ray.init, server and 2 worker actors x 1 thread, rounds, run folder) to the return.
      engine.memory_format=auto, i.e. channels_last on this CPU.
   B  bare loop, torch.set_num_threads(2), NCHW: the simplest loop. Same partition
-     (fedsim.data.make_partition), same model (fedsim.models.build_model, same seed), same
-     per-client shuffles and augmentation draws, same number of batches, personal heads in a dict,
-     base averaged with n_j / sum n weights, every client scored every round. Timed from loading
-     the data to the last evaluation. A / B is the target's ratio.
+     (fedsim.data.make_partition), same model (fedsim.models.build_model, same seed), same client
+     sample (fedsim.engine.server.sample_clients), same per-client shuffles and augmentation draws
+     (fedsim.client.runtime.client_generator), same number of batches, personal heads in a dict,
+     base averaged by fedsim.engine.aggregate.weighted_average, every client scored every round.
+     Timed from loading the data to the last evaluation. A / B is the target's ratio.
   C  the same bare loop in channels_last, 2 threads: the same kernels fedsim runs, so A / C is
      fedsim's own overhead (Ray, actors, Lightning, weight packing, logging, checkpoints).
   D  the bare loop in channels_last with 1 thread, fedsim's thread count: it reproduces fedsim's
@@ -32,23 +33,16 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from _common import REPO, check_quickstart, log, machine, measured, median, quickstart, run_fedsim, save
-
-
-def client_generator(seed: int, round_idx: int, client: int) -> torch.Generator:
-    # The same (seed, round, client) stream fedsim uses, so both sides draw identical batches.
-    state = np.random.SeedSequence([seed, round_idx, client, 0]).generate_state(2, dtype=np.uint64)
-    return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
-
-
-def sampled_clients(seed: int, round_idx: int, n: int, fraction: float) -> list[int]:
-    rng = np.random.default_rng([seed, round_idx, 0x5A3])
-    return sorted(int(c) for c in rng.choice(n, size=max(1, round(fraction * n)), replace=False))
+from _common import (QUIET_REP_CORES, REPO, check_quickstart, log, machine, measured, median, quickstart, run_fedsim,
+                     save)
 
 
 def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
     """The plain loop. Returns wall seconds, per-round seconds and the final per-client accuracy."""
+    from fedsim.client.runtime import client_generator
     from fedsim.data import load_dataset, make_partition, random_crop_flip, to_float
+    from fedsim.engine.aggregate import weighted_average
+    from fedsim.engine.server import sample_clients
     from fedsim.models import build_model
 
     torch.set_num_threads(threads)
@@ -81,10 +75,8 @@ def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
     round_s, accs = [], {}
     for r in range(1, t["rounds"] + 1):
         tr = time.perf_counter()
-        clients = sampled_clients(seed, r, n_clients, t["fraction"])
-        total = sum(len(train[c][1]) for c in clients)
-        acc = {k: torch.zeros(global_base[k].shape, dtype=torch.float64) for k in base_keys}
-        for c in clients:
+        uploads = []
+        for c in sample_clients(seed, r, n_clients, t["fraction"]):
             x, y = train[c]
             net.load_state_dict({**global_base, **heads.get(c, initial_head)})
             for opt in opts:
@@ -104,9 +96,10 @@ def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
                         opt.step()
             state = net.state_dict()
             heads[c] = {k: state[k].clone() for k in head_keys}
-            for k in base_keys:  # gamma_j = n_j / sum n, summed in client order in float64
-                acc[k] += ((len(y) / total) * state[k].to(torch.float32)).double()
-        global_base = {k: acc[k].to(torch.float32).to(global_base[k].dtype) for k in base_keys}
+            uploads.append((c, len(y), {k: state[k].to(torch.float32).numpy().copy() for k in base_keys}))
+        # fedsim's own average (gamma_j = n_j / sum n, in client order, float64), key by key
+        global_base = {k: torch.from_numpy(weighted_average([(c, n, u[k]) for c, n, u in uploads]))
+                      .to(global_base[k].dtype) for k in base_keys}
         if r % t["eval_every"] == 0 or r == t["rounds"]:
             net.eval()
             with torch.no_grad():
@@ -118,9 +111,6 @@ def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
                     accs[c] = correct / len(y)
         round_s.append(time.perf_counter() - tr)
     return {"end_to_end_s": time.perf_counter() - t0, "round_s": round_s, "acc": accs}
-
-
-QUIET = 0.25
 
 
 LABELS = {"fedsim": "fedsim (2 workers x 1 thread)", "bare": "bare loop, 2 threads, NCHW",
@@ -175,9 +165,9 @@ def main() -> None:
 
     print(f"\nquickstart FedPer, {rounds} rounds, {len(runs['fedsim'])} interleaved reps")
     report(runs, "all reps")
-    quiet = {name: [r for r in xs if r["others_cores"] < QUIET] for name, xs in runs.items()}
+    quiet = {name: [r for r in xs if r["others_cores"] < QUIET_REP_CORES] for name, xs in runs.items()}
     if all(quiet.values()) and any(len(quiet[n]) < len(runs[n]) for n in runs):
-        report(quiet, f"quiet reps only (other processes < {QUIET} cores)")
+        report(quiet, f"quiet reps only (other processes < {QUIET_REP_CORES} cores)")
 
     # Same work? fedsim's final per-client accuracy vs the bare loops' (1 thread = fedsim's thread count).
     fed_acc = {int(k): v for k, v in runs["fedsim"][0]["summary"]["per_client_acc"].items()}

@@ -4,7 +4,7 @@ Three engine settings, run interleaved (A, B, C, A, B, C, ...) in one process:
   A  2 workers x 1 thread   (the default: one worker per core)
   B  1 worker  x 1 thread
   C  1 worker  x 2 threads  (cpus_per_worker = 2)
-Per-round seconds are the driver's own clock (rounds.jsonl), median over rounds and reps; every
+Per-round seconds are the server's own clock (rounds.jsonl), median over rounds and reps; every
 round trains all 10 clients and evaluates all of them. The ratios are what matters:
 B / A = the speed-up from a second worker, C / A = threads vs workers on 2 cores.
 
@@ -39,7 +39,7 @@ def main() -> None:
                 f"others busy {r['others_cores']:.2f} cores")
 
     base = median([s for r in runs["2 workers x 1 thread"] for s in r["round_s"]])
-    print(f"\nquickstart FedPer, {args.rounds} rounds x {args.reps} reps, median seconds per round (driver clock)")
+    print(f"\nquickstart FedPer, {args.rounds} rounds x {args.reps} reps, median seconds per round (server clock)")
     print(f"{'setting':<24}{'s/round':>9}{'vs 2x1':>8}{'end to end s':>14}{'others busy':>13}")
     for label, rs in runs.items():
         per_round = median([s for r in rs for s in r["round_s"]])

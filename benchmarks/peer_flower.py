@@ -8,7 +8,7 @@ Both: fedsim's cnn4, SGD lr 0.01 / momentum 0.9 / wd 5e-4, crop+flip augmentatio
 each), every client evaluated once, in the last round (fedsim: eval_every > rounds; Flower: a
 FedAvg subclass that skips federated evaluation before the last round). Per-round figures are the
 training phase of a round (sample, dispatch, local SGD, collect, average), median over rounds 2..R
-(fedsim: the driver's clock of the rounds without evaluation; Flower: FedAvg.configure_train ->
+(fedsim: the server's clock of the rounds without evaluation; Flower: FedAvg.configure_train ->
 aggregate_train; round 1 is skipped because Flower starts Ray and its actors inside it); end to end
 is the framework call: fedsim.engine.run + ray.shutdown, flwr.simulation.run_simulation.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import BENCH, REPO, log, machine, measured, median, run_fedsim, save
+from _common import BENCH, QUIET_REP_CORES, REPO, log, machine, measured, median, run_fedsim, save
 
 FLWR_VENV = BENCH / ".venv-flwr"
 FLWR_PY = FLWR_VENV / "bin" / "python"
@@ -128,15 +128,12 @@ def run_flower(spec: Path) -> dict:
 
 def fedsim_side(name: str, w: dict) -> dict:
     r = run_fedsim(fedsim_tree(name, w))
-    # rounds.jsonl seconds: the driver's sample -> dispatch -> collect -> average (+ evaluation in the last round)
+    # rounds.jsonl seconds: the server's sample -> dispatch -> collect -> average (+ evaluation in the last round)
     train_only = r["round_s"][:-1] if len(r["round_s"]) > 1 else r["round_s"]
     r["train_round_s"] = train_only[1:] if len(train_only) > 1 else train_only  # skip round 1 (warm-up) if we can
     r["startup_s"] = r["end_to_end_s"] - r["wall_seconds"]  # data, partition, ray.init (+ shutdown)
     r["eval_s"] = r["round_s"][-1] - median(r["train_round_s"]) if len(r["round_s"]) > 1 else float("nan")
     return r
-
-
-QUIET = 0.25
 
 
 def report(name: str, pairs: list) -> dict:
@@ -199,8 +196,8 @@ def main() -> None:
     summary = {}
     for name in args.workloads:
         pairs = list(zip(results[name]["fedsim"], results[name]["flower"]))
-        quiet = [p for p in pairs if max(p[0]["others_cores"], p[1]["others_cores"]) < QUIET]
-        for title, chosen in (("all reps", pairs), (f"quiet reps (others < {QUIET} cores)", quiet)):
+        quiet = [p for p in pairs if max(p[0]["others_cores"], p[1]["others_cores"]) < QUIET_REP_CORES]
+        for title, chosen in (("all reps", pairs), (f"quiet reps (others < {QUIET_REP_CORES} cores)", quiet)):
             if not chosen or (title != "all reps" and len(chosen) == len(pairs)):
                 continue
             summary.setdefault(name, {})[title] = report(name, chosen)

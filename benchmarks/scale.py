@@ -22,7 +22,7 @@ and the marginal cost per client is compared with that. Two parts are measured s
   registered client: slope of the workers' peak RssAnon between the two runs with equal clients
     per round (N = 1,000 and 10,000): what holding one more client costs before it trains;
   trained client: the growth of one worker core's RssAnon (ClientRuntime in a fresh process, no
-    Ray: benchmarks/profile_memory.py) while --trained more clients train once each.
+    Ray: `benchmarks/profiling.py memory`) while --trained more clients train once each.
 Their sum is the marginal memory per client in a long run where every client has trained.
 
     .venv/bin/python benchmarks/scale.py                    # N = 100, 1000, 10000; 3 rounds: ~3 min
@@ -35,26 +35,22 @@ import os
 
 import numpy as np
 
-import json
-import subprocess
-import sys
-
-from _common import BENCH, MemorySampler, log, machine, measured, quickstart, run_fedsim, save
-from overhead import sampled_clients
+from _common import MemorySampler, log, machine, measured, quickstart, run_fedsim, save
+from profiling import memory_child
 
 CIFAR_TRAIN, CIFAR_TEST = 50_000, 10_000
 
 
 def personal_bytes(tree: dict) -> int:
-    import torch
+    """Bytes of one client's personal vector: float32 over the runtime's own personal layout."""
+    from fedsim.algorithms import build_algorithm
+    from fedsim.client.runtime import initial_model, key_parts, model_layouts
+    from fedsim.config import validate
 
-    from fedsim.models import build_model
-
-    torch.manual_seed(0)
-    net = build_model(tree["model"]["name"], 10, (3, 32, 32))
-    _, head = net.split_keys(tree["model"]["personal_layers"])
-    state = net.state_dict()
-    return 4 * sum(state[k].numel() for k in head)  # float32 vector, as the worker keeps it
+    cfg = validate(tree)
+    algorithm = build_algorithm(cfg)
+    net = initial_model(cfg, algorithm, 10, (3, 32, 32))
+    return 4 * model_layouts(algorithm, net, key_parts(net, cfg.model.personal_layers))["personal"].size
 
 
 def fraction_for(n: int, args) -> float:
@@ -62,6 +58,8 @@ def fraction_for(n: int, args) -> float:
 
 
 def one(n: int, args) -> dict:
+    from fedsim.engine.server import sample_clients
+
     f = fraction_for(n, args)
     tree = quickstart({
         "name": f"bench-scale-{n}", "data.partition": "iid", "data.num_clients": n,
@@ -74,15 +72,15 @@ def one(n: int, args) -> dict:
     workers = {w["pid"] for w in r["summary"]["workers"]}
     procs = mem.stats
     r["worker_mem"] = [procs[p] for p in workers if p in procs]
-    driver = [s for p, s in procs.items() if "Driver" in s["cmd"]]
-    r["driver_mem"] = driver[0] if driver else {}
+    server = [s for s in procs.values() if s["cmd"].startswith("ray::Server")]
+    r["server_mem"] = server[0] if server else {}
     r["entrypoint_mem"] = procs.get(os.getpid(), {})
     # What the workers hold by design: index bytes of every client, personal vectors of trained clients.
     part = np.load(os.path.join(r["run_dir"], "partition.npz"))
     r["index_bytes"] = int(sum(part[k].nbytes for k in part.files))
     trained = set()
     for rnd in range(1, args.rounds + 1):
-        trained.update(sampled_clients(tree["seed"], rnd, n, f))
+        trained.update(sample_clients(tree["seed"], rnd, n, f))
     r["trained_clients"] = len(trained)
     r["personal_bytes_each"] = personal_bytes(tree)
     r["expected_bytes"] = r["index_bytes"] + len(trained) * r["personal_bytes_each"]
@@ -111,19 +109,19 @@ def main() -> None:
     print(f"\nFedPer scale, {args.samples_per_client} train + 1 test images per client, {args.rounds} rounds, "
           f"2 workers x 1 thread, every client evaluated in the last round")
     print(f"{'N':>7}{'f':>7}{'sampled':>9}{'s/round':>9}{'ms/client':>11}{'eval s':>8}{'e2e s':>8}"
-          f"{'driver peak MB':>16}{'entry anon MB':>15}{'worker peak MB':>16}{'worker anon MB':>16}{'trained':>9}")
+          f"{'server peak MB':>16}{'entry anon MB':>15}{'worker peak MB':>16}{'worker anon MB':>16}{'trained':>9}")
     for n, r in zip(args.clients, results):
         train_rounds = r["round_s"][:-1] or r["round_s"]
         per_round = float(np.median(train_rounds))
         ev = r["round_s"][-1] - per_round if len(r["round_s"]) > 1 else float("nan")
         w_hwm = sum(w["peak_hwm_kb"] for w in r["worker_mem"]) / 1024
         w_anon = sum(w["peak_anon_kb"] for w in r["worker_mem"]) / 1024
-        d_hwm = r["driver_mem"].get("peak_hwm_kb", 0) / 1024
+        d_hwm = r["server_mem"].get("peak_hwm_kb", 0) / 1024
         e_anon = r["entrypoint_mem"].get("peak_anon_kb", 0) / 1024
         print(f"{n:>7}{r['fraction']:>7.3f}{r['sampled_per_round']:>9}{per_round:>9.2f}"
               f"{1000 * per_round / r['sampled_per_round']:>11.1f}{ev:>8.1f}{r['end_to_end_s']:>8.1f}{d_hwm:>16.0f}"
               f"{e_anon:>15.0f}{w_hwm:>16.0f}{w_anon:>16.0f}{r['trained_clients']:>9}")
-    print("(s/round: driver clock, median of the training-only rounds; ms/client = s/round / sampled;\n"
+    print("(s/round: server clock, median of the training-only rounds; ms/client = s/round / sampled;\n"
           " worker columns: sum over the 2 workers; peak = VmHWM (incl. file pages), anon = peak RssAnon)")
     out = {}
     same = {}
@@ -142,10 +140,7 @@ def main() -> None:
               f"{reg:,.0f} B of worker RssAnon per client; its index data {idx:,.0f} B "
               f"({extra_trained:.3f} more trained clients per client: {extra_trained * pb:,.0f} B of personal vectors)")
     if args.trained:
-        cmd = [sys.executable, str(BENCH / "profile_memory.py"), "--child", str(max(args.clients)),
-               "--trained", str(args.trained)]
-        res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        prof = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
+        prof = memory_child(max(args.clients), args.trained)
         if prof:
             st = list(prof["stages"].values())
             per_trained = (st[-1]["anon_kb"] - st[-2]["anon_kb"]) * 1024 / args.trained
@@ -153,8 +148,6 @@ def main() -> None:
             print(f"trained client (worker core, {args.trained} more clients train once, 50 per train call): "
                   f"{per_trained:,.0f} B of "
                   f"RssAnon per client; its personal vector {pb:,} B (FedPer K_P = 1: classifier 10 x 256 + 10)")
-        else:
-            log(res.stderr[-2000:])
     if "registered_b" in out and "trained_b" in out:
         marginal = out["registered_b"] - out["extra_trained_per_client"] * pb + out["trained_b"]
         design = pb + out["index_b"]

@@ -114,6 +114,18 @@ class EvalConfig(_Section):
     finetune_momentum: float = Field(0.9, ge=0, lt=1)
     finetune_weight_decay: float = Field(0.0, ge=0)
     finetune_batch_size: int | None = Field(None, ge=1, description="null: train.batch_size")
+    clients: int | float | None = Field(
+        None, gt=0, description="evaluation cohort: a count (an integer) or a fraction (a number with a point, "
+        "at most 1.0) of the clients, drawn once from the seed and scored every evaluation round; null: all. "
+        "Every client is scored at the final round")
+    full_every: int | None = Field(None, ge=1, description="with a cohort, also score every client each this many rounds")
+
+    @model_validator(mode="after")
+    def _fraction_at_most_one(self) -> "EvalConfig":
+        if isinstance(self.clients, float) and self.clients > 1:
+            raise ValueError(f"eval.clients: a fraction must be at most 1.0, got {self.clients}; give a count as "
+                             "an integer")
+        return self
 
 
 class EngineConfig(_Section):
@@ -127,9 +139,16 @@ class EngineConfig(_Section):
     max_recoveries: int = Field(3, ge=0, description="worker losses in a row (no round completing in between) "
                                 "before the run stops with an error naming the worker")
     checkpoint_every: int = Field(1, ge=0, description="rounds between checkpoints (0 = never); also the rollback unit on worker loss")
+    full_checkpoint_every: int = Field(10, ge=1, description="every this many checkpoints one holds all per-client "
+                                       "state; the others only the clients changed since the previous one")
+    state_ram_mb: float = Field(1024.0, ge=0, description="RAM per worker for per-client state (personal parts, "
+                                "Ditto/SCAFFOLD slots); past it, state goes to memory-mapped files in engine.spill_dir")
+    spill_dir: str | None = Field(None, description="local-disk folder for per-client state past engine.state_ram_mb "
+                                  "(each worker makes its own folder inside, removed at exit); default: the system's "
+                                  "temp dir - set it when that is a RAM disk (tmpfs)")
     memory_format: Literal["auto", "channels_last", "contiguous"] = Field(
         "auto", description="image tensor layout; auto = channels_last on CPU (conv steps measured 1.7x faster "
-        "there, benchmarks/profile_compute.py), contiguous on GPU")
+        "there, benchmarks/profiling.py compute), contiguous on GPU")
     wait_for_resources_s: float = Field(600.0, ge=0, description="on a cluster: how long to wait for the autoscaler "
                                         "to add nodes for the workers (a local run fails at once when it is short)")
     dashboard: bool = Field(False, description="start Ray's dashboard (bound to 127.0.0.1) for local runs")

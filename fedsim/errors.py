@@ -7,8 +7,11 @@ from pathlib import Path
 
 class RunFailed(RuntimeError):
     """The run broke at run time (a process died, the disk filled up, a timeout): one line with the cause and
-    the exact command that continues the run from its last checkpoint. The CLI exits with code 3."""
+    the exact command that continues the run from its last checkpoint. The CLI exits with code 3.
+    ``resumable=False``: it broke while creating its folder, so it is started again instead."""
 
-    def __init__(self, cause: str, run_dir: Path):
-        self.resume_command = f"fedsim run --resume {shlex.quote(str(run_dir))}"
-        super().__init__(f"run failed: {cause}; continue it with `{self.resume_command}`")
+    def __init__(self, cause: str, run_dir: Path | str, resumable: bool = True):
+        self.resume_command = f"fedsim run --resume {shlex.quote(str(run_dir))}" if resumable else None
+        then = (f"continue it with `{self.resume_command}`" if resumable
+                else f"its folder {run_dir} is incomplete: start the run again with --overwrite")
+        super().__init__(f"run failed: {cause}; {then}")

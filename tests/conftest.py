@@ -73,9 +73,9 @@ def client_runtime(data_root, algorithm, *, seed=3, clients=5, **over):
     from fedsim.data import load_dataset, make_partition
     from fedsim.engine.protocol import ClientData
 
-    tree = small_tree("unused", data_root, seed=seed, algorithm=algorithm, data__num_clients=clients,
-                      data__train_fraction=0.01, data__test_fraction=0.02, train__batch_size=25,
-                      eval__finetune_epochs=2, **over)
+    settings = dict(seed=seed, algorithm=algorithm, data__num_clients=clients, data__train_fraction=0.01,
+                    data__test_fraction=0.02, train__batch_size=25, eval__finetune_epochs=2)
+    tree = small_tree("unused", data_root, **{**settings, **over})
     from fedsim.config import validate
 
     cfg = validate(tree)
@@ -160,8 +160,8 @@ def in_process_server(monkeypatch, cfg, partition, data, init_weights=None):
                                                                     wait=lambda refs, **_: (list(refs), [])))
     assignments = server_module.assign_clients(cfg, partition)
     workers = [InProcessWorker(ClientRuntime(cfg.model_dump(), clients, init_weights)) for clients in assignments]
-    _, initial = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
-    return server_module.Server(cfg, workers, assignments, initial, init_weights)
+    layout, initial = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
+    return server_module.Server(cfg, workers, assignments, initial, layout.offsets, init_weights)
 
 
 def free_port() -> int:

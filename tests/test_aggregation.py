@@ -98,3 +98,59 @@ def test_vector_store_keeps_rows_apart_and_read_only():
     with pytest.raises(ValueError):
         store[7][0] = 1.0
     assert dict((c, v.tolist()) for c, v in store.items()) == {7: [7, 7, 7], 3: [0, 1, 2], 9: [9, 9, 9]}
+
+
+def _exact_mean(groups, weights_by_client, vectors, plan):
+    """Workers sum their groups; the server adds the partials in the order given."""
+    from fedsim.engine.aggregate import ExactSum
+
+    partials = []
+    for group in groups:
+        summed = ExactSum(plan)
+        for c in group:
+            assert summed.fits(vectors[c])
+            summed.add(weights_by_client[c], vectors[c])
+        partials.append(summed.total)
+    total = np.zeros_like(partials[0])
+    for p in partials:
+        total += p
+    return plan.mean(total, sum(weights_by_client[c] for g in groups for c in g))
+
+
+def test_exact_sums_are_the_same_for_any_grouping_and_order_and_within_their_bound():
+    from fedsim.engine.aggregate import HEADROOM_BITS, FixedPoint
+
+    rng = np.random.default_rng(1)
+    offsets = (0, 3000, 3100, 5000)
+    reference = np.concatenate([rng.normal(0, 0.05, 3000), np.zeros(100), rng.normal(0, 3, 1900)]).astype(np.float32)
+    vectors = {c: (reference + rng.normal(0, 0.01, 5000)).astype(np.float32) for c in range(40)}
+    n = {c: int(rng.integers(1, 600)) for c in range(40)}
+    plan = FixedPoint.plan(reference, offsets, sum(n.values()))
+    clients = list(range(40))
+    one = _exact_mean([clients], n, vectors, plan)
+    for workers in (2, 3, 7):
+        shuffled = rng.permutation(clients).tolist()
+        groups = [shuffled[w::workers] for w in range(workers)][::-1]
+        assert np.array_equal(_exact_mean(groups, n, vectors, plan), one)  # bit for bit
+    exact = sum(n[c] * vectors[c].astype(np.float64) for c in clients) / sum(n.values())
+    # |error| <= 2^(ceil(log2 S) + HEADROOM - 62) of each tensor's reference magnitude 2^e_t (1 for zero tensors).
+    bound = np.repeat(np.ldexp(1.0, plan.exponent + int(np.ceil(np.log2(sum(n.values())))) + HEADROOM_BITS - 63),
+                      np.diff(offsets))
+    assert np.all(np.abs(one - exact) <= bound)
+    # The float64 reference's products are float32 (NumPy keeps n/S * float32 in float32): it carries
+    # float32 rounding (2e-9 here), fixed point does not (1e-14).
+    old = weighted_average([(c, n[c], vectors[c]) for c in clients], as_float32=False)
+    assert np.abs(one - exact).max() < np.abs(old - exact).max()
+
+
+def test_values_beyond_the_headroom_are_out_of_range_not_overflow():
+    from fedsim.engine.aggregate import HEADROOM_BITS, ExactSum, FixedPoint
+
+    reference = np.full(4, 0.5, np.float32)  # e = -1: values up to 2^15 fit
+    summed = ExactSum(FixedPoint.plan(reference, (0, 4), total_weight=2 ** 20))
+    assert summed.fits(np.full(4, 2.0 ** (HEADROOM_BITS - 1), np.float32))
+    assert not summed.fits(np.full(4, 2.0 ** (HEADROOM_BITS - 1) * 1.01, np.float32))
+    assert not summed.fits(np.array([0, 0, np.nan, 0], np.float32))
+    for _ in range(2 ** 4):  # the whole planned weight at the largest value still fits in int64
+        summed.add(2 ** 16, np.full(4, 2.0 ** (HEADROOM_BITS - 1), np.float32))
+    assert summed.total.max() < 2 ** 63 - 1 and summed.total.max() > 2 ** 60

@@ -9,7 +9,7 @@ from fedsim.client.runtime import ClientRuntime
 from fedsim.config import ConfigError
 from fedsim.data import load_dataset, make_partition
 from fedsim.engine import run
-from fedsim.engine.protocol import ClientData, ClientUpdate
+from fedsim.engine.protocol import ClientData
 from fedsim.engine.server import Server
 
 
@@ -73,12 +73,13 @@ def test_fedavg_shares_everything_and_local_shares_nothing(tmp_path, data_root):
     assert u.uploads[WEIGHTS].size == 0
 
 
-def test_server_guard_refuses_oversized_payload():
-    guard = Server.__new__(Server)
-    guard.initial_global = np.zeros(10, np.float32)
-    guard._check_update(ClientUpdate(0, 5, {WEIGHTS: np.zeros(10, np.float32)}, 0.1, 40))
+def test_the_worker_guard_refuses_an_oversized_payload():
+    from fedsim.engine.aggregate import ExactSum, FixedPoint
+
+    summed = ExactSum(FixedPoint.plan(np.ones(10, np.float32), (0, 4, 10), total_weight=5))
+    assert summed.fits(np.zeros(10, np.float32))
     with pytest.raises(RuntimeError, match="personal weights"):
-        guard._check_update(ClientUpdate(0, 5, {WEIGHTS: np.zeros(12, np.float32)}, 0.1, 48))
+        summed.fits(np.zeros(12, np.float32))
 
 
 @pytest.mark.slow

@@ -106,3 +106,47 @@ def test_a_worker_silent_at_startup_is_named(tmp_path, monkeypatch):
     with pytest.raises(server_module.GetTimeoutError, match=r"^worker 1 \(clients [\d, ]+\) did not answer within "
                                                             r"engine.round_timeout_s=1"):
         server.restore(None)
+
+
+def test_run_time_failures_are_described_in_one_line():
+    """What Ray raises in the entrypoint, reduced to the line `fedsim: error: run failed: ...` shows."""
+    import errno
+
+    from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTaskError
+
+    from fedsim.engine.simulation import describe_failure
+
+    def from_server(cause):
+        return RayTaskError("Server.round", "Traceback (most recent call last):\n  ...", cause).as_instanceof_cause()
+
+    start_failed = RayActorError(error_msg="The actor died because of an error raised in its creation task\n"
+                                           "Traceback (most recent call last):\nMemoryError: cannot allocate")
+    cases = {
+        from_server(start_failed): "a worker failed to start or died (MemoryError: cannot allocate)",
+        from_server(OSError(errno.ENOSPC, "No space left on device", "/r/x.npz")): "No space left on device (/r/x.npz)",
+        from_server(GetTimeoutError("worker 1 (clients 1, 2) did not answer")): "worker 1 (clients 1, 2) did not answer",
+        ActorDiedError(): "the server actor died (its process was killed or ran out of memory)",
+    }
+    for err, line in cases.items():
+        assert describe_failure(err) == line
+
+
+def test_a_worker_dying_while_the_run_starts_is_replaced(tmp_path, monkeypatch):
+    from conftest import InProcessWorker, in_process_server
+    from ray.exceptions import RayActorError
+
+    from fedsim.client.runtime import ClientRuntime
+    from fedsim.engine.simulation import prepare_inputs
+
+    cfg = validate(synthetic_tree(tmp_path, "startup"))
+    data, partition, _ = prepare_inputs(cfg)
+    server = in_process_server(monkeypatch, cfg, partition, data)
+
+    def died(*_):
+        raise RayActorError()
+
+    server.workers[0].runtime.load_state = server.workers[0].runtime.ping = died
+    replacement = InProcessWorker(ClientRuntime(cfg.model_dump(), server.assignments[0]))
+    monkeypatch.setattr("fedsim.engine.actors.spawn_worker", lambda *_, **__: replacement)
+    assert server.restore(None) == 0
+    assert server.workers[0] is replacement and server.recoveries == 1

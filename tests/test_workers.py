@@ -53,3 +53,69 @@ def test_checkpointed_server_and_client_state_resume_exactly(tmp_path, data_root
     resumed = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, 3))
     assert resumed.restore(ckpt) == 1
     assert head + _records([resumed.round(2)]) == expected
+
+
+def test_a_client_outside_the_fixed_point_range_keeps_nothing_and_is_reported(tmp_path, data_root):
+    from conftest import client_runtime
+
+    from fedsim.algorithms import WEIGHTS
+    from fedsim.engine.aggregate import FixedPoint
+    from fedsim.engine.protocol import SumPlan
+
+    rt = client_runtime(data_root, "fedper")
+    weights = rt.layouts["shared"].pack(rt.net)
+    fits = SumPlan({WEIGHTS: FixedPoint.plan(weights, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
+    tiny = SumPlan({WEIGHTS: FixedPoint.plan(weights * 1e-9, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
+    out = rt.train_and_sum({WEIGHTS: weights}, [0, 1], 1, tiny)
+    assert [(r.diverged, r.out_of_range) for r in out.reports] == [(True, True)] * 2 and not out.sums[WEIGHTS].any()
+    assert out.weights[WEIGHTS] == 0 and len(rt.slots["personal"]) == 0  # no personal state kept either
+    kept = rt.train_and_sum({WEIGHTS: weights}, [0, 1], 1, fits)
+    assert not any(r.diverged for r in kept.reports) and len(rt.slots["personal"]) == 2
+    assert kept.weights[WEIGHTS] == sum(r.n_train for r in kept.reports)
+
+
+def test_an_evaluation_cohort_is_fixed_by_the_seed_and_everyone_is_scored_at_the_end(tmp_path, data_root,
+                                                                                      monkeypatch):
+    from fedsim.engine.server import evaluation_cohort
+
+    cohort = evaluation_cohort(4, 6, 3)
+    assert cohort == evaluation_cohort(4, 6, 0.5) and len(cohort) == 3 and cohort != evaluation_cohort(5, 6, 3)
+    assert evaluation_cohort(4, 6, None) == evaluation_cohort(4, 6, 1.0) == list(range(6))
+    rounds = {}
+    for workers in (1, 3):
+        cfg, partition, data = _setup(tmp_path, data_root, "fedper", workers)
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval_every": 1}),
+                                     "eval": cfg.eval.model_copy(update={"clients": 3})})
+        server = in_process_server(monkeypatch, cfg, partition, data)
+        server.restore(None)
+        rounds[workers] = _records([server.round(r) for r in range(1, ROUNDS + 1)])
+    assert rounds[1] == rounds[3]
+    first, last = rounds[1][0][2], rounds[1][-1][2]
+    assert [r["client"] for r in first] == cohort and [r["client"] for r in last] == list(range(6))
+
+
+def test_scoring_many_clients_loads_the_global_weights_once_and_stays_exact(data_root):
+    from conftest import client_runtime
+
+    from fedsim.algorithms import WEIGHTS
+
+    for algorithm in ("fedper", "apfl"):  # APFL changes the loaded model in place to score its mixture
+        rt = client_runtime(data_root, algorithm, eval__finetune_epochs=0)
+        state = {WEIGHTS: rt.layouts["shared"].pack(rt.net)}
+        rt.train(state, [0, 1, 2], 1)
+        loads = []
+
+        class Counting:  # the shared layout, counting how often it is copied into the model
+            def __getattr__(self, name, layout=rt.layouts["shared"]):
+                return getattr(layout, name)
+
+            def unpack_into(self, net, vector, layout=rt.layouts["shared"]):
+                loads.append(1)
+                layout.unpack_into(net, vector)
+
+        rt.layouts["shared"] = Counting()
+        together = rt.evaluate(state, [0, 1, 2], 1)
+        one_by_one = [rt.evaluate(state, [c], 1)[0] for c in (0, 1, 2)]
+        assert together == one_by_one
+        if algorithm == "fedper":
+            assert len(loads) == 1  # the global part once, then only personal parts swapped

@@ -42,8 +42,12 @@ class ClientContext:
         return self._rt.layouts["full"].keys
 
     def load(self) -> None:
-        """The received global weights and this client's personal part."""
-        self.unpack("shared", self.broadcast[WEIGHTS])
+        """The received global weights and this client's personal part. The global part is copied in only
+        if the model does not hold it already: scoring many clients swaps only their personal parts."""
+        weights = self.broadcast[WEIGHTS]
+        if not self._rt.holds(weights):
+            self.unpack("shared", weights)
+            self._rt.mark_held(weights)
         self.unpack("personal", self.slot("personal", default=self._rt.initial["personal"]))
 
     def unpack(self, layout: str, vector: np.ndarray) -> None:

@@ -22,9 +22,10 @@ from fedsim.client.context import ClientContext, Penalty, StepCallback
 from fedsim.client.module import FedClient
 from fedsim.config import ConfigError, OptimConfig, RunConfig
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
-from fedsim.engine.checkpoint import CheckpointError, read_worker_states, write_worker_state
-from fedsim.engine.protocol import ClientData, ClientUpdate, serialized_size
-from fedsim.engine.weights import Layout, VectorStore
+from fedsim.engine.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
+from fedsim.engine.aggregate import ExactSum
+from fedsim.engine.protocol import ClientData, ClientReport, ClientUpdate, SumPlan, WorkerPartial, payload_bytes
+from fedsim.engine.weights import Layout, StateMemory, VectorStore
 from fedsim.models import SplitNet, build_model
 from fedsim.plugins import load_plugin
 
@@ -158,12 +159,15 @@ class ClientRuntime:
         self.module, *_ = self.fabric.setup(module, *self.optimizers["train"].values())  # calls go through Fabric
         self.net = module.net
         self.device = self.fabric.device
+        self._held: tuple[np.ndarray, int] | None = None  # (broadcast weights in the model, their tensors' version)
 
     def _empty_slots(self) -> dict[str, VectorStore]:
         sizes = {"personal": self.layouts["personal"].size}
         for name, size in self.algorithm.client_slots.items():
             sizes[name] = self.layouts[size].size if isinstance(size, str) else int(size)
-        return {name: VectorStore(size) for name, size in sizes.items()}
+        e = self.cfg.engine
+        memory = StateMemory(int(e.state_ram_mb * 2**20), e.spill_dir)  # one budget for all of a worker's slots
+        return {name: VectorStore(size, memory) for name, size in sizes.items()}
 
     @staticmethod
     def _assigned_gpu() -> bool:
@@ -173,6 +177,20 @@ class ClientRuntime:
         return {"device": str(self.fabric.device), "gpu_ids": ray.get_gpu_ids() if ray.is_initialized() else [],
                 "node": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
                 "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    # -- the global weights in the model --------------------------------------------------------
+    def _shared_version(self) -> int:
+        """Sum of the shared tensors' version counters: torch bumps them on every in-place change
+        (optimizer steps, copies, BatchNorm statistics), so any change at all is seen."""
+        state = self.net.state_dict(keep_vars=True)
+        return sum(state[key]._version for key in self.layouts["shared"].keys)
+
+    def holds(self, weights: np.ndarray) -> bool:
+        """Whether the model's shared part is exactly ``weights``, untouched since it was loaded."""
+        return self._held is not None and self._held[0] is weights and self._held[1] == self._shared_version()
+
+    def mark_held(self, weights: np.ndarray) -> None:
+        self._held = (weights, self._shared_version())
 
     # -- data ------------------------------------------------------------------------------------
     def tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,6 +223,8 @@ class ClientRuntime:
     def sgd(self, x: torch.Tensor, y: torch.Tensor, parts: frozenset[str], epochs: int, gen: torch.Generator,
             round_idx: int, penalty: Penalty | None = None, after_step: StepCallback | None = None,
             finetune: bool = False) -> list[torch.Tensor]:
+        self._held = None  # training moves the model off the received weights (BatchNorm statistics too,
+        #                   which torch's version counters do not see)
         optimizers = self.optimizers["finetune" if finetune else "train"]
         for part, opt in optimizers.items():  # momentum restarts with every phase, as in FedAvg's ClientUpdate
             opt.state.clear()
@@ -230,43 +250,80 @@ class ClientRuntime:
         return losses
 
     def train(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[ClientUpdate]:
-        return [self._train_one(broadcast, c, round_idx) for c in clients]
+        """Per-client results, each with its uploads (for inspection; the engine uses ``train_and_sum``)."""
+        updates = []
+        for client in clients:
+            update, slots = self._train_one(broadcast, client, round_idx)
+            if not update.diverged:
+                self._keep(client, slots)
+            updates.append(update)
+        return updates
 
-    def _train_one(self, broadcast: dict[str, np.ndarray], client: int, round_idx: int) -> ClientUpdate:
+    def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
+                      plan: SumPlan) -> WorkerPartial:
+        """Train ``clients`` and sum their weighted uploads exactly (fixed point): one partial per worker
+        reaches the server, never a vector per client. A client whose loss is not finite or whose upload
+        leaves the fixed-point range keeps nothing and is reported diverged."""
+        sums = {name: ExactSum(scale) for name, scale in plan.scales.items()}
+        weights = dict.fromkeys(plan.scales, 0)
+        reports = []
+        for client in clients:
+            update, slots = self._train_one(broadcast, client, round_idx)
+            kept = not update.diverged and all(sums[name].fits(v) for name, v in update.uploads.items())
+            if kept:
+                self._keep(client, slots)
+                for name, vector in update.uploads.items():
+                    weight = 1 if plan.uniform[name] else update.n_train
+                    sums[name].add(weight, vector)
+                    weights[name] += weight
+            reports.append(ClientReport(client, update.n_train, update.train_loss, update.bytes_up if kept else 0,
+                                        diverged=not kept, out_of_range=not kept and not update.diverged))
+        return WorkerPartial(reports, {name: s.total for name, s in sums.items()}, weights)
+
+    def _train_one(self, broadcast: dict[str, np.ndarray], client: int,
+                   round_idx: int) -> tuple[ClientUpdate, dict[str, np.ndarray]]:
+        """The algorithm's client hook; returns the update and the per-client state it staged."""
         ctx = ClientContext(self, client, round_idx, broadcast, client_generator(self.cfg.seed, round_idx, client))
         losses = self.algorithm.client_update(ctx)
         loss = float(torch.stack(losses).mean())
         n_train = len(self.client_data[client].train)
         if not np.isfinite(loss):  # keep nothing of this client's round; the server decides stop or drop
-            return ClientUpdate(client, n_train, {}, loss, 0, diverged=True)
+            return ClientUpdate(client, n_train, {}, loss, 0, diverged=True), {}
         if set(ctx.uploads) != set(self.algorithm.uploads):
             raise RuntimeError(f"algorithm {self.algorithm.name}: client {client} uploaded {sorted(ctx.uploads)}, "
                                f"it declares {sorted(self.algorithm.uploads)}")
-        for name, vector in ctx.slots.items():
+        bytes_up = sum(payload_bytes(v.size) for v in ctx.uploads.values())
+        return ClientUpdate(client, n_train, ctx.uploads, loss, bytes_up), ctx.slots
+
+    def _keep(self, client: int, slots: dict[str, np.ndarray]) -> None:
+        for name, vector in slots.items():
             self.slots[name][client] = vector
-        return ClientUpdate(client, n_train, ctx.uploads, loss, sum(serialized_size(v) for v in ctx.uploads.values()))
 
     # -- persistence (checkpoints are written by the owner; personal state never reaches the server) --
     def ping(self) -> int:
         return os.getpid()
 
-    def save_state(self, target: str) -> None:
-        """Write this worker's clients to ``target``: a local path, or a URI in the run's object store."""
+    def save_state(self, target: str, full: bool = True) -> None:
+        """Write this worker's clients to ``target`` (a local path, or a URI in the run's object store): all of
+        them, or (``full=False``) those changed since the checkpoint it last wrote or loaded."""
         with storage.local_output(target) as path:
-            write_worker_state(path, self.slots)
+            write_worker_state(path, self.slots if full else {name: dict(store.changed_items())
+                                                              for name, store in self.slots.items()})
+        for store in self.slots.values():
+            store.mark_saved()
 
     def load_state(self, ckpt: str | None) -> None:
         """Restore this worker's clients from a checkpoint (None: the round-0 state; a URI is downloaded)."""
         self.slots = self._empty_slots()
-        with storage.local_folder(ckpt) as local:
-            stored = read_worker_states(local, set(self.client_data)) if local else {}
-        for name, vectors in stored.items():
-            store = self.slots.get(name)
-            if store is None or any(v.size != store.size for v in vectors.values()):
-                raise CheckpointError(f"{ckpt}: per-client state {name!r} does not fit this model and algorithm; "
-                                      "resume with the run's own config")
-            for client in sorted(vectors):
-                store[client] = vectors[client]
+        with local_checkpoint(ckpt) as local:
+            for name, client, vector in worker_vectors(local, set(self.client_data)) if local else ():
+                store = self.slots.get(name)
+                if store is None or vector.size != store.size:
+                    raise CheckpointError(f"{ckpt}: per-client state {name!r} does not fit this model and algorithm; "
+                                          "resume with the run's own config")
+                store[client] = vector
+        for store in self.slots.values():
+            store.mark_saved()  # equal to the checkpoint: the next delta builds on it
 
     # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()

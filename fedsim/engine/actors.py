@@ -9,7 +9,7 @@ import numpy as np
 import ray
 
 from fedsim.config import RunConfig
-from fedsim.engine.protocol import ClientData, ClientUpdate
+from fedsim.engine.protocol import ClientData, SumPlan, WorkerPartial
 from fedsim.engine.server import Server
 
 
@@ -21,14 +21,15 @@ class Worker:
 
         self.runtime = ClientRuntime(cfg_dict, clients, init_weights)
 
-    def train(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[ClientUpdate]:
-        return self.runtime.train(broadcast, clients, round_idx)
+    def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
+                      plan: SumPlan) -> WorkerPartial:
+        return self.runtime.train_and_sum(broadcast, clients, round_idx, plan)
 
     def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
         return self.runtime.evaluate(broadcast, clients, round_idx)
 
-    def save_state(self, target: str) -> None:
-        self.runtime.save_state(target)
+    def save_state(self, target: str, full: bool = True) -> None:
+        self.runtime.save_state(target, full)
 
     def load_state(self, ckpt: str | None) -> None:
         self.runtime.load_state(ckpt)

@@ -8,6 +8,12 @@ Layout of ``RUN/checkpoints/``::
     round-0005/worker-1.npz   per-client state of the clients worker 1 owned (``<slot>.<client>``)
     latest                    name of the newest complete checkpoint
 
+Per-client state is incremental: a full snapshot every ``engine.full_checkpoint_every`` checkpoints, and in
+between, worker files holding only the clients changed since the previous checkpoint. ``state.json`` names
+the checkpoints a delta builds on (``bases``: the full snapshot first, with the random ``id`` each had when it
+was written, so a base rewritten since - a run redoing rounds - is never mixed in); restoring applies them
+in order. Pruning keeps the bases of every kept checkpoint.
+
 In an object store (``out_dir: s3://...``) there is no rename: the round's files are written in
 place, each in one request (workers upload their own), and ``latest`` is written last, so a reader
 never follows it to a partial checkpoint (``begin``/``finish`` pick the way by location).
@@ -27,7 +33,11 @@ import json
 import logging
 import os
 import shutil
+import tempfile
+import uuid
 import zipfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,28 +111,93 @@ def staging_dir(run_dir: Path, round_idx: int) -> Path:
     return path
 
 
-def write_worker_state(path: Path, slots: dict[str, VectorStore]) -> None:
-    arrays = {f"{name}.{client}": v for name, store in slots.items() for client, v in store.items()}
+def write_worker_state(path: Path, slots: Mapping[str, VectorStore | Mapping[int, np.ndarray]]) -> None:
+    """An ``.npz`` of ``<slot>.<client>`` arrays, as ``np.savez`` writes it, but one row read at a time: a store
+    that spilled to disk then pages its rows in and out as it goes instead of all at once."""
     with open(path, "wb") as f:
-        np.savez(f, **arrays)
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for name, store in slots.items():
+                for client, vector in store.items():
+                    with archive.open(f"{name}.{client}.npy", "w", force_zip64=True) as member:
+                        np.lib.format.write_array(member, vector, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
 
 
+def worker_vectors(ckpt: Path, clients: set[int]) -> Iterator[tuple[str, int, np.ndarray]]:
+    """(slot, client, vector) for ``clients`` from every worker file of ``ckpt``'s chain, oldest first: a later
+    vector of a client replaces an earlier one. One vector at a time, so state larger than RAM streams
+    into a spilling store. Ownership may differ from the writers'."""
+    for folder in chain(ckpt):
+        for path in sorted(folder.glob("worker-*.npz")):
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    for key in z.files:
+                        name, _, client = key.rpartition(".")
+                        if int(client) in clients:
+                            yield name, int(client), z[key]
+            except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+                raise CheckpointError(f"{path}: unreadable checkpoint file ({err}); resume again: it falls back to an "
+                                      "earlier intact checkpoint")
+
+
 def read_worker_states(ckpt: Path, clients: set[int]) -> dict[str, dict[int, np.ndarray]]:
-    """Slot -> client -> vector for ``clients`` from every worker file (ownership may differ from the writer's)."""
+    """Slot -> client -> vector for ``clients``, as ``worker_vectors`` streams them."""
     slots: dict[str, dict[int, np.ndarray]] = {}
-    for path in sorted(ckpt.glob("worker-*.npz")):
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                for key in z.files:
-                    name, _, client = key.rpartition(".")
-                    if int(client) in clients:
-                        slots.setdefault(name, {})[int(client)] = z[key]
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-            raise CheckpointError(f"{path}: unreadable checkpoint file ({err}); resume again: it falls back to an "
-                                  "earlier intact checkpoint")
+    for name, client, vector in worker_vectors(ckpt, clients):
+        slots.setdefault(name, {})[client] = vector
     return slots
+
+
+def _state_json(ckpt: Path) -> dict:
+    try:
+        return json.loads((ckpt / "state.json").read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{ckpt}: truncated or unreadable checkpoint ({err}); resume again: it falls back to "
+                              "an earlier intact checkpoint") from None
+
+
+def chain(ckpt: Path) -> list[Path]:
+    """The folders that rebuild ``ckpt``'s per-client state, in order: its full snapshot, the deltas after it, itself."""
+    folders = []
+    for name, ident in _state_json(ckpt).get("bases", []):
+        base = ckpt.parent / name
+        if not (base / "state.json").is_file() or _state_json(base).get("id") != ident:
+            raise CheckpointError(f"{ckpt}: {name}, which it builds on, is missing or was rewritten; resume again: "
+                                  "it falls back to an earlier intact checkpoint")
+        folders.append(base)
+    return [*folders, ckpt]
+
+
+def next_bases(previous: list[list[str]], full_every: int) -> list[list[str]]:
+    """``bases`` of the next checkpoint, given the chain (bases and itself) of the previous one: none (a full
+    snapshot) when there is no previous one or its chain already holds ``full_every`` checkpoints."""
+    return [] if not previous or len(previous) >= full_every else previous
+
+
+def new_links(bases: list[list[str]]) -> dict:
+    """What a checkpoint's state.json records of its chain."""
+    return {"id": uuid.uuid4().hex, "bases": bases}
+
+
+def links_of(state: dict, name: str) -> list[list[str]]:
+    """A published checkpoint's chain: its bases, then itself (checkpoints from before deltas are all full)."""
+    return [*state.get("bases", []), [name, state.get("id")]]
+
+
+@contextmanager
+def local_checkpoint(location: str | None) -> Iterator[Path | None]:
+    """``location`` as a local folder with the checkpoints it builds on beside it (downloaded for a URI)."""
+    if location is None or not storage.is_uri(location):
+        yield None if location is None else Path(location)
+        return
+    parent, name = storage.parent_and_name(location)
+    store = storage.Store(parent)
+    with tempfile.TemporaryDirectory(prefix="fedsim-in-") as tmp:
+        store.download_tree(Path(tmp, name), name)
+        for base, _ in _state_json(Path(tmp, name)).get("bases", []):
+            store.download_tree(Path(tmp, base), base)
+        yield Path(tmp, name)
 
 
 def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict,
@@ -166,17 +241,37 @@ def _by_round(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return sorted(((r, p) for r, p in found if r is not None), key=lambda rp: rp[0], reverse=True)
 
 
+def _kept(rounds: list[int], current: int, bases_of) -> set[int]:
+    """The checkpoint just published, the KEEP-1 newest before it, and every checkpoint they build on. Later
+    ones are left over from before a rollback or a resume that fell back past them: the run is redoing those rounds."""
+    kept = sorted((r for r in rounds if r <= current), reverse=True)[:KEEP]
+    return set(kept) | {round_of(Path(name)) for r in kept for name, _ in bases_of(r)}
+
+
+def _bases_or_none(read_state_json) -> list[list[str]]:
+    try:
+        return json.loads(read_state_json()).get("bases", [])
+    except (OSError, ValueError, AttributeError):
+        return []  # a damaged checkpoint keeps nothing alive
+
+
 def prune(ckpt_dir: Path, current: int) -> None:
-    """Keep the checkpoint just published and the KEEP-1 newest before it. Later ones are left over from
-    before a rollback or a resume that fell back past them: the run is redoing those rounds."""
-    older = [p for r, p in _by_round(ckpt_dir) if r < current]
-    newer = [p for r, p in _by_round(ckpt_dir) if r > current]
-    for old in newer + older[KEEP - 1:]:
-        shutil.rmtree(old, ignore_errors=True)
+    folders = {r: p for r, p in _by_round(ckpt_dir)}
+    kept = _kept(list(folders), current, lambda r: _bases_or_none((folders[r] / "state.json").read_text))
+    for r, folder in folders.items():
+        if r not in kept:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def intact(ckpt: Path) -> bool:
-    """Whether every file of a checkpoint is present and readable (zip CRCs and all)."""
+    """Whether every file of a checkpoint and of those it builds on is present and readable (zip CRCs and all)."""
+    try:
+        return all(_files_intact(folder) for folder in chain(ckpt))
+    except CheckpointError:
+        return False
+
+
+def _files_intact(ckpt: Path) -> bool:
     try:
         state = json.loads((ckpt / "state.json").read_text())
         int(state["round"])
@@ -274,8 +369,10 @@ def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict, 
 
 
 def _prune_store(store: storage.Store, current: int) -> None:
-    """As on a local disk: keep the checkpoint just published and the KEEP-1 newest before it."""
-    rounds = {int(name.split("/")[0].partition("-")[2]) for name in store.files() if name.startswith("round-")}
-    older = sorted((r for r in rounds if r < current), reverse=True)
-    for stale in [r for r in rounds if r > current] + older[KEEP - 1:]:
-        store.delete(f"round-{stale:04d}")
+    """As on a local disk (``_kept``)."""
+    tops = {name.split("/")[0] for name in store.files()}
+    folders = {round_of(Path(top)): top for top in tops if round_of(Path(top)) is not None}
+    kept = _kept(list(folders), current, lambda r: _bases_or_none(lambda: store.read_bytes(f"{folders[r]}/state.json")))
+    for r, folder in folders.items():
+        if r not in kept:
+            store.delete(folder)

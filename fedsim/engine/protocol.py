@@ -2,10 +2,13 @@
 Free of torch: the server's process only routes and aggregates."""
 from __future__ import annotations
 
+import functools
 import pickle
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from fedsim.engine.aggregate import FixedPoint
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,40 @@ class ClientUpdate:
 
 def serialized_size(array: np.ndarray) -> int:
     return len(pickle.dumps(array, protocol=5))
+
+
+@functools.lru_cache(maxsize=64)
+def payload_bytes(values: int) -> int:
+    """The serialised size of a float32 vector of ``values`` values: it depends only on the length, so it
+    is computed once, not by pickling every client's upload."""
+    return serialized_size(np.zeros(values, np.float32))
+
+
+@dataclass(frozen=True)
+class SumPlan:
+    """What the server fixes before a round so that workers can sum their clients' uploads exactly:
+    per upload, its fixed-point scale and whether clients weigh by sample count or equally."""
+    scales: dict[str, FixedPoint]
+    uniform: dict[str, bool]
+
+
+@dataclass(frozen=True)
+class ClientReport:
+    """A trained client, as the server sees it: no weights, only what it logs and decides on."""
+    client: int
+    n_train: int
+    train_loss: float
+    bytes_up: int  # what this client would send on its own: the serialised size of its uploads
+    diverged: bool = False  # non-finite loss, or an upload outside the fixed-point range: nothing was kept
+    out_of_range: bool = False  # diverged because an upload left the fixed-point range (the loss was finite)
+
+
+@dataclass(frozen=True)
+class WorkerPartial:
+    """One worker's share of a round: its clients' reports and the exact sums of their weighted uploads."""
+    reports: list[ClientReport]
+    sums: dict[str, np.ndarray]  # upload -> int64 quanta
+    weights: dict[str, int]  # upload -> total weight of the clients summed
 
 
 @dataclass(frozen=True)

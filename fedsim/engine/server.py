@@ -21,9 +21,9 @@ from fedsim import storage
 from fedsim.algorithms import WEIGHTS, build_algorithm
 from fedsim.config import RunConfig
 from fedsim.engine import checkpoint
-from fedsim.engine.aggregate import weighted_average
-from fedsim.engine.protocol import (ClientData, ClientUpdate, RolledBack, RoundFailed, RoundOutcome, RoundResult,
-                                    serialized_size)
+from fedsim.engine.aggregate import FixedPoint
+from fedsim.engine.protocol import (ClientData, ClientReport, RolledBack, RoundFailed, RoundOutcome, RoundResult,
+                                    SumPlan, WorkerPartial, serialized_size)
 
 if TYPE_CHECKING:
     from fedsim.data import Partition
@@ -39,6 +39,17 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float)
     """max(1, round(f * N)) distinct clients, drawn from (seed, round) only."""
     count = max(1, round(fraction * num_clients))
     rng = np.random.default_rng([seed, round_idx, 0x5A3])
+    return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
+
+
+def evaluation_cohort(seed: int, num_clients: int, clients: int | float | None) -> list[int]:
+    """eval.clients: the clients scored on evaluation rounds, drawn once from the seed alone, so the curve
+    follows the same clients every round and for any number of workers."""
+    count = num_clients if clients is None else clients if isinstance(clients, int) else round(clients * num_clients)
+    count = min(max(count, 1), num_clients)
+    if count == num_clients:
+        return list(range(num_clients))
+    rng = np.random.default_rng([seed, 0xC0407])
     return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
 
 
@@ -78,7 +89,8 @@ class Server:
     """``workers[i]`` hosts ``assignments[i]``; the entrypoint spawns them so they start while this actor does."""
 
     def __init__(self, cfg: RunConfig, workers: list, assignments: list[dict[int, ClientData]],
-                 initial_global: np.ndarray, init_weights=None, slots: list | None = None):
+                 initial_global: np.ndarray, tensor_offsets: tuple[int, ...], init_weights=None,
+                 slots: list | None = None):
         # A validated config object, not a dict: re-validating would import the model registry, hence torch.
         self.cfg = cfg
         self.algorithm = build_algorithm(cfg)
@@ -90,16 +102,20 @@ class Server:
         self.owner = {c: w for w, clients in enumerate(assignments) for c in clients} if self.fixed_owners else {}
         clients = {c: d for a in assignments for c, d in a.items()}
         self.num_clients = len(clients)
-        self.train_steps = [steps_per_epoch(len(clients[c].train), cfg.train.batch_size) for c in range(self.num_clients)]
+        self.train_sizes = [len(clients[c].train) for c in range(self.num_clients)]
+        self.train_steps = [steps_per_epoch(n, cfg.train.batch_size) for n in self.train_sizes]
         self.test_sizes = [len(clients[c].test) for c in range(self.num_clients)]
         self.workers = list(workers)
         self.initial_global = initial_global
+        self.tensor_offsets = tensor_offsets  # tensor boundaries in the shared vector: fixed-point scales are per tensor
         self.state = self._initial_state()
         self.broadcast_ref = self._publish()
         # Measured on owned copies: Ray hands this actor read-only views, which pickle 4 bytes differently.
         self.bytes_down = sum(serialized_size(self.state[name].copy()) for name in self.algorithm.broadcast)
         self.times_sampled = np.zeros(self.num_clients, np.int64)
+        self.cohort = evaluation_cohort(cfg.seed, self.num_clients, cfg.eval.clients)
         self.last_checkpoint: str | None = None
+        self.last_chain: list[list[str]] = []  # the last checkpoint's bases and itself: what the next delta builds on
         self.recoveries = 0
         self.losses_in_a_row = 0  # recoveries since a round last completed: bounded by engine.max_recoveries
         self.unresponsive: set[int] = set()  # workers killed for not answering pings, named if the run gives up
@@ -176,13 +192,6 @@ class Server:
             groups.setdefault(w, []).append(c)
         return groups
 
-    def _check_update(self, update: ClientUpdate) -> None:
-        # Runtime guard: what reaches the server must be exactly the shared layout, never personal weights.
-        for name, vector in update.uploads.items():
-            if vector.shape != (self.shared_size,):
-                raise RuntimeError(f"client {update.client} sent {vector.shape[0]} values as {name!r}; the shared "
-                                   f"part has {self.shared_size} - refusing a payload that could hold personal weights")
-
     # -- one round -------------------------------------------------------------------------------
     def round(self, round_idx: int) -> RoundOutcome:
         """Train the sampled clients, aggregate, and (on evaluation rounds) score every client.
@@ -197,43 +206,63 @@ class Server:
     def _round(self, round_idx: int) -> RoundOutcome:
         start = time.perf_counter()
         sampled = sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction)
-        calls = [self.workers[w].train.remote(self.broadcast_ref, cs, round_idx)
+        plan = self._sum_plan(sampled)
+        calls = [self.workers[w].train_and_sum.remote(self.broadcast_ref, cs, round_idx, plan)
                  for w, cs in self._by_worker(sampled, self.train_steps).items()]
+        partials: list[WorkerPartial] = self._get_watching(calls)
         # In client order, so logs and the client an error names do not depend on how work was split.
-        updates: list[ClientUpdate] = sorted((u for batch in self._get_watching(calls) for u in batch),
-                                             key=lambda u: u.client)
-        diverged = [u.client for u in updates if u.diverged]
+        reports: list[ClientReport] = sorted((r for p in partials for r in p.reports), key=lambda r: r.client)
+        diverged = [r for r in reports if r.diverged]
         if diverged and self.cfg.train.on_nonfinite == "stop":
-            return RoundFailed(round_idx, f"client {diverged[0]}, round {round_idx}: training loss is not finite; "
-                               "lower train.body.lr / train.head.lr, or set train.on_nonfinite=drop to skip such updates")
-        kept = [u for u in updates if not u.diverged]
-        for u in kept:
-            self._check_update(u)
+            first = diverged[0]
+            what = ("its update left the fixed-point range (over 2^16 x the global's largest value)"
+                    if first.out_of_range else "training loss is not finite")
+            return RoundFailed(round_idx, f"client {first.client}, round {round_idx}: {what}; lower train.body.lr / "
+                               "train.head.lr, or set train.on_nonfinite=drop to skip such updates")
+        kept = [r for r in reports if not r.diverged]
         if self.shared_size and kept:
-            self._aggregate(kept)
+            self._aggregate(plan, partials, len(kept))
         self.times_sampled[sampled] += 1
-        records = self._evaluate(round_idx, {u.client: u.train_loss for u in kept}) if self._evaluates(round_idx) else []
-        comm = [{"round": round_idx, "client": u.client, "bytes_down": self.bytes_down, "bytes_up": u.bytes_up}
-                for u in kept]
-        return RoundResult(round_idx, sampled, diverged, records, comm, time.perf_counter() - start)
+        records = self._evaluate(round_idx, {r.client: r.train_loss for r in kept}) if self._evaluates(round_idx) else []
+        comm = [{"round": round_idx, "client": r.client, "bytes_down": self.bytes_down, "bytes_up": r.bytes_up}
+                for r in kept]
+        return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start)
 
-    def _aggregate(self, kept: list[ClientUpdate]) -> None:
-        """Average each upload over the clients (by train.weighting unless the algorithm fixes it), then
-        let the algorithm's server hook turn the averages into the next global state."""
-        means = {}
+    def _sum_plan(self, sampled: list[int]) -> SumPlan:
+        """Per upload, the fixed-point scale for this round's exact sums: from the server's current value of
+        that upload (the global weights for ``weights``) and the sampled clients' total weight."""
+        scales, uniform = {}, {}
         for name, weighting in self.algorithm.uploads.items():
-            uniform = (weighting or self.cfg.train.weighting) == "uniform"
-            means[name] = weighted_average([(u.client, 1 if uniform else u.n_train, u.uploads[name]) for u in kept],
-                                           as_float32=False)
-        self.algorithm.server_update(self.state, means, len(kept), self.num_clients)
+            uniform[name] = (weighting or self.cfg.train.weighting) == "uniform"
+            total = len(sampled) if uniform[name] else sum(self.train_sizes[c] for c in sampled)
+            scales[name] = FixedPoint.plan(self.state.get(name, self.state[WEIGHTS]), self.tensor_offsets, total)
+        return SumPlan(scales, uniform)
+
+    def _aggregate(self, plan: SumPlan, partials: list[WorkerPartial], kept: int) -> None:
+        """Add the workers' exact partial sums (any order gives the same integers), turn them into means,
+        and let the algorithm's server hook make the next global state of them."""
+        means = {}
+        for name, scale in plan.scales.items():
+            total = np.zeros_like(partials[0].sums[name])
+            for partial in partials:  # integer sums: exact, and the same in any order
+                total += partial.sums[name]
+            means[name] = scale.mean(total, sum(p.weights[name] for p in partials))
+        self.algorithm.server_update(self.state, means, kept, self.num_clients)
         self.broadcast_ref = self._publish()
 
     def _evaluates(self, round_idx: int) -> bool:
         return round_idx % self.cfg.train.eval_every == 0 or round_idx == self.cfg.train.rounds
 
+    def _evaluated_clients(self, round_idx: int) -> list[int]:
+        """The cohort, except at the final round (and every eval.full_every rounds): every client."""
+        every = self.cfg.eval.full_every
+        if round_idx == self.cfg.train.rounds or (every and round_idx % every == 0):
+            return list(range(self.num_clients))
+        return self.cohort
+
     def _evaluate(self, round_idx: int, train_loss: dict[int, float]) -> list[dict]:
-        everyone = self._by_worker(list(range(self.num_clients)), self.test_sizes)
-        calls = [self.workers[w].evaluate.remote(self.broadcast_ref, cs, round_idx) for w, cs in everyone.items()]
+        groups = self._by_worker(self._evaluated_clients(round_idx), self.test_sizes)
+        calls = [self.workers[w].evaluate.remote(self.broadcast_ref, cs, round_idx) for w, cs in groups.items()]
         records = sorted((r for batch in self._get_watching(calls) for r in batch), key=lambda r: r["client"])
         for r in records:
             r["round"] = round_idx
@@ -248,25 +277,36 @@ class Server:
         checkpoint are redone)."""
         staging = checkpoint.begin(run_location, round_idx)
         names = [f"worker-{i}.npz" for i in range(len(self.workers))]
+        bases = checkpoint.next_bases(self.last_chain, self.cfg.engine.full_checkpoint_every)
         try:
-            self._get_watching([w.save_state.remote(storage.join(staging, name))
+            self._get_watching([w.save_state.remote(storage.join(staging, name), not bases)
                                 for w, name in zip(self.workers, names)])
         except RayActorError:
             return RolledBack(round_idx, self._recover())
-        meta = {"fingerprint": self.fingerprint, "recoveries": self.recoveries}
+        meta = {"fingerprint": self.fingerprint, "recoveries": self.recoveries, **checkpoint.new_links(bases)}
         server_state = {name: v for name, v in self.state.items() if name != WEIGHTS}
         self.last_checkpoint = checkpoint.finish(staging, round_idx, self.state[WEIGHTS], meta, names, server_state)
+        self.last_chain = checkpoint.links_of(meta, storage.parent_and_name(self.last_checkpoint)[1])
         return self.last_checkpoint
 
     def restore(self, ckpt: str | None) -> int:
-        """Load the global state and every worker's clients from ``ckpt`` (None: round 0). Returns its round."""
+        """Load the global state and every worker's clients from ``ckpt`` (None: round 0). Returns its round.
+        A worker lost meanwhile (also one dying while it starts) is replaced, bounded like any other loss."""
+        try:
+            return self._restore(ckpt)
+        except RayActorError:
+            self.last_checkpoint = ckpt
+            return self._recover()
+
+    def _restore(self, ckpt: str | None) -> int:
         if ckpt is None:
-            round_idx, self.state = 0, self._initial_state()
+            round_idx, self.state, self.last_chain = 0, self._initial_state(), []
         else:
             with storage.local_folder(ckpt) as local:
                 state, global_vector, server_state = checkpoint.read_state(local, self.fingerprint, self.shared_size)
             round_idx = int(state["round"])
             self.state = {WEIGHTS: global_vector, **server_state}
+            self.last_chain = checkpoint.links_of(state, storage.parent_and_name(ckpt)[1])
         self._get_from_each([w.load_state.remote(ckpt) for w in self.workers])
         self.broadcast_ref = self._publish()
         self.times_sampled = self._times_sampled_until(round_idx)

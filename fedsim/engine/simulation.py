@@ -101,11 +101,11 @@ def _start_new(run_dir: Path, cfg: RunConfig, partition: Partition, data: ArrayD
     for stale in ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json"):
         (run_dir / stale).unlink(missing_ok=True)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    _write_config(run_dir, cfg)
     atomic.write_text(run_dir / DATASET_FILE, json.dumps({"dataset": cfg.data.dataset, "digest": data.digest}))
     partition.save(run_dir / "partition.npz")
     stats = partition.stats(data.train_y, data.test_y, data.num_classes)
     (run_dir / "partition_stats.json").write_text(json.dumps(stats, indent=1))
+    _write_config(run_dir, cfg)  # last: a folder with a config.yaml is a complete run folder, fit to resume
 
 
 def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig:
@@ -168,9 +168,9 @@ def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, slots
     assignments = assign_clients(cfg, partition)
     init_ref = ray.put(init_weights) if init_weights else None
     workers = [spawn_worker(cfg, clients, init_ref, slot) for clients, slot in zip(assignments, slots)]
-    _, initial_global = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
+    layout, initial_global = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
     return ServerActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
-        cfg, workers, assignments, initial_global, init_ref, slots)
+        cfg, workers, assignments, initial_global, layout.offsets, init_ref, slots)
 
 
 def save_final_model(run_dir: Path, cfg: RunConfig, data: ArrayDataset, global_vector: np.ndarray) -> None:
@@ -281,15 +281,13 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
             # Held until the run ends: a second run of this folder, or --overwrite meanwhile, is refused. An
             # object store has no such lock: there the staging copy is private to this process anyway.
             with contextlib.nullcontext() if folder.remote else runlock.hold(folder.local):
-                if resume:
-                    _write_config(folder.local, cfg)  # an extended train.rounds is remembered
-                else:
+                if not resume:
                     folder.refuse_existing(overwrite)  # again: another run may have filled the folder meanwhile
-                    folder.clear()
-                    _start_new(folder.local, cfg, partition, data)
-                    folder.publish()
+                    _create(folder, cfg, partition, data)
                 slots = placement.slots(group, workers)
                 try:
+                    if resume:
+                        _write_config(folder.local, cfg)  # an extended train.rounds is remembered
                     return _train(cfg, folder, partition, data, init_weights, slots, ckpt, resume, on_round, on_start)
                 except (ConfigError, DataError, checkpoint.CheckpointError, TrainingDiverged):
                     raise
@@ -299,6 +297,17 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
             placement.release(group)
     finally:
         folder.close()
+
+
+def _create(folder: RunFolder, cfg: RunConfig, partition: Partition, data: ArrayDataset) -> None:
+    """Write the new run's folder. Failing here (a full disk) is a run-time failure, but there is nothing to
+    resume yet: the folder has no config.yaml, and the way on is to start again."""
+    try:
+        folder.clear()
+        _start_new(folder.local, cfg, partition, data)
+        folder.publish()
+    except OSError as err:
+        raise RunFailed(describe_failure(err), folder.location, resumable=False) from err
 
 
 def describe_failure(err: BaseException) -> str:

@@ -49,6 +49,7 @@ class RunLogger:
         """Append one round; returns its summary row."""
         records = result.records
         row = {"round": result.round, "seconds": result.seconds, "sampled": len(result.sampled),
+               "evaluated": len(records),  # the eval.clients cohort, or everyone
                "dropped": result.dropped,
                "bytes_down": sum(c["bytes_down"] for c in result.comm),
                "bytes_up": sum(c["bytes_up"] for c in result.comm)}

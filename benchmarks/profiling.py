@@ -1,0 +1,588 @@
+"""Profiles behind BENCHMARKS.md, one subcommand each (the ratio benchmarks are the other scripts):
+
+  startup  where a run's start-up goes: the entrypoint's phases, Ray's actor timeline, CPU seconds
+           per process (one short quickstart run)
+  spawn    ray.init, spawning 2 worker-like actors (with and without a per-actor runtime_env,
+           directly or from a torch-importing parent actor) and ray.shutdown, on a fresh Ray each rep
+  pyspy    `py-spy record` on the worker and server actors during a run's steady rounds, summarised
+  step     one client's training: fedsim's worker core (ClientRuntime, channels_last and NCHW) vs a
+           plain PyTorch loop, in this process, 1 thread
+  compute  NCHW vs channels_last for cnn4's training step and evaluation forward alone, plain PyTorch
+  memory   the worker core's RssAnon by stage (construct, train, evaluate, train more), per client
+           count, each in a fresh process
+
+    .venv/bin/python benchmarks/profiling.py startup [--rounds 1] [--workers 2]
+    .venv/bin/python benchmarks/profiling.py spawn [--reps 3]
+    .venv/bin/python benchmarks/profiling.py pyspy --preset quickstart|device|scale
+    .venv/bin/python benchmarks/profiling.py step [--samples 5000] [--reps 3]
+    .venv/bin/python benchmarks/profiling.py compute [--reps 5]
+    .venv/bin/python benchmarks/profiling.py memory [--clients 1000 10000] [--trim]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import functools
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from _common import (BENCH, Periodic, descendants, log, median, proc_memory, proc_table, process_tree, quickstart,
+                     run_fedsim, set_dotted)
+
+CIFAR_TRAIN, CIFAR_TEST = 50_000, 10_000
+ACTOR_TITLES = {"ray::Worker": "worker", "ray::Server": "server"}  # process titles of fedsim's actors
+
+
+def apply_sets(tree: dict, pairs: list[str]) -> dict:
+    """``key.sub=value`` overrides from the command line, values parsed as YAML scalars."""
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        set_dotted(tree, key, yaml.safe_load(value))
+    return tree
+
+
+# -- startup ---------------------------------------------------------------------------------------
+def process_title(pid: int) -> str:
+    """An actor's Ray title (``ray::Worker``), else the first words of a python command line."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        parts = f.read().split(b"\0")
+    cmd = parts[0].decode(errors="replace")
+    if cmd.startswith("ray::"):
+        return cmd[:60]
+    return " ".join(p.decode(errors="replace").split("/")[-1] for p in parts[:3])[:60]
+
+
+class TreeCpu(Periodic):
+    """Every second, the CPU seconds each python or Ray process of this tree used (by title): who competes
+    with the workers during start-up and round 1 (Ray agents, prestarted idle workers, the server actor)."""
+
+    def __init__(self):
+        super().__init__(1.0)
+        self.rows: list[tuple[float, str, float]] = []  # (time, title [pid], CPU seconds in the last second)
+        self._hz = os.sysconf("SC_CLK_TCK")
+        self._prev = {pid: ticks for pid, (_, ticks) in proc_table().items()}  # pid -> ticks at the last sample
+
+    def sample(self) -> None:
+        table, t = proc_table(), time.perf_counter()
+        for pid in process_tree(table, os.getpid()):
+            try:
+                title = process_title(pid)
+            except OSError:
+                continue
+            ticks = table[pid][1]
+            if ("python" in title or title.startswith("ray::")) and ticks > self._prev.get(pid, 0):
+                self.rows.append((t, f"{title} [{pid}]", (ticks - self._prev.get(pid, 0)) / self._hz))
+            self._prev[pid] = ticks
+
+    def table(self, t0: float, windows: list[tuple[str, float, float]]) -> list[str]:
+        out = []
+        for name, a, b in windows:
+            per: dict[str, float] = collections.Counter()
+            for t, title, sec in self.rows:
+                if a <= t - t0 < b + 1:
+                    per[title] += sec
+            out.append(f"  {name} ({a:.1f} -> {b:.1f} s): CPU seconds by process")
+            out += [f"    {sec:6.2f}  {title}" for title, sec in per.most_common(10)]
+        return out
+
+
+def startup(args) -> None:
+    """The entrypoint's phases are timed by wrapping fedsim.engine.simulation's functions in this process
+    (no fedsim file changes); the actors' (process start, imports, __init__, first tasks) come from
+    ray.timeline(), read before ray.shutdown."""
+    import ray
+
+    from fedsim.config import validate
+    from fedsim.engine import simulation
+
+    marks: list[tuple[str, float, float]] = []
+
+    def timed(name, fn):
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                marks.append((name, t, time.perf_counter()))
+        return wrapper
+
+    for name in ("prepare_inputs", "_start_new", "connect_ray", "check_resources", "start_engine"):
+        setattr(simulation, name, timed(name, getattr(simulation, name)))
+    real_get = ray.get
+    simulation.ray.get = timed("ray.get (entrypoint)", real_get)
+
+    cfg = validate(apply_sets(quickstart({"train.rounds": args.rounds, "engine.workers": args.workers}), args.set))
+    rounds: list[float] = []
+    t0 = time.perf_counter()
+    try:
+        with TreeCpu() as cpu:
+            simulation.run(cfg, overwrite=True, on_round=lambda row, res: rounds.append(time.perf_counter()))
+        t_run = time.perf_counter()
+        events = ray.timeline()
+    finally:
+        simulation.ray.get = real_get
+        ray.shutdown()
+    t_end = time.perf_counter()
+    Path(args.trace).write_text(json.dumps(events))
+
+    print(f"fedsim quickstart, {args.rounds} round(s), {args.workers} workers: run() {t_run - t0:.2f} s, "
+          f"ray.shutdown {t_end - t_run:.2f} s")
+    print("\nentrypoint (this process), seconds from run():")
+    for name, a, b in marks:
+        if b - a >= 0.05:
+            print(f"  {a - t0:7.2f} -> {b - t0:7.2f}  {b - a:6.2f}  {name}")
+    for i, t in enumerate(rounds, 1):
+        print(f"  round {i} done at {t - t0:7.2f}")
+    print_actor_timeline(events, next((b for n, a, b in marks if n == "connect_ray"), t0) - t0)
+    first_get = [b for n, a, b in marks if n == "ray.get (entrypoint)"]
+    ready = first_get[0] - t0 if first_get else 0.0
+    windows = [("start-up: run() until the workers answered (server.restore)", 0.0, ready)]
+    bounds = [ready, *(t - t0 for t in rounds[:2])]
+    windows += [(f"round {i}", a, b) for i, (a, b) in enumerate(zip(bounds, bounds[1:]), 1)]
+    print()
+    print("\n".join(cpu.table(t0, windows)))
+    log(f"trace (chrome://tracing): {args.trace}")
+
+
+def print_actor_timeline(events: list[dict], init_end_s: float) -> None:
+    """Ray's complete events ("ph": "X", ts/dur in microseconds) of 50 ms or more, and every __init__,
+    aligned so that the first one starts when ray.init returned in this process."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        return
+    origin = min(e["ts"] for e in spans)
+    print("\nactor side (Ray timeline; seconds from run(), aligned at ray.init's return):")
+    rows = [((e["ts"] - origin) / 1e6 + init_end_s, e["dur"] / 1e6, f"pid {e.get('pid')}", e.get("cat", ""),
+             e.get("name", "")) for e in spans if e["dur"] >= 50_000 or e.get("name", "").endswith("__init__")]
+    for start, dur, pid, cat, name in sorted(rows)[:60]:
+        print(f"  {start:7.2f} +{dur:6.2f}  {pid:<22} {cat:<22} {name}")
+
+
+# -- spawn -----------------------------------------------------------------------------------------
+SPAWN_VARIANTS = {  # label: (spawned by, per-actor runtime_env)
+    "2 workers, no runtime_env (fedsim today)": ("entrypoint", False),
+    "2 workers, runtime_env env_vars": ("entrypoint", True),
+    "torch-importing parent actor -> 2 workers, no runtime_env": ("parent", False),
+    "torch-importing parent actor -> 2 workers, runtime_env (fedsim before)": ("parent", True),
+}
+THREAD_ENV = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}}
+
+
+def spawn(args) -> None:
+    """A 'worker' here is an actor that imports what fedsim's worker imports (fedsim.client.runtime: torch,
+    Lightning, fedsim) and answers a ping; the parent stands for a server actor that imports torch itself
+    before spawning the workers (fedsim's server no longer does)."""
+    import ray
+
+    @ray.remote
+    class Importer:
+        def __init__(self):
+            import fedsim.client.runtime  # noqa: F401
+
+        def ping(self) -> int:
+            return os.getpid()
+
+    @ray.remote
+    class Parent:
+        def __init__(self, env: bool):
+            import fedsim.client.runtime  # noqa: F401
+
+            self.kids = [Importer.options(num_cpus=1, **(THREAD_ENV if env else {})).remote() for _ in range(2)]
+
+        def ready(self) -> list[int]:
+            return ray.get([k.ping.remote() for k in self.kids], timeout=300)
+
+    rows: dict[str, list[float]] = {}
+    for rep in range(args.reps):
+        for label, (spawner, env) in SPAWN_VARIANTS.items():
+            t0 = time.perf_counter()
+            ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning",
+                     log_to_driver=False)
+            t1 = time.perf_counter()
+            try:
+                if spawner == "entrypoint":
+                    kids = [Importer.options(num_cpus=1, **(THREAD_ENV if env else {})).remote() for _ in range(2)]
+                    ray.get([k.ping.remote() for k in kids], timeout=300)
+                else:
+                    ray.get(Parent.options(num_cpus=0).remote(env).ready.remote(), timeout=300)
+                t2 = time.perf_counter()
+            finally:
+                ray.shutdown()
+            t3 = time.perf_counter()
+            for key, seconds in (("ray.init", t1 - t0), (label, t2 - t1), ("ray.shutdown", t3 - t2)):
+                rows.setdefault(key, []).append(seconds)
+            log(f"  rep {rep} {label}: init {t1 - t0:.1f} s, spawn {t2 - t1:.1f} s, shutdown {t3 - t2:.1f} s")
+    print(f"\nmedians of {args.reps} reps (fresh local Ray each), seconds until both workers answered")
+    for label, xs in rows.items():
+        print(f"  {label:<72}{median(xs):6.2f}")
+
+
+# -- pyspy -----------------------------------------------------------------------------------------
+def pyspy_preset(name: str) -> dict:
+    if name == "quickstart":
+        return quickstart({"train.rounds": 3, "name": "bench-profile"})
+    if name == "device":  # peer_flower.py's cross-device workload, 6 rounds
+        return quickstart({"name": "bench-profile", "algorithm": "fedavg", "data.partition": "iid",
+                           "data.num_clients": 1000, "data.train_fraction": 1.0, "data.test_fraction": 1.0,
+                           "train.fraction": 0.1, "train.local_epochs": 1, "train.rounds": 6, "train.eval_every": 7})
+    return quickstart({"name": "bench-profile", "data.partition": "iid", "data.num_clients": 1000,  # scale
+                       "data.train_fraction": 0.1, "data.test_fraction": 0.1, "train.fraction": 0.1,
+                       "train.rounds": 4, "train.eval_every": 5})
+
+
+def summarize_pyspy(raw: Path, top: int) -> list[str]:
+    """Inclusive sample share per frame 'function (file)' from py-spy's collapsed 'a;b;c count' lines."""
+    inclusive: collections.Counter = collections.Counter()
+    leaf: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        total += n
+        frames = [f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0].split("/")[-1] + ")" if " (" in f else f
+                  for f in stack.split(";")]
+        for f in set(frames):
+            inclusive[f] += n
+        leaf[frames[-1]] += n
+    if not total:
+        return ["  (no samples)"]
+    out = [f"  {total} samples; inclusive % (self %) of the hottest frames:"]
+    out += [f"  {100 * n / total:5.1f}% ({100 * leaf[f] / total:4.1f}%)  {f}" for f, n in inclusive.most_common(top)]
+    return out
+
+
+def pyspy(args) -> None:
+    """Runs the preset in this process; when round --skip has finished, py-spy attaches to every worker and
+    server actor for --seconds (--nonblocking, 200 Hz: idle threads are not sampled)."""
+    import fedsim.engine as engine
+
+    py_spy = Path(os.environ.get("PY_SPY", BENCH.parent / ".venv" / "bin" / "py-spy"))
+    if not py_spy.exists():
+        raise SystemExit(f"pyspy: no py-spy at {py_spy}; `pip install py-spy` into the venv or set PY_SPY")
+    tree = apply_sets(pyspy_preset(args.preset), args.set)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs: list[tuple[str, Path, subprocess.Popen]] = []
+
+    def attach() -> None:
+        for pid in sorted(descendants()):
+            m = proc_memory(pid)
+            kind = next((k for title, k in ACTOR_TITLES.items() if m and m["cmd"].startswith(title)), None)
+            if kind:
+                raw = out / f"{args.preset}-{kind}-{pid}.txt"
+                cmd = [str(py_spy), "record", "--pid", str(pid), "--format", "raw", "--duration",
+                       str(int(args.seconds)), "--rate", "200", "--nonblocking", "-o", str(raw)]
+                jobs.append((f"{kind} {pid}", raw, subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                                                    stderr=subprocess.DEVNULL)))
+
+    finished = collections.Counter()
+    real_run = engine.run
+
+    def run_with_hook(cfg, overwrite=False, on_round=None, **kw):
+        def callback(row, result):
+            finished["rounds"] += 1
+            if finished["rounds"] == args.skip:
+                threading.Thread(target=attach, daemon=True).start()
+            if on_round:
+                on_round(row, result)
+        return real_run(cfg, overwrite=overwrite, on_round=callback, **kw)
+
+    engine.run = run_with_hook  # run_fedsim calls fedsim.engine.run
+    try:
+        r = run_fedsim(tree)
+    finally:
+        engine.run = real_run
+    for _, _, p in jobs:
+        p.wait(timeout=args.seconds + 60)
+    print(f"{args.preset}: rounds {[round(s, 2) for s in r['round_s']]}, end to end {r['end_to_end_s']:.1f} s")
+    for label, raw, _ in jobs:
+        print(f"\n{label}  ({raw})")
+        if raw.exists():
+            print("\n".join(summarize_pyspy(raw, args.top)))
+
+
+# -- step ------------------------------------------------------------------------------------------
+def step(args) -> None:
+    """engine: ClientRuntime.train - what a Ray worker runs per client (load weights, the Lightning module
+    via Fabric, 2 optimizers, pack the uploads), memory_format auto (channels_last on CPU) and contiguous;
+    plain: the same SGD steps written directly in NCHW (as overhead.py's bare loop and the Flower client).
+    engine-nchw / plain is the worker core's own overhead; engine / engine-nchw what the layout buys."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from fedsim.algorithms import WEIGHTS
+    from fedsim.client.runtime import ClientRuntime, client_generator, shared_layout
+    from fedsim.config import validate
+    from fedsim.data import load_dataset, random_crop_flip, to_float
+    from fedsim.engine.protocol import ClientData
+    from fedsim.models import build_model
+
+    torch.set_num_threads(1)
+    configs = {fmt: validate(quickstart({"algorithm": args.algorithm, "data.partition": "iid", "engine.memory_format": fmt,
+                                         "train.local_epochs": args.epochs})) for fmt in ("auto", "contiguous")}
+    cfg = configs["auto"]
+    data = load_dataset("cifar10")
+    idx = np.sort(np.random.default_rng(0).choice(len(data.train_y), args.samples, replace=False))
+    runtimes = {fmt: ClientRuntime(c.model_dump(), {0: ClientData(idx, np.arange(100))}) for fmt, c in configs.items()}
+    _, shared = shared_layout(cfg, data.num_classes, data.input_shape)
+    broadcast = {WEIGHTS: shared}
+
+    torch.manual_seed(0)
+    net = build_model("cnn4", data.num_classes, data.input_shape)
+    body = cfg.train.body
+    opt = torch.optim.SGD(net.parameters(), lr=body.lr, momentum=body.momentum, weight_decay=body.weight_decay)
+    batch = cfg.train.batch_size
+
+    def plain(round_idx: int) -> None:
+        x = to_float(data.train_x[idx], data.mean, data.std)
+        y = torch.as_tensor(data.train_y[idx])
+        opt.state.clear()
+        net.train()
+        gen = client_generator(cfg.seed, round_idx, 0)
+        for _ in range(args.epochs):
+            order = torch.randperm(len(y), generator=gen)
+            for start in range(0, len(y), batch):
+                b = order[start:start + batch]
+                loss = F.cross_entropy(net(random_crop_flip(x[b], gen)), y[b])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+
+    cases = {"engine": lambda r: runtimes["auto"].train(broadcast, [0], r),
+             "engine-nchw": lambda r: runtimes["contiguous"].train(broadcast, [0], r), "plain": plain}
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for rep in range(args.reps + 1):  # rep 0 warms everything up and is dropped
+        for name, fn in cases.items():
+            t = time.perf_counter()
+            fn(rep + 1)
+            if rep:
+                times[name].append(time.perf_counter() - t)
+    e, n, p = (median(times[name]) for name in cases)
+    steps = args.epochs * -(-args.samples // batch)
+    print(f"one client, {args.samples} images x {args.epochs} epoch(s) = {steps} steps of {batch}, 1 thread, "
+          f"{args.algorithm}; medians of {args.reps} interleaved reps")
+    print(f"  engine (ClientRuntime.train), channels_last  {e:7.2f} s  {1000 * e / steps:6.1f} ms/step")
+    print(f"  engine, memory_format=contiguous             {n:7.2f} s  {1000 * n / steps:6.1f} ms/step")
+    print(f"  plain PyTorch loop, NCHW                     {p:7.2f} s  {1000 * p / steps:6.1f} ms/step")
+    print(f"RATIO engine-nchw / plain (worker core overhead): {n / p:.3f}")
+    print(f"RATIO engine / plain (what a user gets):          {e / p:.3f}")
+
+
+# -- compute ---------------------------------------------------------------------------------------
+COMPUTE_CASES = [("train step, batch 50", 50, True, 20), ("train step, batch 5", 5, True, 60),
+                 ("eval forward, batch 500", 500, False, 5)]  # (label, batch, train, timed calls)
+
+
+def seconds_per_call(channels_last: bool, batch: int, train: bool, calls: int) -> float:
+    """cnn4 on random images in plain PyTorch (no engine): a training step or an evaluation forward."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedsim.models import build_model
+
+    torch.manual_seed(0)
+    net = build_model("cnn4", 10, (3, 32, 32))
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    net.train(train)
+
+    def once() -> None:
+        if train:
+            loss = F.cross_entropy(net(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        else:
+            with torch.no_grad():
+                net(x)
+
+    for _ in range(3):  # warm-up
+        once()
+    t = time.perf_counter()
+    for _ in range(calls):
+        once()
+    return (time.perf_counter() - t) / calls
+
+
+def compute(args) -> None:
+    """NCHW vs channels_last for the kernels alone, 1 torch thread, interleaved reps."""
+    import torch
+
+    torch.set_num_threads(1)
+    print("cnn4, 1 thread, ms per call (median of interleaved reps)")
+    print(f"  {'':26}{'NCHW':>8}{'channels_last':>15}{'speed-up':>10}")
+    for label, batch, train, calls in COMPUTE_CASES:
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(args.reps):
+            for channels_last in times:
+                times[channels_last].append(seconds_per_call(channels_last, batch, train, calls))
+        nchw, cl = median(times[False]), median(times[True])
+        print(f"  {label:26}{1000 * nchw:>8.1f}{1000 * cl:>15.1f}{nchw / cl:>10.2f}")
+
+
+# -- memory ----------------------------------------------------------------------------------------
+def anon_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon"))
+
+
+def memory_stages(n: int, trained: int, use_tracemalloc: bool, trim: bool, per_call: int) -> dict:
+    """One worker core (worker 0 of 2: every other client) of the quickstart FedPer on n iid clients with
+    5 train + 1 test images each, RssAnon after each stage. Runs in a fresh process (memory_child)."""
+    import tracemalloc
+
+    from fedsim.algorithms import WEIGHTS
+    from fedsim.client.runtime import ClientRuntime, shared_layout
+    from fedsim.config import validate
+    from fedsim.data import load_dataset, make_partition
+    from fedsim.engine.protocol import ClientData
+
+    tree = quickstart({"data.partition": "iid", "data.num_clients": n,
+                       "data.train_fraction": min(1.0, n * 5 / CIFAR_TRAIN),
+                       "data.test_fraction": min(1.0, n / CIFAR_TEST)})
+    cfg = validate(tree)
+    data = load_dataset("cifar10")
+    part = make_partition("iid", data.train_y, data.test_y, n, cfg.seed, train_fraction=cfg.data.train_fraction,
+                          test_fraction=cfg.data.test_fraction)
+    mine = {c: ClientData(part.train[c], part.test[c]) for c in range(0, n, 2)}
+    out = {"n": n, "owned": len(mine), "per_call": per_call, "stages": {}}
+    libc = ctypes.CDLL("libc.so.6")
+
+    def mark(stage: str) -> None:
+        gc.collect()
+        out["stages"][stage] = {"anon_kb": anon_kb()}
+        if trim:  # what of it is free heap that glibc kept (fragmentation), not live objects
+            libc.malloc_trim(0)
+            out["stages"][stage]["trimmed_kb"] = anon_kb()
+        if use_tracemalloc:
+            out["stages"][stage]["traced_kb"] = tracemalloc.get_traced_memory()[0] // 1024
+
+    mark("data only (before worker)")
+    if use_tracemalloc:
+        tracemalloc.start()
+    rt = ClientRuntime(cfg.model_dump(), mine)
+    mark("worker constructed")
+    _, shared = shared_layout(cfg, data.num_classes, data.input_shape)
+    broadcast, owned = {WEIGHTS: shared}, sorted(mine)
+
+    def train(clients: list[int], round_idx: int) -> None:
+        # In chunks, as a Ray worker receives them (one call per round with its share of the sampled
+        # clients): a call returns every client's full shared vector at once, so the chunk size sets the
+        # transient heap that glibc keeps afterwards.
+        for i in range(0, len(clients), per_call):
+            rt.train(broadcast, clients[i:i + per_call], round_idx)
+
+    train(owned[:trained], 1)
+    mark(f"trained {trained}")
+    rt.evaluate(broadcast, owned, 1)
+    mark(f"evaluated all {len(owned)}")
+    train(owned[trained:2 * trained], 2)
+    mark(f"trained {trained} more")
+    if use_tracemalloc:
+        out["top"] = [str(s) for s in tracemalloc.take_snapshot().statistics("lineno")[:12]]
+    personal = rt.slots["personal"]
+    out["personal_vectors"] = len(personal)
+    out["personal_bytes"] = int(sum(v.nbytes for _, v in personal.items()))
+    out["index_bytes"] = int(sum(cd.train.nbytes + cd.test.nbytes for cd in mine.values()))
+    return out
+
+
+def memory_child(n: int, trained: int, per_call: int = 50, use_tracemalloc: bool = False,
+                 trim: bool = False) -> dict | None:
+    """memory_stages in a fresh 1-thread process (also used by scale.py); None if it failed (stderr logged)."""
+    cmd = [sys.executable, __file__, "memory", "--child", str(n), "--trained", str(trained), "--per-call", str(per_call)]
+    cmd += ["--tracemalloc"] * use_tracemalloc + ["--trim"] * trim
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if res.returncode:
+        log(res.stderr[-3000:])
+        return None
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def memory(args) -> None:
+    if args.child:
+        print(json.dumps(memory_stages(args.child, args.trained, args.tracemalloc, args.trim, args.per_call)))
+        return
+    rows = [memory_child(n, args.trained, args.per_call, args.tracemalloc, args.trim) for n in args.clients]
+    if None in rows:
+        raise SystemExit(1)
+    for r in rows:
+        print(f"\nN = {r['n']} ({r['owned']} clients on this worker); personal vectors {r['personal_vectors']} "
+              f"= {r['personal_bytes'] / 1e6:.2f} MB, index arrays {r['index_bytes'] / 1e6:.3f} MB")
+        prev = None
+        for stage, s in r["stages"].items():
+            delta = "" if prev is None else f"  (+{(s['anon_kb'] - prev) / 1024:7.1f} MB)"
+            traced = f"  python-traced {s['traced_kb'] / 1024:7.1f} MB" if "traced_kb" in s else ""
+            traced += f"  after malloc_trim {s['trimmed_kb'] / 1024:8.1f} MB" if "trimmed_kb" in s else ""
+            print(f"  {stage:<28} RssAnon {s['anon_kb'] / 1024:8.1f} MB{delta}{traced}")
+            prev = s["anon_kb"]
+        for line in r.get("top", []):
+            print("   ", line)
+    if len(rows) >= 2:
+        a, b = rows[0], rows[-1]
+        for stage in a["stages"]:
+            if stage in b["stages"]:
+                per = (b["stages"][stage]["anon_kb"] - a["stages"][stage]["anon_kb"]) * 1024 / (b["owned"] - a["owned"])
+                print(f"per owned client, {stage:<28}: {per:10,.0f} B")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("startup", help="start-up timeline of one short quickstart run")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--trace", default="/tmp/fedsim-timeline.json", help="chrome://tracing file of the Ray events")
+    p.add_argument("--set", nargs="*", default=[], help="dotted key=value config overrides")
+    p.set_defaults(fn=startup)
+    p = sub.add_parser("spawn", help="ray.init, actor spawn variants, ray.shutdown")
+    p.add_argument("--reps", type=int, default=3)
+    p.set_defaults(fn=spawn)
+    p = sub.add_parser("pyspy", help="py-spy on the worker and server actors during steady rounds")
+    p.add_argument("--preset", default="device", choices=["quickstart", "device", "scale"])
+    p.add_argument("--set", nargs="*", default=[], help="dotted key=value config overrides")
+    p.add_argument("--skip", type=int, default=1, help="start profiling when this round has finished")
+    p.add_argument("--seconds", type=float, default=15)
+    p.add_argument("--top", type=int, default=28)
+    p.add_argument("--out", default="/tmp/fedsim-pyspy", help="raw py-spy files, for speedscope or flamegraphs")
+    p.set_defaults(fn=pyspy)
+    p = sub.add_parser("step", help="one client's training: worker core vs a plain loop")
+    p.add_argument("--samples", type=int, default=5000)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--algorithm", default="fedavg")
+    p.set_defaults(fn=step)
+    p = sub.add_parser("compute", help="NCHW vs channels_last for the cnn4 kernels alone")
+    p.add_argument("--reps", type=int, default=5)
+    p.set_defaults(fn=compute)
+    p = sub.add_parser("memory", help="the worker core's memory by stage")
+    p.add_argument("--clients", type=int, nargs="+", default=[1000, 10000])
+    p.add_argument("--trained", type=int, default=200)
+    p.add_argument("--per-call", type=int, default=50, help="clients per train call (a worker's share of a "
+                   "round: 50 = 100 sampled clients over 2 workers)")
+    p.add_argument("--tracemalloc", action="store_true")
+    p.add_argument("--trim", action="store_true", help="also report RssAnon after malloc_trim(0)")
+    p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(fn=memory)
+    return ap
+
+
+if __name__ == "__main__":
+    args = parser().parse_args()
+    args.fn(args)
