@@ -85,11 +85,6 @@ class Store:
         self.fs.create_dir(str(PurePosixPath(self._path(rel)).parent), recursive=True)
         pafs.copy_files(str(local), self._path(rel), destination_filesystem=self.fs)
 
-    def upload_tree(self, local_dir: Path, rel: str = "") -> None:
-        """Every file under ``local_dir`` to ``rel`` (files already there are replaced)."""
-        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
-            self.upload(path, str(PurePosixPath(rel, path.relative_to(local_dir).as_posix())))
-
     def download_tree(self, local_dir: Path, rel: str = "", skip: str | None = None) -> None:
         """Every file under ``rel`` into ``local_dir``, except those in its top-level folder ``skip``."""
         for name in self.files(rel):

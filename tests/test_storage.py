@@ -61,3 +61,19 @@ def test_a_request_the_cluster_cannot_hold_waits_saying_so_then_fails_naming_the
     assert "fedsim: waiting for the cluster to make room for 3 workers x (1 CPU)" in capfd.readouterr().err
     group = placement.reserve(cfg, 2)  # the failed request left nothing reserved behind
     placement.release(group)
+
+
+def test_report_reads_run_folders_from_the_bucket(s3_bucket, tmp_path):
+    from test_report import make_run
+
+    from fedsim.cli.main import main
+
+    for name, algorithm in (("quick-fedavg", "fedavg"), ("quick-fedper", "fedper")):
+        local = make_run(tmp_path / "local", name, algorithm, [[0.5, 0.6], [0.6, 0.7]])
+        store = storage.Store(f"s3://fedsim-runs/runs/{name}")
+        for path in local.iterdir():
+            store.upload(path, path.name)
+    assert main(["report", "s3://fedsim-runs/runs/quick-fedavg", "s3://fedsim-runs/runs/quick-fedper",
+                 "--out", str(tmp_path / "report")]) == 0
+    table = (tmp_path / "report" / "report.md").read_text()
+    assert "quick-fedavg" in table and "quick-fedper" in table

@@ -67,7 +67,7 @@ def test_a_client_outside_the_fixed_point_range_keeps_nothing_and_is_reported(tm
     fits = SumPlan({WEIGHTS: FixedPoint.plan(weights, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
     tiny = SumPlan({WEIGHTS: FixedPoint.plan(weights * 1e-9, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
     out = rt.train_and_sum({WEIGHTS: weights}, [0, 1], 1, tiny)
-    assert [r.diverged for r in out.reports] == [True, True] and not out.sums[WEIGHTS].any()
+    assert [(r.diverged, r.out_of_range) for r in out.reports] == [(True, True)] * 2 and not out.sums[WEIGHTS].any()
     assert out.weights[WEIGHTS] == 0 and len(rt.slots["personal"]) == 0  # no personal state kept either
     kept = rt.train_and_sum({WEIGHTS: weights}, [0, 1], 1, fits)
     assert not any(r.diverged for r in kept.reports) and len(rt.slots["personal"]) == 2

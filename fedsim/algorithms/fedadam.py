@@ -22,6 +22,9 @@ class FedAdam(PartialSharing):
         weights = state[WEIGHTS].astype(np.float64)
         delta = means[WEIGHTS] - weights  # Delta_t = mean of client updates y_i - w
         m = p.beta1 * state["m"] + (1 - p.beta1) * delta
-        v = p.beta2 * state["v"] + (1 - p.beta2) * delta * delta
+        v = self.second_moment(state["v"].astype(np.float64), delta * delta)
         state[WEIGHTS] = (weights + p.server_lr * m / (np.sqrt(v) + p.tau)).astype(np.float32)
         state["m"], state["v"] = m.astype(np.float32), v.astype(np.float32)
+
+    def second_moment(self, v: np.ndarray, squared: np.ndarray) -> np.ndarray:
+        return self.params.beta2 * v + (1 - self.params.beta2) * squared

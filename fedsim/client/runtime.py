@@ -277,7 +277,7 @@ class ClientRuntime:
                     sums[name].add(weight, vector)
                     weights[name] += weight
             reports.append(ClientReport(client, update.n_train, update.train_loss, update.bytes_up if kept else 0,
-                                        diverged=not kept))
+                                        diverged=not kept, out_of_range=not kept and not update.diverged))
         return WorkerPartial(reports, {name: s.total for name, s in sums.items()}, weights)
 
     def _train_one(self, broadcast: dict[str, np.ndarray], client: int,

@@ -55,6 +55,7 @@ class ClientReport:
     train_loss: float
     bytes_up: int  # what this client would send on its own: the serialised size of its uploads
     diverged: bool = False  # non-finite loss, or an upload outside the fixed-point range: nothing was kept
+    out_of_range: bool = False  # diverged because an upload left the fixed-point range (the loss was finite)
 
 
 @dataclass(frozen=True)

@@ -212,10 +212,12 @@ class Server:
         partials: list[WorkerPartial] = self._get_watching(calls)
         # In client order, so logs and the client an error names do not depend on how work was split.
         reports: list[ClientReport] = sorted((r for p in partials for r in p.reports), key=lambda r: r.client)
-        diverged = [r.client for r in reports if r.diverged]
+        diverged = [r for r in reports if r.diverged]
         if diverged and self.cfg.train.on_nonfinite == "stop":
-            return RoundFailed(round_idx, f"client {diverged[0]}, round {round_idx}: training diverged (a non-finite "
-                               "loss, or weights over 2^16 x the global's largest); lower train.body.lr / "
+            first = diverged[0]
+            what = ("its update left the fixed-point range (over 2^16 x the global's largest value)"
+                    if first.out_of_range else "training loss is not finite")
+            return RoundFailed(round_idx, f"client {first.client}, round {round_idx}: {what}; lower train.body.lr / "
                                "train.head.lr, or set train.on_nonfinite=drop to skip such updates")
         kept = [r for r in reports if not r.diverged]
         if self.shared_size and kept:
@@ -224,7 +226,7 @@ class Server:
         records = self._evaluate(round_idx, {r.client: r.train_loss for r in kept}) if self._evaluates(round_idx) else []
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.bytes_down, "bytes_up": r.bytes_up}
                 for r in kept]
-        return RoundResult(round_idx, sampled, diverged, records, comm, time.perf_counter() - start)
+        return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start)
 
     def _sum_plan(self, sampled: list[int]) -> SumPlan:
         """Per upload, the fixed-point scale for this round's exact sums: from the server's current value of

@@ -203,6 +203,7 @@ class RunFolder:
         self.store = storage.Store(self.location) if self.remote else None
         # Absolute: the driver actor and the marker check must not depend on a process's working folder.
         self.local = storage.staging_folder(self.location) if self.remote else Path(self.location).resolve()
+        self.stored: dict[Path, tuple[int, int]] = {}  # staging file -> (mtime, size) when it was last uploaded
 
     def refuse_existing(self, overwrite: bool) -> None:
         if not self.remote:
@@ -217,6 +218,7 @@ class RunFolder:
             if not self.store.exists("config.yaml"):
                 raise ConfigError(f"{self.location}: not a run folder (no config.yaml); pass the folder a `fedsim run` created")
             self.store.download_tree(self.local)
+            self.stored = {path: self._stamp(path) for path in self._files()}
 
     def checkpoint_location(self, ckpt: Path) -> str:
         return storage.join(self.location, "checkpoints", ckpt.name) if self.remote else str(ckpt)
@@ -227,12 +229,21 @@ class RunFolder:
             self.store.delete("")
 
     def publish(self) -> None:
-        """Upload the run's files (metrics, config, W&B) from the staging copy; checkpoints are not among them."""
+        """Upload the run's new or changed files (metrics, config, W&B) from the staging copy; checkpoints are
+        not among them (workers and the server write those to the store themselves)."""
         if self.remote:
-            for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
-                rel = path.relative_to(self.local)
-                if rel.parts[0] != "checkpoints":
-                    self.store.upload(path, rel.as_posix())
+            for path in self._files():
+                if self.stored.get(path) != self._stamp(path):
+                    self.stored[path] = self._stamp(path)
+                    self.store.upload(path, path.relative_to(self.local).as_posix())
+
+    def _files(self) -> list[Path]:
+        return sorted(p for p in self.local.rglob("*") if p.is_file() and p.relative_to(self.local).parts[0] != "checkpoints")
+
+    @staticmethod
+    def _stamp(path: Path) -> tuple[int, int]:
+        stat = path.stat()
+        return stat.st_mtime_ns, stat.st_size
 
     def close(self) -> None:
         if self.remote:
