@@ -30,13 +30,13 @@ def test_four_workers_share_one_gpu(tmp_path, data_root, fake_gpu_ray):
     data = load_dataset("cifar10", data_root)
     part = make_partition("classes", data.train_y, data.test_y, 4, 0, k=3, train_fraction=0.01, test_fraction=0.01)
     group = placement.reserve(cfg, 4)  # the run's placement group: four (0.5 CPU, 0.25 GPU) bundles
-    driver = start_engine(cfg, part, data, placement.slots(group, 4))
-    infos = ray.get(driver.worker_info.remote())  # blocks until all four actors have started
+    server = start_engine(cfg, part, data, placement.bundles(group, 4))
+    infos = ray.get(server.worker_info.remote())  # blocks until all four actors have started
     assert len(infos) == 4
     assert all(i["gpu_ids"] == [0] or i["gpu_ids"] == ["0"] for i in infos)
     assert all(i["cuda_visible_devices"] == "0" for i in infos)
     assert all(i["device"] == "cpu" for i in infos)  # no real CUDA here: the same code falls back to CPU
-    ray.get(driver.shutdown.remote())
+    ray.get(server.shutdown.remote())
     placement.release(group)
 
 

@@ -48,10 +48,10 @@ WorkerActor = ray.remote(concurrency_groups={"health": 1})(Worker)
 ServerActor = ray.remote(Server)
 
 
-def spawn_worker(cfg: RunConfig, clients: dict[int, ClientData], init_weights=None, slot="SPREAD"):
-    """One worker actor at the configured CPU/GPU fractions, in ``slot`` (its bundle of the run's placement
-    group, see ``placement.slots``). torch's thread count is set by the runtime itself: a per-actor
+def spawn_worker(cfg: RunConfig, clients: dict[int, ClientData], init_weights=None, bundle="SPREAD"):
+    """One worker actor at the configured CPU/GPU fractions, scheduled by ``bundle`` (its bundle of the run's
+    placement group, see ``placement.bundles``). torch's thread count is set by the runtime itself: a per-actor
     runtime_env would cost a fresh process (~0.6 s) instead of a prestarted one."""
     engine = cfg.engine
     return WorkerActor.options(num_cpus=engine.cpus_per_worker, num_gpus=engine.gpus_per_worker,
-                               scheduling_strategy=slot).remote(cfg.model_dump(), clients, init_weights)
+                               scheduling_strategy=bundle).remote(cfg.model_dump(), clients, init_weights)

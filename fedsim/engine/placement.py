@@ -56,7 +56,7 @@ def _free() -> str:
     return ", ".join(f"{free.get(k, 0):g} {k}" for k in ("CPU", "GPU"))
 
 
-def slots(group: PlacementGroup | None, workers: int) -> list:
+def bundles(group: PlacementGroup | None, workers: int) -> list:
     """Worker i's scheduling strategy: bundle i of the group (or Ray's SPREAD when nothing is reserved)."""
     if group is None:
         return ["SPREAD"] * workers

@@ -90,14 +90,14 @@ class Server:
 
     def __init__(self, cfg: RunConfig, workers: list, assignments: list[dict[int, ClientData]],
                  initial_global: np.ndarray, tensor_offsets: tuple[int, ...], init_weights=None,
-                 slots: list | None = None):
+                 bundles: list | None = None):
         # A validated config object, not a dict: re-validating would import the model registry, hence torch.
         self.cfg = cfg
         self.algorithm = build_algorithm(cfg)
         self.fingerprint = checkpoint.fingerprint(cfg.model_dump())
-        self.assignments = assignments  # kept to respawn a lost worker with the same clients, in the same slot
+        self.assignments = assignments  # kept to respawn a lost worker with the same clients, in the same bundle
         self.init_weights = init_weights
-        self.slots = slots or ["SPREAD"] * len(workers)
+        self.bundles = bundles or ["SPREAD"] * len(workers)
         self.fixed_owners = self.algorithm.keeps_client_state
         self.owner = {c: w for w, clients in enumerate(assignments) for c in clients} if self.fixed_owners else {}
         clients = {c: d for a in assignments for c, d in a.items()}
@@ -332,7 +332,7 @@ class Server:
                 ray.kill(worker)
                 lost.append(index)
                 self.workers[index] = spawn_worker(self.cfg, self.assignments[index], self.init_weights,
-                                                   self.slots[index])
+                                                   self.bundles[index])
         self.recoveries += 1
         self.losses_in_a_row += 1
         if self.losses_in_a_row > self.cfg.engine.max_recoveries:

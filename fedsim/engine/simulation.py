@@ -161,16 +161,16 @@ def _this_node() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, slots: list,
+def start_engine(cfg: RunConfig, partition: Partition, data: ArrayDataset, bundles: list,
                  init_weights: dict | None = None):
-    """Spawn the workers (worker i in ``slots[i]``) and the server actor together (the workers' ~3 s of
+    """Spawn the workers (worker i in ``bundles[i]``) and the server actor together (the workers' ~3 s of
     imports overlap the server's start-up instead of following it). Returns the server's handle."""
     assignments = assign_clients(cfg, partition)
     init_ref = ray.put(init_weights) if init_weights else None
-    workers = [spawn_worker(cfg, clients, init_ref, slot) for clients, slot in zip(assignments, slots)]
+    workers = [spawn_worker(cfg, clients, init_ref, bundle) for clients, bundle in zip(assignments, bundles)]
     layout, initial_global = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
     return ServerActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(
-        cfg, workers, assignments, initial_global, layout.offsets, init_ref, slots)
+        cfg, workers, assignments, initial_global, layout.offsets, init_ref, bundles)
 
 
 def save_final_model(run_dir: Path, cfg: RunConfig, data: ArrayDataset, global_vector: np.ndarray) -> None:
@@ -284,11 +284,11 @@ def run(cfg: RunConfig, overwrite: bool = False, on_round: RoundCallback | None 
                 if not resume:
                     folder.refuse_existing(overwrite)  # again: another run may have filled the folder meanwhile
                     _create(folder, cfg, partition, data)
-                slots = placement.slots(group, workers)
+                bundles = placement.bundles(group, workers)
                 try:
                     if resume:
                         _write_config(folder.local, cfg)  # an extended train.rounds is remembered
-                    return _train(cfg, folder, partition, data, init_weights, slots, ckpt, resume, on_round, on_start)
+                    return _train(cfg, folder, partition, data, init_weights, bundles, ckpt, resume, on_round, on_start)
                 except (ConfigError, DataError, checkpoint.CheckpointError, TrainingDiverged):
                     raise
                 except Exception as err:
@@ -344,11 +344,11 @@ def _checked_checkpoint(cfg: RunConfig, run_dir: Path, data: ArrayDataset, init_
 
 
 def _train(cfg: RunConfig, folder: RunFolder, partition: Partition, data: ArrayDataset, init_weights: dict | None,
-           slots: list, ckpt: Path | None, resume: bool, on_round: RoundCallback | None,
+           bundles: list, ckpt: Path | None, resume: bool, on_round: RoundCallback | None,
            on_start: Callable[[int], None] | None) -> RunResult:
     run_dir = folder.local
     started = time.perf_counter()
-    server = start_engine(cfg, partition, data, slots, init_weights)
+    server = start_engine(cfg, partition, data, bundles, init_weights)
     # The server's own deadline for its workers comes first, and its error names the silent worker.
     timeout = cfg.engine.round_timeout_s + SERVER_MARGIN_S
     logger = RunLogger(run_dir, _sink(cfg, run_dir, resume))
