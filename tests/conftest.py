@@ -218,3 +218,25 @@ def s3_objects(s3, prefix: str) -> dict[str, bytes]:
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=S3_BUCKET, Prefix=prefix)
     keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
     return {key[len(prefix):]: s3.get_object(Bucket=S3_BUCKET, Key=key)["Body"].read() for key in keys}
+
+
+def six_client_run(tmp_path, data_root, algorithm, workers: int, rounds: int = 2, eval_every: int | None = None,
+                   **engine):
+    """(config, partition, data) of a 6-client CIFAR-10 run small enough to repeat per method and worker
+    count; ``engine``: engine settings such as ``state_ram_mb=0``."""
+    from fedsim.data import load_dataset, make_partition
+
+    cfg = small_config(tmp_path, data_root, algorithm=algorithm, seed=4, data__num_clients=6, data__k=3,
+                       data__train_fraction=0.006, data__test_fraction=0.02, train__rounds=rounds,
+                       train__eval_every=eval_every or rounds, train__fraction=0.5, train__batch_size=20, eval__finetune_epochs=1,
+                       engine__workers=workers, engine__cpus_per_worker=0.5,
+                       **{f"engine__{key}": value for key, value in engine.items()})
+    data = load_dataset("cifar10", data_root)
+    partition = make_partition("classes", data.train_y, data.test_y, 6, 4, k=3, train_fraction=0.006,
+                               test_fraction=0.02)
+    return cfg, partition, data
+
+
+def round_records(outcomes) -> list:
+    """What must match between two runs of the same rounds: sampling, per-client records, traffic."""
+    return [(o.round, o.sampled, o.records, o.comm) for o in outcomes]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import own_ray_pids
 
 from fedsim.config import validate
 from fedsim.engine import run
@@ -41,30 +42,6 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _descends_from_this_process(pid: int) -> bool:
-    """Only this test's Ray (started in-process) may be touched, never another Ray on the machine."""
-    for _ in range(6):
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-        if pid == os.getpid():
-            return True
-    return False
-
-
-def _live_worker_pids() -> list[int]:
-    """Ray titles each actor process `ray::<Class>`; idle or dead ones are not Worker."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::Worker"):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return sorted(p for p in pids if _descends_from_this_process(p))
-
-
 def test_worker_killed_mid_round_is_replaced_and_results_match(tmp_path, data_root, local_ray):
     clean = run(tiny(tmp_path, data_root, "clean", train__local_epochs=3))
     killed = {}
@@ -73,7 +50,7 @@ def test_worker_killed_mid_round_is_replaced_and_results_match(tmp_path, data_ro
         if row["round"] == 2 and not killed:
             def kill_soon():
                 time.sleep(1.0)  # inside round 3's local training
-                victim = _live_worker_pids()[0]
+                victim = own_ray_pids(b"ray::Worker")[0]
                 os.kill(victim, signal.SIGKILL)
                 killed["pid"] = victim
 

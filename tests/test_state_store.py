@@ -6,11 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import client_runtime, in_process_server, small_config
+from conftest import client_runtime, in_process_server, round_records, six_client_run
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.config import ConfigError
-from fedsim.data import load_dataset, make_partition
 from fedsim.engine import checkpoint
 from fedsim.engine.weights import StateMemory
 
@@ -18,18 +17,7 @@ ROUNDS = 4
 
 
 def _setup(tmp_path, data_root, algorithm, workers, **engine):
-    cfg = small_config(tmp_path, data_root, algorithm=algorithm, seed=4, data__num_clients=6, data__k=3,
-                       data__train_fraction=0.006, data__test_fraction=0.02, train__rounds=ROUNDS, train__eval_every=2,
-                       train__fraction=0.5, train__batch_size=20, eval__finetune_epochs=1, engine__workers=workers,
-                       engine__cpus_per_worker=0.5, **{f"engine__{key}": value for key, value in engine.items()})
-    data = load_dataset("cifar10", data_root)
-    partition = make_partition("classes", data.train_y, data.test_y, 6, 4, k=3, train_fraction=0.006,
-                               test_fraction=0.02)
-    return cfg, partition, data
-
-
-def _records(outcomes) -> list:
-    return [(o.round, o.sampled, o.records, o.comm) for o in outcomes]
+    return six_client_run(tmp_path, data_root, algorithm, workers, ROUNDS, eval_every=2, **engine)
 
 
 def _client_state(server) -> dict[tuple[str, int], bytes]:
@@ -47,7 +35,7 @@ def test_state_spilled_to_disk_is_bit_identical_to_state_in_ram(tmp_path, data_r
         server = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, 2, state_ram_mb=budget,
                                                          spill_dir=str(spill_dir)))
         server.restore(None)
-        runs[budget] = _records([server.round(r) for r in (1, 2)]), _client_state(server), spill_dir
+        runs[budget] = round_records([server.round(r) for r in (1, 2)]), _client_state(server), spill_dir
     (ram_records, ram_state, ram_spill), (disk_records, disk_state, disk_spill) = runs.values()
     assert ram_records == disk_records and ram_state == disk_state and ram_state
     assert not ram_spill.exists()
@@ -71,20 +59,20 @@ def test_a_run_resumed_from_an_incremental_checkpoint_equals_an_uninterrupted_on
         location = "s3://fedsim-runs/incremental/run"
     straight = in_process_server(monkeypatch, *_setup(tmp_path, data_root, "ditto", 2))
     straight.restore(None)
-    expected = _records([straight.round(r) for r in range(1, ROUNDS + 1)])
+    expected = round_records([straight.round(r) for r in range(1, ROUNDS + 1)])
 
     first = in_process_server(monkeypatch, *_setup(tmp_path, data_root, "ditto", 2, full_checkpoint_every=3))
     first.restore(None)
     head = []
     for r in (1, 2, 3):
-        head += _records([first.round(r)])
+        head += round_records([first.round(r)])
         ckpt = first.checkpoint(location, r)
     with checkpoint.local_checkpoint(ckpt) as local:  # round 3: a delta over the full round 1 and the delta of round 2
         assert [name for name, _ in json.loads((local / "state.json").read_text())["bases"]] == ["round-0001",
                                                                                                  "round-0002"]
     resumed = in_process_server(monkeypatch, *_setup(tmp_path, data_root, "ditto", 3, full_checkpoint_every=3))
     assert resumed.restore(ckpt) == 3
-    assert head + _records([resumed.round(4)]) == expected
+    assert head + round_records([resumed.round(4)]) == expected
     assert _client_state(resumed) == _client_state(straight)
 
 

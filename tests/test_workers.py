@@ -2,28 +2,16 @@
 through the engine's own Server (in-process workers; tests/test_engine.py does the same over Ray)."""
 import numpy as np
 import pytest
-from conftest import in_process_server, small_config
+from conftest import in_process_server, round_records, six_client_run
 
 from fedsim.algorithms import ALGORITHMS
-from fedsim.data import load_dataset, make_partition
 
 ROUNDS = 2
 QUICK = {"fedrep": {"head_epochs": 2}}  # the default 10 head epochs test nothing more, slowly
 
 
 def _setup(tmp_path, data_root, algorithm, workers):
-    cfg = small_config(tmp_path, data_root, algorithm={"name": algorithm, **QUICK.get(algorithm, {})}, seed=4,
-                       data__num_clients=6, data__k=3, data__train_fraction=0.006, data__test_fraction=0.02,
-                       train__rounds=ROUNDS, train__eval_every=ROUNDS, train__fraction=0.5, train__batch_size=20,
-                       eval__finetune_epochs=1, engine__workers=workers, engine__cpus_per_worker=0.5)
-    data = load_dataset("cifar10", data_root)
-    partition = make_partition("classes", data.train_y, data.test_y, 6, 4, k=3, train_fraction=0.006,
-                               test_fraction=0.02)
-    return cfg, partition, data
-
-
-def _records(outcomes) -> list:
-    return [(o.round, o.sampled, o.records, o.comm) for o in outcomes]
+    return six_client_run(tmp_path, data_root, {"name": algorithm, **QUICK.get(algorithm, {})}, workers, ROUNDS)
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
@@ -32,7 +20,7 @@ def test_every_method_is_bit_identical_on_one_two_and_three_workers(tmp_path, da
     for workers in (1, 2, 3):
         server = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, workers))
         server.restore(None)
-        results[workers] = (_records([server.round(r) for r in range(1, ROUNDS + 1)]), server.state)
+        results[workers] = (round_records([server.round(r) for r in range(1, ROUNDS + 1)]), server.state)
     (one, state1), (two, state2), (three, state3) = results.values()
     assert one == two == three
     assert all(np.array_equal(state1[k], s[k]) for s in (state2, state3) for k in state1)
@@ -44,15 +32,15 @@ def test_checkpointed_server_and_client_state_resume_exactly(tmp_path, data_root
     resumed run has another number of workers."""
     straight = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, 2))
     straight.restore(None)
-    expected = _records([straight.round(r) for r in range(1, ROUNDS + 1)])
+    expected = round_records([straight.round(r) for r in range(1, ROUNDS + 1)])
 
     first = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, 2))
     first.restore(None)
-    head = _records([first.round(1)])
+    head = round_records([first.round(1)])
     ckpt = first.checkpoint(str(tmp_path / "run"), 1)
     resumed = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, 3))
     assert resumed.restore(ckpt) == 1
-    assert head + _records([resumed.round(2)]) == expected
+    assert head + round_records([resumed.round(2)]) == expected
 
 
 def test_a_client_outside_the_fixed_point_range_keeps_nothing_and_is_reported(tmp_path, data_root):
@@ -88,7 +76,7 @@ def test_an_evaluation_cohort_is_fixed_by_the_seed_and_everyone_is_scored_at_the
                                      "eval": cfg.eval.model_copy(update={"clients": 3})})
         server = in_process_server(monkeypatch, cfg, partition, data)
         server.restore(None)
-        rounds[workers] = _records([server.round(r) for r in range(1, ROUNDS + 1)])
+        rounds[workers] = round_records([server.round(r) for r in range(1, ROUNDS + 1)])
     assert rounds[1] == rounds[3]
     first, last = rounds[1][0][2], rounds[1][-1][2]
     assert [r["client"] for r in first] == cohort and [r["client"] for r in last] == list(range(6))
