@@ -12,6 +12,9 @@ class FedPerFT(PartialSharing):
     name, train, share = "fedper_ft", "full", "body"
     Params = FedPerFTParams
 
+    def epochs_per_round(self, local_epochs: int) -> int:
+        return self.params.head_epochs + local_epochs
+
     def client_update(self, ctx):
         ctx.load()
         losses = ctx.sgd(PARTS["head"], self.params.head_epochs)

@@ -13,6 +13,9 @@ class FedRep(PartialSharing):
     name, train, share = "fedrep", "body", "body"
     Params = FedRepParams
 
+    def epochs_per_round(self, local_epochs: int) -> int:
+        return self.params.head_epochs + (self.params.body_epochs or local_epochs)
+
     def client_update(self, ctx):
         ctx.load()
         losses = ctx.sgd(PARTS["head"], self.params.head_epochs)
