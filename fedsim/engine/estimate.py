@@ -130,7 +130,7 @@ def describe(e: WorkEstimate) -> str:
         f"{e.epochs_per_round} epochs",
         f"  training     {e.train_sample_steps:,} sample-steps ({e.train_sample_steps_per_round:,.0f} per round), "
         f"{e.train_sgd_steps:,} SGD steps",
-        f"  evaluation   {e.evaluation_rounds} rounds: fine-tuning {e.finetune_sample_steps:,} sample-steps "
+        f"  evaluation   at {e.evaluation_rounds} of the rounds: fine-tuning {e.finetune_sample_steps:,} sample-steps "
         f"({e.finetune_sgd_steps:,} SGD steps), {e.scored_test_images:,} test images scored",
         f"  traffic      per round {_mb(e.bytes_down_per_round)} down, {_mb(e.bytes_up_per_round)} up",
         f"  workers      {e.workers} x ({e.cpus_per_worker:g} CPU{gpus}): {e.workers * e.cpus_per_worker:g} CPU"
