@@ -632,7 +632,7 @@ def fixed_cost_child(model: str, algorithm: str, clients: int, reps: int) -> dic
             "client_s": median(per_client), "step_s": median(step_s),
             "fixed_s": median(fixed), "shared_values": int(shared.size),
             "profile_total_s": total, "profile_s": dict(parts), "threads": torch.get_num_threads(),
-            "numpy": np.__version__}
+            "fedsim": sys.modules["fedsim"].__file__}
 
 
 def fixedcost(args) -> None:
