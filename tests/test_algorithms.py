@@ -93,6 +93,18 @@ def test_fedbabu_head_is_orthogonal_fixed_and_the_same_everywhere(data_root):
     assert torch.equal(linear.net.output_layer.weight, fedavg.net.output_layer.weight)
 
 
+def test_fedbabu_not_orthogonal_head_has_unit_rows_pointing_almost_the_same_way(data_root):
+    """App. Q's ablation head: the rows are unit vectors with pairwise cosine near 1 (main_single.py's draw)."""
+    rt = client_runtime(data_root, {"name": "fedbabu", "head_init": "not_orthogonal"})
+    w = rt.net.output_layer.weight.detach()
+    cosines = w @ w.T
+    torch.testing.assert_close(torch.diagonal(cosines), torch.ones(w.shape[0]), atol=1e-6, rtol=0)
+    assert cosines.min() > 0.99 and not torch.any(rt.net.output_layer.bias)
+    head_before = rt.initial["personal"].copy()
+    [u] = rt.train(start(rt), [CLIENT], round_idx=1)
+    assert np.array_equal(rt.slots["personal"][CLIENT], head_before)  # still fixed while the body trains
+
+
 def test_lg_fedavg_never_sends_the_body(data_root):
     rt = client_runtime(data_root, "lg_fedavg")
     assert rt.layouts["shared"].keys and all(k.startswith("classifier.") for k in rt.layouts["shared"].keys)
