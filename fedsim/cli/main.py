@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+RUNS_DEFAULT = "runs/reproduce"
+
+
 def _reproduce_parser(sub) -> None:
     from fedsim.reproduce import PAPERS
 
@@ -41,7 +44,7 @@ def _reproduce_parser(sub) -> None:
                      help="cpu: settings cut to run on a laptop (default); paper: exactly as the paper states")
     rep.add_argument("--seeds", type=_positive, default=3, help="seeds 0..N-1 per run (default 3)")
     rep.add_argument("--only", metavar="CLAIM", help="run only this claim's runs (the report still covers every claim)")
-    rep.add_argument("--runs", default="runs/reproduce", help="folder of the run folders (default runs/reproduce)")
+    rep.add_argument("--runs", default=RUNS_DEFAULT, help=f"folder of the run folders (default {RUNS_DEFAULT})")
     rep.add_argument("--report", default="REPRODUCTION.md", help="the Markdown report (default REPRODUCTION.md)")
     rep.add_argument("--figures", help="figures and per-paper results (default: reproduction/ beside the report)")
     rep.add_argument("--report-only", action="store_true", help="run nothing; report from the runs that exist")
@@ -111,7 +114,6 @@ def _run_command(args: argparse.Namespace) -> int:
 
 
 def _reproduce_command(args: argparse.Namespace) -> int:
-    import time
     from pathlib import Path
 
     from fedsim.reproduce import PAPERS
@@ -126,15 +128,16 @@ def _reproduce_command(args: argparse.Namespace) -> int:
         for item in planned:
             print(f"{item.config.name}: {status(item)}")
         return 0
-    started = time.monotonic()
     if not args.report_only:
         execute(planned)
     report = Path(args.report).resolve()
     figures = Path(args.figures).resolve() if args.figures else report.parent / "reproduction"
-    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir)
-    results.update(overrides=list(args.overrides), command_seconds=time.monotonic() - started)
+    command = " ".join(["fedsim reproduce", args.paper, f"--scale {args.scale}", f"--seeds {args.seeds}",
+                        *([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []), *args.overrides])
+    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command)
     print(write_results(results, figures))
-    print(write_report(figures, report))
+    for path in write_report(figures, report):
+        print(path)
     for claim in results["claims"]:
         print(f"{claim['id']}: {claim['verdict']}")
     return 0

@@ -57,6 +57,7 @@ class Claim:
     arms: tuple[Arm, ...]
     tests: tuple[Test, ...]
     regime: str  # what of the paper's setting this claim keeps, and what it cuts or changes
+    paper_number: str = "-"  # the paper's own figure for the headline table, where it gives one
     explanation: str = ""  # why it may not reproduce here; shown with any verdict other than reproduced
 
     def arm(self, label: str) -> Arm:

@@ -110,7 +110,8 @@ CLAIMS = (
           tuple(greater(m, "FedAvg", by=20) for m in ("FedPer", "FedRep", "FedBABU", "Ditto")),
           "20 clients x 10 classes, 1 local epoch, batch 10, lr 0.005 as PFLlib; 20 rounds instead of 2,000, "
           "500 training images per client; fedsim's 4-conv CNN (PFLlib's has 2 conv + 2 linear layers). The "
-          "test is the ordering (each personalized method >= 20 points above FedAvg, as in PFLlib's table)."),
+          "test is the ordering (each personalized method >= 20 points above FedAvg, as in PFLlib's table).",
+          paper_number="FedAvg 25.98, FedPer 63.53, FedRep 67.56, FedBABU 66.85, Ditto 67.23"),
 )
 
 PAPER = Paper(

@@ -51,7 +51,8 @@ CLAIMS = (
           (Arm("FedAvg", "conflicting-fedavg"), Arm("FedPer", "conflicting-fedper")),
           (at_most("FedAvg", 20), greater("FedPer", "FedAvg", by=20)),
           "Stand-in for FLICKR-AES: CIFAR-10 images relabelled by a per-client class permutation (10 classes, "
-          "chance = 10%; 10 clients), 4-conv CNN, e = 4."),
+          "chance = 10%; 10 clients), 4-conv CNN, e = 4.",
+          paper_number="FedAvg 15-20%, FedPer ~40% (5 classes)"),
     Claim("base-necessary", "A deep shared base beats a linear base and local-only training",
           "Knowl 7: a single linear base layer degrades accuracy significantly; purely local training is poor "
           "because each client's data is too small for a deep model.",

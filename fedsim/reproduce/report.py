@@ -16,7 +16,7 @@ from fedsim import atomic
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce.claims import METRIC_NAMES, Arm, Claim, Paper, Test
 from fedsim.reproduce.runner import read_summary, run_name
-from fedsim.reproduce.stats import mean_ci
+from fedsim.metrics.confidence import mean_ci
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
@@ -86,17 +86,20 @@ def evaluate_claim(claim: Claim, paper: Paper, scale: str, seeds: int, runs_dir:
         arms[arm.label] = _arm_result(arm, per_seed)
     tests = [_test_result(test, arms) for test in claim.tests]
     return {"id": claim.id, "title": claim.title, "paper_says": claim.paper_says, "regime": claim.regime,
+            "paper_number": claim.paper_number,
             "explanation": claim.explanation, "arms": list(arms.values()), "tests": tests,
             "verdict": claim_verdict(tests)}
 
 
-def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_dir: Path) -> dict:
-    """Everything REPRODUCTION.md says about one paper at one scale, recomputed from the run folders."""
+def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_dir: Path,
+             command: str) -> dict:
+    """Everything REPRODUCTION.md says about one paper at one scale, recomputed from the run folders;
+    ``command`` is the one that regenerates them."""
     keys = paper.runs_of(claims)
     summaries = [read_summary(runs_dir / run_name(paper, scale, key, s)) for s in range(seeds) for key in keys]
     done = [s for s in summaries if s is not None]
     return {"paper": paper.key, "title": paper.title, "scale": scale, "scale_note": paper.scale_notes.get(scale, ""),
-            "seeds": seeds, "runs_dir": str(runs_dir), "runs_total": len(summaries), "runs_done": len(done),
+            "seeds": seeds, "command": command, "runs_total": len(summaries), "runs_done": len(done),
             "compute_seconds": float(sum(s["wall_seconds"] for s in done)),
             "claims": [evaluate_claim(c, paper, scale, seeds, runs_dir) for c in claims]}
 
@@ -143,12 +146,12 @@ def _interval(est: dict | None, signed: bool = False) -> str:
 
 
 def headline_rows(results: list[dict]) -> list[str]:
-    lines = ["| paper | scale | claim | paper says | first test | fedsim: mean [95% CI] | seeds | verdict |",
+    lines = ["| paper | scale | claim | paper's number | first test | fedsim: mean [95% CI] | seeds | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for res in results:
         for claim in res["claims"]:
             first = claim["tests"][0]
-            lines.append(f"| {res['paper']} | {res['scale']} | {claim['title']} | {claim['paper_says']} | "
+            lines.append(f"| {res['paper']} | {res['scale']} | {claim['title']} | {claim['paper_number']} | "
                          f"{first['text']} | {_interval(first['estimate'], signed=True)} | {len(first['seeds'])} | "
                          f"**{claim['verdict']}** |")
     return lines
@@ -178,10 +181,10 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
 def _paper_section(res: dict, figures_rel: str) -> list[str]:
     hours = res["compute_seconds"] / 3600
     lines = [f"## {res['title']} - scale `{res['scale']}`", "",
-             f"Regenerate: `fedsim reproduce {res['paper']} --scale {res['scale']} --seeds {res['seeds']}` (runs go to "
-             f"`{res['runs_dir']}`, not committed; finished runs are skipped, interrupted ones resume). "
-             f"Runs finished: {res['runs_done']} of {res['runs_total']}; their training took {hours:.2f} h in total "
-             "(sum of the runs' wall times).", "", f"What this scale cuts: {res['scale_note']}", ""]
+             f"Regenerate: `{res['command']}` (the run folders are not committed; finished runs are skipped, "
+             f"interrupted ones resume). Runs finished: {res['runs_done']} of {res['runs_total']}; their training "
+             f"took {hours:.2f} h in total (sum of the runs' wall times on a 2-core CPU machine).", "",
+             f"What this scale cuts: {res['scale_note']}", ""]
     for claim in res["claims"]:
         lines += _claim_section(claim, res["scale"], figures_rel)
     return lines
@@ -201,9 +204,15 @@ def render(figures: Path, report: Path) -> str:
     return "\n".join(lines)
 
 
-def write_report(figures: Path, report: Path) -> Path:
-    atomic.write_text(report, render(figures, report))
-    return report
+def write_report(figures: Path, report: Path) -> list[Path]:
+    """REPRODUCTION.md, and the headline block of a README.md beside it that shows one (between the markers)."""
+    markdown = render(figures, report)
+    atomic.write_text(report, markdown)
+    readme = report.parent / "README.md"
+    if readme.exists() and HEADLINE_START in (text := readme.read_text()):
+        atomic.write_text(readme, text.replace(headline_block(text), headline_block(markdown)))
+        return [report, readme]
+    return [report]
 
 
 def headline_block(markdown: str) -> str:

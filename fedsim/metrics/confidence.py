@@ -1,4 +1,4 @@
-"""Across-seed statistics: means with Student-t 95% confidence intervals."""
+"""Across-seed statistics: means with Student-t 95% confidence intervals (used by reports and reproductions)."""
 from __future__ import annotations
 
 import math
