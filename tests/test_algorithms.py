@@ -135,6 +135,14 @@ def test_fedrep_trains_the_head_for_its_epochs_then_the_body(data_root):
     assert ALGORITHMS["fedrep"].Params().head_epochs == 10  # the FedRep paper's 10 head epochs, 1 body epoch
 
 
+def test_fedper_pre_finetuning_trains_the_head_alone_then_everything(data_root):
+    rt = client_runtime(data_root, {"name": "fedper_ft", "head_epochs": 2}, train__local_epochs=1)
+    seen = _phases(rt)
+    rt.train(start(rt), [CLIENT], round_idx=1)
+    per_epoch = -(-len(rt.client_data[CLIENT].train) // 25)
+    assert seen == ["head"] * (2 * per_epoch) + ["body+head"] * per_epoch
+
+
 def test_fedprox_with_mu_zero_is_fedavg_bit_for_bit(data_root):
     avg = client_runtime(data_root, "fedavg")
     prox0 = client_runtime(data_root, {"name": "fedprox", "mu": 0.0})
