@@ -126,13 +126,13 @@ class HeadFirst(PartialSharing):
     ``then`` trains: FedRep (the body) and FedPer's pre-fine-tuning (the full network) share this shape."""
     then: ClassVar[Part] = "full"
 
-    def then_epochs(self, ctx: ClientContext) -> int:
-        return ctx.local_epochs
+    def then_epochs(self, local_epochs: int) -> int:
+        return local_epochs
 
     def client_update(self, ctx: ClientContext) -> list:
         ctx.load()
         losses = ctx.sgd(PARTS["head"], self.params.head_epochs)
-        losses += ctx.sgd(PARTS[self.then], self.then_epochs(ctx))
+        losses += ctx.sgd(PARTS[self.then], self.then_epochs(ctx.local_epochs))
         ctx.commit_model()
         return losses
 

@@ -13,5 +13,5 @@ class FedRep(HeadFirst):
     name, train, share, then = "fedrep", "body", "body", "body"
     Params = FedRepParams
 
-    def then_epochs(self, ctx) -> int:
-        return self.params.body_epochs or ctx.local_epochs
+    def then_epochs(self, local_epochs: int) -> int:
+        return self.params.body_epochs or local_epochs
