@@ -95,6 +95,11 @@ class Algorithm:
         """Train one client for one round; returns the per-step losses. Write uploads and state through ``ctx``."""
         raise NotImplementedError
 
+    def epochs_per_round(self, local_epochs: int) -> int:
+        """Passes over a sampled client's training data in one round (``fedsim run --dry-run`` counts the work
+        with it); a method whose ``client_update`` trains more than ``train.local_epochs`` says so here."""
+        return local_epochs
+
     def load_for_evaluation(self, ctx: ClientContext) -> None:
         """Put the model a client is scored with into ``ctx``'s network."""
         ctx.load()
@@ -128,6 +133,9 @@ class HeadFirst(PartialSharing):
 
     def then_epochs(self, local_epochs: int) -> int:
         return local_epochs
+
+    def epochs_per_round(self, local_epochs: int) -> int:
+        return self.params.head_epochs + self.then_epochs(local_epochs)
 
     def client_update(self, ctx: ClientContext) -> list:
         ctx.load()

@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar; one line per run")
+    run.add_argument("--dry-run", action="store_true", help="validate, build the partition and model, print the "
+                     "estimated work (sample-steps, traffic, resources) and exit; starts no Ray, writes no run folder")
     report = sub.add_parser("report", help="plots and a Markdown table from run folders")
     report.add_argument("runs", nargs="+", help="run folders or their URIs, e.g. runs/quickstart-fedavg s3://BUCKET/runs/quickstart-fedper")
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
@@ -85,6 +87,10 @@ def _run_command(args: argparse.Namespace) -> int:
         configs, resume = expand_sweep(load_tree(args.config, args.overrides)), False
     else:
         raise ConfigError("fedsim run: give a CONFIG.yaml, or --resume RUN_DIR")
+    if args.dry_run:
+        from fedsim.engine.estimate import dry_run
+
+        return dry_run(configs)
     results = []
     for cfg in configs:
         bars = []  # made once the inputs are validated, so an error is never mixed into a progress bar
