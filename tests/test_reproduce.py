@@ -64,10 +64,13 @@ def test_every_claim_names_existing_runs_and_arms():
 
 @pytest.mark.parametrize("paper", sorted(PAPERS))
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
-def test_every_run_of_both_scales_validates(paper, scale, tmp_path, capsys):
-    assert main(["reproduce", paper, "--scale", scale, "--dry-run", "--runs", str(tmp_path)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3 * len(PAPERS[paper].runs) and all(line.endswith(": new") for line in lines)
+def test_every_run_of_both_scales_validates(paper, scale, tmp_path, data_root, capsys):
+    """The dry run builds each run's partition and model (seed 0) and prints its work, without running it."""
+    assert main(["reproduce", paper, "--scale", scale, "--dry-run", "--runs", str(tmp_path), "--seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    statuses = [line for line in out.splitlines() if line.endswith(": new")]
+    assert len(statuses) == 2 * len(PAPERS[paper].runs) and not any(tmp_path.iterdir())
+    assert out.count(f"{paper}-{scale}-") == 3 * len(PAPERS[paper].runs)  # estimates of seed 0, then statuses
 
 
 def test_unknown_claim_is_one_line_exit_2(tmp_path, capsys):

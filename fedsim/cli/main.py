@@ -131,9 +131,7 @@ def _reproduce_command(args: argparse.Namespace) -> int:
     runs_dir = Path(args.runs).resolve()
     planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
     if args.dry_run:
-        for item in planned:
-            print(f"{item.config.name}: {status(item)}")
-        return 0
+        return _reproduce_dry_run(planned, args.seeds)
     if not args.report_only:
         execute(planned)
     report = Path(args.report).resolve()
@@ -146,6 +144,25 @@ def _reproduce_command(args: argparse.Namespace) -> int:
         print(path)
     for claim in results["claims"]:
         print(f"{claim['id']}: {claim['verdict']}")
+    return 0
+
+
+def _reproduce_dry_run(planned: list, seeds: int) -> int:
+    """Each run of the first seed built and estimated (the other seeds are the same work), then every run's status."""
+    from fedsim.engine.estimate import estimate
+    from fedsim.reproduce.runner import status
+
+    print(f"{'run (seed 0; x' + str(seeds) + ' seeds)':<44} {'model':<13} {'rounds':>6} {'sampled':>7} {'epochs':>6} "
+          f"{'train sample-steps':>18} {'fine-tune':>12}")
+    total = 0
+    for item in (p for p in planned if p.seed == 0):
+        e = estimate(item.config)
+        total += e.train_sample_steps + e.finetune_sample_steps
+        print(f"{item.config.name:<44} {e.model:<13} {e.rounds:>6} {e.sampled_per_round:>7} {e.epochs_per_round:>6} "
+              f"{e.train_sample_steps:>18,} {e.finetune_sample_steps:>12,}")
+    print(f"all {len(planned)} runs: {seeds * total:,} sample-steps (training and fine-tuning)")
+    for item in planned:
+        print(f"{item.config.name}: {status(item)}")
     return 0
 
 

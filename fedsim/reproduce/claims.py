@@ -72,6 +72,12 @@ class Paper:
     runs: dict[str, Overrides]
     claims: tuple[Claim, ...]
     scale_notes: dict[str, str] = field(default_factory=dict)  # scale -> what that scale cuts from the paper
+    # scale -> run key -> overrides on top of the run's own, for a run whose setting is not the scale's base
+    # (the PFLlib cross-check keeps its own clients and model at every scale)
+    scaled: dict[str, dict[str, Overrides]] = field(default_factory=dict)
+
+    def overrides(self, key: str, scale: str) -> Overrides:
+        return {**self.runs[key], **self.scaled.get(scale, {}).get(key, {})}
 
     def claim(self, claim_id: str) -> Claim:
         for claim in self.claims:

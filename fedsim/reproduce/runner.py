@@ -51,7 +51,7 @@ def plan(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_d
     planned = []
     for seed in range(seeds):
         for key in paper.runs_of(claims):
-            tree = merge_trees(configure(base, paper.runs[key]), extra)
+            tree = merge_trees(configure(base, paper.overrides(key, scale)), extra)
             tree.update(name=run_name(paper, scale, key, seed), seed=seed, out_dir=str(runs_dir))
             planned.append(PlannedRun(key, seed, validate(tree)))
     return planned
