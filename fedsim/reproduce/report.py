@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from fedsim import atomic
 from fedsim.metrics.summary import summarize
+from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import METRIC_NAMES, Arm, Claim, Paper, Test
 from fedsim.reproduce.runner import read_summary, run_name
 from fedsim.metrics.confidence import mean_ci
@@ -157,6 +158,12 @@ def headline_rows(results: list[dict]) -> list[str]:
     return lines
 
 
+def _progress(results: list[dict]) -> str:
+    done = "; ".join(f"{r['paper']} ({r['scale']}) {r['runs_done']} of {r['runs_total']} runs at {r['seeds']} seeds"
+                     for r in results)
+    return f"Runs finished: {done}. A claim is decided only where at least 2 seeds finished."
+
+
 def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
     lines = [f"### {claim['title']} (`--only {claim['id']}`)", "", f"**Paper:** {claim['paper_says']}", "",
              f"**Here ({scale}):** {claim['regime']}", "",
@@ -192,13 +199,15 @@ def _paper_section(res: dict, figures_rel: str) -> list[str]:
 
 def render(figures: Path, report: Path) -> str:
     """REPRODUCTION.md from every ``<paper>-<scale>.json`` in ``figures``."""
-    results = [json.loads(p.read_text()) for p in sorted(figures.glob("*.json"))]
+    order = {key: i for i, key in enumerate(PAPERS)}  # the papers in the order they appeared
+    results = sorted((json.loads(p.read_text()) for p in figures.glob("*.json")),
+                     key=lambda r: (order.get(r["paper"], len(order)), r["paper"], r["scale"]))
     rel = (figures.relative_to(report.parent) if figures.is_relative_to(report.parent) else figures).as_posix()
     lines = ["# Reproducing FedPer and FedBABU", "",
              "Written by `fedsim reproduce`; do not edit by hand. Accuracies are the mean over clients of each "
              "client's test accuracy at the final round, in percent; *initial* scores the model each client holds, "
              "*personalized* scores it after the fine-tuning the paper's protocol prescribes.", "", RULE, "",
-             "## Headline", "", HEADLINE_START, *headline_rows(results), HEADLINE_END, ""]
+             "## Headline", "", HEADLINE_START, _progress(results), "", *headline_rows(results), HEADLINE_END, ""]
     for res in results:
         lines += _paper_section(res, rel)
     return "\n".join(lines)
