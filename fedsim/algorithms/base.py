@@ -95,6 +95,11 @@ class Algorithm:
         """Train one client for one round; returns the per-step losses. Write uploads and state through ``ctx``."""
         raise NotImplementedError
 
+    def epochs_per_round(self, local_epochs: int) -> int:
+        """Passes over a sampled client's training data in one round (``fedsim run --dry-run`` counts the work
+        with it); a method whose ``client_update`` trains more than ``train.local_epochs`` says so here."""
+        return local_epochs
+
     def load_for_evaluation(self, ctx: ClientContext) -> None:
         """Put the model a client is scored with into ``ctx``'s network."""
         ctx.load()
@@ -119,6 +124,25 @@ class PartialSharing(Algorithm):
     def penalty(self, ctx: ClientContext):
         """An extra loss term for local training (FedProx's proximal pull); None for plain SGD."""
         return None
+
+
+class HeadFirst(PartialSharing):
+    """The personal head alone on the received base first (``head_epochs``, a parameter of the method), then
+    ``then`` trains: FedRep (the body) and FedPer's pre-fine-tuning (the full network) share this shape."""
+    then: ClassVar[Part] = "full"
+
+    def then_epochs(self, local_epochs: int) -> int:
+        return local_epochs
+
+    def epochs_per_round(self, local_epochs: int) -> int:
+        return self.params.head_epochs + self.then_epochs(local_epochs)
+
+    def client_update(self, ctx: ClientContext) -> list:
+        ctx.load()
+        losses = ctx.sgd(PARTS["head"], self.params.head_epochs)
+        losses += ctx.sgd(PARTS[self.then], self.then_epochs(ctx.local_epochs))
+        ctx.commit_model()
+        return losses
 
 
 def parameter_table(algorithm: type[Algorithm]) -> list[tuple[str, str, Any, str]]:

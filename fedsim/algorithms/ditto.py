@@ -15,6 +15,9 @@ class Ditto(PartialSharing):
     Params = DittoParams
     client_slots = {"personal_model": "full"}
 
+    def epochs_per_round(self, local_epochs: int) -> int:
+        return local_epochs + (self.params.personal_epochs or local_epochs)  # global model, then personal model
+
     def client_update(self, ctx):
         losses = super().client_update(ctx)  # the global model's local update, uploaded
         ctx.load()  # the received global weights: the anchor of the personal model

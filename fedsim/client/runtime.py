@@ -20,6 +20,7 @@ from torch import nn
 from fedsim import storage
 from fedsim.algorithms import PARTS, Algorithm, KeyParts, build_algorithm
 from fedsim.client.context import ClientContext, Penalty, StepCallback
+from fedsim.client.device import make_cuda_deterministic
 from fedsim.client.module import FedClient
 from fedsim.client.resident import BoundLayout, ExactSum, host_vector, to_device
 from fedsim.config import ConfigError, OptimConfig, RunConfig
@@ -153,6 +154,8 @@ class ClientRuntime:
         self._head_keys = set(keys.head)
 
         on_gpu = self._assigned_gpu()
+        if on_gpu:
+            make_cuda_deterministic()
         fmt = self.cfg.engine.memory_format
         self.channels_last = fmt == "channels_last" or (fmt == "auto" and not on_gpu)
         if self.channels_last:  # packing reads logical order (reshape), so flat vectors do not change

@@ -1,0 +1,110 @@
+"""`fedsim run --dry-run`: exact work counts, nothing written, no Ray; every shipped config passes it."""
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import in_process_server, six_client_run, small_config, small_tree
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+
+# FedBABU's 4-conv CNN on 3x32x32 inputs, 10 classes, counted by hand: four 3x3 convs of 64 filters with
+# biases, four BatchNorms (64 weights + 64 biases), a 256 -> 10 classifier.
+CNN4_PARAMETERS = (3 * 64 * 9 + 64) + 3 * (64 * 64 * 9 + 64) + 4 * 128 + (256 * 10 + 10)
+CNN4_BN_BUFFER_VALUES = 4 * 2 * 64  # running mean and variance
+CNN4_BN_COUNTERS = 4  # num_batches_tracked, int64
+
+
+def _sizes(cfg) -> tuple[list[int], list[int]]:
+    from fedsim.data import load_dataset, make_partition
+
+    d = cfg.data
+    data = load_dataset(d.dataset, d.root)
+    part = make_partition(d.partition, data.train_y, data.test_y, d.num_clients, cfg.seed, k=d.k,
+                          train_fraction=d.train_fraction, test_fraction=d.test_fraction)
+    return [len(t) for t in part.train], [len(t) for t in part.test]
+
+
+def test_counts_equal_hand_computation(tmp_path, data_root):
+    from fedsim.engine.estimate import estimate
+
+    cfg = small_config(tmp_path, data_root, train__rounds=3, train__local_epochs=2, train__batch_size=7,
+                       train__eval_every=2, eval__finetune_epochs=3, eval__finetune_batch_size=5,
+                       engine__workers=8, engine__cpus_per_worker=0.5, engine__gpus_per_worker=0.25)
+    train, test = _sizes(cfg)
+    e = estimate(cfg)
+    assert e.parameters == CNN4_PARAMETERS == 115_658
+    assert e.model_bytes == 4 * (CNN4_PARAMETERS + CNN4_BN_BUFFER_VALUES) + 8 * CNN4_BN_COUNTERS
+    # FedPer, K_P = 1: everything but the classifier is shared, BN statistics and counters included.
+    assert e.shared_values == CNN4_PARAMETERS + CNN4_BN_BUFFER_VALUES + CNN4_BN_COUNTERS - (256 * 10 + 10)
+    assert (e.clients, e.sampled_per_round, e.rounds, e.epochs_per_round) == (5, 5, 3, 2)
+    assert e.train_sample_steps == 3 * 2 * sum(train)
+    assert e.train_sgd_steps == 3 * 2 * sum(math.ceil(n / 7) for n in train)
+    # Evaluation at rounds 2 and 3 (the final one), every client, fine-tuned 3 epochs at batch 5.
+    assert e.evaluation_rounds == 2
+    assert e.finetune_sample_steps == 2 * 3 * sum(train)
+    assert e.finetune_sgd_steps == 2 * 3 * sum(math.ceil(n / 5) for n in train)
+    assert e.scored_test_images == 2 * 2 * sum(test)
+    # Five uploads and five broadcasts of a float32 vector: 4 bytes a value plus a pickle header.
+    assert 5 * 4 * e.shared_values < e.bytes_up_per_round == e.bytes_down_per_round < 5 * (4 * e.shared_values + 200)
+    assert (e.workers, e.cpus_per_worker, e.gpus_per_worker) == (5, 0.5, 0.25)  # never more workers than clients
+
+
+def test_counts_equal_what_the_server_runs(tmp_path, data_root, monkeypatch):
+    """Sampling (f = 0.5), the method's own epochs (FedRep: head + body) and traffic as the real server
+    accounts them, round by round."""
+    from fedsim.engine.estimate import estimate
+
+    cfg, partition, data = six_client_run(tmp_path, data_root, "fedrep", workers=2, rounds=2)
+    e = estimate(cfg)
+    server = in_process_server(monkeypatch, cfg, partition, data)
+    outcomes = [server.round(r) for r in (1, 2)]
+    epochs = cfg.algorithm.params["head_epochs"] + cfg.algorithm.params["body_epochs"]
+    assert e.epochs_per_round == epochs
+    assert all(len(o.sampled) == e.sampled_per_round == 3 for o in outcomes)
+    assert e.train_sample_steps == sum(len(partition.train[c]) * epochs for o in outcomes for c in o.sampled)
+    for o in outcomes:
+        assert sum(c["bytes_up"] for c in o.comm) == e.bytes_up_per_round
+        assert sum(c["bytes_down"] for c in o.comm) == e.bytes_down_per_round
+    assert e.finetune_sample_steps == sum(r["n_train"] for r in outcomes[-1].records) * cfg.eval.finetune_epochs
+
+
+def _write(tmp_path, tree: dict) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def test_cli_dry_run_writes_nothing_and_starts_no_ray(tmp_path, data_root, capsys):
+    from fedsim.cli.main import main
+
+    out_dir = tmp_path / "runs"
+    tree = small_tree(out_dir, data_root, sweep={"algorithm": ["fedavg", "fedper"]})
+    assert main(["run", str(_write(tmp_path, tree)), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "t-fedavg: ok" in printed and "t-fedper: ok" in printed and "sample-steps" in printed
+    assert not out_dir.exists()
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized()
+
+
+def test_cli_dry_run_bad_config_is_one_line_exit_2(tmp_path, data_root, capsys):
+    from fedsim.cli.main import main
+
+    tree = small_tree(tmp_path / "runs", data_root)
+    assert main(["run", str(_write(tmp_path, tree)), "--dry-run", "train.rounds=0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.rounds" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("path", sorted(EXPERIMENTS.rglob("*.yaml")), ids=lambda p: str(p.relative_to(EXPERIMENTS)))
+def test_every_shipped_config_dry_runs(path, data_root, monkeypatch, tmp_path, capsys):
+    """Each sweep variant validates, partitions and builds its model (paper scale included: no training)."""
+    from fedsim.cli.main import main
+
+    monkeypatch.chdir(tmp_path)  # a relative out_dir would land here: the check below sees it
+    assert main(["run", str(path), "--dry-run"]) == 0, capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
