@@ -10,6 +10,7 @@
   compute  NCHW vs channels_last for cnn4's training step and evaluation forward alone, plain PyTorch
   memory   the worker core's RssAnon by stage (construct, train, evaluate, train more), per client
            count, each in a fresh process
+  fixedcost  what a client costs beyond its SGD steps, as a ratio to one step of batch 50, per model
 
     .venv/bin/python benchmarks/profiling.py startup [--rounds 1] [--workers 2]
     .venv/bin/python benchmarks/profiling.py spawn [--reps 3]
@@ -17,6 +18,7 @@
     .venv/bin/python benchmarks/profiling.py step [--samples 5000] [--reps 3]
     .venv/bin/python benchmarks/profiling.py compute [--reps 5]
     .venv/bin/python benchmarks/profiling.py memory [--clients 1000 10000] [--trim]
+    .venv/bin/python benchmarks/profiling.py fixedcost [--models cnn4 mobilenet_v1 resnet34] [--baseline DIR]
 """
 from __future__ import annotations
 
@@ -35,8 +37,8 @@ from pathlib import Path
 
 import yaml
 
-from _common import (BENCH, Periodic, descendants, log, median, proc_memory, proc_table, process_tree, quickstart,
-                     run_fedsim, set_dotted)
+from _common import (BENCH, REPO, Periodic, descendants, log, machine, median, proc_memory, proc_table, process_tree,
+                     quickstart, run_fedsim, save, set_dotted)
 
 CIFAR_TRAIN, CIFAR_TEST = 50_000, 10_000
 ACTOR_TITLES = {"ray::Worker": "worker", "ray::Server": "server"}  # process titles of fedsim's actors
@@ -542,6 +544,131 @@ def memory(args) -> None:
                 print(f"per owned client, {stage:<28}: {per:10,.0f} B")
 
 
+# -- fixedcost -------------------------------------------------------------------------------------
+FIXED_CLIENTS = {"cnn4": 20, "mobilenet_v1": 6, "resnet34": 3}  # clients timed per call (a ResNet-34 step is seconds)
+FIXED_PARTS = ("training_step", "load", "commit_model", "tensors", "add", "fits", "_keep", "client_generator",
+               "_shared_version", "clear")  # functions whose cumulative time the breakdown reports
+
+
+def fixed_cost_child(model: str, algorithm: str, clients: int, reps: int) -> dict:
+    """One worker core (ClientRuntime, 1 thread) whose clients hold exactly one batch of 50 CIFAR-10 images and
+    train one epoch: each client is one SGD step plus everything else a client costs (loading global and
+    personal weights, optimizer resets, data, packing the upload, the exact sum). fixed = a client's time in train_and_sum outside training_step (timed in
+    the same call, so the step's own noise does not enter it); step = one bare training_step on a batch of 50
+    (the first step of a client also creates the optimizer's momentum buffers: counted as step, not fixed).
+    Both are medians of interleaved reps in this process. A cProfile pass then says where the fixed part goes."""
+    import cProfile
+    import pstats
+
+    import numpy as np
+    import torch
+
+    from fedsim.algorithms import PARTS, WEIGHTS
+    from fedsim.client.runtime import ClientRuntime, shared_layout
+    from fedsim.config import validate
+    from fedsim.data import load_dataset, make_partition
+    from fedsim.engine.aggregate import FixedPoint
+    from fedsim.engine.protocol import ClientData, SumPlan
+
+    n = 2 * clients * (reps + 2)  # fresh clients each call: nobody's personal part is loaded twice
+    cfg = validate(quickstart({"algorithm": algorithm, "model.name": model, "data.partition": "iid",
+                               "data.num_clients": n, "data.augment": False, "train.local_epochs": 1,
+                               "data.train_fraction": n * 50 / CIFAR_TRAIN, "data.test_fraction": 0.1}))
+    data = load_dataset("cifar10")
+    part = make_partition("iid", data.train_y, data.test_y, n, cfg.seed, train_fraction=cfg.data.train_fraction,
+                          test_fraction=cfg.data.test_fraction)
+    rt = ClientRuntime(cfg.model_dump(), {c: ClientData(part.train[c][:50], part.test[c]) for c in range(n)})
+    layout, shared = shared_layout(cfg, data.num_classes, data.input_shape)
+    broadcast = {WEIGHTS: shared}
+    plan = SumPlan({WEIGHTS: FixedPoint.plan(shared, layout.offsets, 50 * n)}, {WEIGHTS: False})
+    x, y = rt.tensors(0, "train")
+    module = rt.client_module
+    queue = iter(range(n))
+    in_steps: list[float] = []  # seconds inside training_step during the current timed call
+    step_fn = module.training_step
+
+    def timed_step(*a, **kw):
+        t = time.perf_counter()
+        out = step_fn(*a, **kw)
+        in_steps.append(time.perf_counter() - t)
+        return out
+
+    module.training_step = timed_step  # the runtime reaches it through Fabric's wrapper, by attribute
+
+    def clients_call() -> tuple[float, float]:
+        """Seconds per client, and of those, outside training_step (the fixed cost, measured in the same call)."""
+        batch = [next(queue) for _ in range(clients)]
+        in_steps.clear()
+        t = time.perf_counter()
+        rt.train_and_sum(broadcast, batch, 1, plan)
+        total = time.perf_counter() - t
+        return total / clients, (total - sum(in_steps)) / clients
+
+    def bare_step() -> float:
+        rt.module.train()
+        module.active_optimizers = [rt.optimizers["train"][p] for p in module.optimized_parts if p in PARTS["full"]]
+        t = time.perf_counter()
+        for _ in range(clients):
+            step_fn((x, y), 0)
+        module.active_optimizers = []
+        return (time.perf_counter() - t) / clients
+
+    clients_call(), bare_step()  # warm-up
+    per_client, fixed, step_s = [], [], []
+    for _ in range(reps):
+        c, f = clients_call()
+        per_client.append(c)
+        fixed.append(f)
+        step_s.append(bare_step())
+    profiler = cProfile.Profile()
+    profiler.runcall(clients_call)
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, prim calls, tottime, cumtime, callers)
+    total = sum(tt for _, _, tt, _, _ in stats.values())
+    parts = collections.defaultdict(float)
+    for (_, _, name), (_, _, _, cum, _) in stats.items():
+        if name in FIXED_PARTS:
+            parts[name] += cum
+    return {"model": model, "algorithm": algorithm, "clients_per_call": clients, "reps": reps,
+            "client_s": median(per_client), "step_s": median(step_s),
+            "fixed_s": median(fixed), "shared_values": int(shared.size),
+            "profile_total_s": total, "profile_s": dict(parts), "threads": torch.get_num_threads(),
+            "fedsim": sys.modules["fedsim"].__file__}
+
+
+def fixedcost(args) -> None:
+    if args.child:
+        print(json.dumps(fixed_cost_child(args.child, args.algorithm, args.clients or FIXED_CLIENTS[args.child],
+                                          args.reps)))
+        return
+    trees = {"this tree": str(REPO)} | ({"baseline": args.baseline} if args.baseline else {})
+    rows: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
+    for _ in range(args.rounds):  # trees interleaved, each model in a fresh 1-thread process
+        for model in args.models:
+            for label, tree in trees.items():
+                cmd = [sys.executable, __file__, "fixedcost", "--child", model, "--algorithm", args.algorithm,
+                       "--reps", str(args.reps)] + (["--clients", str(args.clients)] if args.clients else [])
+                env = {**os.environ, "PYTHONPATH": tree, "OMP_NUM_THREADS": "1"}
+                res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                if res.returncode:
+                    log(res.stderr[-3000:])
+                    raise SystemExit(1)
+                rows[model, label].append(json.loads(res.stdout.strip().splitlines()[-1]))
+                r = rows[model, label][-1]
+                log(f"  {model} {label}: client {1000 * r['client_s']:.1f} ms, step {1000 * r['step_s']:.1f} ms, "
+                    f"load avg {os.getloadavg()[0]:.2f}")
+    print(f"per-client fixed cost vs one SGD step (batch 50), {args.algorithm}, 1 thread, CPU; "
+          f"medians of {args.rounds} processes x {args.reps} reps")
+    for (model, label), rs in rows.items():
+        step_ms, fixed_ms = 1000 * median([r["step_s"] for r in rs]), 1000 * median([r["fixed_s"] for r in rs])
+        prof = rs[-1]["profile_s"]
+        where = ", ".join(f"{k} {1000 * v / rs[-1]['clients_per_call']:.1f}" for k, v in
+                          sorted(prof.items(), key=lambda kv: -kv[1]))
+        print(f"  {model:<13}{label:<10} step {step_ms:8.1f} ms  fixed {fixed_ms:7.1f} ms  "
+              f"RATIO fixed/step {fixed_ms / step_ms:.3f}")
+        print(f"      cProfile ms per client (cumulative): {where}")
+    save("fixedcost", {"args": vars(args), "machine": machine(), "rows": {f"{m} | {l}": rs for (m, l), rs in rows.items()}})
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -580,6 +707,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trim", action="store_true", help="also report RssAnon after malloc_trim(0)")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.set_defaults(fn=memory)
+    p = sub.add_parser("fixedcost", help="per-client fixed cost vs one SGD step, per model (this tree vs --baseline)")
+    p.add_argument("--models", nargs="+", default=list(FIXED_CLIENTS))
+    p.add_argument("--algorithm", default="fedavg", help="fedavg uploads the whole model: the largest pack and sum")
+    p.add_argument("--clients", type=int, default=None, help="clients per timed call (default: per model)")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1, help="fresh processes per (model, tree)")
+    p.add_argument("--baseline", help="another checkout of fedsim (e.g. a git worktree of main) run the same way")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.set_defaults(fn=fixedcost)
     return ap
 
 

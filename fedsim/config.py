@@ -237,7 +237,7 @@ class RunConfig(_Section):
         return self
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = tree
     for key in parents:
@@ -260,14 +260,14 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             value = strict_yaml.load(raw)
         except strict_yaml.YamlError as err:
             raise ConfigError(f"override {key.strip()}: {err}") from None
-        _set_dotted(tree, key.strip(), value)
+        set_dotted(tree, key.strip(), value)
     return tree
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge_trees(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = merge_trees(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
 
 
@@ -314,7 +314,7 @@ def load_tree(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
     tree.setdefault("name", path.stem)
     if isinstance(tree.get("algorithm"), str):  # so that `algorithm.mu=...` overrides keep the name
         tree["algorithm"] = {"name": tree["algorithm"]}
-    return _merge(tree, parse_overrides(list(overrides)))
+    return merge_trees(tree, parse_overrides(list(overrides)))
 
 
 def _label(value: Any) -> str:
@@ -332,9 +332,9 @@ def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
     for values in itertools.product(*(base.sweep[k] for k in keys)):
         variant = {k: v for k, v in tree.items() if k != "sweep"}
         for key, value in zip(keys, values):
-            _set_dotted(variant, key, value)
+            set_dotted(variant, key, value)
         variant["name"] = "-".join([base.name, *(re.sub(r"[^A-Za-z0-9_.-]+", "_", _label(v)) for v in values)])
         if base.logging.wandb.group is None:  # the variants of one config form one W&B group, named after it
-            _set_dotted(variant, "logging.wandb.group", base.name)
+            set_dotted(variant, "logging.wandb.group", base.name)
         runs.append(validate(variant))
     return runs

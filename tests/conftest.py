@@ -37,11 +37,9 @@ def local_ray():
 
 def set_dotted(tree: dict, dotted: str, value) -> dict:
     """``set_dotted(tree, "train.rounds", 3)``; ``__`` also separates (for keyword arguments)."""
-    *parents, leaf = dotted.replace("__", ".").split(".")
-    node = tree
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[leaf] = value
+    from fedsim.config import set_dotted as set_key
+
+    set_key(tree, dotted.replace("__", "."), value)
     return tree
 
 

@@ -93,6 +93,18 @@ def test_fedbabu_head_is_orthogonal_fixed_and_the_same_everywhere(data_root):
     assert torch.equal(linear.net.output_layer.weight, fedavg.net.output_layer.weight)
 
 
+def test_fedbabu_not_orthogonal_head_has_unit_rows_pointing_almost_the_same_way(data_root):
+    """App. Q's ablation head: the rows are unit vectors with pairwise cosine near 1 (main_single.py's draw)."""
+    rt = client_runtime(data_root, {"name": "fedbabu", "head_init": "not_orthogonal"})
+    w = rt.net.output_layer.weight.detach()
+    cosines = w @ w.T
+    torch.testing.assert_close(torch.diagonal(cosines), torch.ones(w.shape[0]), atol=1e-6, rtol=0)
+    assert cosines.min() > 0.99 and not torch.any(rt.net.output_layer.bias)
+    head_before = rt.initial["personal"].copy()
+    [u] = rt.train(start(rt), [CLIENT], round_idx=1)
+    assert np.array_equal(rt.slots["personal"][CLIENT], head_before)  # still fixed while the body trains
+
+
 def test_lg_fedavg_never_sends_the_body(data_root):
     rt = client_runtime(data_root, "lg_fedavg")
     assert rt.layouts["shared"].keys and all(k.startswith("classifier.") for k in rt.layouts["shared"].keys)
@@ -121,6 +133,14 @@ def test_fedrep_trains_the_head_for_its_epochs_then_the_body(data_root):
     per_epoch = -(-len(rt.client_data[CLIENT].train) // 25)
     assert seen == ["head"] * (3 * per_epoch) + ["body"] * (2 * per_epoch)
     assert ALGORITHMS["fedrep"].Params().head_epochs == 10  # the FedRep paper's 10 head epochs, 1 body epoch
+
+
+def test_fedper_pre_finetuning_trains_the_head_alone_then_everything(data_root):
+    rt = client_runtime(data_root, {"name": "fedper_ft", "head_epochs": 2}, train__local_epochs=1)
+    seen = _phases(rt)
+    rt.train(start(rt), [CLIENT], round_idx=1)
+    per_epoch = -(-len(rt.client_data[CLIENT].train) // 25)
+    assert seen == ["head"] * (2 * per_epoch) + ["body+head"] * per_epoch
 
 
 def test_fedprox_with_mu_zero_is_fedavg_bit_for_bit(data_root):

@@ -10,13 +10,13 @@ from fedsim.metrics.report import write_report
 
 def make_run(root: Path, name: str, algorithm: str, acc: list[list[float]],
              personalized: list[list[float]] | None = None, bytes_round: tuple[int, int] = (0, 0),
-             legacy: bool = False) -> Path:
+             legacy: bool = False, seed: int = 0) -> Path:
     """A run folder as `fedsim run` writes it: acc[r][c] is client c's accuracy at round r + 1; bytes_round is
     (down, up) per client per round. legacy: an older run, without bytes_down, comm.jsonl or summary comm."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     clients = range(len(acc[0]))
-    (run_dir / "config.yaml").write_text(f"name: {name}\nalgorithm: {algorithm}\ntrain:\n  rounds: {len(acc)}\n")
+    (run_dir / "config.yaml").write_text(f"name: {name}\nseed: {seed}\nalgorithm: {algorithm}\ntrain:\n  rounds: {len(acc)}\n")
     (run_dir / "partition_stats.json").write_text(json.dumps({"num_clients": len(acc[0])}))
     metrics, rounds, comm = [], [], []
     for r, accs in enumerate(acc, start=1):
@@ -111,3 +111,16 @@ def test_folder_without_metrics_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError, match=r"not-a-run: no client metrics") as err:
         write_report([empty], tmp_path / "out")
     assert "\n" not in str(err.value)
+
+
+def test_runs_differing_only_in_seed_are_aggregated_with_a_confidence_interval(tmp_path):
+    runs = [make_run(tmp_path / "runs", f"fedper-k4-s{seed}", "fedper", [[0.2, 0.4], [m - 0.1, m + 0.1]], seed=seed)
+            for seed, m in enumerate((0.5, 0.6, 0.7))]
+    runs.append(make_run(tmp_path / "runs", "fedavg-k4-s0", "fedavg", [[0.1, 0.1], [0.2, 0.2]]))  # other settings
+    write_report(runs, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    # Final client means 50, 60, 70 %: mean 60, sample sd 10, t(0.975, 2) = 4.303 -> half width 24.84.
+    assert "| fedper-k4 | 0, 1, 2 | initial | 60.00 [35.16, 84.84] | 10.00 |" in md
+    assert "fedavg-k4" not in md.split("## Across seeds")[1].split("![")[0]  # a single seed is no group
+    image = matplotlib.image.imread(tmp_path / "report" / "seeds.png")
+    assert image.shape[1] > 300 and image.std() > 0.01

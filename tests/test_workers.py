@@ -2,6 +2,7 @@
 through the engine's own Server (in-process workers; tests/test_engine.py does the same over Ray)."""
 import numpy as np
 import pytest
+import torch
 from conftest import in_process_server, round_records, six_client_run
 
 from fedsim.algorithms import ALGORITHMS
@@ -107,3 +108,65 @@ def test_scoring_many_clients_loads_the_global_weights_once_and_stays_exact(data
         assert together == one_by_one
         if algorithm == "fedper":
             assert len(loads) == 1  # the global part once, then only personal parts swapped
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_device_exact_sum_equals_the_numpy_reference_bit_for_bit(device):
+    from fedsim.client.resident import ExactSum
+    from fedsim.engine.aggregate import ExactSum as Reference
+    from fedsim.engine.aggregate import FixedPoint
+
+    rng = np.random.default_rng(2)
+    offsets = (0, 300, 310, 1000)
+    reference = np.concatenate([rng.normal(0, 0.05, 300), np.zeros(10), rng.normal(0, 3, 690)]).astype(np.float32)
+    vectors = [(reference + rng.normal(0, 0.01, 1000)).astype(np.float32) for _ in range(12)]
+    vectors[3][5] = np.nan
+    vectors[7][400] = 2.0 ** 22  # beyond the headroom of its tensor (max < 16, so the limit is <= 2^20)
+    weights = [int(w) for w in rng.integers(1, 600, len(vectors))]
+    plan = FixedPoint.plan(reference, offsets, sum(weights))
+    expected, on_device = Reference(plan), ExactSum(plan, torch.device(device))
+    rejected = []
+    for client, (weight, vector) in enumerate(zip(weights, vectors)):
+        fits = bool(on_device.stage(torch.from_numpy(vector).to(device), weight))
+        assert fits == expected.fits(vector)
+        if not fits:
+            rejected.append(client)
+        else:
+            expected.add(weight, vector)
+            on_device.add()
+    assert rejected == [3, 7] and np.array_equal(on_device.total.cpu().numpy(), expected.total)
+    with pytest.raises(RuntimeError, match="personal weights"):
+        on_device.stage(torch.zeros(1001, device=device), 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bound_layout_loads_and_packs_like_the_numpy_layout(device):
+    """One fused copy per load or pack, into a channels_last model with integer buffers, equals the key-by-key
+    numpy path; the version counters see the load."""
+    from fedsim.client.resident import BoundLayout
+    from fedsim.engine.weights import Layout
+    from fedsim.models import build_model
+
+    torch.manual_seed(0)
+    net = build_model("cnn4", 10, (3, 32, 32)).to(memory_format=torch.channels_last)
+    layout = Layout.of(net, list(net.state_dict()))
+    assert any(t.dtype == torch.int64 for t in net.state_dict().values())  # BatchNorm's num_batches_tracked
+    vector = np.random.default_rng(0).normal(size=layout.size).astype(np.float32)
+    vector[layout.offsets[-2]:] = np.round(vector[layout.offsets[-2]:])  # integral, as a packed integer buffer is
+    expected = layout.pack(net)
+    net.to(device)
+    bound = BoundLayout.bind(layout, net, torch.device(device))
+    assert np.array_equal(bound.pack(net), expected)
+    before = bound.version()
+    bound.unpack_into(net, vector)
+    assert bound.version() > before
+    packed = bound.pack_tensor()
+    assert packed.device.type == device and np.array_equal(packed.cpu().numpy(), bound.pack(net))
+    reference = build_model("cnn4", 10, (3, 32, 32)).to(memory_format=torch.channels_last)
+    layout.unpack_into(reference, vector)
+    assert np.array_equal(layout.pack(reference), bound.pack(net))
+    with pytest.raises(ValueError, match="bound to"):
+        bound.unpack_into(reference, vector)

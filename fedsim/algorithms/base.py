@@ -126,6 +126,25 @@ class PartialSharing(Algorithm):
         return None
 
 
+class HeadFirst(PartialSharing):
+    """The personal head alone on the received base first (``head_epochs``, a parameter of the method), then
+    ``then`` trains: FedRep (the body) and FedPer's pre-fine-tuning (the full network) share this shape."""
+    then: ClassVar[Part] = "full"
+
+    def then_epochs(self, local_epochs: int) -> int:
+        return local_epochs
+
+    def epochs_per_round(self, local_epochs: int) -> int:
+        return self.params.head_epochs + self.then_epochs(local_epochs)
+
+    def client_update(self, ctx: ClientContext) -> list:
+        ctx.load()
+        losses = ctx.sgd(PARTS["head"], self.params.head_epochs)
+        losses += ctx.sgd(PARTS[self.then], self.then_epochs(ctx.local_epochs))
+        ctx.commit_model()
+        return losses
+
+
 def parameter_table(algorithm: type[Algorithm]) -> list[tuple[str, str, Any, str]]:
     """(name, type, default, description) of a method's parameters, for `fedsim algorithms` and the README."""
     rows = []

@@ -1,6 +1,6 @@
 from pydantic import Field
 
-from fedsim.algorithms.base import PARTS, Params, PartialSharing
+from fedsim.algorithms.base import HeadFirst, Params
 
 
 class FedRepParams(Params):
@@ -8,17 +8,10 @@ class FedRepParams(Params):
     body_epochs: int | None = Field(1, ge=1, description="then epochs training the body alone; null: train.local_epochs")
 
 
-class FedRep(PartialSharing):
+class FedRep(HeadFirst):
     """head epochs on the received body, then body epochs; body shared (Collins et al. 2021)"""
-    name, train, share = "fedrep", "body", "body"
+    name, train, share, then = "fedrep", "body", "body", "body"
     Params = FedRepParams
 
-    def epochs_per_round(self, local_epochs: int) -> int:
-        return self.params.head_epochs + (self.params.body_epochs or local_epochs)
-
-    def client_update(self, ctx):
-        ctx.load()
-        losses = ctx.sgd(PARTS["head"], self.params.head_epochs)
-        losses += ctx.sgd(PARTS["body"], self.params.body_epochs or ctx.local_epochs)
-        ctx.commit_model()
-        return losses
+    def then_epochs(self, local_epochs: int) -> int:
+        return self.params.body_epochs or local_epochs

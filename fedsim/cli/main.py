@@ -27,9 +27,36 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="plots and a Markdown table from run folders")
     report.add_argument("runs", nargs="+", help="run folders or their URIs, e.g. runs/quickstart-fedavg s3://BUCKET/runs/quickstart-fedper")
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
+    _reproduce_parser(sub)
     algorithms = sub.add_parser("algorithms", help="every method with its parameters and what it does")
     algorithms.add_argument("--markdown", action="store_true", help="the README's table")
     return parser
+
+
+RUNS_DEFAULT = "runs/reproduce"
+
+
+def _reproduce_parser(sub) -> None:
+    from fedsim.reproduce import PAPERS
+
+    rep = sub.add_parser("reproduce", help="run (or resume) every run behind a paper's claims; write REPRODUCTION.md")
+    rep.add_argument("paper", choices=sorted(PAPERS))
+    rep.add_argument("overrides", nargs="*", help="key=value applied to every run (cuts it further; the report says so)")
+    rep.add_argument("--scale", choices=("cpu", "paper"), default="cpu",
+                     help="cpu: settings cut to run on a laptop (default); paper: exactly as the paper states")
+    rep.add_argument("--seeds", type=_positive, default=3, help="seeds 0..N-1 per run (default 3)")
+    rep.add_argument("--only", metavar="CLAIM", help="run only this claim's runs (the report still covers every claim)")
+    rep.add_argument("--runs", default=RUNS_DEFAULT, help=f"folder of the run folders (default {RUNS_DEFAULT})")
+    rep.add_argument("--report", default="REPRODUCTION.md", help="the Markdown report (default REPRODUCTION.md)")
+    rep.add_argument("--figures", help="figures and per-paper results (default: reproduction/ beside the report)")
+    rep.add_argument("--report-only", action="store_true", help="run nothing; report from the runs that exist")
+    rep.add_argument("--dry-run", action="store_true", help="validate every run's config and list what would run")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
 
 
 def comparison_table(results: list) -> str:
@@ -92,6 +119,53 @@ def _run_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reproduce_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fedsim.reproduce import PAPERS
+    from fedsim.reproduce.report import evaluate, write_report, write_results
+    from fedsim.reproduce.runner import execute, plan, status
+
+    paper = PAPERS[args.paper]
+    claims = (paper.claim(args.only),) if args.only else paper.claims
+    runs_dir = Path(args.runs).resolve()
+    planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
+    if args.dry_run:
+        return _reproduce_dry_run(planned, args.seeds)
+    if not args.report_only:
+        execute(planned)
+    report = Path(args.report).resolve()
+    figures = Path(args.figures).resolve() if args.figures else report.parent / "reproduction"
+    command = " ".join(["fedsim reproduce", args.paper, f"--scale {args.scale}", f"--seeds {args.seeds}",
+                        *([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []), *args.overrides])
+    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command)
+    print(write_results(results, figures))
+    for path in write_report(figures, report):
+        print(path)
+    for claim in results["claims"]:
+        print(f"{claim['id']}: {claim['verdict']}")
+    return 0
+
+
+def _reproduce_dry_run(planned: list, seeds: int) -> int:
+    """Each run of the first seed built and estimated (the other seeds are the same work), then every run's status."""
+    from fedsim.engine.estimate import estimate
+    from fedsim.reproduce.runner import status
+
+    print(f"{'run (seed 0; x' + str(seeds) + ' seeds)':<44} {'model':<13} {'rounds':>6} {'sampled':>7} {'epochs':>6} "
+          f"{'train sample-steps':>18} {'fine-tune':>12}")
+    total = 0
+    for item in (p for p in planned if p.seed == 0):
+        e = estimate(item.config)
+        total += e.train_sample_steps + e.finetune_sample_steps
+        print(f"{item.config.name:<44} {e.model:<13} {e.rounds:>6} {e.sampled_per_round:>7} {e.epochs_per_round:>6} "
+              f"{e.train_sample_steps:>18,} {e.finetune_sample_steps:>12,}")
+    print(f"all {len(planned)} runs: {seeds * total:,} sample-steps (training and fine-tuning)")
+    for item in planned:
+        print(f"{item.config.name}: {status(item)}")
+    return 0
+
+
 def _report_command(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
     from pathlib import Path
@@ -110,10 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     # Overrides may follow flags (`run cfg.yaml --quiet train.rounds=3`), which argparse leaves unparsed.
     args, extra = parser.parse_known_args(argv)
-    stray = [e for e in extra if e.startswith("-") or "=" not in e or args.command != "run"]
+    stray = [e for e in extra if e.startswith("-") or "=" not in e or args.command not in ("run", "reproduce")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
-    if args.command == "run":
+    if args.command in ("run", "reproduce"):
         args.overrides += extra
     if args.command == "algorithms":
         from fedsim.algorithms.catalog import markdown_table, text_listing
@@ -121,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table() if args.markdown else text_listing())
         return 0
     try:
-        return _report_command(args) if args.command == "report" else _run_command(args)
+        commands = {"report": _report_command, "reproduce": _reproduce_command, "run": _run_command}
+        return commands[args.command](args)
     except RunFailed as err:
         return _fail(err, 3)
     except (ConfigError, DataError, ValueError, OSError) as err:

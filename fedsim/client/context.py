@@ -32,7 +32,7 @@ class ClientContext:
         self.generator = generator  # all of this client's randomness in this round
         self.net = runtime.net
         self.local_epochs = runtime.cfg.train.local_epochs
-        self.uploads: dict[str, np.ndarray] = {}
+        self.uploads: dict[str, torch.Tensor] = {}  # on the worker's device
         self.slots: dict[str, np.ndarray] = {}  # staged per-client state, kept if the round succeeds
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -46,11 +46,11 @@ class ClientContext:
         if the model does not hold it already: scoring many clients swaps only their personal parts."""
         weights = self.broadcast[WEIGHTS]
         if not self._rt.holds(weights):
-            self.unpack("shared", weights)
+            self.unpack("shared", self._rt.resident(weights))
             self._rt.mark_held(weights)
         self.unpack("personal", self.slot("personal", default=self._rt.initial["personal"]))
 
-    def unpack(self, layout: str, vector: np.ndarray) -> None:
+    def unpack(self, layout: str, vector: np.ndarray | torch.Tensor) -> None:
         self._rt.layouts[layout].unpack_into(self.net, vector)
 
     def pack(self, layout: str) -> np.ndarray:
@@ -69,7 +69,7 @@ class ClientContext:
 
     def commit_model(self) -> None:
         """The trained model is this round's result: its shared part is uploaded, its personal part kept."""
-        self.upload(WEIGHTS, self.pack("shared"))
+        self.upload(WEIGHTS, self._rt.layouts["shared"].pack_tensor())  # stays on the device: summed there
         if self._rt.layouts["personal"].size:  # FedAvg-like: nothing personal to keep (or to checkpoint)
             self.set_slot("personal", self.pack("personal"))
 
@@ -84,8 +84,8 @@ class ClientContext:
     def set_slot(self, name: str, vector: np.ndarray | Iterable[float]) -> None:
         self.slots[name] = np.asarray(vector, np.float32)
 
-    def upload(self, name: str, vector: np.ndarray) -> None:
-        self.uploads[name] = vector
+    def upload(self, name: str, vector: np.ndarray | torch.Tensor) -> None:
+        self.uploads[name] = torch.as_tensor(vector, device=self._rt.device)
 
     # -- training --------------------------------------------------------------------------------
     def learning_rates(self, layout: str) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +22,10 @@ from fedsim.algorithms import PARTS, Algorithm, KeyParts, build_algorithm
 from fedsim.client.context import ClientContext, Penalty, StepCallback
 from fedsim.client.device import make_cuda_deterministic
 from fedsim.client.module import FedClient
+from fedsim.client.resident import BoundLayout, ExactSum, host_vector, to_device
 from fedsim.config import ConfigError, OptimConfig, RunConfig
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
 from fedsim.engine.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
-from fedsim.engine.aggregate import ExactSum
 from fedsim.engine.protocol import ClientData, ClientReport, ClientUpdate, SumPlan, WorkerPartial, payload_bytes
 from fedsim.engine.weights import Layout, StateMemory, VectorStore
 from fedsim.models import SplitNet, build_model
@@ -120,6 +121,16 @@ def shared_layout(cfg: RunConfig, num_classes: int, input_shape: tuple[int, int,
     return layout, layout.pack(net)
 
 
+@dataclass(frozen=True)
+class Trained:
+    """One client's round on this worker, before the runtime keeps or sums it."""
+    n_train: int
+    loss: float
+    uploads: dict[str, torch.Tensor]  # on the worker's device
+    slots: dict[str, np.ndarray]  # staged per-client state
+    diverged: bool = False
+
+
 class ClientRuntime:
     """Plain-Python core of a worker (the Ray actor wraps it; tests may use it directly)."""
 
@@ -162,7 +173,9 @@ class ClientRuntime:
         self.module, *_ = self.fabric.setup(module, *self.optimizers["train"].values())  # calls go through Fabric
         self.net = module.net
         self.device = self.fabric.device
+        self.layouts = {name: BoundLayout.bind(layout, self.net, self.device) for name, layout in self.layouts.items()}
         self._held: tuple[np.ndarray, int] | None = None  # (broadcast weights in the model, their tensors' version)
+        self._resident: tuple[np.ndarray, torch.Tensor] | None = None  # (broadcast weights, their copy on the device)
 
     def _empty_slots(self) -> dict[str, VectorStore]:
         sizes = {"personal": self.layouts["personal"].size}
@@ -182,11 +195,16 @@ class ClientRuntime:
                 "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     # -- the global weights in the model --------------------------------------------------------
+    def resident(self, weights: np.ndarray) -> torch.Tensor:
+        """The broadcast ``weights`` on the device, moved there once per broadcast rather than once per client."""
+        if self._resident is None or self._resident[0] is not weights:
+            self._resident = (weights, host_vector(weights, self.device))
+        return self._resident[1]
+
     def _shared_version(self) -> int:
-        """Sum of the shared tensors' version counters: torch bumps them on every in-place change
-        (optimizer steps, copies, BatchNorm statistics), so any change at all is seen."""
-        state = self.net.state_dict(keep_vars=True)
-        return sum(state[key]._version for key in self.layouts["shared"].keys)
+        """The shared tensors' version counters: torch bumps them on every in-place change (optimizer steps,
+        copies, BatchNorm statistics), so any change at all is seen."""
+        return self.layouts["shared"].version()
 
     def holds(self, weights: np.ndarray) -> bool:
         """Whether the model's shared part is exactly ``weights``, untouched since it was loaded."""
@@ -203,10 +221,10 @@ class ClientRuntime:
         labels = self.data.train_y[idx] if split == "train" else self.data.test_y[idx]
         if cd.label_map is not None:
             labels = cd.label_map[labels]
-        x = to_float(images, self.data.mean, self.data.std).to(self.device)
+        x = to_device(to_float(images, self.data.mean, self.data.std), self.device)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        return x, torch.as_tensor(labels, device=self.device)
+        return x, to_device(torch.as_tensor(labels), self.device)
 
     # -- local SGD -------------------------------------------------------------------------------
     def learning_rate(self, part: str, round_idx: int, finetune: bool = False) -> float:
@@ -241,7 +259,7 @@ class ClientRuntime:
         losses = []
         try:
             for _ in range(epochs):
-                order = torch.randperm(len(y), generator=gen).to(self.device)
+                order = to_device(torch.randperm(len(y), generator=gen), self.device)
                 for step, start in enumerate(range(0, len(y), batch)):
                     idx = order[start:start + batch]
                     xb = random_crop_flip(x[idx], gen) if self.augment else x[idx]
@@ -256,47 +274,57 @@ class ClientRuntime:
         """Per-client results, each with its uploads (for inspection; the engine uses ``train_and_sum``)."""
         updates = []
         for client in clients:
-            update, slots = self._train_one(broadcast, client, round_idx)
-            if not update.diverged:
-                self._keep(client, slots)
-            updates.append(update)
+            t = self._train_one(broadcast, client, round_idx)
+            if not t.diverged:
+                self._keep(client, t.slots)
+            uploads = {name: v.cpu().numpy() for name, v in t.uploads.items()}
+            updates.append(ClientUpdate(client, t.n_train, uploads, t.loss, self._bytes_up(t), diverged=t.diverged))
         return updates
 
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
                       plan: SumPlan) -> WorkerPartial:
-        """Train ``clients`` and sum their weighted uploads exactly (fixed point): one partial per worker
-        reaches the server, never a vector per client. A client whose loss is not finite or whose upload
+        """Train ``clients`` and sum their weighted uploads exactly (fixed point, on the device): one partial per
+        worker reaches the server, never a vector per client. A client whose loss is not finite or whose upload
         leaves the fixed-point range keeps nothing and is reported diverged."""
-        sums = {name: ExactSum(scale) for name, scale in plan.scales.items()}
+        sums = {name: ExactSum(scale, self.device) for name, scale in plan.scales.items()}
         weights = dict.fromkeys(plan.scales, 0)
         reports = []
         for client in clients:
-            update, slots = self._train_one(broadcast, client, round_idx)
-            kept = not update.diverged and all(sums[name].fits(v) for name, v in update.uploads.items())
+            t = self._train_one(broadcast, client, round_idx)
+            weight = {name: 1 if plan.uniform[name] else t.n_train for name in t.uploads}
+            kept = not t.diverged and self._within_range(sums, t.uploads, weight)
             if kept:
-                self._keep(client, slots)
-                for name, vector in update.uploads.items():
-                    weight = 1 if plan.uniform[name] else update.n_train
-                    sums[name].add(weight, vector)
-                    weights[name] += weight
-            reports.append(ClientReport(client, update.n_train, update.train_loss, update.bytes_up if kept else 0,
-                                        diverged=not kept, out_of_range=not kept and not update.diverged))
-        return WorkerPartial(reports, {name: s.total for name, s in sums.items()}, weights)
+                self._keep(client, t.slots)
+                for name in t.uploads:
+                    sums[name].add()
+                    weights[name] += weight[name]
+            reports.append(ClientReport(client, t.n_train, t.loss, self._bytes_up(t) if kept else 0,
+                                        diverged=not kept, out_of_range=not kept and not t.diverged))
+        return WorkerPartial(reports, {name: s.total.cpu().numpy() for name, s in sums.items()}, weights)
 
-    def _train_one(self, broadcast: dict[str, np.ndarray], client: int,
-                   round_idx: int) -> tuple[ClientUpdate, dict[str, np.ndarray]]:
-        """The algorithm's client hook; returns the update and the per-client state it staged."""
+    @staticmethod
+    def _within_range(sums: dict[str, ExactSum], uploads: dict[str, torch.Tensor], weight: dict[str, int]) -> bool:
+        """Stage every upload in its sum; one host synchronisation per client for all of them."""
+        staged = [sums[name].stage(vector, weight[name]) for name, vector in uploads.items()]
+        return not staged or bool(torch.stack(staged).all())
+
+    @staticmethod
+    def _bytes_up(t: Trained) -> int:
+        """The serialised size of the uploads, from their lengths (nothing is pickled per client)."""
+        return sum(payload_bytes(v.numel()) for v in t.uploads.values())
+
+    def _train_one(self, broadcast: dict[str, np.ndarray], client: int, round_idx: int) -> Trained:
+        """The algorithm's client hook: its loss, its uploads (on the device) and the per-client state it staged."""
         ctx = ClientContext(self, client, round_idx, broadcast, client_generator(self.cfg.seed, round_idx, client))
         losses = self.algorithm.client_update(ctx)
-        loss = float(torch.stack(losses).mean())
+        loss = float(torch.stack(losses).mean())  # the client's one wait for the device
         n_train = len(self.client_data[client].train)
         if not np.isfinite(loss):  # keep nothing of this client's round; the server decides stop or drop
-            return ClientUpdate(client, n_train, {}, loss, 0, diverged=True), {}
+            return Trained(n_train, loss, {}, {}, diverged=True)
         if set(ctx.uploads) != set(self.algorithm.uploads):
             raise RuntimeError(f"algorithm {self.algorithm.name}: client {client} uploaded {sorted(ctx.uploads)}, "
                                f"it declares {sorted(self.algorithm.uploads)}")
-        bytes_up = sum(payload_bytes(v.size) for v in ctx.uploads.values())
-        return ClientUpdate(client, n_train, ctx.uploads, loss, bytes_up), ctx.slots
+        return Trained(n_train, loss, ctx.uploads, ctx.slots)
 
     def _keep(self, client: int, slots: dict[str, np.ndarray]) -> None:
         for name, vector in slots.items():

@@ -9,6 +9,15 @@ import torch
 import torch.nn.functional as F
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``; from the host to an accelerator without making the host wait for the device's
+    queue (a pinned staging copy, then an asynchronous transfer). Random draws come from CPU generators (the
+    same numbers on every device) and reach the device this way."""
+    if t.device.type != "cpu" or device.type == "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def to_float(x_nhwc: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """(B, H, W, C) -> normalised float32 (B, C, H, W): ``(x / 255 - mean) / std`` for uint8 images,
     ``(x - mean) / std`` for float features."""
@@ -31,9 +40,9 @@ def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int =
     """
     b, c, h, w = x.shape
     draw = {"generator": generator, "device": generator.device}
-    dy = torch.randint(0, 2 * padding + 1, (b,), **draw).to(x.device)
-    dx = torch.randint(0, 2 * padding + 1, (b,), **draw).to(x.device)
-    flip = (torch.rand(b, **draw) < 0.5).to(x.device)
+    dy = to_device(torch.randint(0, 2 * padding + 1, (b,), **draw), x.device)
+    dx = to_device(torch.randint(0, 2 * padding + 1, (b,), **draw), x.device)
+    flip = to_device(torch.rand(b, **draw) < 0.5, x.device)
     padded = F.pad(x, (padding, padding, padding, padding))
     rows = dy[:, None] + torch.arange(h, device=x.device)  # (B, H)
     cols = dx[:, None] + torch.arange(w, device=x.device)  # (B, W)

@@ -57,13 +57,19 @@ class FixedPoint:
         return (np.repeat(np.ldexp(1.0, self.quantum_exponent), sizes),
                 np.repeat(np.ldexp(1.0, self.exponent + HEADROOM_BITS), sizes))
 
+    def limit_in_quanta(self) -> float:
+        """The range limit in units of a tensor's quantum, 2^(e_t + HEADROOM_BITS - L_t) = 2^(62 - ceil(log2 S)):
+        the same for every tensor, so a scaled vector is checked against one number."""
+        return float(np.ldexp(1.0, int(np.max(self.exponent + HEADROOM_BITS - self.quantum_exponent, initial=0))))
+
     def mean(self, total: np.ndarray, total_weight: int) -> np.ndarray:
         quantum, _ = self.scales()
         return total.astype(np.float64) * quantum / total_weight
 
 
 class ExactSum:
-    """A worker's running sum of its clients' weighted uploads for one round, in int64 quanta."""
+    """A running sum of weighted uploads for one round, in int64 quanta: the reference in numpy. Workers use
+    ``fedsim.client.resident.ExactSum``, the same arithmetic on their device, equal bit for bit (tested)."""
 
     def __init__(self, plan: FixedPoint):
         self.quantum, self.limit = plan.scales()

@@ -3,6 +3,7 @@ communication totals, and a Markdown summary linking the figures."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedsim.metrics.summary import summarize
+from fedsim.metrics.confidence import Estimate, mean_ci
 
 # Metric key in metrics.jsonl -> how the report names it.
 KINDS = {"acc": "initial", "acc_personalized": "personalized"}
@@ -31,6 +33,8 @@ class Run:
     wall_seconds: float | None
     per_round: dict[str, dict[int, list[float]]]  # kind -> evaluation round -> per-client values
     comm: dict[str, int | None]  # total bytes per direction; None where the run did not record it
+    seed: int | None = None
+    settings: str = ""  # every setting that changes results except the seed: runs that share it are seeds of one
 
     def curve(self, kind: str) -> tuple[list[int], list[dict[str, float]]]:
         rounds = sorted(self.per_round[kind])
@@ -68,7 +72,36 @@ def load_run(run_dir: Path) -> Run:
     return Run(name=summary.get("name", run_dir.name), algorithm=summary.get("algorithm", config.get("algorithm", "?")),
                rounds=summary.get("rounds", max(r["round"] for r in rows + records)), finished=bool(summary),
                wall_seconds=summary.get("wall_seconds"), per_round=per_round,
-               comm={d: comm.get(d) for d in DIRECTIONS})
+               comm={d: comm.get(d) for d in DIRECTIONS}, seed=config.get("seed"), settings=_settings(config))
+
+
+# Sections that never change what a run computes, so runs differing only there (and in seed) are seeds of one.
+NOT_SETTINGS = ("name", "seed", "out_dir", "logging", "engine", "sweep")
+
+
+def _settings(config: dict) -> str:
+    return json.dumps({k: v for k, v in config.items() if k not in NOT_SETTINGS}, sort_keys=True, default=str)
+
+
+def seed_groups(runs: list[Run]) -> list[list[Run]]:
+    """Runs that differ only in seed, grouped (groups of two or more, in the order their first run came)."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.settings, []).append(run)
+    return [g for g in groups.values() if len(g) > 1 and len({r.seed for r in g}) == len(g)]
+
+
+def group_label(group: list[Run]) -> str:
+    """The runs' common name prefix (``fedper-k4-s0``, ``fedper-k4-s1`` -> ``fedper-k4``), else the first name."""
+    prefix = re.sub(r"[-_.]+(s|seed)?$", "", os.path.commonprefix([run.name for run in group]))
+    return prefix or group[0].name
+
+
+def seed_curve(group: list[Run], kind: str) -> tuple[list[int], list[Estimate]]:
+    """Per evaluation round that every seed reached: the mean over seeds of the client-mean accuracy (in
+    points) with its 95% interval."""
+    rounds = sorted(set.intersection(*(set(run.per_round.get(kind, {})) for run in group)))
+    return rounds, [mean_ci([100 * float(np.mean(run.per_round[kind][r])) for run in group]) for r in rounds]
 
 
 def _slug(name: str) -> str:
@@ -133,6 +166,38 @@ def _distribution_png(runs: list[Run], path: Path) -> None:
                  fontsize="medium")
     ax.grid(axis="y", alpha=0.3)
     fig.savefig(path, dpi=110)
+
+
+def _seeds_png(groups: list[list[Run]], path: Path) -> None:
+    kinds = [k for k in KINDS if any(k in run.per_round for g in groups for run in g)]
+    fig = Figure(figsize=(7.4 * len(kinds), 4.6), layout="constrained")
+    for ax, kind in zip(fig.subplots(1, len(kinds), squeeze=False)[0], kinds):
+        for i, group in enumerate(groups):
+            rounds, estimates = seed_curve(group, kind)
+            if not rounds:
+                continue
+            mean = np.array([e.mean for e in estimates])
+            ax.plot(rounds, mean, marker="o", markersize=3, color=f"C{i % 10}",
+                    label=f"{group_label(group)} ({len(group)} seeds)")
+            if all(e.low is not None for e in estimates):
+                ax.fill_between(rounds, [e.low for e in estimates], [e.high for e in estimates], color=f"C{i % 10}",
+                                alpha=0.2)
+        _style(ax, f"{KINDS[kind]} accuracy: mean over seeds (band: 95% CI)")
+    fig.savefig(path, dpi=110)
+
+
+def _seed_table(groups: list[list[Run]]) -> list[str]:
+    lines = ["| runs | seeds | accuracy | final mean % [95% CI over seeds] | mean client std |", "|---|---|---|---|---|"]
+    for group in groups:
+        for kind in KINDS:
+            rounds, estimates = seed_curve(group, kind)
+            if rounds:
+                est = estimates[-1]
+                interval = f"{est.mean:.2f}" + (f" [{est.low:.2f}, {est.high:.2f}]" if est.low is not None else "")
+                spread = np.mean([100 * summarize(run.per_round[kind][rounds[-1]])["std"] for run in group])
+                lines.append(f"| {group_label(group)} | {', '.join(str(r.seed) for r in group)} | {KINDS[kind]} | "
+                             f"{interval} | {spread:.2f} |")
+    return lines
 
 
 def _communication_png(runs: list[Run], path: Path) -> None:
@@ -205,6 +270,11 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
           "(at least one); Jain = (sum x)^2 / (n sum x^2), 1 = all clients equal; MB = 10^6 bytes in total.", "",
           f"![comparison]({save(_comparison_png, 'comparison.png', runs)})", "",
           f"![final distribution]({save(_distribution_png, 'final_distribution.png', runs)})", ""]
+    groups = seed_groups(runs)
+    if groups:
+        md += ["## Across seeds", "", "Runs whose settings differ only in seed, grouped: the mean over seeds of the "
+               "client-mean accuracy at the last round all seeds reached, with a Student-t 95% interval.", "",
+               *_seed_table(groups), "", f"![across seeds]({save(_seeds_png, 'seeds.png', groups)})", ""]
     with_comm = [run for run in runs if any(v is not None for v in run.comm.values())]
     if with_comm:
         md += ["## Communication", "", *_saving_lines(with_comm), "",

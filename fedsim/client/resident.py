@@ -1,0 +1,116 @@
+"""Weights and per-client sums kept on the worker's device (the torch device it trains on).
+
+``Layout.pack``/``unpack_into`` go key by key through numpy: one blocking device-to-host copy per tensor
+and a fresh host vector per client. Here a layout is bound once to the model's own tensors, so loading a
+flat vector is one fused ``torch._foreach_copy_`` (the multi-tensor copy torch's optimizers use) and packing
+is one more into a flat device tensor; the received global weights are moved to the device once per call,
+not once per client. Host transfers that remain (personal state, which lives in host RAM, and the random
+draws, which come from a CPU generator so that results do not depend on the device) are asynchronous.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.data.transforms import to_device
+from fedsim.engine.aggregate import FixedPoint
+from fedsim.engine.weights import Layout
+
+
+def host_vector(vector: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A flat numpy vector as a tensor on ``device``; on the CPU it shares the vector's memory (no copy)."""
+    with warnings.catch_warnings():
+        # Ray hands out read-only numpy views; torch only reads them (copies from them), so no copy is needed.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return to_device(torch.from_numpy(vector), device)
+
+
+@dataclass(frozen=True)
+class BoundLayout(Layout):
+    """A :class:`Layout` bound to one model's tensors on ``device``: ``unpack_into`` and ``pack`` on that model
+    are one fused copy each, and ``pack_tensor`` leaves the result on the device."""
+    model: nn.Module | None = field(default=None, compare=False, repr=False)
+    device: torch.device = field(default=torch.device("cpu"), compare=False)
+    # The model's own tensors, detached (copies into them are not autograd operations; a detached tensor shares
+    # storage and version counter). Bind after the model's set-up (device, memory format): nothing rebinds them
+    # later - optimizer steps, BatchNorm statistics and loads all write in place - so the list stays valid and
+    # its versions see every change.
+    targets: tuple[torch.Tensor, ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def bind(cls, layout: Layout, model: nn.Module, device: torch.device) -> BoundLayout:
+        state = model.state_dict(keep_vars=True)
+        return cls(layout.keys, layout.shapes, layout.offsets, model, device,
+                   tuple(state[key].detach() for key in layout.keys))
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each key's slice of a flat vector, shaped like its tensor (views: no copy)."""
+        return [flat[start:end].view(shape) for shape, start, end in zip(self.shapes, self.offsets, self.offsets[1:])]
+
+    @torch.no_grad()
+    def unpack_into(self, model: nn.Module, vector: np.ndarray | torch.Tensor) -> None:
+        """Copy a flat vector (numpy on the host, or a tensor on ``device``) into the bound model: one fused copy,
+        layouts (channels_last) and dtypes (integer buffers) converted by torch."""
+        if model is not self.model:
+            raise ValueError("a BoundLayout loads only the model it is bound to")
+        flat = vector if isinstance(vector, torch.Tensor) else host_vector(vector, self.device)
+        if self.targets:
+            torch._foreach_copy_(list(self.targets), self.views(flat))
+
+    @torch.no_grad()
+    def pack_tensor(self) -> torch.Tensor:
+        """The bound model's values as a new flat float32 vector on ``device``, in logical (row-major) order."""
+        out = torch.empty(self.size, dtype=torch.float32, device=self.device)
+        if self.targets:
+            torch._foreach_copy_(self.views(out), list(self.targets))
+        return out
+
+    def pack(self, model: nn.Module) -> np.ndarray:
+        if model is not self.model:
+            raise ValueError("a BoundLayout packs only the model it is bound to")
+        return self.pack_tensor().cpu().numpy()
+
+    def version(self) -> int:
+        """Sum of the tensors' version counters: torch bumps them on every in-place change."""
+        return sum(t._version for t in self.targets)
+
+
+class ExactSum:
+    """A worker's running sum of its clients' weighted uploads for one round, in int64 quanta, on the worker's
+    device: the arithmetic of ``fedsim.engine.aggregate`` (scheme and error bound there), bit for bit.
+    q = round(w * v / 2^L_t) is computed as round(v * (w * 2^-L_t)), one scalar per tensor: both are exact in
+    float64 (a 24-bit float32 times a weight below 2^29, scaled by a power of two), so they are equal. The
+    range test |v| <= 2^(e_t + HEADROOM_BITS) becomes |q| <= w * limit_in_quanta, equivalent for w >= 1 and
+    one reduction over the scaled vector. Buffers are allocated once per round, not per client."""
+
+    def __init__(self, plan: FixedPoint, device: torch.device):
+        self.inverse_quanta = [float(np.ldexp(1.0, -int(exp))) for exp in plan.quantum_exponent]  # 2^-L_t
+        self.limit = plan.limit_in_quanta()
+        size = plan.offsets[-1]
+        self.total = torch.zeros(size, dtype=torch.int64, device=device)
+        self._scaled = torch.empty(size, dtype=torch.float64, device=device)
+        self._tensors = [self._scaled[a:b] for a, b in zip(plan.offsets, plan.offsets[1:])]
+        self._quanta = torch.empty_like(self.total)
+
+    def stage(self, vector: torch.Tensor, weight: int) -> torch.Tensor:
+        """Scale ``vector`` by ``weight`` (>= 1) to quanta and return, on the device, whether every value is
+        within range (NaN and infinities are not). No host synchronisation: the caller reads all of a
+        client's uploads' answers at once."""
+        if vector.shape != self.total.shape:  # the guard: only the shared layout may reach the server
+            raise RuntimeError(f"an upload of {vector.numel()} values where the shared part has {self.total.numel()}"
+                               " - refusing a payload that could hold personal weights")
+        if not vector.numel():
+            return torch.ones((), dtype=torch.bool, device=self.total.device)
+        self._scaled.copy_(vector)
+        torch._foreach_mul_(self._tensors, [weight * inverse for inverse in self.inverse_quanta])
+        low, high = torch.aminmax(self._scaled)
+        return (high <= weight * self.limit) & (low >= -weight * self.limit)
+
+    def add(self) -> None:
+        """Add the staged upload."""
+        self._scaled.round_()  # half to even, as numpy's rint
+        self.total.add_(self._quanta.copy_(self._scaled))

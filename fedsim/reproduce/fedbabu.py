@@ -1,0 +1,130 @@
+"""The FedBABU paper (Oh et al. 2021, ../shared/papers/fedbabu-oh-2021.txt), claim by claim, and the
+PFLlib leaderboard as a cross-check."""
+from fedsim.reproduce.claims import Arm, Claim, Paper, greater
+
+
+def _total_epochs(base: dict) -> int:
+    return base["train"]["rounds"] * base["train"]["local_epochs"]
+
+
+def local_epochs(tau: int) -> dict:
+    """tau local epochs with the base's total number of local epochs kept (the paper's 320 = rounds x tau)."""
+    return {"train.local_epochs": tau, "train.rounds": lambda base: max(1, _total_epochs(base) // tau),
+            "train.eval_every": lambda base: max(1, _total_epochs(base) // tau)}
+
+
+def dirichlet(beta: float) -> dict:
+    """App. H: Dirichlet(beta) label skew, unbalanced, at the realistic f = 0.1, tau = 10."""
+    return {"data.partition": "dirichlet", "data.beta": beta, **local_epochs(10)}
+
+
+FEDREP = {"name": "fedrep", "head_epochs": 4, "body_epochs": 1}  # the authors' LocalUpdateFedRep: tau head, 1 body
+# PFLlib's leaderboard setting (TsingZ0/PFLlib system/main.py defaults; dataset/generate_Cifar100.py):
+# 20 clients, 10 classes each, join ratio 1, 1 local epoch, batch 10, SGD lr 0.005 without momentum,
+# weights by samples; FedBABU fine-tunes the whole model 10 epochs before its final evaluation; Ditto mu 0.
+PFLLIB = {"data.partition": "classes", "data.k": 10, "data.shards_per_client": None, "data.test_fraction": 0.33,
+          "model.batchnorm": "averaged", "train.fraction": 1.0, "train.local_epochs": 1, "train.batch_size": 10,
+          "train.rounds": 20, "train.eval_every": 20, "train.weighting": "samples",
+          "train.body": {"lr": 0.005, "momentum": 0.0, "schedule": "constant"},
+          "train.head": {"lr": 0.005, "momentum": 0.0, "schedule": "constant"}, "eval.finetune_epochs": 0}
+# At paper scale the cross-check is PFLlib's own: all of CIFAR-100 over its 20 clients, 2,000 rounds, evaluated
+# every 100 (the FedBABU base there is MobileNet on 100 clients).
+PFLLIB_PAPER = {"data.num_clients": 20, "data.train_fraction": 1.0, "data.test_fraction": 1.0, "model.name": "cnn4",
+                "train.rounds": 2000, "train.eval_every": 100}
+PFLLIB_FT = {"eval.finetune_epochs": 10, "eval.finetune_part": "full", "eval.finetune_lr": 0.005,
+             "eval.finetune_momentum": 0.0, "eval.finetune_batch_size": 10}
+
+RUNS = {
+    "fedavg": {},
+    "fedavg-f1": {"train.fraction": 1.0},
+    "fedavg-tau1": local_epochs(1),
+    "fedavg-tau10": local_epochs(10),
+    "fedavg-s50": {"data.shards_per_client": 50},
+    "fedavg-s100": {"data.shards_per_client": 100},
+    "fedbabu": {"algorithm": "fedbabu"},
+    "fedper": {"algorithm": "fedper"},
+    "lg_fedavg": {"algorithm": "lg_fedavg"},
+    "fedrep": {"algorithm": FEDREP},
+    "fedbabu-ft-head": {"algorithm": "fedbabu", "eval.finetune_part": "head"},
+    "fedbabu-ft-body": {"algorithm": "fedbabu", "eval.finetune_part": "body"},
+    "fedbabu-nonorthogonal": {"algorithm": {"name": "fedbabu", "head_init": "not_orthogonal"}},
+    "dir0.1-fedavg": dirichlet(0.1),
+    "dir0.1-fedbabu": {**dirichlet(0.1), "algorithm": "fedbabu"},
+    "dir0.5-fedavg": dirichlet(0.5),
+    "dir0.5-fedbabu": {**dirichlet(0.5), "algorithm": "fedbabu"},
+    "dir1.0-fedavg": dirichlet(1.0),
+    "dir1.0-fedbabu": {**dirichlet(1.0), "algorithm": "fedbabu"},
+    "pfllib-fedavg": {**PFLLIB, "algorithm": "fedavg"},
+    "pfllib-fedper": {**PFLLIB, "algorithm": "fedper"},
+    "pfllib-fedrep": {**PFLLIB, "algorithm": {"name": "fedrep", "head_epochs": 1, "body_epochs": 1}},
+    "pfllib-fedbabu": {**PFLLIB, **PFLLIB_FT, "algorithm": "fedbabu"},
+    "pfllib-ditto": {**PFLLIB, "algorithm": {"name": "ditto", "lambda": 0.0, "personal_epochs": 1}},
+}
+
+PERSONALIZED = "acc_personalized"
+METHODS = ("FedAvg+FT", "FedPer", "LG-FedAvg", "FedRep")
+
+CLAIMS = (
+    Claim("fedavg-settings", "FedAvg's initial accuracy falls as f drops, tau grows and s drops",
+          "Section 4: more realistic settings (smaller f, larger tau, smaller s) give FedAvg a lower initial "
+          "accuracy (MobileNet, CIFAR-100, 100 clients).",
+          (Arm("f=1.0", "fedavg-f1"), Arm("f=0.1", "fedavg"), Arm("tau=1", "fedavg-tau1"), Arm("tau=4", "fedavg"),
+           Arm("tau=10", "fedavg-tau10"), Arm("s=100", "fedavg-s100"), Arm("s=50", "fedavg-s50"),
+           Arm("s=10", "fedavg")),
+          (greater("f=1.0", "f=0.1"), greater("tau=1", "tau=4"), greater("tau=4", "tau=10"),
+           greater("s=100", "s=50"), greater("s=50", "s=10")),
+          "One setting varied at a time around f = 0.1, tau = 4, s = 10; the total number of local epochs is kept "
+          "as tau varies (the paper's 320 = rounds x tau)."),
+    Claim("fedbabu-best", "FedBABU personalizes best under high heterogeneity (s = 10)",
+          "Table 4 (s = 10): FedBABU's personalized accuracy is above FedAvg+FT, FedPer, LG-FedAvg and FedRep.",
+          (Arm("FedBABU", "fedbabu", PERSONALIZED), Arm("FedAvg+FT", "fedavg", PERSONALIZED),
+           Arm("FedPer", "fedper", PERSONALIZED), Arm("LG-FedAvg", "lg_fedavg", PERSONALIZED),
+           Arm("FedRep", "fedrep", PERSONALIZED)),
+          tuple(greater("FedBABU", other) for other in METHODS),
+          "f = 0.1, tau = 4, s = 10; every method fine-tuned 5 epochs at evaluation (App. A.4). LG-FedAvg starts "
+          "from random weights here (the authors start it from a FedAvg model)."),
+    Claim("finetune-part", "For FedBABU, fine-tuning the head or the full network beats the body alone",
+          "Section 5 (Personalization): fine-tuning the head or the full model personalizes FedBABU better than "
+          "fine-tuning only the body.",
+          (Arm("full", "fedbabu", PERSONALIZED), Arm("head", "fedbabu-ft-head", PERSONALIZED),
+           Arm("body", "fedbabu-ft-body", PERSONALIZED)),
+          (greater("head", "body"), greater("full", "body")),
+          "FedBABU at f = 0.1, tau = 4, s = 10, fine-tuned 5 epochs."),
+    Claim("orthogonal-head", "FedBABU needs an orthogonal fixed head",
+          "App. Q (Table 24): without orthogonal rows in the random head, FedBABU falls short.",
+          (Arm("orthogonal", "fedbabu", PERSONALIZED), Arm("non-orthogonal", "fedbabu-nonorthogonal", PERSONALIZED)),
+          (greater("orthogonal", "non-orthogonal"),),
+          "Non-orthogonal head as the authors' main_single.py: rows from U(0.45, 0.55), normalized (nearly "
+          "parallel)."),
+    Claim("dirichlet", "FedBABU stays ahead under Dirichlet label skew",
+          "App. H (Table 18, MobileNet, f = 0.1, tau = 10): FedBABU's personalized accuracy is above FedAvg's for "
+          "each beta.",
+          (Arm("FedAvg+FT beta=0.1", "dir0.1-fedavg", PERSONALIZED),
+           Arm("FedBABU beta=0.1", "dir0.1-fedbabu", PERSONALIZED),
+           Arm("FedAvg+FT beta=0.5", "dir0.5-fedavg", PERSONALIZED),
+           Arm("FedBABU beta=0.5", "dir0.5-fedbabu", PERSONALIZED),
+           Arm("FedAvg+FT beta=1.0", "dir1.0-fedavg", PERSONALIZED),
+           Arm("FedBABU beta=1.0", "dir1.0-fedbabu", PERSONALIZED)),
+          tuple(greater(f"FedBABU beta={b}", f"FedAvg+FT beta={b}") for b in ("0.1", "0.5", "1.0")),
+          "Dirichlet(beta) over the clients' share of CIFAR-100 (unbalanced), f = 0.1, tau = 10."),
+    Claim("pfllib", "Cross-check: the PFLlib leaderboard (CIFAR-100 pathological, 20 clients, 4-conv)",
+          "PFLlib's table: FedAvg 25.98, FedPer 63.53, FedRep 67.56, FedBABU 66.85, Ditto 67.23 (2,000 rounds).",
+          (Arm("FedAvg", "pfllib-fedavg"), Arm("FedPer", "pfllib-fedper"), Arm("FedRep", "pfllib-fedrep"),
+           Arm("FedBABU", "pfllib-fedbabu", PERSONALIZED), Arm("Ditto", "pfllib-ditto")),
+          tuple(greater(m, "FedAvg", by=20) for m in ("FedPer", "FedRep", "FedBABU", "Ditto")),
+          "20 clients x 10 classes, 1 local epoch, batch 10, lr 0.005 as PFLlib; 20 rounds instead of 2,000, "
+          "500 training images per client; fedsim's 4-conv CNN (PFLlib's has 2 conv + 2 linear layers). The "
+          "test is the ordering (each personalized method >= 20 points above FedAvg, as in PFLlib's table).",
+          paper_number="FedAvg 25.98, FedPer 63.53, FedRep 67.56, FedBABU 66.85, Ditto 67.23"),
+)
+
+PAPER = Paper(
+    key="fedbabu", title="FedBABU: Toward Enhanced Representation for Federated Image Classification (Oh et al., 2021)",
+    bases={"cpu": "reproduce/fedbabu_cifar100.yaml", "paper": "paper/fedbabu_mobilenet_cifar100.yaml"},
+    runs=RUNS, claims=CLAIMS, scaled={"paper": {key: PFLLIB_PAPER for key in RUNS if key.startswith("pfllib-")}},
+    scale_notes={
+        "cpu": "4-conv CNN (the authors' 4convNet) instead of MobileNet; 20 clients instead of 100, each with "
+               "the paper's 500 training and 100 test images; 80 total local epochs instead of 320 (20 rounds at "
+               "tau = 4); f = 0.1 samples 2 clients a round.",
+        "paper": "MobileNet-v1, 100 clients x 500 training images, 320 total local epochs, as the paper."},
+)

@@ -1,0 +1,231 @@
+"""Claim verdicts computed from run folders, and REPRODUCTION.md + one figure per claim.
+
+Every number comes from the runs' summary.json (the final round's per-client accuracies). Each paper
+and scale keeps its results in ``<figures>/<paper>-<scale>.json``; REPRODUCTION.md is rendered from
+all of them, so reproducing one paper never drops the other's section."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from fedsim import atomic
+from fedsim.metrics.summary import summarize
+from fedsim.reproduce import PAPERS
+from fedsim.reproduce.claims import METRIC_NAMES, Arm, Claim, Paper, Test
+from fedsim.reproduce.runner import read_summary, run_name
+from fedsim.metrics.confidence import mean_ci
+
+HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
+REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
+HEADLINE_START, HEADLINE_END = "<!-- headline:start -->", "<!-- headline:end -->"
+RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed per seed - arms of one seed share "
+        "the partition and initial weights, so the contrast is paired - then averaged over seeds with a Student-t "
+        "95% interval. A test **holds** when the whole interval lies above its threshold, **fails** when it lies "
+        "wholly below, and is **inconclusive** otherwise (or with fewer than 2 seeds). A claim is **reproduced** "
+        "when all its tests hold, **not reproduced** when any fails, otherwise inconclusive.")
+
+
+def client_values(folder: Path, metric: str) -> list[float] | None:
+    """The final round's per-client accuracies (0..1) of a finished run, or None when it has not finished."""
+    summary = read_summary(folder)
+    if summary is None:
+        return None
+    key = f"per_client_{metric}"
+    if key not in summary:
+        raise ValueError(f"{folder}: summary.json has no {key} (the run did not measure {METRIC_NAMES[metric]} "
+                         "accuracy); run it again with `fedsim reproduce`")
+    return [float(v) for v in summary[key].values()]
+
+
+def _arm_result(arm: Arm, per_seed: dict[int, list[float]]) -> dict:
+    """Mean client accuracy per seed and its CI; the per-client spread averaged over seeds; all in points."""
+    stats = {seed: summarize(values) for seed, values in per_seed.items()}
+    means = [100 * stats[s]["mean"] for s in sorted(stats)]
+    result = {"label": arm.label, "run": arm.run, "metric": arm.metric, "seeds": sorted(stats),
+              "per_seed_mean": means, "per_seed_std": [100 * stats[s]["std"] for s in sorted(stats)]}
+    if stats:
+        result["estimate"] = asdict(mean_ci(means))
+        for key in ("std", "min", "p10"):
+            result[f"client_{key}"] = float(np.mean([100 * stats[s][key] for s in stats]))
+    return result
+
+
+def _test_result(test: Test, arms: dict[str, dict]) -> dict:
+    """The test's contrast over the seeds where every arm it names has finished."""
+    column = "per_seed_std" if test.stat == "std" else "per_seed_mean"
+    seeds = sorted(set.intersection(*(set(arms[label]["seeds"]) for label, _ in test.terms)))
+    values = [sum(coef * arms[label][column][arms[label]["seeds"].index(s)] for label, coef in test.terms)
+              for s in seeds]
+    result = {"text": test.text, "above": test.above, "seeds": seeds, "values": values}
+    if len(values) >= 2:
+        est = mean_ci(values)
+        result["estimate"] = asdict(est)
+        result["verdict"] = HOLDS if est.low > test.above else FAILS if est.high < test.above else INCONCLUSIVE
+    else:
+        result["estimate"] = asdict(mean_ci(values)) if values else None
+        result["verdict"] = INCONCLUSIVE
+    return result
+
+
+def claim_verdict(tests: list[dict]) -> str:
+    verdicts = {t["verdict"] for t in tests}
+    return REPRODUCED if verdicts == {HOLDS} else NOT_REPRODUCED if FAILS in verdicts else INCONCLUSIVE
+
+
+def evaluate_claim(claim: Claim, paper: Paper, scale: str, seeds: int, runs_dir: Path) -> dict:
+    arms = {}
+    for arm in claim.arms:
+        per_seed = {}
+        for seed in range(seeds):
+            values = client_values(runs_dir / run_name(paper, scale, arm.run, seed), arm.metric)
+            if values is not None:
+                per_seed[seed] = values
+        arms[arm.label] = _arm_result(arm, per_seed)
+    tests = [_test_result(test, arms) for test in claim.tests]
+    return {"id": claim.id, "title": claim.title, "paper_says": claim.paper_says, "regime": claim.regime,
+            "paper_number": claim.paper_number,
+            "explanation": claim.explanation, "arms": list(arms.values()), "tests": tests,
+            "verdict": claim_verdict(tests)}
+
+
+def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_dir: Path,
+             command: str) -> dict:
+    """Everything REPRODUCTION.md says about one paper at one scale, recomputed from the run folders;
+    ``command`` is the one that regenerates them."""
+    keys = paper.runs_of(claims)
+    summaries = [read_summary(runs_dir / run_name(paper, scale, key, s)) for s in range(seeds) for key in keys]
+    done = [s for s in summaries if s is not None]
+    return {"paper": paper.key, "title": paper.title, "scale": scale, "scale_note": paper.scale_notes.get(scale, ""),
+            "seeds": seeds, "command": command, "runs_total": len(summaries), "runs_done": len(done),
+            "compute_seconds": float(sum(s["wall_seconds"] for s in done)),
+            "claims": [evaluate_claim(c, paper, scale, seeds, runs_dir) for c in claims]}
+
+
+def claim_figure(claim: dict, path: Path) -> None:
+    """Bars: mean over seeds with the 95% interval; dots: every client of every seed."""
+    arms = [a for a in claim["arms"] if a["seeds"]]
+    fig = Figure(figsize=(max(5.5, 1.3 * len(arms) + 2), 4.4), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(arms))
+    means = [a["estimate"]["mean"] for a in arms]
+    errors = [[m - (a["estimate"]["low"] if a["estimate"]["low"] is not None else m) for m, a in zip(means, arms)],
+              [(a["estimate"]["high"] if a["estimate"]["high"] is not None else m) - m for m, a in zip(means, arms)]]
+    ax.bar(x, means, yerr=errors, capsize=5, color="C0", alpha=0.6, label="mean over seeds, 95% CI")
+    for i, arm in enumerate(arms):
+        ax.scatter(np.full(len(arm["per_seed_mean"]), i), arm["per_seed_mean"], color="black", s=14, zorder=3,
+                   label="one seed's client mean" if i == 0 else None)
+    ax.set_xticks(x, [a["label"] for a in arms], rotation=20 if len(arms) > 3 else 0, fontsize="small")
+    metrics = sorted({METRIC_NAMES[a["metric"]] for a in arms})
+    ax.set(ylabel=f"{' / '.join(metrics)} client accuracy (%)", ylim=(0, 100), title=claim["title"])
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper right")
+    fig.savefig(path, dpi=100)
+
+
+def write_results(results: dict, figures: Path) -> Path:
+    """The paper's JSON and its figures under ``figures``; returns the JSON's path."""
+    figures.mkdir(parents=True, exist_ok=True)
+    for claim in results["claims"]:
+        if any(a["seeds"] for a in claim["arms"]):
+            name = f"{results['paper']}-{results['scale']}-{claim['id']}.png"
+            claim_figure(claim, figures / name)
+            claim["figure"] = name
+    path = figures / f"{results['paper']}-{results['scale']}.json"
+    atomic.write_text(path, json.dumps(results, indent=1))
+    return path
+
+
+def _interval(est: dict | None, signed: bool = False) -> str:
+    if est is None:
+        return "-"
+    mean = f"{est['mean']:+.2f}" if signed else f"{est['mean']:.2f}"
+    return mean if est["low"] is None else f"{mean} [{est['low']:.2f}, {est['high']:.2f}]"
+
+
+def headline_rows(results: list[dict]) -> list[str]:
+    lines = ["| paper | scale | claim | paper's number | first test | fedsim: mean [95% CI] | seeds | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        for claim in res["claims"]:
+            first = claim["tests"][0]
+            lines.append(f"| {res['paper']} | {res['scale']} | {claim['title']} | {claim['paper_number']} | "
+                         f"{first['text']} | {_interval(first['estimate'], signed=True)} | {len(first['seeds'])} | "
+                         f"**{claim['verdict']}** |")
+    return lines
+
+
+def _progress(results: list[dict]) -> str:
+    done = "; ".join(f"{r['paper']} ({r['scale']}) {r['runs_done']} of {r['runs_total']} runs at {r['seeds']} seeds"
+                     for r in results)
+    return f"Runs finished: {done}. A claim is decided only where at least 2 seeds finished."
+
+
+def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
+    lines = [f"### {claim['title']} (`--only {claim['id']}`)", "", f"**Paper:** {claim['paper_says']}", "",
+             f"**Here ({scale}):** {claim['regime']}", "",
+             "| arm | accuracy | mean % [95% CI] | seeds | client std | client min | client p10 |",
+             "|---|---|---|---|---|---|---|"]
+    for arm in claim["arms"]:
+        spread = [f"{arm[f'client_{k}']:.2f}" if arm["seeds"] else "-" for k in ("std", "min", "p10")]
+        lines.append(f"| {arm['label']} | {METRIC_NAMES[arm['metric']]} | "
+                     f"{_interval(arm.get('estimate'))} | {len(arm['seeds'])} | {' | '.join(spread)} |")
+    lines += ["", "| test | mean [95% CI] | seeds | result |", "|---|---|---|---|"]
+    for test in claim["tests"]:
+        lines.append(f"| {test['text']} | {_interval(test['estimate'], signed=True)} | {len(test['seeds'])} | "
+                     f"{test['verdict']} |")
+    lines += ["", f"**Verdict: {claim['verdict']}.**", ""]
+    if claim["verdict"] != REPRODUCED and claim["explanation"]:
+        lines += [f"*Why:* {claim['explanation']}", ""]
+    if "figure" in claim:
+        lines += [f"![{claim['id']}]({figures_rel}/{claim['figure']})", ""]
+    return lines
+
+
+def _paper_section(res: dict, figures_rel: str) -> list[str]:
+    hours = res["compute_seconds"] / 3600
+    lines = [f"## {res['title']} - scale `{res['scale']}`", "",
+             f"Regenerate: `{res['command']}` (the run folders are not committed; finished runs are skipped, "
+             f"interrupted ones resume). Runs finished: {res['runs_done']} of {res['runs_total']}; their training "
+             f"took {hours:.2f} h in total (sum of the runs' wall times on a 2-core CPU machine).", "",
+             f"What this scale cuts: {res['scale_note']}", ""]
+    for claim in res["claims"]:
+        lines += _claim_section(claim, res["scale"], figures_rel)
+    return lines
+
+
+def render(figures: Path, report: Path) -> str:
+    """REPRODUCTION.md from every ``<paper>-<scale>.json`` in ``figures``."""
+    order = {key: i for i, key in enumerate(PAPERS)}  # the papers in the order they appeared
+    results = sorted((json.loads(p.read_text()) for p in figures.glob("*.json")),
+                     key=lambda r: (order.get(r["paper"], len(order)), r["paper"], r["scale"]))
+    rel = (figures.relative_to(report.parent) if figures.is_relative_to(report.parent) else figures).as_posix()
+    lines = ["# Reproducing FedPer and FedBABU", "",
+             "Written by `fedsim reproduce`; do not edit by hand. Accuracies are the mean over clients of each "
+             "client's test accuracy at the final round, in percent; *initial* scores the model each client holds, "
+             "*personalized* scores it after the fine-tuning the paper's protocol prescribes.", "", RULE, "",
+             "## Headline", "", HEADLINE_START, _progress(results), "", *headline_rows(results), HEADLINE_END, ""]
+    for res in results:
+        lines += _paper_section(res, rel)
+    return "\n".join(lines)
+
+
+def write_report(figures: Path, report: Path) -> list[Path]:
+    """REPRODUCTION.md, and the headline block of a README.md beside it that shows one (between the markers)."""
+    markdown = render(figures, report)
+    atomic.write_text(report, markdown)
+    readme = report.parent / "README.md"
+    if readme.exists() and HEADLINE_START in (text := readme.read_text()):
+        atomic.write_text(readme, text.replace(headline_block(text), headline_block(markdown)))
+        return [report, readme]
+    return [report]
+
+
+def headline_block(markdown: str) -> str:
+    """The headline table between its markers (the README shows the same block)."""
+    start, end = markdown.index(HEADLINE_START), markdown.index(HEADLINE_END)
+    return markdown[start:end + len(HEADLINE_END)]
+

@@ -1,0 +1,107 @@
+"""Materialize a paper's runs for each seed and bring each to completion: finished runs are skipped,
+interrupted ones continue from their checkpoint, runs whose settings changed start again."""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from fedsim.config import ConfigError, RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
+from fedsim.engine.checkpoint import changed_settings
+from fedsim.reproduce.claims import METRIC_NAMES, Claim, Paper
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+SCALES = ("cpu", "paper")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    key: str  # the paper's run key
+    seed: int
+    config: RunConfig
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.config.out_dir) / self.config.name
+
+
+def base_tree(paper: Paper, scale: str, experiments: Path = EXPERIMENTS) -> dict:
+    """The scale's base config as a tree, without its own sweep (the claims say what varies)."""
+    if scale not in paper.bases:
+        raise ConfigError(f"--scale: {scale!r} is not one of {sorted(paper.bases)}")
+    tree = load_tree(experiments / paper.bases[scale])
+    tree.pop("sweep", None)
+    return tree
+
+
+def run_name(paper: Paper, scale: str, key: str, seed: int) -> str:
+    return f"{paper.key}-{scale}-{key}-s{seed}"
+
+
+def plan(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_dir: Path,
+         overrides: list[str] = (), experiments: Path = EXPERIMENTS) -> list[PlannedRun]:
+    """Every run the claims need, seed-major (all runs of seed 0 first), so a partial suite already holds
+    every claim at fewer seeds. ``overrides`` (key=value) apply to every run, after the claim's own."""
+    base = base_tree(paper, scale, experiments)
+    extra = parse_overrides(list(overrides))
+    planned = []
+    for seed in range(seeds):
+        for key in paper.runs_of(claims):
+            tree = merge_trees(configure(base, paper.overrides(key, scale)), extra)
+            tree.update(name=run_name(paper, scale, key, seed), seed=seed, out_dir=str(runs_dir))
+            planned.append(PlannedRun(key, seed, validate(tree)))
+    return planned
+
+
+def configure(base: dict, overrides: dict[str, Any | Callable[[dict], Any]]) -> dict:
+    """The base with a run's overrides set; a callable value is computed from the base (e.g. rounds from tau)."""
+    tree = copy.deepcopy(base)
+    for dotted, value in overrides.items():
+        set_dotted(tree, dotted, value(base) if callable(value) else copy.deepcopy(value))
+    return tree
+
+
+def status(run: PlannedRun) -> str:
+    """finished | resumable | changed | new - what bringing this run to completion takes."""
+    folder = run.folder
+    if not (folder / "config.yaml").exists():
+        return "new"
+    stored = validate({**yaml.safe_load((folder / "config.yaml").read_text()),
+                       "name": run.config.name, "out_dir": run.config.out_dir}).model_dump()
+    wanted = run.config.model_dump()
+    if changed_settings(stored, wanted):
+        return "changed"
+    if stored["train"]["rounds"] != wanted["train"]["rounds"]:
+        return "resumable"  # a constant-lr run that is extended (the engine accepts that)
+    return "finished" if (folder / "summary.json").exists() else "resumable"
+
+
+def execute(planned: list[PlannedRun], say: Callable[[str], None] = print) -> float:
+    """Bring every planned run to completion; returns the seconds spent training in this call."""
+    from fedsim.engine import run
+
+    spent = 0.0
+    for i, item in enumerate(planned, 1):
+        state = status(item)
+        where = f"[{i}/{len(planned)}] {item.config.name}"
+        if state == "finished":
+            say(f"{where}: finished, skipped")
+            continue
+        if state == "changed":
+            say(f"{where}: its settings changed since it ran; running it again")
+        say(f"{where}: {'resuming' if state == 'resumable' else 'running'}")
+        result = run(item.config, overwrite=state == "changed", resume=state == "resumable")
+        spent += result.summary["wall_seconds"]
+        scores = ", ".join(f"{name} {100 * result.summary[key]['mean']:.2f}%" for key, name in METRIC_NAMES.items()
+                           if key in result.summary)
+        say(f"{where}: {scores} ({result.summary['wall_seconds']:.0f} s)")
+    return spent
+
+
+def read_summary(folder: Path) -> dict | None:
+    path = folder / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
