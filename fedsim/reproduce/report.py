@@ -107,7 +107,7 @@ def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, ru
 
 
 def claim_figure(claim: dict, path: Path) -> None:
-    """Bars: mean over seeds with the 95% interval; dots: every client of every seed."""
+    """Bars: mean over seeds with the 95% interval; dots: each seed's mean over clients."""
     arms = [a for a in claim["arms"] if a["seeds"]]
     fig = Figure(figsize=(max(5.5, 1.3 * len(arms) + 2), 4.4), layout="constrained")
     ax = fig.subplots()
