@@ -546,7 +546,7 @@ def memory(args) -> None:
 
 # -- fixedcost -------------------------------------------------------------------------------------
 FIXED_CLIENTS = {"cnn4": 20, "mobilenet_v1": 6, "resnet34": 3}  # clients timed per call (a ResNet-34 step is seconds)
-FIXED_PARTS = ("training_step", "load", "commit_model", "tensors", "add", "fits", "_keep", "client_generator",
+FIXED_PARTS = ("training_step", "load", "commit_model", "tensors", "stage", "add", "fits", "_keep", "client_generator",
                "_shared_version", "clear")  # functions whose cumulative time the breakdown reports
 
 
