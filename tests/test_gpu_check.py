@@ -44,15 +44,18 @@ def test_make_cuda_deterministic(monkeypatch):
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+              torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+              torch.utils.deterministic.fill_uninitialized_memory)
     try:
         make_cuda_deterministic()
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
         assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert not torch.utils.deterministic.fill_uninitialized_memory  # no NaN fill kernel per new tensor
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[2], before[3]
+        torch.utils.deterministic.fill_uninitialized_memory = before[4]
 
 
 def test_same_records_names_the_first_difference():

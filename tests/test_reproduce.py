@@ -11,6 +11,7 @@ from fedsim.cli.main import main
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import greater
 from fedsim.reproduce.report import FAILS, HOLDS, INCONCLUSIVE, _test_result, claim_verdict, headline_block
+from fedsim.reproduce.runner import folder_keys, run_trees
 from fedsim.metrics.confidence import mean_ci, t975
 
 # A few images per client and one short round: minutes for the whole claim on 2 cores.
@@ -68,9 +69,17 @@ def test_every_run_of_both_scales_validates(paper, scale, tmp_path, data_root, c
     """The dry run builds each run's partition and model (seed 0) and prints its work, without running it."""
     assert main(["reproduce", paper, "--scale", scale, "--dry-run", "--runs", str(tmp_path), "--seeds", "2"]) == 0
     out = capsys.readouterr().out
+    runs = len(set(folder_keys(run_trees(PAPERS[paper], scale)).values()))
     statuses = [line for line in out.splitlines() if line.endswith(": new")]
-    assert len(statuses) == 2 * len(PAPERS[paper].runs) and not any(tmp_path.iterdir())
-    assert out.count(f"{paper}-{scale}-") == 3 * len(PAPERS[paper].runs)  # estimates of seed 0, then statuses
+    assert len(statuses) == 2 * runs and not any(tmp_path.iterdir())
+    assert out.count(f"{paper}-{scale}-") == 3 * runs  # estimates of seed 0, then statuses
+
+
+def test_runs_with_the_same_settings_at_a_scale_share_one_folder():
+    """FedPer's K_P = 1 arm is the base run on the 4-conv CNN; at paper scale (base K_P = 2) it is a run of its own."""
+    cpu, paper = (folder_keys(run_trees(PAPERS["fedper"], scale)) for scale in ("cpu", "paper"))
+    assert cpu["kp1"] == "k4-fedper" and cpu["kp2"] == "kp2"
+    assert paper["kp1"] == "kp1" and paper["kp2"] == "k4-fedper"
 
 
 def test_unknown_claim_is_one_line_exit_2(tmp_path, capsys):

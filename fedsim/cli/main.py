@@ -124,7 +124,7 @@ def _reproduce_command(args: argparse.Namespace) -> int:
 
     from fedsim.reproduce import PAPERS
     from fedsim.reproduce.report import evaluate, write_report, write_results
-    from fedsim.reproduce.runner import execute, plan, status
+    from fedsim.reproduce.runner import execute, folder_keys, plan, run_trees
 
     paper = PAPERS[args.paper]
     claims = (paper.claim(args.only),) if args.only else paper.claims
@@ -138,7 +138,8 @@ def _reproduce_command(args: argparse.Namespace) -> int:
     figures = Path(args.figures).resolve() if args.figures else report.parent / "reproduction"
     command = " ".join(["fedsim reproduce", args.paper, f"--scale {args.scale}", f"--seeds {args.seeds}",
                         *([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []), *args.overrides])
-    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command)
+    folders = folder_keys(run_trees(paper, args.scale, args.overrides))
+    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command, folders)
     print(write_results(results, figures))
     for path in write_report(figures, report):
         print(path)

@@ -10,6 +10,7 @@ RUNS = {
     "k8-fedper": {"data.k": 8},
     "k10-fedavg": {"algorithm": "fedavg", "data.k": 10},
     "k10-fedper": {"data.k": 10},
+    "kp1": {"model.personal_layers": 1},  # the base run at CPU scale (same settings, one folder)
     "kp2": {"model.personal_layers": 2},
     "kp3": {"model.personal_layers": 3},
     "kp4": {"model.personal_layers": 4},
@@ -40,9 +41,10 @@ CLAIMS = (
     Claim("kp-sweep", "K_P >= 1 is the decisive gain; deeper is not better",
           "Knowl 6: personalizing at least the classifier is what matters; on CIFAR-10 K_P = 2 is best, on "
           "CIFAR-100 K_P = 1, so accuracy does not rise with depth.",
-          (Arm("K_P=0 (FedAvg)", "k4-fedavg"), Arm("K_P=1", "k4-fedper"), Arm("K_P=2", "kp2"), Arm("K_P=3", "kp3"),
+          (Arm("K_P=0 (FedAvg)", "k4-fedavg"), Arm("K_P=1", "kp1"), Arm("K_P=2", "kp2"), Arm("K_P=3", "kp3"),
            Arm("K_P=4", "kp4")),
-          (greater("K_P=1", "K_P=0 (FedAvg)", by=10), greater("K_P=1", "K_P=4")),
+          # Not monotone: past the paper's best CIFAR-10 depth (K_P = 2) accuracy falls again.
+          (greater("K_P=1", "K_P=0 (FedAvg)", by=10), greater("K_P=2", "K_P=4")),
           "As claim k4; K_P counts the classifier and the last conv blocks of the 4-conv CNN (4 leaves one conv "
           "block shared)."),
     Claim("conflicting", "Conflicting labels: FedAvg near chance, FedPer far above",

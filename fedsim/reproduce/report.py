@@ -76,12 +76,13 @@ def claim_verdict(tests: list[dict]) -> str:
     return REPRODUCED if verdicts == {HOLDS} else NOT_REPRODUCED if FAILS in verdicts else INCONCLUSIVE
 
 
-def evaluate_claim(claim: Claim, paper: Paper, scale: str, seeds: int, runs_dir: Path) -> dict:
+def evaluate_claim(claim: Claim, paper: Paper, scale: str, seeds: int, runs_dir: Path,
+                   folders: dict[str, str]) -> dict:
     arms = {}
     for arm in claim.arms:
         per_seed = {}
         for seed in range(seeds):
-            values = client_values(runs_dir / run_name(paper, scale, arm.run, seed), arm.metric)
+            values = client_values(runs_dir / run_name(paper, scale, folders[arm.run], seed), arm.metric)
             if values is not None:
                 per_seed[seed] = values
         arms[arm.label] = _arm_result(arm, per_seed)
@@ -93,16 +94,16 @@ def evaluate_claim(claim: Claim, paper: Paper, scale: str, seeds: int, runs_dir:
 
 
 def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_dir: Path,
-             command: str) -> dict:
+             command: str, folders: dict[str, str]) -> dict:
     """Everything REPRODUCTION.md says about one paper at one scale, recomputed from the run folders;
-    ``command`` is the one that regenerates them."""
-    keys = paper.runs_of(claims)
+    ``command`` is the one that regenerates them; ``folders`` maps each run key to the run holding it."""
+    keys = sorted({folders[key] for key in paper.runs_of(claims)})
     summaries = [read_summary(runs_dir / run_name(paper, scale, key, s)) for s in range(seeds) for key in keys]
     done = [s for s in summaries if s is not None]
     return {"paper": paper.key, "title": paper.title, "scale": scale, "scale_note": paper.scale_notes.get(scale, ""),
             "seeds": seeds, "command": command, "runs_total": len(summaries), "runs_done": len(done),
             "compute_seconds": float(sum(s["wall_seconds"] for s in done)),
-            "claims": [evaluate_claim(c, paper, scale, seeds, runs_dir) for c in claims]}
+            "claims": [evaluate_claim(c, paper, scale, seeds, runs_dir, folders) for c in claims]}
 
 
 def claim_figure(claim: dict, path: Path) -> None:
@@ -210,7 +211,18 @@ def render(figures: Path, report: Path) -> str:
              "## Headline", "", HEADLINE_START, _progress(results), "", *headline_rows(results), HEADLINE_END, ""]
     for res in results:
         lines += _paper_section(res, rel)
-    return "\n".join(lines)
+    return "\n".join(lines + PAPER_SCALE)
+
+
+PAPER_SCALE = [
+    "## Paper scale", "",
+    "`fedsim reproduce fedper --scale paper` and `fedsim reproduce fedbabu --scale paper` run the same claims with "
+    "the papers' own settings (ResNet-34/MobileNet-v1, all images, 100 clients for FedBABU, 320 total epochs; the "
+    "base configs are in `experiments/paper/`, each citing its sources). Add `--dry-run` to validate every run and "
+    "print its work (sample-steps, fine-tuning) without running it; on a GPU cluster submit the command itself: "
+    "`ray job submit --working-dir . -- fedsim reproduce fedbabu --scale paper`. Those runs need a GPU cluster and "
+    "were not run here; one paper-scale slice (FedBABU, MobileNet-v1, CIFAR-100, the paper's per-round work) was "
+    "measured on one H200 with `benchmarks/gpu_check.sh`: BENCHMARKS.md, \"Paper-scale slice on one GPU\".", ""]
 
 
 def write_report(figures: Path, report: Path) -> list[Path]:

@@ -42,17 +42,32 @@ def run_name(paper: Paper, scale: str, key: str, seed: int) -> str:
     return f"{paper.key}-{scale}-{key}-s{seed}"
 
 
+def run_trees(paper: Paper, scale: str, overrides: list[str] = (),
+              experiments: Path = EXPERIMENTS) -> dict[str, dict]:
+    """Each run key's config tree at this scale (name, seed and out_dir still to set)."""
+    base, extra = base_tree(paper, scale, experiments), parse_overrides(list(overrides))
+    return {key: merge_trees(configure(base, paper.overrides(key, scale)), extra) for key in paper.runs}
+
+
+def folder_keys(trees: dict[str, dict]) -> dict[str, str]:
+    """Run key -> the key whose folder holds it: keys whose settings come out the same at a scale (FedPer's
+    K_P = 1 arm is its base run on the 4-conv CNN, not on MobileNet) share one run."""
+    first: dict[str, str] = {}
+    return {key: first.setdefault(json.dumps(validate(tree).model_dump(), sort_keys=True, default=str), key)
+            for key, tree in trees.items()}
+
+
 def plan(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_dir: Path,
          overrides: list[str] = (), experiments: Path = EXPERIMENTS) -> list[PlannedRun]:
-    """Every run the claims need, seed-major (all runs of seed 0 first), so a partial suite already holds
+    """Every run the claims need, once, seed-major (all runs of seed 0 first), so a partial suite already holds
     every claim at fewer seeds. ``overrides`` (key=value) apply to every run, after the claim's own."""
-    base = base_tree(paper, scale, experiments)
-    extra = parse_overrides(list(overrides))
+    trees = run_trees(paper, scale, overrides, experiments)
+    folders = folder_keys(trees)
+    keys = list(dict.fromkeys(folders[key] for key in paper.runs_of(claims)))
     planned = []
     for seed in range(seeds):
-        for key in paper.runs_of(claims):
-            tree = merge_trees(configure(base, paper.overrides(key, scale)), extra)
-            tree.update(name=run_name(paper, scale, key, seed), seed=seed, out_dir=str(runs_dir))
+        for key in keys:
+            tree = {**trees[key], "name": run_name(paper, scale, key, seed), "seed": seed, "out_dir": str(runs_dir)}
             planned.append(PlannedRun(key, seed, validate(tree)))
     return planned
 
