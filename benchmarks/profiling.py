@@ -11,6 +11,7 @@
   memory   the worker core's RssAnon by stage (construct, train, evaluate, train more), per client
            count, each in a fresh process
   fixedcost  what a client costs beyond its SGD steps, as a ratio to one step of batch 50, per model
+  aggmem   the server's transient memory while it aggregates W partials (tracemalloc), per model
 
     .venv/bin/python benchmarks/profiling.py startup [--rounds 1] [--workers 2]
     .venv/bin/python benchmarks/profiling.py spawn [--reps 3]
@@ -19,6 +20,7 @@
     .venv/bin/python benchmarks/profiling.py compute [--reps 5]
     .venv/bin/python benchmarks/profiling.py memory [--clients 1000 10000] [--trim]
     .venv/bin/python benchmarks/profiling.py fixedcost [--models cnn4 mobilenet_v1 resnet34] [--baseline DIR]
+    .venv/bin/python benchmarks/profiling.py aggmem [--model resnet34] [--workers 2]
 """
 from __future__ import annotations
 
@@ -546,7 +548,7 @@ def memory(args) -> None:
 
 # -- fixedcost -------------------------------------------------------------------------------------
 FIXED_CLIENTS = {"cnn4": 20, "mobilenet_v1": 6, "resnet34": 3}  # clients timed per call (a ResNet-34 step is seconds)
-FIXED_PARTS = ("training_step", "load", "commit_model", "tensors", "add", "fits", "_keep", "client_generator",
+FIXED_PARTS = ("training_step", "load", "commit_model", "tensors", "stage", "add", "fits", "_keep", "client_generator",
                "_shared_version", "clear")  # functions whose cumulative time the breakdown reports
 
 
@@ -669,6 +671,44 @@ def fixedcost(args) -> None:
     save("fixedcost", {"args": vars(args), "machine": machine(), "rows": {f"{m} | {l}": rs for (m, l), rs in rows.items()}})
 
 
+# -- aggmem ----------------------------------------------------------------------------------------
+def aggmem(args) -> None:
+    """Server._aggregate (FedAvg) on W int64 partials of a model's size, under tracemalloc: the transient heap of
+    one aggregation, by line, next to the partials' own bytes. No Ray (ray.put is not run: it adds one float32
+    copy of the model to the object store, mapped into the server's process)."""
+    import tracemalloc
+    import types
+
+    import numpy as np
+
+    from fedsim.algorithms import WEIGHTS, build_algorithm
+    from fedsim.client.runtime import shared_layout
+    from fedsim.config import validate
+    from fedsim.engine.aggregate import FixedPoint
+    from fedsim.engine.protocol import SumPlan, WorkerPartial
+    from fedsim.engine.server import Server
+
+    cfg = validate(quickstart({"algorithm": "fedavg", "model.name": args.model}))
+    layout, initial = shared_layout(cfg, 10, (3, 32, 32))
+    plan = SumPlan({WEIGHTS: FixedPoint.plan(initial, layout.offsets, 3 * args.sampled)}, {WEIGHTS: False})
+    rng = np.random.default_rng(0)
+    partials = [WorkerPartial([], {WEIGHTS: rng.integers(-2 ** 40, 2 ** 40, layout.size)}, {WEIGHTS: 3 * args.sampled})
+                for _ in range(args.workers)]
+    server = types.SimpleNamespace(algorithm=build_algorithm(cfg), state={WEIGHTS: initial}, num_clients=10_000,
+                                   _publish=lambda: None)
+    tracemalloc.start()
+    Server._aggregate(server, plan, partials, args.sampled)
+    peak = tracemalloc.get_traced_memory()[1]
+    top = tracemalloc.take_snapshot().statistics("lineno")[:5]
+    tracemalloc.stop()
+    mb = 4 * layout.size / 2 ** 20
+    print(f"{args.model}: model {mb:.1f} MB (float32); W = {args.workers} int64 partials {args.workers * 2 * mb:.1f} MB "
+          f"(= 2 x W x model bytes); aggregation's own peak heap {peak / 2 ** 20:.1f} MB = {peak / 2 ** 20 / mb:.2f} "
+          f"model sizes; + publish (ray.put) {mb:.1f} MB")
+    for stat in top:
+        print("   still held after:", stat)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -716,6 +756,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="another checkout of fedsim (e.g. a git worktree of main) run the same way")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.set_defaults(fn=fixedcost)
+    p = sub.add_parser("aggmem", help="the server's transient memory while it aggregates W partials (tracemalloc)")
+    p.add_argument("--model", default="resnet34")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--sampled", type=int, default=100)
+    p.set_defaults(fn=aggmem)
     return ap
 
 

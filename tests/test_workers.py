@@ -159,6 +159,7 @@ def test_a_bound_layout_loads_and_packs_like_the_numpy_layout(device):
     expected = layout.pack(net)
     net.to(device)
     bound = BoundLayout.bind(layout, net, torch.device(device))
+    assert len(bound.groups) == 2  # float32 and int64 targets copied apart: each group can be fused
     assert np.array_equal(bound.pack(net), expected)
     before = bound.version()
     bound.unpack_into(net, vector)

@@ -32,7 +32,7 @@ def host_vector(vector: np.ndarray, device: torch.device) -> torch.Tensor:
 @dataclass(frozen=True)
 class BoundLayout(Layout):
     """A :class:`Layout` bound to one model's tensors on ``device``: ``unpack_into`` and ``pack`` on that model
-    are one fused copy each, and ``pack_tensor`` leaves the result on the device."""
+    are one fused copy per dtype each, and ``pack_tensor`` leaves the result on the device."""
     model: nn.Module | None = field(default=None, compare=False, repr=False)
     device: torch.device = field(default=torch.device("cpu"), compare=False)
     # The model's own tensors, detached (copies into them are not autograd operations; a detached tensor shares
@@ -40,12 +40,25 @@ class BoundLayout(Layout):
     # later - optimizer steps, BatchNorm statistics and loads all write in place - so the list stays valid and
     # its versions see every change.
     targets: tuple[torch.Tensor, ...] = field(default=(), compare=False, repr=False)
+    # Positions of the targets by dtype. torch fuses a multi-tensor copy (one kernel on CUDA) only when all its
+    # tensors share one dtype; BatchNorm's int64 counters in the same list would send every tensor down the
+    # per-tensor path (one copy each).
+    groups: tuple[tuple[int, ...], ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def bind(cls, layout: Layout, model: nn.Module, device: torch.device) -> BoundLayout:
         state = model.state_dict(keep_vars=True)
-        return cls(layout.keys, layout.shapes, layout.offsets, model, device,
-                   tuple(state[key].detach() for key in layout.keys))
+        targets = tuple(state[key].detach() for key in layout.keys)
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(targets):
+            by_dtype.setdefault(t.dtype, []).append(i)
+        return cls(layout.keys, layout.shapes, layout.offsets, model, device, targets,
+                   tuple(tuple(group) for group in by_dtype.values()))
+
+    def _copy(self, destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+        """One fused copy per dtype of the targets."""
+        for group in self.groups:
+            torch._foreach_copy_([destinations[i] for i in group], [sources[i] for i in group])
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Each key's slice of a flat vector, shaped like its tensor (views: no copy)."""
@@ -53,20 +66,18 @@ class BoundLayout(Layout):
 
     @torch.no_grad()
     def unpack_into(self, model: nn.Module, vector: np.ndarray | torch.Tensor) -> None:
-        """Copy a flat vector (numpy on the host, or a tensor on ``device``) into the bound model: one fused copy,
+        """Copy a flat vector (numpy on the host, or a tensor on ``device``) into the bound model: fused copies,
         layouts (channels_last) and dtypes (integer buffers) converted by torch."""
         if model is not self.model:
             raise ValueError("a BoundLayout loads only the model it is bound to")
         flat = vector if isinstance(vector, torch.Tensor) else host_vector(vector, self.device)
-        if self.targets:
-            torch._foreach_copy_(list(self.targets), self.views(flat))
+        self._copy(list(self.targets), self.views(flat))
 
     @torch.no_grad()
     def pack_tensor(self) -> torch.Tensor:
         """The bound model's values as a new flat float32 vector on ``device``, in logical (row-major) order."""
         out = torch.empty(self.size, dtype=torch.float32, device=self.device)
-        if self.targets:
-            torch._foreach_copy_(self.views(out), list(self.targets))
+        self._copy(self.views(out), list(self.targets))
         return out
 
     def pack(self, model: nn.Module) -> np.ndarray:
