@@ -130,3 +130,11 @@ def test_a_tiny_claim_end_to_end(tmp_path, data_root, capsys):
 def test_readme_shows_the_reports_headline():
     root = TESTS.parent
     assert headline_block((root / "README.md").read_text()) == headline_block((root / "REPRODUCTION.md").read_text())
+
+
+def test_an_upper_bound_is_shown_as_the_arms_value():
+    from fedsim.reproduce.claims import at_most
+
+    result = _test_result(at_most("FedAvg", 20), _arms(FedAvg=[10.0, 11.0, 12.0]))
+    assert result["verdict"] == HOLDS and result["estimate"]["mean"] == pytest.approx(11.0)
+    assert result["estimate"]["low"] < 11.0 < result["estimate"]["high"] < 20

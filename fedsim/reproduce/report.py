@@ -60,15 +60,23 @@ def _test_result(test: Test, arms: dict[str, dict]) -> dict:
     seeds = sorted(set.intersection(*(set(arms[label]["seeds"]) for label, _ in test.terms)))
     values = [sum(coef * arms[label][column][arms[label]["seeds"].index(s)] for label, coef in test.terms)
               for s in seeds]
-    result = {"text": test.text, "above": test.above, "seeds": seeds, "values": values}
-    if len(values) >= 2:
+    result = {"text": test.text, "above": test.above, "seeds": seeds, "values": values, "estimate": None,
+              "verdict": INCONCLUSIVE}
+    if values:
         est = mean_ci(values)
-        result["estimate"] = asdict(est)
-        result["verdict"] = HOLDS if est.low > test.above else FAILS if est.high < test.above else INCONCLUSIVE
-    else:
-        result["estimate"] = asdict(mean_ci(values)) if values else None
-        result["verdict"] = INCONCLUSIVE
+        result["estimate"] = _as_written(test, est)
+        if len(values) >= 2:
+            result["verdict"] = HOLDS if est.low > test.above else FAILS if est.high < test.above else INCONCLUSIVE
     return result
+
+
+def _as_written(test: Test, est) -> dict:
+    """The estimate in the test's own terms: an upper bound ("FedAvg < 20") is computed as -FedAvg > -20
+    but shown as FedAvg's value."""
+    if not all(coef < 0 for _, coef in test.terms):
+        return asdict(est)
+    flip = {"low": -est.high if est.high is not None else None, "high": -est.low if est.low is not None else None}
+    return {**asdict(est), "mean": -est.mean, **flip}
 
 
 def claim_verdict(tests: list[dict]) -> str:
