@@ -72,11 +72,13 @@ def test_same_records_names_the_first_difference():
 
 def test_paper_slice_keeps_the_papers_work_per_round(tmp_path, data_root, monkeypatch):
     """The slice's round is the paper's round: 10 sampled clients x 500 images x tau = 4 at batch 50, and
-    fine-tuning 5 epochs on each scored client. Needs the CIFAR-100 subset gpu_subset.py makes."""
-    subset = Path(os.environ.get("FEDSIM_GPU_DATA", BENCHMARKS.parent / ".gpudata"))
-    if not (subset / "cifar100-images.zip").exists():
-        pytest.skip("make the subset first: python benchmarks/gpu_subset.py $FEDSIM_DATA .gpudata")
+    fine-tuning 5 epochs on each scored client, on the CIFAR-100 subset gpu_subset.py makes (made here)."""
     from gpu_check import PAPER, paper_slice
+    from gpu_subset import SOURCES, write_subset
+
+    subset = tmp_path / "subset"
+    subset.mkdir()
+    write_subset(data_root / SOURCES["cifar100"], subset / SOURCES["cifar100"], 50, 10)  # gpu_subset's defaults
 
     from fedsim.config import expand_sweep, load_tree
     from fedsim.engine.estimate import estimate
