@@ -15,7 +15,6 @@ from fedsim.engine.checkpoint import changed_settings
 from fedsim.reproduce.claims import METRIC_NAMES, Claim, Paper
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
-SCALES = ("cpu", "paper")
 
 
 @dataclass(frozen=True)
@@ -95,11 +94,10 @@ def status(run: PlannedRun) -> str:
     return "finished" if (folder / "summary.json").exists() else "resumable"
 
 
-def execute(planned: list[PlannedRun], say: Callable[[str], None] = print) -> float:
-    """Bring every planned run to completion; returns the seconds spent training in this call."""
+def execute(planned: list[PlannedRun], say: Callable[[str], None] = print) -> None:
+    """Bring every planned run to completion, one line per run."""
     from fedsim.engine import run
 
-    spent = 0.0
     for i, item in enumerate(planned, 1):
         state = status(item)
         where = f"[{i}/{len(planned)}] {item.config.name}"
@@ -110,11 +108,9 @@ def execute(planned: list[PlannedRun], say: Callable[[str], None] = print) -> fl
             say(f"{where}: its settings changed since it ran; running it again")
         say(f"{where}: {'resuming' if state == 'resumable' else 'running'}")
         result = run(item.config, overwrite=state == "changed", resume=state == "resumable")
-        spent += result.summary["wall_seconds"]
         scores = ", ".join(f"{name} {100 * result.summary[key]['mean']:.2f}%" for key, name in METRIC_NAMES.items()
                            if key in result.summary)
         say(f"{where}: {scores} ({result.summary['wall_seconds']:.0f} s)")
-    return spent
 
 
 def read_summary(folder: Path) -> dict | None:
