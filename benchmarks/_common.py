@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import fedsim  # noqa: F401  (first: it sets Ray's local-cluster env, token auth and loopback, which Ray reads on import)
+from fedsim.config import set_dotted
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
@@ -47,15 +48,6 @@ def quickstart(overrides: dict | None = None) -> dict:
     tree = copy.deepcopy(QUICKSTART)
     for dotted, value in (overrides or {}).items():
         set_dotted(tree, dotted, value)
-    return tree
-
-
-def set_dotted(tree: dict, dotted: str, value) -> dict:
-    *parents, leaf = dotted.split(".")
-    node = tree
-    for p in parents:
-        node = node.setdefault(p, {})
-    node[leaf] = value
     return tree
 
 

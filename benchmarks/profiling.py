@@ -40,7 +40,8 @@ from pathlib import Path
 import yaml
 
 from _common import (BENCH, REPO, Periodic, descendants, log, machine, median, proc_memory, proc_table, process_tree,
-                     quickstart, run_fedsim, save, set_dotted)
+                     quickstart, run_fedsim, save)
+from fedsim.config import set_dotted  # after _common, which sets the environment fedsim reads
 
 CIFAR_TRAIN, CIFAR_TEST = 50_000, 10_000
 ACTOR_TITLES = {"ray::Worker": "worker", "ray::Server": "server"}  # process titles of fedsim's actors

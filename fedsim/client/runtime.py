@@ -125,10 +125,9 @@ def shared_layout(cfg: RunConfig, num_classes: int, input_shape: tuple[int, int,
 class Trained:
     """One client's round on this worker, before the runtime keeps or sums it."""
     n_train: int
-    loss: float
+    loss: torch.Tensor  # a scalar on the worker's device, read by the caller together with its other answers
     uploads: dict[str, torch.Tensor]  # on the worker's device
     slots: dict[str, np.ndarray]  # staged per-client state
-    diverged: bool = False
 
 
 class ClientRuntime:
@@ -275,10 +274,13 @@ class ClientRuntime:
         updates = []
         for client in clients:
             t = self._train_one(broadcast, client, round_idx)
-            if not t.diverged:
+            loss = float(t.loss)
+            diverged = not np.isfinite(loss)
+            if not diverged:
                 self._keep(client, t.slots)
-            uploads = {name: v.cpu().numpy() for name, v in t.uploads.items()}
-            updates.append(ClientUpdate(client, t.n_train, uploads, t.loss, self._bytes_up(t), diverged=t.diverged))
+            uploads = {} if diverged else {name: v.cpu().numpy() for name, v in t.uploads.items()}
+            updates.append(ClientUpdate(client, t.n_train, uploads, loss, 0 if diverged else self._bytes_up(t),
+                                        diverged=diverged))
         return updates
 
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
@@ -292,21 +294,26 @@ class ClientRuntime:
         for client in clients:
             t = self._train_one(broadcast, client, round_idx)
             weight = {name: 1 if plan.uniform[name] else t.n_train for name in t.uploads}
-            kept = not t.diverged and self._within_range(sums, t.uploads, weight)
+            loss, in_range = self._stage(sums, t, weight)
+            diverged = not np.isfinite(loss)
+            kept = not diverged and in_range
             if kept:
                 self._keep(client, t.slots)
                 for name in t.uploads:
                     sums[name].add()
                     weights[name] += weight[name]
-            reports.append(ClientReport(client, t.n_train, t.loss, self._bytes_up(t) if kept else 0,
-                                        diverged=not kept, out_of_range=not kept and not t.diverged))
+            reports.append(ClientReport(client, t.n_train, loss, self._bytes_up(t) if kept else 0,
+                                        diverged=not kept, out_of_range=not kept and not diverged))
         return WorkerPartial(reports, {name: s.total.cpu().numpy() for name, s in sums.items()}, weights)
 
     @staticmethod
-    def _within_range(sums: dict[str, ExactSum], uploads: dict[str, torch.Tensor], weight: dict[str, int]) -> bool:
-        """Stage every upload in its sum; one host synchronisation per client for all of them."""
-        staged = [sums[name].stage(vector, weight[name]) for name, vector in uploads.items()]
-        return not staged or bool(torch.stack(staged).all())
+    def _stage(sums: dict[str, ExactSum], t: Trained, weight: dict[str, int]) -> tuple[float, bool]:
+        """Stage every upload in its sum, then read the client's loss and whether all its uploads are within
+        range: one host synchronisation per client for both."""
+        staged = [sums[name].stage(vector, weight[name]) for name, vector in t.uploads.items()]
+        in_range = torch.stack(staged).all() if staged else torch.ones((), dtype=torch.bool, device=t.loss.device)
+        loss, fits = torch.stack([t.loss.double(), in_range.double()]).tolist()
+        return loss, bool(fits)
 
     @staticmethod
     def _bytes_up(t: Trained) -> int:
@@ -317,14 +324,12 @@ class ClientRuntime:
         """The algorithm's client hook: its loss, its uploads (on the device) and the per-client state it staged."""
         ctx = ClientContext(self, client, round_idx, broadcast, client_generator(self.cfg.seed, round_idx, client))
         losses = self.algorithm.client_update(ctx)
-        loss = float(torch.stack(losses).mean())  # the client's one wait for the device
-        n_train = len(self.client_data[client].train)
-        if not np.isfinite(loss):  # keep nothing of this client's round; the server decides stop or drop
-            return Trained(n_train, loss, {}, {}, diverged=True)
         if set(ctx.uploads) != set(self.algorithm.uploads):
             raise RuntimeError(f"algorithm {self.algorithm.name}: client {client} uploaded {sorted(ctx.uploads)}, "
                                f"it declares {sorted(self.algorithm.uploads)}")
-        return Trained(n_train, loss, ctx.uploads, ctx.slots)
+        # The mean stays on the device: the caller reads it with the range test. A client whose loss is not
+        # finite keeps nothing of its round; the server decides stop or drop.
+        return Trained(len(self.client_data[client].train), torch.stack(losses).mean(), ctx.uploads, ctx.slots)
 
     def _keep(self, client: int, slots: dict[str, np.ndarray]) -> None:
         for name, vector in slots.items():
