@@ -10,7 +10,8 @@ from conftest import TESTS
 from fedsim.cli.main import main
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import greater
-from fedsim.reproduce.report import FAILS, HOLDS, INCONCLUSIVE, _test_result, claim_verdict, headline_block
+from fedsim.reproduce.report import (FAILS, HOLDS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, _claim_section,
+                                     _test_result, claim_verdict, headline_block)
 from fedsim.reproduce.runner import folder_keys, run_trees
 from fedsim.metrics.confidence import mean_ci, t975
 
@@ -138,3 +139,10 @@ def test_an_upper_bound_is_shown_as_the_arms_value():
     result = _test_result(at_most("FedAvg", 20), _arms(FedAvg=[10.0, 11.0, 12.0]))
     assert result["verdict"] == HOLDS and result["estimate"]["mean"] == pytest.approx(11.0)
     assert result["estimate"]["low"] < 11.0 < result["estimate"]["high"] < 20
+
+
+@pytest.mark.parametrize("verdict, shown", [(REPRODUCED, False), (NOT_REPRODUCED, True), (INCONCLUSIVE, True)])
+def test_the_explanation_is_shown_unless_the_claim_reproduced(verdict, shown):
+    claim = {"id": "c", "title": "C", "paper_says": "p", "regime": "r", "arms": [], "tests": [], "verdict": verdict,
+             "explanation": "the cut to 10 rounds"}
+    assert ("*Why:* the cut to 10 rounds" in _claim_section(claim, "cpu", "reproduction")) == shown

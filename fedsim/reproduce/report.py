@@ -187,7 +187,7 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
         lines.append(f"| {test['text']} | {_interval(test['estimate'], signed=True)} | {len(test['seeds'])} | "
                      f"{test['verdict']} |")
     lines += ["", f"**Verdict: {claim['verdict']}.**", ""]
-    if claim["verdict"] == NOT_REPRODUCED and claim["explanation"]:
+    if claim["verdict"] != REPRODUCED and claim["explanation"]:  # failed, or still undecided at these seeds
         lines += [f"*Why:* {claim['explanation']}", ""]
     if "figure" in claim:
         lines += [f"![{claim['id']}]({figures_rel}/{claim['figure']})", ""]
