@@ -3,10 +3,12 @@ interrupted ones continue from their checkpoint, runs whose settings changed sta
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import yaml
 
@@ -94,23 +96,47 @@ def status(run: PlannedRun) -> str:
     return "finished" if (folder / "summary.json").exists() else "resumable"
 
 
+@contextmanager
+def claimed(run: PlannedRun) -> Iterator[bool]:
+    """Whether this process may work on ``run``: an exclusive lock per run lets several ``fedsim reproduce``
+    processes share one runs folder, each run trained by one of them. The operating system frees the lock when
+    its process ends, so a crashed process never leaves a run blocked."""
+    locks = Path(run.config.out_dir) / ".locks"  # beside the run folders: a run started again replaces its folder
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{run.config.name}.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
 def execute(planned: list[PlannedRun], say: Callable[[str], None] = print) -> None:
-    """Bring every planned run to completion, one line per run."""
+    """Bring every planned run to completion, one line per run; runs another process is training are left to it."""
+    for i, item in enumerate(planned, 1):
+        where = f"[{i}/{len(planned)}] {item.config.name}"
+        with claimed(item) as mine:
+            if mine:
+                _complete(item, where, say)
+            else:
+                say(f"{where}: another process is running it, skipped")
+
+
+def _complete(item: PlannedRun, where: str, say: Callable[[str], None]) -> None:
     from fedsim.engine import run
 
-    for i, item in enumerate(planned, 1):
-        state = status(item)
-        where = f"[{i}/{len(planned)}] {item.config.name}"
-        if state == "finished":
-            say(f"{where}: finished, skipped")
-            continue
-        if state == "changed":
-            say(f"{where}: its settings changed since it ran; running it again")
-        say(f"{where}: {'resuming' if state == 'resumable' else 'running'}")
-        result = run(item.config, overwrite=state == "changed", resume=state == "resumable")
-        scores = ", ".join(f"{name} {100 * result.summary[key]['mean']:.2f}%" for key, name in METRIC_NAMES.items()
-                           if key in result.summary)
-        say(f"{where}: {scores} ({result.summary['wall_seconds']:.0f} s)")
+    state = status(item)  # read under the lock: another process may have just finished it
+    if state == "finished":
+        say(f"{where}: finished, skipped")
+        return
+    if state == "changed":
+        say(f"{where}: its settings changed since it ran; running it again")
+    say(f"{where}: {'resuming' if state == 'resumable' else 'running'}")
+    result = run(item.config, overwrite=state == "changed", resume=state == "resumable")
+    scores = ", ".join(f"{name} {100 * result.summary[key]['mean']:.2f}%" for key, name in METRIC_NAMES.items()
+                       if key in result.summary)
+    say(f"{where}: {scores} ({result.summary['wall_seconds']:.0f} s)")
 
 
 def read_summary(folder: Path) -> dict | None:
