@@ -159,3 +159,19 @@ def test_a_run_another_process_holds_is_left_to_it(tmp_path, data_root):
     assert not first.folder.exists()
     with claimed(first) as mine:  # the lock dies with its holder
         assert mine
+
+
+def test_a_runs_time_counts_its_rounds_across_resumes_and_the_dry_run_extrapolates(tmp_path):
+    from types import SimpleNamespace
+
+    from fedsim.cli.main import _time_left
+    from fedsim.reproduce.runner import run_seconds
+
+    done, left = tmp_path / "done", tmp_path / "left"
+    done.mkdir()
+    # A resume truncates rounds.jsonl to its checkpoint, so each round is there once, whatever the invocations.
+    (done / "rounds.jsonl").write_text('{"round": 1, "seconds": 30.0}\n{"round": 2, "seconds": 20.0}\n')
+    assert run_seconds(done) == 50.0 and run_seconds(left) == 0.0
+    states = [(SimpleNamespace(key="a", folder=done), "finished"), (SimpleNamespace(key="b", folder=left), "new")]
+    line = _time_left(states, {"a": 100_000, "b": 360_000})
+    assert line.startswith("left: 1 runs, 360,000 sample-steps; about 0.1 h at the 2,000 sample-steps/s")

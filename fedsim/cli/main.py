@@ -155,16 +155,32 @@ def _reproduce_dry_run(planned: list, seeds: int) -> int:
 
     print(f"{'run (seed 0; x' + str(seeds) + ' seeds)':<44} {'model':<13} {'rounds':>6} {'sampled':>7} {'epochs':>6} "
           f"{'train sample-steps':>18} {'fine-tune':>12}")
-    total = 0
+    work = {}  # run key -> sample-steps (training and fine-tuning), the same for every seed
     for item in (p for p in planned if p.seed == 0):
         e = estimate(item.config)
-        total += e.train_sample_steps + e.finetune_sample_steps
+        work[item.key] = e.train_sample_steps + e.finetune_sample_steps
         print(f"{item.config.name:<44} {e.model:<13} {e.rounds:>6} {e.sampled_per_round:>7} {e.epochs_per_round:>6} "
               f"{e.train_sample_steps:>18,} {e.finetune_sample_steps:>12,}")
-    print(f"all {len(planned)} runs: {seeds * total:,} sample-steps (training and fine-tuning)")
-    for item in planned:
-        print(f"{item.config.name}: {status(item)}")
+    print(f"all {len(planned)} runs: {seeds * sum(work.values()):,} sample-steps (training and fine-tuning)")
+    states = [(item, status(item)) for item in planned]
+    for item, state in states:
+        print(f"{item.config.name}: {state}")
+    print(_time_left(states, work))
     return 0
+
+
+def _time_left(states: list[tuple], work: dict[str, int]) -> str:
+    """What is left, timed at the rate the finished runs measured here (an extrapolation, said as one)."""
+    from fedsim.reproduce.runner import run_seconds
+
+    finished = [item for item, state in states if state == "finished"]
+    left = sum(work[item.key] for item, state in states if state != "finished")
+    seconds = sum(run_seconds(item.folder) for item in finished)
+    if not left or not seconds:
+        return f"left: {len(states) - len(finished)} runs, {left:,} sample-steps"
+    rate = sum(work[item.key] for item in finished) / seconds
+    return (f"left: {len(states) - len(finished)} runs, {left:,} sample-steps; about {left / rate / 3600:.1f} h at "
+            f"the {rate:,.0f} sample-steps/s the {len(finished)} finished runs measured (their rounds' time)")
 
 
 def _report_command(args: argparse.Namespace) -> int:

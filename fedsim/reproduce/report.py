@@ -16,7 +16,7 @@ from fedsim import atomic
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import METRIC_NAMES, Arm, Claim, Paper, Test
-from fedsim.reproduce.runner import read_summary, run_name
+from fedsim.reproduce.runner import read_summary, run_name, run_seconds
 from fedsim.metrics.confidence import mean_ci
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
@@ -106,11 +106,11 @@ def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, ru
     """Everything REPRODUCTION.md says about one paper at one scale, recomputed from the run folders;
     ``command`` is the one that regenerates them; ``folders`` maps each run key to the run holding it."""
     keys = sorted({folders[key] for key in paper.runs_of(claims)})
-    summaries = [read_summary(runs_dir / run_name(paper, scale, key, s)) for s in range(seeds) for key in keys]
-    done = [s for s in summaries if s is not None]
+    folders_run = [runs_dir / run_name(paper, scale, key, s) for s in range(seeds) for key in keys]
+    done = [folder for folder in folders_run if read_summary(folder) is not None]
     return {"paper": paper.key, "title": paper.title, "scale": scale, "scale_note": paper.scale_notes.get(scale, ""),
-            "seeds": seeds, "command": command, "runs_total": len(summaries), "runs_done": len(done),
-            "compute_seconds": float(sum(s["wall_seconds"] for s in done)),
+            "seeds": seeds, "command": command, "runs_total": len(folders_run), "runs_done": len(done),
+            "compute_seconds": sum(run_seconds(folder) for folder in done),
             "claims": [evaluate_claim(c, paper, scale, seeds, runs_dir, folders) for c in claims]}
 
 
@@ -198,8 +198,9 @@ def _paper_section(res: dict, figures_rel: str) -> list[str]:
     hours = res["compute_seconds"] / 3600
     lines = [f"## {res['title']} - scale `{res['scale']}`", "",
              f"Regenerate: `{res['command']}` (the run folders are not committed; finished runs are skipped, "
-             f"interrupted ones resume). Runs finished: {res['runs_done']} of {res['runs_total']}; their training "
-             f"took {hours:.2f} h in total (sum of the runs' wall times on a 2-core CPU machine).", "",
+             f"interrupted ones resume). Runs finished: {res['runs_done']} of {res['runs_total']}; their rounds "
+             f"took {hours:.2f} h in total (training, aggregation and evaluation summed over the runs and their "
+             "resumes, Ray's start-up excluded; on a 2-core CPU machine).", "",
              f"What this scale cuts: {res['scale_note']}", ""]
     for claim in res["claims"]:
         lines += _claim_section(claim, res["scale"], figures_rel)

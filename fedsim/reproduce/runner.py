@@ -142,3 +142,11 @@ def _complete(item: PlannedRun, where: str, say: Callable[[str], None]) -> None:
 def read_summary(folder: Path) -> dict | None:
     path = folder / "summary.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def run_seconds(folder: Path) -> float:
+    """The run's rounds' time (training, aggregation, evaluation; Ray's start-up excluded), counted across
+    every resume: rounds.jsonl holds each round once (a resume truncates it to its checkpoint), where
+    summary.json's wall_seconds covers the last invocation only."""
+    lines = (folder / "rounds.jsonl").read_text().splitlines() if (folder / "rounds.jsonl").exists() else []
+    return float(sum(json.loads(line)["seconds"] for line in lines if line.strip()))
