@@ -141,10 +141,12 @@ def test_an_upper_bound_is_shown_as_the_arms_value():
     assert result["estimate"]["low"] < 11.0 < result["estimate"]["high"] < 20
 
 
-@pytest.mark.parametrize("verdict, shown", [(REPRODUCED, False), (NOT_REPRODUCED, True), (INCONCLUSIVE, True)])
-def test_the_explanation_is_shown_unless_the_claim_reproduced(verdict, shown):
-    claim = {"id": "c", "title": "C", "paper_says": "p", "regime": "r", "arms": [], "tests": [], "verdict": verdict,
-             "explanation": "the cut to 10 rounds"}
+@pytest.mark.parametrize("verdict, seeds, shown", [(REPRODUCED, 3, False), (NOT_REPRODUCED, 3, True),
+                                                   (INCONCLUSIVE, 3, True), (INCONCLUSIVE, 1, False)])
+def test_the_explanation_is_shown_where_the_seeds_did_not_reproduce_the_claim(verdict, seeds, shown):
+    test = {"text": "A − B > 0", "seeds": list(range(seeds)), "estimate": None, "verdict": verdict}
+    claim = {"id": "c", "title": "C", "paper_says": "p", "regime": "r", "arms": [], "tests": [test],
+             "verdict": verdict, "explanation": "the cut to 10 rounds"}
     assert ("*Why:* the cut to 10 rounds" in _claim_section(claim, "cpu", "reproduction")) == shown
 
 

@@ -58,7 +58,7 @@ class Claim:
     tests: tuple[Test, ...]
     regime: str  # what of the paper's setting this claim keeps, and what it cuts or changes
     paper_number: str = "-"  # the paper's own figure for the headline table, where it gives one
-    explanation: str = ""  # why it does not reproduce here (regime, cut, or a real difference); shown unless it does
+    explanation: str = ""  # why it does not reproduce here (regime, cut, or a real difference); shown when it does not
 
     def arm(self, label: str) -> Arm:
         return next(a for a in self.arms if a.label == label)

@@ -24,6 +24,12 @@ RUNS = {
     "c100-local": {"data.dataset": "cifar100", "data.k": 20, "algorithm": "local"},
 }
 
+# Why local-only training can match FedPer at CPU scale (shown only where that half of Knowl 7 does not hold).
+DEEP_MODEL = ("The paper's reason local training fails is that a client's data is too small for a deep model "
+              "(ResNet-34: 21.3 M parameters); the CPU scale's 4-conv CNN has 0.14 M, few enough to fit 500 "
+              "images alone, so this half of the claim is likely a regime effect of the model cut, not a "
+              "disagreement. The deep-model test is `--scale paper` (not run here: it needs a GPU cluster).")
+
 CLAIMS = (
     Claim("k4", "FedPer beats FedAvg under k = 4 and is fairer",
           "Knowl 4: with at most k = 4 classes per client (CIFAR-10, 10 clients), FedPer reaches a much higher "
@@ -64,16 +70,15 @@ CLAIMS = (
            Arm("local only", "c100-local")),
           (greater("FedPer", "FedPer, linear base"), greater("FedPer", "local only")),
           "CIFAR-100 as the paper: 10 clients with k = 20 classes each, 500 training images per client; linear "
-          "base = one Linear(3072, 256) + ReLU before the same personal classifier."),
+          "base = one Linear(3072, 256) + ReLU before the same personal classifier.",
+          explanation=DEEP_MODEL),
     Claim("base-necessary-cifar10", "The same on CIFAR-10 with k = 4 (a setting the paper does not report)",
           "Knowl 7 reports CIFAR-100 and FLICKR-AES only; fedsim also runs its k = 4 CIFAR-10 setting.",
           (Arm("FedPer", "k4-fedper"), Arm("FedPer, linear base", "linear-base"), Arm("local only", "local")),
           (greater("FedPer", "FedPer, linear base"), greater("FedPer", "local only")),
           "CIFAR-10 k = 4 as claim k4: each client holds 500 images of at most 4 classes.",
           explanation="Not the paper's setting: a client here solves an at-most-4-class problem from 500 images, "
-                      "which the small 4-conv CNN learns alone in 40 local epochs, so local training is not "
-                      "starved of data as the paper's ResNet-34/MobileNet-v1 on CIFAR-100 (20 classes, 25 images "
-                      "a class) are; the claim on the paper's dataset is base-necessary above."),
+                      "which the 4-conv CNN learns alone in 40 local epochs. " + DEEP_MODEL),
     Claim("pre-finetune", "Pre-fine-tuning the personal layers helps on CIFAR-100",
           "Knowl 8: on CIFAR-100, one epoch on the personal layers alone at the start of each round gives "
           "higher client accuracy than plain FedPer (no change on FLICKR-AES).",

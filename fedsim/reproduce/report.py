@@ -187,11 +187,17 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
         lines.append(f"| {test['text']} | {_interval(test['estimate'], signed=True)} | {len(test['seeds'])} | "
                      f"{test['verdict']} |")
     lines += ["", f"**Verdict: {claim['verdict']}.**", ""]
-    if claim["verdict"] != REPRODUCED and claim["explanation"]:  # failed, or still undecided at these seeds
+    if claim["explanation"] and _needs_explaining(claim):
         lines += [f"*Why:* {claim['explanation']}", ""]
     if "figure" in claim:
         lines += [f"![{claim['id']}]({figures_rel}/{claim['figure']})", ""]
     return lines
+
+
+def _needs_explaining(claim: dict) -> bool:
+    """Failed, or undecided although every test has the seeds to decide (not merely runs still missing)."""
+    enough_seeds = all(len(test["seeds"]) >= 2 for test in claim["tests"])
+    return claim["verdict"] == NOT_REPRODUCED or (claim["verdict"] == INCONCLUSIVE and enough_seeds)
 
 
 def _paper_section(res: dict, figures_rel: str) -> list[str]:
