@@ -206,7 +206,8 @@ def _paper_section(res: dict, figures_rel: str) -> list[str]:
              f"Regenerate: `{res['command']}` (the run folders are not committed; finished runs are skipped, "
              f"interrupted ones resume). Runs finished: {res['runs_done']} of {res['runs_total']}; their rounds "
              f"took {hours:.2f} h in total (training, aggregation and evaluation summed over the runs and their "
-             "resumes, Ray's start-up excluded; on a 2-core CPU machine).", "",
+             "resumes, Ray's start-up excluded; on a 2-core CPU machine, where runs that shared it side by side "
+             "each count in full, so the sum exceeds the elapsed time).", "",
              f"What this scale cuts: {res['scale_note']}", ""]
     for claim in res["claims"]:
         lines += _claim_section(claim, res["scale"], figures_rel)
