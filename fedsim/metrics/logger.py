@@ -19,7 +19,8 @@ JSONL_FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")
 ACC_KEYS = ("acc", "acc_personalized")
 
 
-def _rows(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """A JSONL file's rows, up to a last line cut short by a crash; no rows when the file is missing."""
     rows = []
     if path.exists():
         for line in path.read_text().splitlines():
@@ -40,7 +41,7 @@ class RunLogger:
         """Keep only rows of rounds <= last_round (after a rollback or on resume)."""
         for name, handle in self.files.items():
             handle.close()
-            kept = [r for r in _rows(self.run_dir / name) if r["round"] <= last_round]
+            kept = [r for r in read_jsonl(self.run_dir / name) if r["round"] <= last_round]
             atomic.write_text(self.run_dir / name, "".join(json.dumps(r) + "\n" for r in kept))
             self.files[name] = open(self.run_dir / name, "a")
         self._write_csv()
@@ -74,7 +75,7 @@ class RunLogger:
     def _write_csv(self) -> None:
         """rounds.csv: one row per evaluation round, every across-client statistic as a column. Replaced
         whole (a kill mid-write leaves the previous version, which `fedsim report` can still read)."""
-        rows = [r for r in _rows(self.run_dir / "rounds.jsonl") if "acc" in r]
+        rows = [r for r in read_jsonl(self.run_dir / "rounds.jsonl") if "acc" in r]
         columns = [(key, stat) for key in ACC_KEYS if rows and key in rows[0] for stat in rows[0][key]]
         text = io.StringIO(newline="")
         writer = csv.writer(text)
@@ -83,10 +84,10 @@ class RunLogger:
         atomic.write_text(self.run_dir / "rounds.csv", text.getvalue())
 
     def records_of_round(self, round_idx: int) -> list[dict]:
-        return [r for r in _rows(self.run_dir / "metrics.jsonl") if r["round"] == round_idx]
+        return [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["round"] == round_idx]
 
     def comm_totals(self) -> dict:
-        comm = _rows(self.run_dir / "comm.jsonl")
+        comm = read_jsonl(self.run_dir / "comm.jsonl")
         return {"bytes_down": sum(c["bytes_down"] for c in comm), "bytes_up": sum(c["bytes_up"] for c in comm)}
 
     def close(self, summary: dict | None = None) -> None:

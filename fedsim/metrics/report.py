@@ -15,8 +15,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from fedsim.metrics.summary import summarize
 from fedsim.metrics.confidence import Estimate, mean_ci
+from fedsim.metrics.logger import read_jsonl
+from fedsim.metrics.summary import summarize
 
 # Metric key in metrics.jsonl -> how the report names it.
 KINDS = {"acc": "initial", "acc_personalized": "personalized"}
@@ -44,10 +45,6 @@ class Run:
         return self.per_round[kind][max(self.per_round[kind])]
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 def _read(path: Path, load: Callable[[str], Any]) -> dict:
     return (load(path.read_text()) or {}) if path.exists() else {}
 
@@ -55,7 +52,7 @@ def _read(path: Path, load: Callable[[str], Any]) -> dict:
 def load_run(run_dir: Path) -> Run:
     """Read a run folder; curves come from metrics.jsonl so every statistic is computed by `summarize`,
     also for runs written before it reported p10/worst10/jain, and for runs still in progress."""
-    records = _read_jsonl(run_dir / "metrics.jsonl")
+    records = read_jsonl(run_dir / "metrics.jsonl")
     if not records:
         raise ValueError(f"{run_dir}: no client metrics (metrics.jsonl missing or empty: not a run folder, or no "
                          "evaluation round has finished yet)")
@@ -65,7 +62,7 @@ def load_run(run_dir: Path) -> Run:
         for kind in KINDS:
             if rec.get(kind) is not None:
                 per_round.setdefault(kind, {}).setdefault(rec["round"], []).append(rec[kind])
-    rows = _read_jsonl(run_dir / "rounds.jsonl")
+    rows = read_jsonl(run_dir / "rounds.jsonl")
     # Older runs lack summary["comm"] and bytes_down; fall back to the per-round rows, else None.
     comm = summary.get("comm") or {d: sum(r[d] for r in rows if d in r) if any(d in r for r in rows) else None
                                    for d in DIRECTIONS}

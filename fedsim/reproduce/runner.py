@@ -14,6 +14,7 @@ import yaml
 
 from fedsim.config import ConfigError, RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
 from fedsim.engine.checkpoint import changed_settings
+from fedsim.metrics.logger import read_jsonl
 from fedsim.reproduce.claims import METRIC_NAMES, Claim, Paper
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
@@ -136,7 +137,7 @@ def _complete(item: PlannedRun, where: str, say: Callable[[str], None]) -> None:
     result = run(item.config, overwrite=state == "changed", resume=state == "resumable")
     scores = ", ".join(f"{name} {100 * result.summary[key]['mean']:.2f}%" for key, name in METRIC_NAMES.items()
                        if key in result.summary)
-    say(f"{where}: {scores} ({result.summary['wall_seconds']:.0f} s)")
+    say(f"{where}: {scores} ({run_seconds(item.folder):.0f} s of rounds)")
 
 
 def read_summary(folder: Path) -> dict | None:
@@ -148,5 +149,4 @@ def run_seconds(folder: Path) -> float:
     """The run's rounds' time (training, aggregation, evaluation; Ray's start-up excluded), counted across
     every resume: rounds.jsonl holds each round once (a resume truncates it to its checkpoint), where
     summary.json's wall_seconds covers the last invocation only."""
-    lines = (folder / "rounds.jsonl").read_text().splitlines() if (folder / "rounds.jsonl").exists() else []
-    return float(sum(json.loads(line)["seconds"] for line in lines if line.strip()))
+    return float(sum(row["seconds"] for row in read_jsonl(folder / "rounds.jsonl")))
