@@ -105,6 +105,21 @@ def test_fedbabu_not_orthogonal_head_has_unit_rows_pointing_almost_the_same_way(
     assert np.array_equal(rt.slots["personal"][CLIENT], head_before)  # still fixed while the body trains
 
 
+def test_fedper_keeps_its_personal_layers_unless_told_to_discard_them_as_the_fedbabu_authors_code(data_root):
+    """The paper's FedPer carries each client's head into its next round; the FedBABU authors' main_fed.py
+    trains it and then drops it, so every round (and the fine-tuning at evaluation) starts from the initial head."""
+    kept, dropped = client_runtime(data_root, "fedper"), client_runtime(data_root, {"name": "fedper",
+                                                                                    "keep_personal": False})
+    state = start(kept)
+    [k1], [d1] = kept.train(state, [CLIENT], round_idx=1), dropped.train(state, [CLIENT], round_idx=1)
+    assert np.array_equal(k1.uploads[WEIGHTS], d1.uploads[WEIGHTS])  # the same first round
+    assert not np.array_equal(kept.slots["personal"][CLIENT], kept.initial["personal"])
+    assert CLIENT not in dropped.slots["personal"]
+    [k2], [d2] = kept.train(state, [CLIENT], round_idx=1), dropped.train(state, [CLIENT], round_idx=1)
+    assert np.array_equal(d2.uploads[WEIGHTS], d1.uploads[WEIGHTS])  # again from the initial head
+    assert not np.array_equal(k2.uploads[WEIGHTS], k1.uploads[WEIGHTS])  # from its own trained head
+
+
 def test_lg_fedavg_never_sends_the_body(data_root):
     rt = client_runtime(data_root, "lg_fedavg")
     assert rt.layouts["shared"].keys and all(k.startswith("classifier.") for k in rt.layouts["shared"].keys)

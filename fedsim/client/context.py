@@ -67,10 +67,11 @@ class ClientContext:
     def vector(self, layout: str, tensors: dict[str, torch.Tensor]) -> np.ndarray:
         return self._rt.layouts[layout].vector(tensors)
 
-    def commit_model(self) -> None:
-        """The trained model is this round's result: its shared part is uploaded, its personal part kept."""
+    def commit_model(self, keep_personal: bool = True) -> None:
+        """The trained model is this round's result: its shared part is uploaded, its personal part kept
+        (unless ``keep_personal`` is false: the client then starts every round from the initial one)."""
         self.upload(WEIGHTS, self._rt.layouts["shared"].pack_tensor())  # stays on the device: summed there
-        if self._rt.layouts["personal"].size:  # FedAvg-like: nothing personal to keep (or to checkpoint)
+        if keep_personal and self._rt.layouts["personal"].size:  # FedAvg-like: nothing personal to keep
             self.set_slot("personal", self.pack("personal"))
 
     # -- state and uploads -----------------------------------------------------------------------
