@@ -118,12 +118,18 @@ class PartialSharing(Algorithm):
     def client_update(self, ctx: ClientContext) -> list:
         ctx.load()
         losses = ctx.sgd(PARTS[self.train], ctx.local_epochs, penalty=self.penalty(ctx))
-        ctx.commit_model()
+        ctx.commit_model(keep_personal=self.keeps_personal)
         return losses
 
     def penalty(self, ctx: ClientContext):
         """An extra loss term for local training (FedProx's proximal pull); None for plain SGD."""
         return None
+
+    @property
+    def keeps_personal(self) -> bool:
+        """Whether the layers not shared carry into the client's next round (every personalized paper's
+        algorithm); a method that discards them after each round overrides this."""
+        return True
 
 
 class HeadFirst(PartialSharing):
@@ -141,7 +147,7 @@ class HeadFirst(PartialSharing):
         ctx.load()
         losses = ctx.sgd(PARTS["head"], self.params.head_epochs)
         losses += ctx.sgd(PARTS[self.then], self.then_epochs(ctx.local_epochs))
-        ctx.commit_model()
+        ctx.commit_model(keep_personal=self.keeps_personal)
         return losses
 
 

@@ -1,6 +1,6 @@
 from pydantic import Field
 
-from fedsim.algorithms.base import PARTS, Params, PartialSharing
+from fedsim.algorithms.base import Params, PartialSharing
 
 
 class FedPerParams(Params):
@@ -15,8 +15,6 @@ class FedPer(PartialSharing):
     name, train, share = "fedper", "full", "body"
     Params = FedPerParams
 
-    def client_update(self, ctx) -> list:
-        ctx.load()
-        losses = ctx.sgd(PARTS[self.train], ctx.local_epochs)
-        ctx.commit_model(keep_personal=self.params.keep_personal)
-        return losses
+    @property
+    def keeps_personal(self) -> bool:
+        return self.params.keep_personal
