@@ -60,7 +60,7 @@ def run_fedsim(tree: dict) -> dict:
     import ray
 
     from fedsim.config import validate
-    from fedsim.engine import run
+    from fedsim.simulate import run
 
     cfg = validate(tree)
     stamps: list[float] = []

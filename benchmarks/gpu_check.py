@@ -84,7 +84,7 @@ class Measured:
 def run_measured(key: str, cfg: RunConfig) -> Measured:
     import ray
 
-    from fedsim.engine import run
+    from fedsim.simulate import run
 
     m = Measured(key, cfg.engine.workers, time.time())
 

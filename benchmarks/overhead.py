@@ -11,7 +11,7 @@ every client evaluated every round), for --rounds rounds (default: the quickstar
      (fedsim.data.make_partition), same model (fedsim.models.build_model, same seed), same client
      sample (fedsim.engine.server.sample_clients), same per-client shuffles and augmentation draws
      (fedsim.client.runtime.client_generator), same number of batches, personal heads in a dict,
-     base averaged by fedsim.engine.aggregate.weighted_average, every client scored every round.
+     base averaged by fedsim.core.aggregate.weighted_average, every client scored every round.
      Timed from loading the data to the last evaluation. A / B is the target's ratio.
   C  the same bare loop in channels_last, 2 threads: the same kernels fedsim runs, so A / C is
      fedsim's own overhead (Ray, actors, Lightning, weight packing, logging, checkpoints).
@@ -41,8 +41,8 @@ def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
     """The plain loop. Returns wall seconds, per-round seconds and the final per-client accuracy."""
     from fedsim.client.runtime import client_generator
     from fedsim.data import load_dataset, make_partition, random_crop_flip, to_float
-    from fedsim.engine.aggregate import weighted_average
-    from fedsim.engine.server import sample_clients
+    from fedsim.core.aggregate import weighted_average
+    from fedsim.plan import sample_clients
     from fedsim.models import build_model
 
     torch.set_num_threads(threads)

@@ -332,7 +332,7 @@ def step(args) -> None:
     from fedsim.client.runtime import ClientRuntime, client_generator, shared_layout
     from fedsim.config import validate
     from fedsim.data import load_dataset, random_crop_flip, to_float
-    from fedsim.engine.protocol import ClientData
+    from fedsim.core.protocol import ClientData
     from fedsim.models import build_model
 
     torch.set_num_threads(1)
@@ -456,7 +456,7 @@ def memory_stages(n: int, trained: int, use_tracemalloc: bool, trim: bool, per_c
     from fedsim.client.runtime import ClientRuntime, shared_layout
     from fedsim.config import validate
     from fedsim.data import load_dataset, make_partition
-    from fedsim.engine.protocol import ClientData
+    from fedsim.core.protocol import ClientData
 
     tree = quickstart({"data.partition": "iid", "data.num_clients": n,
                        "data.train_fraction": min(1.0, n * 5 / CIFAR_TRAIN),
@@ -563,15 +563,14 @@ def fixed_cost_child(model: str, algorithm: str, clients: int, reps: int) -> dic
     import cProfile
     import pstats
 
-    import numpy as np
     import torch
 
     from fedsim.algorithms import PARTS, WEIGHTS
     from fedsim.client.runtime import ClientRuntime, shared_layout
     from fedsim.config import validate
     from fedsim.data import load_dataset, make_partition
-    from fedsim.engine.aggregate import FixedPoint
-    from fedsim.engine.protocol import ClientData, SumPlan
+    from fedsim.core.aggregate import FixedPoint
+    from fedsim.core.protocol import ClientData, SumPlan
 
     n = 2 * clients * (reps + 2)  # fresh clients each call: nobody's personal part is loaded twice
     cfg = validate(quickstart({"algorithm": algorithm, "model.name": model, "data.partition": "iid",
@@ -685,8 +684,8 @@ def aggmem(args) -> None:
     from fedsim.algorithms import WEIGHTS, build_algorithm
     from fedsim.client.runtime import shared_layout
     from fedsim.config import validate
-    from fedsim.engine.aggregate import FixedPoint
-    from fedsim.engine.protocol import SumPlan, WorkerPartial
+    from fedsim.core.aggregate import FixedPoint
+    from fedsim.core.protocol import SumPlan, WorkerPartial
     from fedsim.engine.server import Server
 
     cfg = validate(quickstart({"algorithm": "fedavg", "model.name": args.model}))

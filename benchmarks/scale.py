@@ -58,7 +58,7 @@ def fraction_for(n: int, args) -> float:
 
 
 def one(n: int, args) -> dict:
-    from fedsim.engine.server import sample_clients
+    from fedsim.plan import sample_clients
 
     f = fraction_for(n, args)
     tree = quickstart({

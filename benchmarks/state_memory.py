@@ -42,8 +42,8 @@ def personal_size() -> int:
 def child(clients: int, budget_mb: int, changed: int) -> dict:
     import numpy as np
 
-    from fedsim.engine.checkpoint import write_worker_state
-    from fedsim.engine.weights import StateMemory, VectorStore
+    from fedsim.core.checkpoint import write_worker_state
+    from fedsim.core.store import StateMemory, VectorStore
 
     size = personal_size()
     out = {"clients": clients, "budget_mb": budget_mb, "floats_per_client": size, "start": memory_kb()}

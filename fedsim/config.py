@@ -1,7 +1,9 @@
 """Typed run configuration: YAML file + ``key=value`` overrides -> validated :class:`RunConfig`."""
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
 import re
 import reprlib
@@ -10,7 +12,15 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from fedsim import strict_yaml
 
@@ -219,8 +229,6 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "RunConfig":
         from fedsim.algorithms import algorithm_class
-        from fedsim.models import MODELS
-        from fedsim.plugins import is_plugin
 
         method = algorithm_class(self.algorithm.name)
         try:
@@ -229,12 +237,53 @@ class RunConfig(_Section):
             raise ValueError(_format_error(err, prefix="algorithm")) from None
         # Stored with defaults filled in, so config.yaml and checkpoints say exactly what ran.
         self.algorithm.__pydantic_extra__ = params.model_dump(by_alias=True)
-        if self.model.name not in MODELS and not is_plugin(self.model.name):
-            raise ValueError(f"unknown model.name {self.model.name!r}; choose one of {sorted(MODELS)} "
-                             "or give 'package.module:function'")
         if self.data.partition == "classes" and self.data.k is None:
             raise ValueError("data.k is required for data.partition=classes")
         return self
+
+
+# -- which settings change what a run computes ----------------------------------------------------
+# Where a run writes, how it logs and its sweep never change its results; of the engine settings only these
+# do (they change floating-point results in the last bits). Everything else does.
+NOT_RESULTS = ("name", "out_dir", "sweep", "logging")
+ENGINE_RESULTS = ("threads_per_worker", "memory_format")
+
+
+def result_settings(cfg_dict: dict) -> dict:
+    """The settings of a resolved config (``RunConfig.model_dump()``) that change what the run computes."""
+    settings = {k: v for k, v in cfg_dict.items() if k not in NOT_RESULTS}
+    settings["engine"] = {k: v for k, v in settings["engine"].items() if k in ENGINE_RESULTS}
+    return settings
+
+
+def _resume_settings(cfg_dict: dict) -> dict:
+    """``result_settings`` less what a resume may change: a resumed run may be extended (train.rounds),
+    unless a step schedule places its milestones by the round count."""
+    settings = result_settings(cfg_dict)
+    stepped = any(settings["train"][part]["schedule"] != "constant" for part in ("body", "head"))
+    settings["train"] = {k: v for k, v in settings["train"].items() if k != "rounds" or stepped}
+    return settings
+
+
+def resume_fingerprint(cfg_dict: dict) -> str:
+    """What a checkpoint must match to continue this run."""
+    return hashlib.sha256(json.dumps(_resume_settings(cfg_dict), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat |= _flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_settings(before: dict, after: dict) -> list[str]:
+    """Dotted keys a resume may not change whose values differ between two resolved configs."""
+    old, new = _flatten(_resume_settings(before)), _flatten(_resume_settings(after))
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -65,22 +65,33 @@ def small_config(tmp_path, data_root, **over):
     return validate(small_tree(tmp_path, data_root, **over))
 
 
+def plan_for(cfg, partition=None):
+    """The run plan the driver would build for ``cfg`` (over ``partition``, default the config's own)."""
+    from fedsim.plan.build import build_plan, load_inputs
+
+    return build_plan(cfg, load_inputs(cfg), partition)
+
+
 def client_runtime(data_root, algorithm, *, seed=3, clients=5, **over):
     """A worker's runtime over ``clients`` CIFAR-10 clients (k = 2), without Ray."""
     from fedsim.client.runtime import ClientRuntime
-    from fedsim.data import load_dataset, make_partition
-    from fedsim.engine.protocol import ClientData
 
     settings = dict(seed=seed, algorithm=algorithm, data__num_clients=clients, data__train_fraction=0.01,
                     data__test_fraction=0.02, train__batch_size=25, eval__finetune_epochs=2)
-    tree = small_tree("unused", data_root, **{**settings, **over})
-    from fedsim.config import validate
+    plan = plan_for(small_config("unused", data_root, **{**settings, **over}))
+    return ClientRuntime(plan, dict(enumerate(plan.clients)))
 
-    cfg = validate(tree)
-    data = load_dataset("cifar10", data_root)
-    part = make_partition("classes", data.train_y, data.test_y, clients, seed, k=2, train_fraction=0.01,
-                          test_fraction=0.02)
-    return ClientRuntime(cfg.model_dump(), {c: ClientData(part.train[c], part.test[c]) for c in range(clients)})
+
+def train_one(rt, broadcast: dict, client: int, round_idx: int) -> tuple[dict, float]:
+    """One client's round on a worker runtime, kept as the engine keeps a client whose loss is finite:
+    (its uploads as numpy vectors, its loss)."""
+    import numpy as np
+
+    trained = rt.train_client(broadcast, client, round_idx)
+    loss = float(trained.loss)
+    if np.isfinite(loss):
+        rt.keep(client, trained)
+    return {name: v.cpu().numpy() for name, v in trained.uploads.items()}, loss
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -136,7 +147,7 @@ class _Call:
 
 
 class InProcessWorker:
-    """A worker actor handle that runs its ClientRuntime in this process (``handle.train.remote(...)``)."""
+    """A worker actor handle that runs its ClientRuntime in this process (``handle.evaluate.remote(...)``)."""
 
     def __init__(self, runtime):
         self.runtime = runtime
@@ -145,21 +156,23 @@ class InProcessWorker:
         return _Call(getattr(self.runtime, name))
 
 
-def in_process_server(monkeypatch, cfg, partition, data, init_weights=None):
+def in_process_server(monkeypatch, cfg, partition=None):
     """The engine's real Server over ``cfg.engine.workers`` in-process workers: what Ray would run, minus
     the processes, so worker-count invariance can be checked for every method in seconds."""
     import types
 
     import fedsim.engine.server as server_module
-    from fedsim.client.runtime import ClientRuntime, shared_layout
+    from fedsim.client.runtime import ClientRuntime
 
     monkeypatch.setattr(server_module, "ray", types.SimpleNamespace(get=lambda refs, timeout=None: refs,
                                                                     put=lambda value: value, kill=lambda _: None,
                                                                     wait=lambda refs, **_: (list(refs), [])))
-    assignments = server_module.assign_clients(cfg, partition)
-    workers = [InProcessWorker(ClientRuntime(cfg.model_dump(), clients, init_weights)) for clients in assignments]
-    layout, initial = shared_layout(cfg, data.num_classes, data.input_shape, init_weights)
-    return server_module.Server(cfg, workers, assignments, initial, layout.offsets, init_weights)
+    plan = plan_for(cfg, partition)
+
+    def spawn(clients, bundle=None):
+        return InProcessWorker(ClientRuntime(plan, clients))
+
+    return server_module.Server(plan, [spawn(clients) for clients in plan.assignments], spawn)
 
 
 def free_port() -> int:
@@ -220,19 +233,13 @@ def s3_objects(s3, prefix: str) -> dict[str, bytes]:
 
 def six_client_run(tmp_path, data_root, algorithm, workers: int, rounds: int = 2, eval_every: int | None = None,
                    **engine):
-    """(config, partition, data) of a 6-client CIFAR-10 run small enough to repeat per method and worker
-    count; ``engine``: engine settings such as ``state_ram_mb=0``."""
-    from fedsim.data import load_dataset, make_partition
-
-    cfg = small_config(tmp_path, data_root, algorithm=algorithm, seed=4, data__num_clients=6, data__k=3,
-                       data__train_fraction=0.006, data__test_fraction=0.02, train__rounds=rounds,
-                       train__eval_every=eval_every or rounds, train__fraction=0.5, train__batch_size=20, eval__finetune_epochs=1,
-                       engine__workers=workers, engine__cpus_per_worker=0.5,
-                       **{f"engine__{key}": value for key, value in engine.items()})
-    data = load_dataset("cifar10", data_root)
-    partition = make_partition("classes", data.train_y, data.test_y, 6, 4, k=3, train_fraction=0.006,
-                               test_fraction=0.02)
-    return cfg, partition, data
+    """The config of a 6-client CIFAR-10 run small enough to repeat per method and worker count; ``engine``:
+    engine settings such as ``state_ram_mb=0``."""
+    return small_config(tmp_path, data_root, algorithm=algorithm, seed=4, data__num_clients=6, data__k=3,
+                        data__train_fraction=0.006, data__test_fraction=0.02, train__rounds=rounds,
+                        train__eval_every=eval_every or rounds, train__fraction=0.5, train__batch_size=20,
+                        eval__finetune_epochs=1, engine__workers=workers, engine__cpus_per_worker=0.5,
+                        **{f"engine__{key}": value for key, value in engine.items()})
 
 
 def round_records(outcomes) -> list:

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.engine.aggregate import weighted_average
-from fedsim.engine.server import balanced_owners, sample_clients
-from fedsim.engine.weights import Layout
+from fedsim.core.aggregate import weighted_average
+from fedsim.plan import balanced_owners, sample_clients
+from fedsim.client.resident import BoundLayout
 from fedsim.models import build_model
+from fedsim.models.state import layout_of, pack
 
 
 def test_weights_are_sample_count_proportional():
@@ -37,13 +38,13 @@ def test_average_rejects_empty_or_zero_samples():
 def test_layout_roundtrip_and_read_only_input():
     net = build_model("cnn4", 10, (3, 32, 32))
     keys, _ = net.split_keys(1)
-    layout = Layout.of(net, keys)
-    vec = layout.pack(net)
+    layout = layout_of(net, keys)
+    vec = pack(net, layout)
     assert vec.shape == (layout.size,)
     other = build_model("cnn4", 10, (3, 32, 32))
     frozen = vec.copy()
     frozen.flags.writeable = False  # what Ray's object store hands a worker
-    layout.unpack_into(other, frozen)
+    BoundLayout.bind(layout, other, torch.device("cpu")).load(frozen)
     for k in keys:
         assert torch.equal(net.state_dict()[k], other.state_dict()[k])
     assert not torch.equal(net.classifier[-1].weight, other.classifier[-1].weight)  # head untouched
@@ -70,21 +71,24 @@ def test_ownership_balances_cost_and_is_a_pure_function():
 
 
 def test_server_process_needs_no_torch(tmp_path):
-    # The server actor's process must come up fast: torch + Lightning cost ~3 s of imports. It gets the
-    # validated config as an object; unpickling it must not re-run validation (that imports the models),
-    # and it builds the algorithm to run its server hook.
+    # The server actor's process must come up fast: torch + Lightning cost ~3 s of imports. It gets the run's
+    # plan (config, method, layouts, round-0 vectors) and the spawn function's module; unpickling them must
+    # not re-run validation (that imports the models), and it runs the method's server hook.
+    from conftest import plan_for, synthetic_tree
+
     from fedsim.config import validate
 
-    cfg = tmp_path / "cfg.pkl"
-    cfg.write_bytes(pickle.dumps(validate({})))
-    code = (f"import pickle, sys; import fedsim.engine.actors; from fedsim.algorithms import build_algorithm; "
-            f"build_algorithm(pickle.loads(open({str(cfg)!r}, 'rb').read())); "
+    plan = tmp_path / "plan.pkl"
+    plan.write_bytes(pickle.dumps(plan_for(validate(synthetic_tree(tmp_path)))))
+    code = (f"import pickle, sys; import fedsim.engine.server, fedsim.client.worker; "
+            f"plan = pickle.loads(open({str(plan)!r}, 'rb').read()); plan.algorithm.server_update("
+            "{'weights': plan.model.initial['shared']}, {'weights': plan.model.initial['shared']}, 1, 8); "
             "assert 'torch' not in sys.modules, 'the server imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_vector_store_keeps_rows_apart_and_read_only():
-    from fedsim.engine.weights import VectorStore
+    from fedsim.core.store import VectorStore
 
     store = VectorStore(3)
     store.rows_per_block = 2  # force several blocks
@@ -102,7 +106,7 @@ def test_vector_store_keeps_rows_apart_and_read_only():
 
 def _exact_mean(groups, weights_by_client, vectors, plan):
     """Workers sum their groups; the server adds the partials in the order given."""
-    from fedsim.engine.aggregate import ExactSum
+    from fedsim.core.aggregate import ExactSum
 
     partials = []
     for group in groups:
@@ -118,7 +122,7 @@ def _exact_mean(groups, weights_by_client, vectors, plan):
 
 
 def test_exact_sums_are_the_same_for_any_grouping_and_order_and_within_their_bound():
-    from fedsim.engine.aggregate import HEADROOM_BITS, FixedPoint
+    from fedsim.core.aggregate import HEADROOM_BITS, FixedPoint
 
     rng = np.random.default_rng(1)
     offsets = (0, 3000, 3100, 5000)
@@ -144,7 +148,7 @@ def test_exact_sums_are_the_same_for_any_grouping_and_order_and_within_their_bou
 
 
 def test_values_beyond_the_headroom_are_out_of_range_not_overflow():
-    from fedsim.engine.aggregate import HEADROOM_BITS, ExactSum, FixedPoint
+    from fedsim.core.aggregate import HEADROOM_BITS, ExactSum, FixedPoint
 
     reference = np.full(4, 0.5, np.float32)  # e = -1: values up to 2^15 fit
     summed = ExactSum(FixedPoint.plan(reference, (0, 4), total_weight=2 ** 20))

@@ -1,7 +1,6 @@
 """Malformed inputs: each is one line naming the field or file and the fix, exit code 2, no traceback,
 and an existing run folder is left exactly as it was."""
 import hashlib
-import os
 import subprocess
 import sys
 import zipfile

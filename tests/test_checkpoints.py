@@ -4,8 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.config import validate
-from fedsim.engine import checkpoint
+from fedsim.config import resume_fingerprint, validate
+from fedsim.core import checkpoint
 
 
 def publish(run_dir: Path, round_idx: int) -> Path:
@@ -61,10 +61,13 @@ def test_stale_later_checkpoints_are_pruned_when_a_run_redoes_those_rounds(tmp_p
 
 def test_fingerprint_ignores_logging_and_rounds_but_not_training():
     base = validate({"data": {"dataset": "synthetic", "partition": "natural"}, "model": {"name": "mlp"}}).model_dump()
-    fp = checkpoint.fingerprint(base)
+    fp = resume_fingerprint(base)
     wandb_id = {**base, "logging": {"wandb": {**base["logging"]["wandb"], "run_id": "abc123"}}}
     longer = {**base, "train": {**base["train"], "rounds": 99}}
     other_seed = {**base, "seed": 1}
-    assert checkpoint.fingerprint(wandb_id) == fp
-    assert checkpoint.fingerprint(longer) == fp
-    assert checkpoint.fingerprint(other_seed) != fp
+    assert resume_fingerprint(wandb_id) == fp
+    assert resume_fingerprint(longer) == fp
+    assert resume_fingerprint(other_seed) != fp
+    # The values fedsim wrote into checkpoints before "settings that change results" had one definition
+    # (commit 342c3ba): run folders from then still resume.
+    assert fp == "3e724a45d7300624" and resume_fingerprint(validate({}).model_dump()) == "6cbcd4f1f63f219c"

@@ -57,14 +57,14 @@ def test_counts_equal_what_the_server_runs(tmp_path, data_root, monkeypatch):
     accounts them, round by round."""
     from fedsim.engine.estimate import estimate
 
-    cfg, partition, data = six_client_run(tmp_path, data_root, "fedrep", workers=2, rounds=2)
+    cfg = six_client_run(tmp_path, data_root, "fedrep", workers=2, rounds=2)
     e = estimate(cfg)
-    server = in_process_server(monkeypatch, cfg, partition, data)
+    server = in_process_server(monkeypatch, cfg)
     outcomes = [server.round(r) for r in (1, 2)]
     epochs = cfg.algorithm.params["head_epochs"] + cfg.algorithm.params["body_epochs"]
     assert e.epochs_per_round == epochs
     assert all(len(o.sampled) == e.sampled_per_round == 3 for o in outcomes)
-    assert e.train_sample_steps == sum(len(partition.train[c]) * epochs for o in outcomes for c in o.sampled)
+    assert e.train_sample_steps == sum(server.plan.train_sizes[c] * epochs for o in outcomes for c in o.sampled)
     for o in outcomes:
         assert sum(c["bytes_up"] for c in o.comm) == e.bytes_up_per_round
         assert sum(c["bytes_down"] for c in o.comm) == e.bytes_down_per_round

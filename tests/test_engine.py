@@ -1,16 +1,16 @@
 """End-to-end engine tests on a real CIFAR-10 subset (FEDSIM_DATA)."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
-from conftest import per_client, small_config
+from conftest import per_client, plan_for, small_config, train_one
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.client.runtime import ClientRuntime
 from fedsim.config import ConfigError
-from fedsim.data import load_dataset, make_partition
-from fedsim.engine import run
-from fedsim.engine.protocol import ClientData
 from fedsim.engine.server import Server
+from fedsim.simulate import run
 
 
 def test_scaffold_over_ray_matches_on_one_and_three_workers(tmp_path, data_root, local_ray):
@@ -43,11 +43,8 @@ def test_run_folder_contents(tmp_path, data_root, local_ray):
 
 
 def _runtime(tmp_path, data_root, algorithm, **over):
-    cfg = small_config(tmp_path, data_root, algorithm=algorithm, **over)
-    data = load_dataset("cifar10", data_root)
-    part = make_partition("classes", data.train_y, data.test_y, 5, 1, k=2, train_fraction=0.02, test_fraction=0.05)
-    clients = {c: ClientData(part.train[c], part.test[c]) for c in range(5)}
-    return ClientRuntime(cfg.model_dump(), clients)
+    plan = plan_for(small_config(tmp_path, data_root, algorithm=algorithm, **over))
+    return ClientRuntime(plan, dict(enumerate(plan.clients)))
 
 
 def test_fedper_never_sends_personal_layers(tmp_path, data_root):
@@ -55,26 +52,26 @@ def test_fedper_never_sends_personal_layers(tmp_path, data_root):
     shared, personal = rt.layouts["shared"], rt.layouts["personal"]
     assert all(k.startswith("classifier.") for k in personal.keys)
     assert not set(shared.keys) & set(personal.keys)
-    [update] = rt.train({WEIGHTS: shared.pack(rt.net)}, [3], round_idx=1)
-    assert update.uploads[WEIGHTS].shape == (shared.size,)
+    uploads, _ = train_one(rt, {WEIGHTS: shared.pack()}, 3, round_idx=1)
+    assert uploads[WEIGHTS].shape == (shared.size,)
     # The head that trained stays on the worker, and it really changed there.
-    assert not np.array_equal(rt.slots["personal"][3], rt.initial["personal"])
+    assert not np.array_equal(rt.slots["personal"][3], rt.initial("personal"))
     assert personal.size == 64 * 2 * 2 * 10 + 10  # exactly Linear(256, 10)
 
 
 def test_fedavg_shares_everything_and_local_shares_nothing(tmp_path, data_root):
     fedavg = _runtime(tmp_path, data_root, "fedavg")
     assert fedavg.layouts["personal"].size == 0
-    fedavg.train({WEIGHTS: fedavg.layouts["shared"].pack(fedavg.net)}, [0], round_idx=1)
+    train_one(fedavg, {WEIGHTS: fedavg.layouts["shared"].pack()}, 0, round_idx=1)
     assert len(fedavg.slots["personal"]) == 0  # nothing personal is kept, so nothing is checkpointed per client
     local = _runtime(tmp_path, data_root, "local")
     assert local.layouts["shared"].size == 0
-    [u] = local.train({WEIGHTS: np.empty(0, np.float32)}, [0], round_idx=1)
-    assert u.uploads[WEIGHTS].size == 0
+    uploads, _ = train_one(local, {WEIGHTS: np.empty(0, np.float32)}, 0, round_idx=1)
+    assert uploads[WEIGHTS].size == 0
 
 
 def test_the_worker_guard_refuses_an_oversized_payload():
-    from fedsim.engine.aggregate import ExactSum, FixedPoint
+    from fedsim.core.aggregate import ExactSum, FixedPoint
 
     summed = ExactSum(FixedPoint.plan(np.ones(10, np.float32), (0, 4, 10), total_weight=5))
     assert summed.fits(np.zeros(10, np.float32))
@@ -94,7 +91,7 @@ def test_fedper_beats_fedavg_at_k2(tmp_path, data_root, local_ray):
 def test_stateless_algorithms_balance_each_round_and_match_one_worker(tmp_path, data_root, local_ray):
     # FedAvg keeps nothing on clients, so every round's sample is split afresh by SGD steps.
     server = Server.__new__(Server)
-    server.fixed_owners, server.workers = False, [None, None]
+    server.plan, server.workers = SimpleNamespace(fixed_owners=False), [None, None]
     split = server._by_worker([0, 2, 4, 6], [9, 0, 3, 0, 3, 0, 3])  # costs by client id
     assert split == {0: [0], 1: [2, 4, 6]}
     one = run(small_config(tmp_path, data_root, name="avg1", algorithm="fedavg", engine__workers=1, train__fraction=0.6))
@@ -114,11 +111,10 @@ def test_memory_format_changes_speed_not_what_is_learned(tmp_path, data_root):
     assert all(p.is_contiguous() for p in runtimes["contiguous"].net.parameters())
     g = runtimes["contiguous"].layouts["shared"].pack(runtimes["contiguous"].net)
     assert np.array_equal(g, runtimes["channels_last"].layouts["shared"].pack(runtimes["channels_last"].net))
-    [a], [b] = (rt.train({WEIGHTS: g}, [0], round_idx=1) for rt in runtimes.values())
-    a, b = a.uploads[WEIGHTS], b.uploads[WEIGHTS]
+    a, b = (train_one(rt, {WEIGHTS: g}, 0, round_idx=1)[0][WEIGHTS] for rt in runtimes.values())
     assert not np.array_equal(a, g)
     # Rounding differences grow over the steps (measured: mean 1e-5 against a mean update of 2e-3).
     assert np.abs(a - b).mean() < 0.05 * np.abs(a - g).mean()
     heads = [rt.slots["personal"][0] for rt in runtimes.values()]
-    initial = runtimes["contiguous"].initial["personal"]
+    initial = runtimes["contiguous"].initial("personal")
     assert np.abs(heads[0] - heads[1]).mean() < 0.05 * np.abs(heads[0] - initial).mean()

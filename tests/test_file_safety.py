@@ -7,7 +7,7 @@ from test_hostile_input import make_image_zip
 
 from fedsim import atomic
 from fedsim.data import datasets, load_dataset
-from fedsim.metrics.logger import RunLogger
+from fedsim.metrics.logger import JsonlLogger
 
 
 def test_a_failed_replacement_keeps_the_old_file(tmp_path, monkeypatch):
@@ -25,7 +25,8 @@ def test_a_failed_replacement_keeps_the_old_file(tmp_path, monkeypatch):
 
 
 def test_rounds_csv_survives_a_rebuild_that_breaks_half_way(tmp_path):
-    logger = RunLogger(tmp_path)
+    logger = JsonlLogger()
+    logger.run_dir = tmp_path
     (tmp_path / "rounds.jsonl").write_text('{"round": 1, "acc": {"mean": 0.5}}\n')
     logger._write_csv()
     before = (tmp_path / "rounds.csv").read_text()
@@ -35,7 +36,6 @@ def test_rounds_csv_survives_a_rebuild_that_breaks_half_way(tmp_path):
     with pytest.raises(KeyError):
         logger._write_csv()
     assert (tmp_path / "rounds.csv").read_text() == before
-    logger.close()
 
 
 def test_cache_build_never_removes_a_cache_another_process_published(tmp_path, monkeypatch):
@@ -60,16 +60,17 @@ def test_a_full_disk_while_creating_the_run_folder_is_exit_3_and_leaves_no_confi
 
     from fedsim.config import validate
     from fedsim.data import Partition
-    from fedsim.engine import simulation
+    from fedsim.engine.runfolder import RunFolder
     from fedsim.errors import RunFailed
+    from fedsim.plan.build import load_inputs
 
     def disk_full(self, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(Partition, "save", disk_full)
     cfg = validate(synthetic_tree(tmp_path, "full"))
-    data, partition, _ = simulation.prepare_inputs(cfg)
+    inputs = load_inputs(cfg)
     with pytest.raises(RunFailed, match=r"No space left on device \(.*partition.npz\); its folder .* is incomplete: "
                                         "start the run again with --overwrite"):
-        simulation._create(simulation.RunFolder(cfg), cfg, partition, data)
+        RunFolder(cfg).create(inputs.partition, inputs.data)
     assert not (tmp_path / "full" / "config.yaml").exists()

@@ -5,7 +5,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))

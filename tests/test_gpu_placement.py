@@ -4,7 +4,7 @@ import ray
 
 from fedsim.config import ConfigError, validate
 from fedsim.engine import placement
-from fedsim.engine.simulation import check_resources
+from fedsim.engine.session import check_resources
 
 
 @pytest.fixture
@@ -22,15 +22,17 @@ def _cfg(tmp_path, data_root, workers, gpus):
 
 
 def test_four_workers_share_one_gpu(tmp_path, data_root, fake_gpu_ray):
-    from fedsim.data import load_dataset, make_partition
-    from fedsim.engine.simulation import start_engine
+    from conftest import plan_for
+
+    from fedsim.client.worker import spawn_worker
+    from fedsim.engine.session import start_engine
 
     cfg = _cfg(tmp_path, data_root, workers=4, gpus=0.25)
     check_resources(cfg)
-    data = load_dataset("cifar10", data_root)
-    part = make_partition("classes", data.train_y, data.test_y, 4, 0, k=3, train_fraction=0.01, test_fraction=0.01)
+    plan = plan_for(cfg)
     group = placement.reserve(cfg, 4)  # the run's placement group: four (0.5 CPU, 0.25 GPU) bundles
-    server = start_engine(cfg, part, data, placement.bundles(group, 4))
+    plan_ref = ray.put(plan)
+    server = start_engine(plan, plan_ref, spawn_worker, placement.bundles(group, 4))
     infos = ray.get(server.worker_info.remote())  # blocks until all four actors have started
     assert len(infos) == 4
     assert all(i["gpu_ids"] == [0] or i["gpu_ids"] == ["0"] for i in infos)

@@ -16,7 +16,8 @@ from fedsim.cli.main import main
 from fedsim.config import ConfigError, load_tree, validate
 from fedsim.data import DataError, load_dataset, to_float
 from fedsim.engine import runlock
-from fedsim.engine.simulation import load_run_config, run
+from fedsim.engine.runfolder import load_run_config
+from fedsim.simulate import run
 
 SYNTHETIC = {"data": {"dataset": "synthetic", "partition": "natural", "num_clients": 30},
              "model": {"name": "mlp"}, "train": {"rounds": 1}}
@@ -140,13 +141,13 @@ def test_a_live_run_folder_is_refused_and_left_alone(tmp_path, capsys):
 
 def _started_run(tmp_path: Path, data: dict) -> Path:
     """A run folder as `fedsim run` leaves it after starting (config, partition, data digest), without Ray."""
-    from fedsim.engine.simulation import _start_new, prepare_inputs
+    from fedsim.engine.runfolder import RunFolder
+    from fedsim.plan.build import load_inputs
 
     cfg = validate({**SYNTHETIC, "name": "r", "out_dir": str(tmp_path / "runs"), "data": data})
-    dataset, partition, _ = prepare_inputs(cfg)
-    run_dir = tmp_path / "runs" / "r"
-    _start_new(run_dir, cfg, partition, dataset)
-    return run_dir
+    inputs = load_inputs(cfg)
+    RunFolder(cfg).create(inputs.partition, inputs.data)
+    return tmp_path / "runs" / "r"
 
 
 def test_resume_refuses_changed_settings_but_accepts_rounds_and_logging(tmp_path):

@@ -1,12 +1,13 @@
 """A user's algorithm, model, data set and partition, each named in a config as ``module:name``."""
 import numpy as np
 import pytest
-from conftest import in_process_server
+from conftest import in_process_server, train_one
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.config import ConfigError, validate
 from fedsim.data import DataError, load_dataset, make_partition
-from fedsim.engine.simulation import prepare_inputs
+from fedsim.engine.runfolder import RunFolder
+from fedsim.plan.build import load_inputs
 
 
 def _config(tmp_path, **over):
@@ -22,17 +23,17 @@ def _config(tmp_path, **over):
 
 def test_a_users_algorithm_model_dataset_and_partition_run_unchanged_fedsim(tmp_path, monkeypatch):
     cfg = _config(tmp_path)
-    data, partition, _ = prepare_inputs(cfg)  # validation path of `fedsim run`
-    assert data.name == "blobs" and [len(t) for t in partition.train] == [100] * 4
-    assert partition.train[1][:3].tolist() == [1, 5, 9]  # the user's round-robin split
-    server = in_process_server(monkeypatch, cfg, partition, data)
+    inputs = load_inputs(cfg)  # validation path of `fedsim run`
+    assert inputs.data.name == "blobs" and [len(t) for t in inputs.partition.train] == [100] * 4
+    assert inputs.partition.train[1][:3].tolist() == [1, 5, 9]  # the user's round-robin split
+    server = in_process_server(monkeypatch, cfg)
     server.restore(None)
     before = server.state[WEIGHTS].copy()
     result = server.round(1)
     assert [r["client"] for r in result.records] == [0, 1, 2, 3] and all(0 <= r["acc"] <= 1 for r in result.records)
     # HalfStep's own server hook: the new global is halfway between the old one and the average.
-    updates = [u for w in server.workers for u in w.runtime.train({WEIGHTS: before}, result.sampled, 1)]
-    average = np.mean([u.uploads[WEIGHTS] for u in updates], axis=0)
+    runtime = server.workers[0].runtime  # HalfStep keeps nothing per client: any worker trains any client
+    average = np.mean([train_one(runtime, {WEIGHTS: before}, c, 1)[0][WEIGHTS] for c in result.sampled], axis=0)
     np.testing.assert_allclose(server.state[WEIGHTS], (before + average) / 2, rtol=1e-5, atol=1e-6)
 
 
@@ -46,38 +47,33 @@ def test_plugins_that_cannot_be_imported_or_are_the_wrong_kind_are_one_line_erro
     with pytest.raises(DataError, match="data.partition: cannot import"):
         make_partition("user_plugins:nothing", np.zeros(4, int), np.zeros(4, int), 2, 0)
     with pytest.raises(ConfigError, match="model.name"):
-        prepare_inputs(_config(tmp_path, model={"name": "user_plugins:blobs"}))
+        load_inputs(_config(tmp_path, model={"name": "user_plugins:blobs"}))
 
 
 def test_a_run_starts_from_another_runs_final_global_weights(tmp_path, monkeypatch):
     """LG-FedAvg warm-started from a FedAvg run, as the FedBABU authors' scripts do (model.init_from)."""
-    from fedsim.engine.simulation import save_final_model
-
     fedavg = _config(tmp_path, name="avg", algorithm="fedavg")
-    data, partition, _ = prepare_inputs(fedavg)
-    server = in_process_server(monkeypatch, fedavg, partition, data)
+    server = in_process_server(monkeypatch, fedavg)
     server.restore(None)
     server.round(1)
     (tmp_path / "avg").mkdir()
-    save_final_model(tmp_path / "avg", fedavg, data, server.state[WEIGHTS])
+    RunFolder(fedavg).save_final_model(server.plan, server.state[WEIGHTS])
 
     lg = _config(tmp_path, name="lg", algorithm="lg_fedavg", model={"name": "user_plugins:tiny_net",
                                                                      "init_from": str(tmp_path / "avg")})
-    _, _, init = prepare_inputs(lg)
-    warm = in_process_server(monkeypatch, lg, partition, data, init)
+    warm = in_process_server(monkeypatch, lg)
     runtime = warm.workers[0].runtime
-    assert np.array_equal(runtime.initial["full"], server.state[WEIGHTS])  # every weight, body and head
+    assert np.array_equal(runtime.initial("full"), server.state[WEIGHTS])  # every weight, body and head
     assert runtime.layouts["personal"].size and runtime.layouts["shared"].size  # LG: body personal, head shared
     with pytest.raises(ConfigError, match="model.init_from: cannot read"):
-        prepare_inputs(_config(tmp_path, model={"name": "user_plugins:tiny_net", "init_from": str(tmp_path)}))
+        load_inputs(_config(tmp_path, model={"name": "user_plugins:tiny_net", "init_from": str(tmp_path)}))
     with pytest.raises(ConfigError, match="model.init_from: weight"):
-        prepare_inputs(_config(tmp_path, model={"name": "mlp", "init_from": str(tmp_path / "avg")}))
+        load_inputs(_config(tmp_path, model={"name": "mlp", "init_from": str(tmp_path / "avg")}))
 
 
 def test_clients_never_sampled_are_reported_as_such(tmp_path, monkeypatch):
     cfg = _config(tmp_path, train={"rounds": 2, "local_epochs": 1, "batch_size": 20, "fraction": 0.25})
-    data, partition, _ = prepare_inputs(cfg)
-    server = in_process_server(monkeypatch, cfg, partition, data)
+    server = in_process_server(monkeypatch, cfg)
     server.restore(None)
     result = server.round(1)
     counts = {r["client"]: r["times_sampled"] for r in result.records}

@@ -11,8 +11,8 @@ from conftest import own_ray_pids, per_client, synthetic_tree
 
 from fedsim.cli import main as cli
 from fedsim.config import validate
-from fedsim.engine import run
-from fedsim.engine.simulation import load_run_config
+from fedsim.simulate import run
+from fedsim.engine.runfolder import load_run_config
 from fedsim.errors import RunFailed
 
 
@@ -95,11 +95,8 @@ def test_a_worker_silent_at_startup_is_named(tmp_path, monkeypatch):
     import fedsim.engine.server as server_module
     from conftest import in_process_server
 
-    from fedsim.engine.simulation import prepare_inputs
-
     cfg = validate(synthetic_tree(tmp_path, "silent", engine__round_timeout_s=1))
-    data, partition, _ = prepare_inputs(cfg)
-    server = in_process_server(monkeypatch, cfg, partition, data)
+    server = in_process_server(monkeypatch, cfg)
     for index, worker in enumerate(server.workers):  # distinct stand-ins for the calls' ObjectRefs
         worker.runtime.load_state = lambda ckpt, index=index: f"call on worker {index}"
     monkeypatch.setattr(server_module.ray, "wait", lambda refs, **_: (list(refs[:1]), list(refs[1:])))
@@ -114,7 +111,7 @@ def test_run_time_failures_are_described_in_one_line():
 
     from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTaskError
 
-    from fedsim.engine.simulation import describe_failure
+    from fedsim.engine.failures import describe_failure
 
     def from_server(cause):
         return RayTaskError("Server.round", "Traceback (most recent call last):\n  ...", cause).as_instanceof_cause()
@@ -136,17 +133,15 @@ def test_a_worker_dying_while_the_run_starts_is_replaced(tmp_path, monkeypatch):
     from ray.exceptions import RayActorError
 
     from fedsim.client.runtime import ClientRuntime
-    from fedsim.engine.simulation import prepare_inputs
 
     cfg = validate(synthetic_tree(tmp_path, "startup"))
-    data, partition, _ = prepare_inputs(cfg)
-    server = in_process_server(monkeypatch, cfg, partition, data)
+    server = in_process_server(monkeypatch, cfg)
 
     def died(*_):
         raise RayActorError()
 
     server.workers[0].runtime.load_state = server.workers[0].runtime.ping = died
-    replacement = InProcessWorker(ClientRuntime(cfg.model_dump(), server.assignments[0]))
-    monkeypatch.setattr("fedsim.engine.actors.spawn_worker", lambda *_, **__: replacement)
+    replacement = InProcessWorker(ClientRuntime(server.plan, server.assignments[0]))
+    server.spawn = lambda clients, bundle: replacement
     assert server.restore(None) == 0
     assert server.workers[0] is replacement and server.recoveries == 1

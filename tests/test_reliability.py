@@ -13,9 +13,10 @@ import yaml
 from conftest import own_ray_pids
 
 from fedsim.config import validate
-from fedsim.engine import run
-from fedsim.engine.checkpoint import CheckpointError
-from fedsim.engine.simulation import TrainingDiverged, load_run_config
+from fedsim.simulate import run
+from fedsim.core.checkpoint import CheckpointError
+from fedsim.engine.failures import TrainingDiverged
+from fedsim.engine.runfolder import load_run_config
 
 
 def tiny(tmp_path, data_root, name, **over):
@@ -120,7 +121,7 @@ def test_resume_refuses_a_foreign_checkpoint(tmp_path, data_root, local_ray):
     with pytest.raises(CheckpointError, match="different configuration"):
         run(load_run_config(first.run_dir), resume=True)
     # A damaged checkpoint is skipped (resume falls back to an older one, here to round 0), never loaded.
-    from fedsim.engine.checkpoint import latest
+    from fedsim.core.checkpoint import latest
 
     (first.run_dir / "checkpoints" / "round-0001" / "global.npy").write_bytes(b"\x93NUMPY trunc")
     assert latest(first.run_dir) is None

@@ -10,7 +10,7 @@ import psutil
 import ray
 
 from fedsim.config import validate
-from fedsim.engine import run
+from fedsim.simulate import run
 
 RAY = str(Path(sys.executable).with_name("ray"))
 # A GCS call that returns cluster data (every node's address): what an intruder would ask first.

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import client_runtime, in_process_server, round_records, six_client_run
+from conftest import client_runtime, in_process_server, round_records, six_client_run, train_one
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.config import ConfigError
-from fedsim.engine import checkpoint
-from fedsim.engine.weights import StateMemory
+from fedsim.core import checkpoint
+from fedsim.core.store import StateMemory
 
 ROUNDS = 4
 
@@ -32,7 +32,7 @@ def test_state_spilled_to_disk_is_bit_identical_to_state_in_ram(tmp_path, data_r
     runs = {}
     for budget in (1024, 0):
         spill_dir = tmp_path / f"spill-{budget}"
-        server = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, 2, state_ram_mb=budget,
+        server = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 2, state_ram_mb=budget,
                                                          spill_dir=str(spill_dir)))
         server.restore(None)
         runs[budget] = round_records([server.round(r) for r in (1, 2)]), _client_state(server), spill_dir
@@ -57,11 +57,11 @@ def test_a_run_resumed_from_an_incremental_checkpoint_equals_an_uninterrupted_on
     if where == "s3":
         request.getfixturevalue("s3_bucket")
         location = "s3://fedsim-runs/incremental/run"
-    straight = in_process_server(monkeypatch, *_setup(tmp_path, data_root, "ditto", 2))
+    straight = in_process_server(monkeypatch, _setup(tmp_path, data_root, "ditto", 2))
     straight.restore(None)
     expected = round_records([straight.round(r) for r in range(1, ROUNDS + 1)])
 
-    first = in_process_server(monkeypatch, *_setup(tmp_path, data_root, "ditto", 2, full_checkpoint_every=3))
+    first = in_process_server(monkeypatch, _setup(tmp_path, data_root, "ditto", 2, full_checkpoint_every=3))
     first.restore(None)
     head = []
     for r in (1, 2, 3):
@@ -70,7 +70,7 @@ def test_a_run_resumed_from_an_incremental_checkpoint_equals_an_uninterrupted_on
     with checkpoint.local_checkpoint(ckpt) as local:  # round 3: a delta over the full round 1 and the delta of round 2
         assert [name for name, _ in json.loads((local / "state.json").read_text())["bases"]] == ["round-0001",
                                                                                                  "round-0002"]
-    resumed = in_process_server(monkeypatch, *_setup(tmp_path, data_root, "ditto", 3, full_checkpoint_every=3))
+    resumed = in_process_server(monkeypatch, _setup(tmp_path, data_root, "ditto", 3, full_checkpoint_every=3))
     assert resumed.restore(ckpt) == 3
     assert head + round_records([resumed.round(4)]) == expected
     assert _client_state(resumed) == _client_state(straight)
@@ -78,10 +78,11 @@ def test_a_run_resumed_from_an_incremental_checkpoint_equals_an_uninterrupted_on
 
 def test_a_delta_checkpoint_holds_only_the_clients_trained_since_the_last(tmp_path, data_root):
     rt = client_runtime(data_root, "ditto")
-    broadcast = {WEIGHTS: rt.layouts["shared"].pack(rt.net)}
-    rt.train(broadcast, [0, 1, 2, 3, 4], 1)
+    broadcast = {WEIGHTS: rt.layouts["shared"].pack()}
+    for client in range(5):
+        train_one(rt, broadcast, client, 1)
     rt.save_state(str(tmp_path / "full.npz"), full=True)
-    rt.train(broadcast, [2], 2)
+    train_one(rt, broadcast, 2, 2)
     rt.save_state(str(tmp_path / "delta.npz"), full=False)
     rt.save_state(str(tmp_path / "unchanged.npz"), full=False)
     full, delta = (tmp_path / "full.npz").stat().st_size, (tmp_path / "delta.npz").stat().st_size

@@ -10,8 +10,8 @@ import numpy as np
 from fedsim.models import build_model
 
 from fedsim.config import validate
-from fedsim.engine import run
-from fedsim.engine.protocol import serialized_size
+from fedsim.simulate import run
+from fedsim.core.protocol import serialized_size
 
 
 def wandb_records(path: Path):
@@ -98,7 +98,7 @@ def test_communication_is_what_is_serialised_and_fedper_sends_less(tmp_path, dat
 
 
 def test_resumed_run_continues_its_wandb_run_without_logging_a_round_twice(tmp_path, data_root, local_ray):
-    from fedsim.engine.simulation import load_run_config
+    from fedsim.engine.runfolder import load_run_config
 
     first = run(config(tmp_path, data_root, "wbr", "fedper", logging={"wandb": {"mode": "offline"}}))
     (first.run_dir / "checkpoints" / "latest").write_text("round-0001")  # as if it crashed after logging round 2
@@ -114,7 +114,7 @@ def test_resumed_run_continues_its_wandb_run_without_logging_a_round_twice(tmp_p
 def test_failed_run_is_marked_failed_in_wandb(tmp_path, data_root, local_ray):
     import pytest
 
-    from fedsim.engine.simulation import TrainingDiverged
+    from fedsim.engine.failures import TrainingDiverged
 
     huge = {"lr": 1e30, "momentum": 0.9, "weight_decay": 0}
     cfg = config(tmp_path, data_root, "wbf", "fedper", logging={"wandb": {"mode": "offline"}},

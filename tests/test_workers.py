@@ -19,7 +19,7 @@ def _setup(tmp_path, data_root, algorithm, workers):
 def test_every_method_is_bit_identical_on_one_two_and_three_workers(tmp_path, data_root, monkeypatch, algorithm):
     results = {}
     for workers in (1, 2, 3):
-        server = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, workers))
+        server = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, workers))
         server.restore(None)
         results[workers] = (round_records([server.round(r) for r in range(1, ROUNDS + 1)]), server.state)
     (one, state1), (two, state2), (three, state3) = results.values()
@@ -31,15 +31,15 @@ def test_every_method_is_bit_identical_on_one_two_and_three_workers(tmp_path, da
 def test_checkpointed_server_and_client_state_resume_exactly(tmp_path, data_root, monkeypatch, algorithm):
     """Server slots (momentum, control variates) and client slots survive a checkpoint, also when the
     resumed run has another number of workers."""
-    straight = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, 2))
+    straight = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 2))
     straight.restore(None)
     expected = round_records([straight.round(r) for r in range(1, ROUNDS + 1)])
 
-    first = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, 2))
+    first = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 2))
     first.restore(None)
     head = round_records([first.round(1)])
     ckpt = first.checkpoint(str(tmp_path / "run"), 1)
-    resumed = in_process_server(monkeypatch, *_setup(tmp_path, data_root, algorithm, 3))
+    resumed = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 3))
     assert resumed.restore(ckpt) == 1
     assert head + round_records([resumed.round(2)]) == expected
 
@@ -48,11 +48,11 @@ def test_a_client_outside_the_fixed_point_range_keeps_nothing_and_is_reported(tm
     from conftest import client_runtime
 
     from fedsim.algorithms import WEIGHTS
-    from fedsim.engine.aggregate import FixedPoint
-    from fedsim.engine.protocol import SumPlan
+    from fedsim.core.aggregate import FixedPoint
+    from fedsim.core.protocol import SumPlan
 
     rt = client_runtime(data_root, "fedper")
-    weights = rt.layouts["shared"].pack(rt.net)
+    weights = rt.layouts["shared"].pack()
     fits = SumPlan({WEIGHTS: FixedPoint.plan(weights, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
     tiny = SumPlan({WEIGHTS: FixedPoint.plan(weights * 1e-9, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
     out = rt.train_and_sum({WEIGHTS: weights}, [0, 1], 1, tiny)
@@ -65,17 +65,17 @@ def test_a_client_outside_the_fixed_point_range_keeps_nothing_and_is_reported(tm
 
 def test_an_evaluation_cohort_is_fixed_by_the_seed_and_everyone_is_scored_at_the_end(tmp_path, data_root,
                                                                                       monkeypatch):
-    from fedsim.engine.server import evaluation_cohort
+    from fedsim.plan import evaluation_cohort
 
     cohort = evaluation_cohort(4, 6, 3)
     assert cohort == evaluation_cohort(4, 6, 0.5) and len(cohort) == 3 and cohort != evaluation_cohort(5, 6, 3)
     assert evaluation_cohort(4, 6, None) == evaluation_cohort(4, 6, 1.0) == list(range(6))
     rounds = {}
     for workers in (1, 3):
-        cfg, partition, data = _setup(tmp_path, data_root, "fedper", workers)
+        cfg = _setup(tmp_path, data_root, "fedper", workers)
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval_every": 1}),
                                      "eval": cfg.eval.model_copy(update={"clients": 3})})
-        server = in_process_server(monkeypatch, cfg, partition, data)
+        server = in_process_server(monkeypatch, cfg)
         server.restore(None)
         rounds[workers] = round_records([server.round(r) for r in range(1, ROUNDS + 1)])
     assert rounds[1] == rounds[3]
@@ -90,17 +90,18 @@ def test_scoring_many_clients_loads_the_global_weights_once_and_stays_exact(data
 
     for algorithm in ("fedper", "apfl"):  # APFL changes the loaded model in place to score its mixture
         rt = client_runtime(data_root, algorithm, eval__finetune_epochs=0)
-        state = {WEIGHTS: rt.layouts["shared"].pack(rt.net)}
-        rt.train(state, [0, 1, 2], 1)
+        state = {WEIGHTS: rt.layouts["shared"].pack()}
+        for client in (0, 1, 2):
+            rt.keep(client, rt.train_client(state, client, 1))
         loads = []
 
         class Counting:  # the shared layout, counting how often it is copied into the model
             def __getattr__(self, name, layout=rt.layouts["shared"]):
                 return getattr(layout, name)
 
-            def unpack_into(self, net, vector, layout=rt.layouts["shared"]):
+            def load(self, vector, layout=rt.layouts["shared"]):
                 loads.append(1)
-                layout.unpack_into(net, vector)
+                layout.load(vector)
 
         rt.layouts["shared"] = Counting()
         together = rt.evaluate(state, [0, 1, 2], 1)
@@ -116,8 +117,8 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_device_exact_sum_equals_the_numpy_reference_bit_for_bit(device):
     from fedsim.client.resident import ExactSum
-    from fedsim.engine.aggregate import ExactSum as Reference
-    from fedsim.engine.aggregate import FixedPoint
+    from fedsim.core.aggregate import ExactSum as Reference
+    from fedsim.core.aggregate import FixedPoint
 
     rng = np.random.default_rng(2)
     offsets = (0, 300, 310, 1000)
@@ -147,27 +148,25 @@ def test_a_bound_layout_loads_and_packs_like_the_numpy_layout(device):
     """One fused copy per load or pack, into a channels_last model with integer buffers, equals the key-by-key
     numpy path; the version counters see the load."""
     from fedsim.client.resident import BoundLayout
-    from fedsim.engine.weights import Layout
     from fedsim.models import build_model
+    from fedsim.models.state import layout_of, load_arrays, pack
 
     torch.manual_seed(0)
     net = build_model("cnn4", 10, (3, 32, 32)).to(memory_format=torch.channels_last)
-    layout = Layout.of(net, list(net.state_dict()))
+    layout = layout_of(net, list(net.state_dict()))
     assert any(t.dtype == torch.int64 for t in net.state_dict().values())  # BatchNorm's num_batches_tracked
     vector = np.random.default_rng(0).normal(size=layout.size).astype(np.float32)
     vector[layout.offsets[-2]:] = np.round(vector[layout.offsets[-2]:])  # integral, as a packed integer buffer is
-    expected = layout.pack(net)
+    expected = pack(net, layout)
     net.to(device)
     bound = BoundLayout.bind(layout, net, torch.device(device))
     assert len(bound.groups) == 2  # float32 and int64 targets copied apart: each group can be fused
-    assert np.array_equal(bound.pack(net), expected)
+    assert np.array_equal(bound.pack(), expected)
     before = bound.version()
-    bound.unpack_into(net, vector)
+    bound.load(vector)
     assert bound.version() > before
     packed = bound.pack_tensor()
-    assert packed.device.type == device and np.array_equal(packed.cpu().numpy(), bound.pack(net))
+    assert packed.device.type == device and np.array_equal(packed.cpu().numpy(), bound.pack())
     reference = build_model("cnn4", 10, (3, 32, 32)).to(memory_format=torch.channels_last)
-    layout.unpack_into(reference, vector)
-    assert np.array_equal(layout.pack(reference), bound.pack(net))
-    with pytest.raises(ValueError, match="bound to"):
-        bound.unpack_into(reference, vector)
+    load_arrays(reference, layout.arrays(vector), "test")
+    assert np.array_equal(pack(reference, layout), bound.pack())

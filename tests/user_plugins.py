@@ -39,3 +39,13 @@ def round_robin(train_y, test_y, num_clients, rng):
     """Sample i goes to client i mod num_clients (``rng`` unused: this split draws nothing)."""
     return ([np.arange(c, len(train_y), num_clients) for c in range(num_clients)],
             [np.arange(c, len(test_y), num_clients) for c in range(num_clients)])
+
+
+def bn_net(num_classes: int, in_channels: int, image_size: int) -> SplitNet:
+    """A small MLP with BatchNorm in each block, for methods that treat BatchNorm layers apart."""
+    width = in_channels * image_size * image_size
+
+    def block(c_in: int) -> nn.Sequential:
+        return nn.Sequential(nn.Linear(c_in, 32), nn.BatchNorm1d(32), nn.ReLU())
+
+    return SplitNet(nn.Flatten(), [block(width), block(32)], nn.Linear(32, num_classes))

@@ -3,7 +3,7 @@ own method is named in a config as ``package.module:Class`` instead."""
 from __future__ import annotations
 
 from fedsim.algorithms.apfl import APFL
-from fedsim.algorithms.base import PARTS, WEIGHTS, Algorithm, KeyParts, PartialSharing, parameter_table
+from fedsim.algorithms.base import PARTS, Algorithm, PartialSharing, parameter_table
 from fedsim.algorithms.ditto import Ditto
 from fedsim.algorithms.fedadam import FedAdam
 from fedsim.algorithms.fedavg import FedAvg
@@ -18,6 +18,8 @@ from fedsim.algorithms.fedyogi import FedYogi
 from fedsim.algorithms.lg_fedavg import LGFedAvg
 from fedsim.algorithms.local import Local
 from fedsim.algorithms.scaffold import Scaffold
+from fedsim.core.layout import KeyParts
+from fedsim.core.protocol import WEIGHTS
 from fedsim.plugins import is_plugin, load_plugin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (

@@ -1,6 +1,16 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Params, PartialSharing
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.algorithms.context import ClientContext
 
 
 class APFLParams(Params):
@@ -15,7 +25,7 @@ class APFL(PartialSharing):
     Params = APFLParams
     client_slots = {"personal_model": "full", "alpha": 1}
 
-    def client_update(self, ctx):
+    def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         import torch
         from torch.nn import functional as F
 
@@ -48,7 +58,7 @@ class APFL(PartialSharing):
         ctx.set_slot("alpha", [float(alpha.detach())])
         return losses
 
-    def load_for_evaluation(self, ctx) -> None:
+    def load_for_evaluation(self, ctx: ClientContext) -> None:
         import torch
 
         ctx.load()
@@ -59,5 +69,5 @@ class APFL(PartialSharing):
                 w.copy_(alpha * personal[k] + (1 - alpha) * w)
 
     @staticmethod
-    def _personal_model(ctx):
+    def _personal_model(ctx: ClientContext) -> np.ndarray:
         return ctx.slot("personal_model", default=ctx.initial("full"))

@@ -4,20 +4,25 @@ next global model), plus the typed parameters the method takes.
 Most personalized-FL methods differ only in *what trains locally* and *what the server averages*;
 :class:`PartialSharing` states those two words and runs the common local update, so FedAvg, FedPer,
 FedBABU, LG-FedAvg and local-only are a few declarative lines. A method that needs more overrides a
-hook in its own file, using the runtime primitives of :class:`~fedsim.client.context.ClientContext`.
+hook in its own file, using the runtime primitives of :class:`~fedsim.algorithms.context.ClientContext`.
 
 This module imports no torch: the server actor builds the algorithm to run its server hook.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from fedsim.core.layout import KeyParts
+from fedsim.core.protocol import WEIGHTS
+
 if TYPE_CHECKING:
-    from fedsim.client.context import ClientContext
+    import torch
+    from torch import nn
+
+    from fedsim.algorithms.context import ClientContext, Penalty
 
 Part = Literal["full", "body", "head", "none"]
 BatchNormMode = Literal["averaged", "personal", "batch_stats"]
@@ -30,23 +35,10 @@ PARTS: dict[str, frozenset[str]] = {
     "none": frozenset(),
 }
 
-WEIGHTS = "weights"  # the upload / server-state entry holding the shared model weights
-
 
 class Params(BaseModel):
     """Base of every method's parameters: typed, documented, unknown keys refused."""
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-@dataclass(frozen=True)
-class KeyParts:
-    """State-dict keys of a model by role: base (body), personal layers (head), BatchNorm layers."""
-    body: tuple[str, ...]
-    head: tuple[str, ...]
-    batchnorm: frozenset[str]
-
-    def of(self, parts: frozenset[str]) -> set[str]:
-        return {k for part, keys in (("body", self.body), ("head", self.head)) if part in parts for k in keys}
 
 
 class Algorithm:
@@ -88,10 +80,10 @@ class Algorithm:
         return self.share != "full" or bool(self.client_slots) or self.bn_mode == "personal"
 
     # -- client hooks ----------------------------------------------------------------------------
-    def init_model(self, net: Any) -> None:
+    def init_model(self, net: nn.Module) -> None:
         """Change the freshly built round-0 model (drawn from the run's seed); identical in every process."""
 
-    def client_update(self, ctx: ClientContext) -> list:
+    def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         """Train one client for one round; returns the per-step losses. Write uploads and state through ``ctx``."""
         raise NotImplementedError
 
@@ -115,13 +107,13 @@ class Algorithm:
 class PartialSharing(Algorithm):
     """The common family, stated by two words: ``train`` (what local SGD updates) and ``share``."""
 
-    def client_update(self, ctx: ClientContext) -> list:
+    def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         ctx.load()
         losses = ctx.sgd(PARTS[self.train], ctx.local_epochs, penalty=self.penalty(ctx))
         ctx.commit_model(keep_personal=self.keeps_personal)
         return losses
 
-    def penalty(self, ctx: ClientContext):
+    def penalty(self, ctx: ClientContext) -> Penalty | None:
         """An extra loss term for local training (FedProx's proximal pull); None for plain SGD."""
         return None
 
@@ -143,7 +135,7 @@ class HeadFirst(PartialSharing):
     def epochs_per_round(self, local_epochs: int) -> int:
         return self.params.head_epochs + self.then_epochs(local_epochs)
 
-    def client_update(self, ctx: ClientContext) -> list:
+    def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         ctx.load()
         losses = ctx.sgd(PARTS["head"], self.params.head_epochs)
         losses += ctx.sgd(PARTS[self.then], self.then_epochs(ctx.local_epochs))

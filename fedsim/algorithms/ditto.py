@@ -1,6 +1,16 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Params, PartialSharing
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.algorithms.context import ClientContext
 
 
 class DittoParams(Params):
@@ -18,7 +28,7 @@ class Ditto(PartialSharing):
     def epochs_per_round(self, local_epochs: int) -> int:
         return local_epochs + (self.params.personal_epochs or local_epochs)  # global model, then personal model
 
-    def client_update(self, ctx):
+    def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         losses = super().client_update(ctx)  # the global model's local update, uploaded
         ctx.load()  # the received global weights: the anchor of the personal model
         pull = ctx.proximal(self.params.lam, keys=ctx.full_keys)
@@ -27,9 +37,9 @@ class Ditto(PartialSharing):
         ctx.set_slot("personal_model", ctx.pack("full"))
         return losses
 
-    def load_for_evaluation(self, ctx) -> None:
+    def load_for_evaluation(self, ctx: ClientContext) -> None:
         ctx.unpack("full", self._personal_model(ctx))
 
     @staticmethod
-    def _personal_model(ctx):
+    def _personal_model(ctx: ClientContext) -> np.ndarray:
         return ctx.slot("personal_model", default=ctx.initial("full"))

@@ -1,7 +1,8 @@
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import WEIGHTS, Params, PartialSharing
+from fedsim.algorithms.base import Params, PartialSharing
+from fedsim.core.protocol import WEIGHTS
 
 
 class FedAdamParams(Params):
@@ -17,7 +18,8 @@ class FedAdam(PartialSharing):
     Params = FedAdamParams
     server_slots = ("m", "v")
 
-    def server_update(self, state, means, sampled, num_clients):
+    def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
+                      num_clients: int) -> None:
         p = self.params
         weights = state[WEIGHTS].astype(np.float64)
         delta = means[WEIGHTS] - weights  # Delta_t = mean of client updates y_i - w

@@ -1,7 +1,8 @@
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import WEIGHTS, Params, PartialSharing
+from fedsim.algorithms.base import Params, PartialSharing
+from fedsim.core.protocol import WEIGHTS
 
 
 class FedAvgMParams(Params):
@@ -15,7 +16,8 @@ class FedAvgM(PartialSharing):
     Params = FedAvgMParams
     server_slots = ("momentum",)
 
-    def server_update(self, state, means, sampled, num_clients):
+    def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
+                      num_clients: int) -> None:
         # m' = beta m + (w - avg); w' = w - eta m'. Written as avg - (eta - 1)(w - avg) - eta beta m, the same
         # value, so that beta = 0 and eta = 1 reproduce FedAvg's average exactly (no w - (w - avg) rounding).
         p, avg, weights = self.params, means[WEIGHTS], state[WEIGHTS].astype(np.float64)

@@ -1,8 +1,13 @@
-from typing import Literal
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from fedsim.algorithms.base import Params, PartialSharing
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class FedBABUParams(Params):
@@ -17,14 +22,14 @@ class FedBABU(PartialSharing):
     name, train, share = "fedbabu", "body", "body"
     Params = FedBABUParams
 
-    def init_model(self, net) -> None:
+    def init_model(self, net: nn.Module) -> None:
         if self.params.head_init == "orthogonal":
             orthogonal_head(net)
         elif self.params.head_init == "not_orthogonal":
             nearly_parallel_head(net)
 
 
-def orthogonal_head(net) -> None:
+def orthogonal_head(net: nn.Module) -> None:
     """Orthonormal classifier rows give every class an equally separated target (FedBABU, App. Q)."""
     import torch
     from torch import nn
@@ -35,7 +40,7 @@ def orthogonal_head(net) -> None:
             net.output_layer.bias.zero_()
 
 
-def nearly_parallel_head(net) -> None:
+def nearly_parallel_head(net: nn.Module) -> None:
     """App. Q's non-orthogonal head, as the authors' main_single.py draws it: entries from U(0.45, 0.55), each
     row scaled to unit norm, so every pair of class directions is almost the same (cosine near 1)."""
     import torch

@@ -1,7 +1,14 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from pydantic import Field
 
 from fedsim.algorithms.base import Params, PartialSharing
 from fedsim.algorithms.fedbabu import FedBABU, FedBABUParams
+
+if TYPE_CHECKING:
+    from fedsim.algorithms.context import ClientContext, Penalty
 
 
 class FedProxParams(Params):
@@ -13,7 +20,7 @@ class FedProx(PartialSharing):
     name, train, share = "fedprox", "full", "full"
     Params = FedProxParams
 
-    def penalty(self, ctx):
+    def penalty(self, ctx: ClientContext) -> Penalty | None:
         return ctx.proximal(self.params.mu)
 
 
@@ -26,5 +33,5 @@ class FedProxBABU(FedBABU):
     name = "fedprox_babu"
     Params = FedProxBABUParams
 
-    def penalty(self, ctx):
+    def penalty(self, ctx: ClientContext) -> Penalty | None:
         return ctx.proximal(self.params.mu)

@@ -1,7 +1,17 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import PARTS, WEIGHTS, Params, PartialSharing
+from fedsim.algorithms.base import PARTS, Params, PartialSharing
+from fedsim.core.protocol import WEIGHTS
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.algorithms.context import ClientContext
 
 
 class ScaffoldParams(Params):
@@ -17,7 +27,7 @@ class Scaffold(PartialSharing):
     server_slots = ("control",)
     broadcast = (WEIGHTS, "control")
 
-    def client_update(self, ctx):
+    def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         ctx.load()
         received = ctx.pack("shared")
         server_c = ctx.broadcast["control"]
@@ -33,7 +43,8 @@ class Scaffold(PartialSharing):
         ctx.upload("control", change)
         return losses
 
-    def server_update(self, state, means, sampled, num_clients):
+    def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
+                      num_clients: int) -> None:
         # w + eta_g (avg - w), written so that eta_g = 1 gives the average exactly.
         avg, weights = means[WEIGHTS], state[WEIGHTS].astype(np.float64)
         state[WEIGHTS] = (avg + (self.params.server_lr - 1) * (avg - weights)).astype(np.float32)

@@ -74,12 +74,11 @@ def comparison_table(results: list) -> str:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from fedsim.engine import run
+    from fedsim.cli.progress import ProgressBar
+    from fedsim.simulate import run
 
     if args.resume:
-        from fedsim.engine.simulation import load_run_config
+        from fedsim.engine.runfolder import load_run_config
 
         overrides = ([args.config] if args.config else []) + args.overrides
         configs, resume = [load_run_config(args.resume, overrides)], True
@@ -93,22 +92,7 @@ def _run_command(args: argparse.Namespace) -> int:
         return dry_run(configs)
     results = []
     for cfg in configs:
-        bars = []  # made once the inputs are validated, so an error is never mixed into a progress bar
-
-        def on_start(done: int, cfg=cfg, bars=bars) -> None:
-            bars.append(tqdm(total=cfg.train.rounds, initial=done, desc=cfg.name, unit="round",
-                             disable=args.quiet, dynamic_ncols=True))
-
-        def on_round(row: dict, _result: dict, bars=bars) -> None:
-            if "acc" in row:
-                bars[0].set_postfix(mean=f"{100 * row['acc']['mean']:.1f}%", min=f"{100 * row['acc']['min']:.1f}%")
-            bars[0].update(1)
-
-        try:
-            result = run(cfg, overwrite=args.overwrite, on_round=on_round, resume=resume, on_start=on_start)
-        finally:
-            for bar in bars:
-                bar.close()
+        result = run(cfg, overwrite=args.overwrite, resume=resume, callbacks=[ProgressBar(args.quiet)])
         results.append(result)
         acc = result.summary["acc"]
         print(f"{cfg.name}: mean client accuracy {100 * acc['mean']:.2f}% (std {100 * acc['std']:.2f}, "

@@ -24,7 +24,8 @@ import torchmetrics
 from torch import nn
 from torch.nn import functional as F
 
-from fedsim.config import OptimConfig
+from fedsim.config import ConfigError, OptimConfig
+from fedsim.plugins import load_plugin
 
 OPTIMIZED_PARTS = ("body", "head")
 
@@ -83,3 +84,13 @@ class FedClient(pl.LightningModule):
         logits = self(x)
         self.accuracy.update(logits, y)
         return float(F.cross_entropy(logits, y, reduction="sum"))
+
+
+def load_client_class(path: str | None) -> type[FedClient]:
+    """``model.client``: a user's LightningModule meeting FedClient's contract; FedClient by default."""
+    if path is None:
+        return FedClient
+    try:
+        return load_plugin(path, "model.client")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

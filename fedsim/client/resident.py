@@ -1,7 +1,7 @@
 """Weights and per-client sums kept on the worker's device (the torch device it trains on).
 
-``Layout.pack``/``unpack_into`` go key by key through numpy: one blocking device-to-host copy per tensor
-and a fresh host vector per client. Here a layout is bound once to the model's own tensors, so loading a
+Packing a model key by key through numpy (``fedsim.models.state.pack``) costs one blocking device-to-host
+copy per tensor and a fresh host vector per client. Here a layout is bound once to the model's own tensors, so loading a
 flat vector is one fused ``torch._foreach_copy_`` (the multi-tensor copy torch's optimizers use) and packing
 is one more into a flat device tensor; the received global weights are moved to the device once per call,
 not once per client. Host transfers that remain (personal state, which lives in host RAM, and the random
@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.core.aggregate import FixedPoint
+from fedsim.core.layout import Layout
 from fedsim.data.transforms import to_device
-from fedsim.engine.aggregate import FixedPoint
-from fedsim.engine.weights import Layout
 
 
 def host_vector(vector: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -31,8 +31,8 @@ def host_vector(vector: np.ndarray, device: torch.device) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class BoundLayout(Layout):
-    """A :class:`Layout` bound to one model's tensors on ``device``: ``unpack_into`` and ``pack`` on that model
-    are one fused copy per dtype each, and ``pack_tensor`` leaves the result on the device."""
+    """A :class:`Layout` bound to one model's tensors on ``device``: ``load`` and ``pack`` are one fused copy
+    per dtype each, and ``pack_tensor`` leaves the result on the device."""
     model: nn.Module | None = field(default=None, compare=False, repr=False)
     device: torch.device = field(default=torch.device("cpu"), compare=False)
     # The model's own tensors, detached (copies into them are not autograd operations; a detached tensor shares
@@ -65,11 +65,9 @@ class BoundLayout(Layout):
         return [flat[start:end].view(shape) for shape, start, end in zip(self.shapes, self.offsets, self.offsets[1:])]
 
     @torch.no_grad()
-    def unpack_into(self, model: nn.Module, vector: np.ndarray | torch.Tensor) -> None:
+    def load(self, vector: np.ndarray | torch.Tensor) -> None:
         """Copy a flat vector (numpy on the host, or a tensor on ``device``) into the bound model: fused copies,
         layouts (channels_last) and dtypes (integer buffers) converted by torch."""
-        if model is not self.model:
-            raise ValueError("a BoundLayout loads only the model it is bound to")
         flat = vector if isinstance(vector, torch.Tensor) else host_vector(vector, self.device)
         self._copy(list(self.targets), self.views(flat))
 
@@ -80,10 +78,20 @@ class BoundLayout(Layout):
         self._copy(self.views(out), list(self.targets))
         return out
 
-    def pack(self, model: nn.Module) -> np.ndarray:
-        if model is not self.model:
-            raise ValueError("a BoundLayout packs only the model it is bound to")
+    def pack(self) -> np.ndarray:
         return self.pack_tensor().cpu().numpy()
+
+    def tensors(self, vector: np.ndarray) -> dict[str, torch.Tensor]:
+        """Each key's values as its own tensor on ``device`` (a copy of ``vector``)."""
+        flat = torch.tensor(vector, dtype=torch.float32, device=self.device)
+        return {key: flat[start:end].view(shape).clone() for key, shape, start, end in self.spans()}
+
+    def vector(self, tensors: dict[str, torch.Tensor]) -> np.ndarray:
+        """The inverse of ``tensors``."""
+        out = np.empty(self.size, dtype=np.float32)
+        for key, _, start, end in self.spans():
+            out[start:end] = tensors[key].detach().reshape(-1).to("cpu", torch.float32).numpy()
+        return out
 
     def version(self) -> int:
         """Sum of the tensors' version counters: torch bumps them on every in-place change."""
@@ -92,7 +100,7 @@ class BoundLayout(Layout):
 
 class ExactSum:
     """A worker's running sum of its clients' weighted uploads for one round, in int64 quanta, on the worker's
-    device: the arithmetic of ``fedsim.engine.aggregate`` (scheme and error bound there), bit for bit.
+    device: the arithmetic of ``fedsim.core.aggregate`` (scheme and error bound there), bit for bit.
     q = round(w * v / 2^L_t) is computed as round(v * (w * 2^-L_t)), one scalar per tensor: both are exact in
     float64 (a 24-bit float32 times a weight below 2^29, scaled by a power of two), so they are equal. The
     range test |v| <= 2^(e_t + HEADROOM_BITS) becomes |q| <= w * limit_in_quanta, equivalent for w >= 1 and

@@ -2,34 +2,44 @@
 
 A client is only state: its data indices (and label map) plus the named per-client slots its
 algorithm keeps (always ``personal``: the part of the model that is not shared). Training a client =
-the algorithm's client hook run on a :class:`ClientContext` over the one model.
+the algorithm's client hook run on a :class:`~fedsim.algorithms.context.ClientContext` over the one model;
+this runtime is the context's :class:`~fedsim.algorithms.context.RuntimePort`.
 """
 from __future__ import annotations
 
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import ray
 import torch
 from lightning_fabric import Fabric
-from torch import nn
 
 from fedsim import storage
-from fedsim.algorithms import PARTS, Algorithm, KeyParts, build_algorithm
-from fedsim.client.context import ClientContext, Penalty, StepCallback
+from fedsim.algorithms import PARTS
+from fedsim.algorithms.context import ClientContext, Penalty, StepCallback
 from fedsim.client.device import make_cuda_deterministic
-from fedsim.client.module import FedClient
+from fedsim.client.module import load_client_class
 from fedsim.client.resident import BoundLayout, ExactSum, host_vector, to_device
-from fedsim.config import ConfigError, OptimConfig, RunConfig
+from fedsim.config import OptimConfig
+from fedsim.core.checkpoint import (
+    CheckpointError,
+    local_checkpoint,
+    worker_vectors,
+    write_worker_state,
+)
+from fedsim.core.protocol import (
+    ClientData,
+    ClientReport,
+    SumPlan,
+    WorkerPartial,
+    payload_bytes,
+)
+from fedsim.core.store import StateMemory, VectorStore
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
-from fedsim.engine.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
-from fedsim.engine.protocol import ClientData, ClientReport, ClientUpdate, SumPlan, WorkerPartial, payload_bytes
-from fedsim.engine.weights import Layout, StateMemory, VectorStore
-from fedsim.models import SplitNet, build_model
-from fedsim.plugins import load_plugin
+from fedsim.plan import RunPlan
+from fedsim.plan.build import initial_network
 
 EVAL_BATCH = 500
 FINETUNE_STREAM = 1  # keeps evaluation fine-tuning randomness apart from training's
@@ -42,85 +52,6 @@ def client_generator(seed: int, round_idx: int, client: int, stream: int = 0) ->
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
 
 
-def key_parts(net: SplitNet, personal_layers: int) -> KeyParts:
-    body, head = net.split_keys(personal_layers)
-    batchnorm = {f"{name}.{key}" for name, m in net.named_modules()
-                 if isinstance(m, nn.modules.batchnorm._BatchNorm) for key in m.state_dict()}
-    return KeyParts(tuple(body), tuple(head), frozenset(batchnorm))
-
-
-def load_client_class(path: str | None) -> type[FedClient]:
-    """``model.client``: a user's LightningModule meeting FedClient's contract; FedClient by default."""
-    if path is None:
-        return FedClient
-    try:
-        return load_plugin(path, "model.client")
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-def use_batch_statistics(net: nn.Module) -> None:
-    """BatchNorm without running statistics (track_running_stats=False): batch statistics in training and
-    at test, as the FedBABU authors build their 4-conv CNN and MobileNet."""
-    for m in net.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.track_running_stats = False
-            for buffer in ("running_mean", "running_var", "num_batches_tracked"):
-                m.register_buffer(buffer, None)
-
-
-def read_initial_weights(run_dir: str) -> dict[str, np.ndarray]:
-    """``model.init_from``: the final global weights a finished run saved (its ``model.npz``)."""
-    path = Path(run_dir) / "model.npz"
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {key: z[key] for key in z.files}
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"model.init_from: cannot read {path} ({err}); give the folder of a finished run") from None
-
-
-def initial_model(cfg: RunConfig, algorithm: Algorithm, num_classes: int, input_shape: tuple[int, int, int],
-                  init_weights: dict[str, np.ndarray] | None = None) -> SplitNet:
-    """The round-0 model, identical in every process because it is built from the run's seed."""
-    torch.manual_seed(cfg.seed)
-    net = build_model(cfg.model.name, num_classes, input_shape)
-    if algorithm.bn_mode == "batch_stats":
-        use_batch_statistics(net)
-    algorithm.init_model(net)
-    if init_weights:
-        _load_weights(net, init_weights)
-    return net
-
-
-@torch.no_grad()
-def _load_weights(net: nn.Module, weights: dict[str, np.ndarray]) -> None:
-    state = net.state_dict()
-    for key, value in weights.items():
-        if key not in state or tuple(state[key].shape) != value.shape:
-            raise ConfigError(f"model.init_from: weight {key!r} {value.shape} does not fit this model "
-                              f"({tuple(state[key].shape) if key in state else 'no such weight'}); start from a run "
-                              "of the same model and model.batchnorm")
-        state[key].copy_(torch.from_numpy(value))
-
-
-def model_layouts(algorithm: Algorithm, net: SplitNet, keys: KeyParts) -> dict[str, Layout]:
-    """``shared`` (what the server holds), ``personal`` (the rest) and ``full`` (the whole model)."""
-    shared = algorithm.shared_keys(keys)
-    everything = list(net.state_dict())
-    return {"shared": Layout.of(net, [k for k in everything if k in shared]),
-            "personal": Layout.of(net, [k for k in everything if k not in shared]),
-            "full": Layout.of(net, everything)}
-
-
-def shared_layout(cfg: RunConfig, num_classes: int, input_shape: tuple[int, int, int],
-                  init_weights: dict[str, np.ndarray] | None = None) -> tuple[Layout, np.ndarray]:
-    """Layout and round-0 value of the weights the server holds."""
-    algorithm = build_algorithm(cfg)
-    net = initial_model(cfg, algorithm, num_classes, input_shape, init_weights)
-    layout = model_layouts(algorithm, net, key_parts(net, cfg.model.personal_layers))["shared"]
-    return layout, layout.pack(net)
-
-
 @dataclass(frozen=True)
 class Trained:
     """One client's round on this worker, before the runtime keeps or sums it."""
@@ -131,40 +62,37 @@ class Trained:
 
 
 class ClientRuntime:
-    """Plain-Python core of a worker (the Ray actor wraps it; tests may use it directly)."""
+    """Plain-Python core of a worker (the Ray actor in ``fedsim.client.worker`` wraps it)."""
 
-    def __init__(self, cfg_dict: dict, client_data: dict[int, ClientData],
-                 init_weights: dict[str, np.ndarray] | None = None):
-        self.cfg = RunConfig.model_validate(cfg_dict)
-        torch.set_num_threads(self.cfg.engine.threads_per_worker)
+    def __init__(self, plan: RunPlan, client_data: dict[int, ClientData]):
+        self.plan = plan
+        self.cfg = cfg = plan.cfg
+        self.algorithm = plan.algorithm
+        torch.set_num_threads(cfg.engine.threads_per_worker)
         for name in ("pytorch_lightning", "lightning_fabric", "lightning.fabric"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        d = self.cfg.data
+        d = cfg.data
         self.data: ArrayDataset = load_dataset(d.dataset, d.root, d.download, options=d.options)
         self.augment = d.augment and self.data.augmentable
         self.client_data = client_data
-        self.algorithm = build_algorithm(self.cfg)
+        self.local_epochs = cfg.train.local_epochs
+        self._head_keys = set(plan.model.keys.head)
 
-        net = initial_model(self.cfg, self.algorithm, self.data.num_classes, self.data.input_shape, init_weights)
-        keys = key_parts(net, self.cfg.model.personal_layers)
-        self.layouts = model_layouts(self.algorithm, net, keys)
-        self.initial = {name: layout.pack(net) for name, layout in self.layouts.items()}
-        self.slots = self._empty_slots()
-        self._head_keys = set(keys.head)
-
+        # The network's structure from the seed, as the driver built it; its values are the plan's round-0 model.
+        net = initial_network(cfg, self.algorithm, plan.num_classes, plan.input_shape)
         on_gpu = self._assigned_gpu()
         if on_gpu:
             make_cuda_deterministic()
-        fmt = self.cfg.engine.memory_format
+        fmt = cfg.engine.memory_format
         self.channels_last = fmt == "channels_last" or (fmt == "auto" and not on_gpu)
         if self.channels_last:  # packing reads logical order (reshape), so flat vectors do not change
             net.to(memory_format=torch.channels_last)
-        client_cls = load_client_class(self.cfg.model.client)
-        module = client_cls(net, list(keys.head), self.data.num_classes, self.cfg.train.body, self.cfg.train.head)
+        module = load_client_class(cfg.model.client)(net, list(plan.model.keys.head), plan.num_classes,
+                                                     cfg.train.body, cfg.train.head)
         # Fabric rather than a Trainer: a Trainer costs ~7 ms per fit and must be coaxed into refitting;
-        # Fabric adds ~0.1-2 ms per client and still runs the module's own training_step (NOTES-stack.md).
+        # Fabric adds ~0.1-2 ms per client and still runs the module's own training_step (docs/stack-notes.md).
         self.fabric = Fabric(accelerator="cuda" if on_gpu else "cpu", devices=1)
-        e = self.cfg.eval
+        e = cfg.eval
         finetune = OptimConfig(lr=e.finetune_lr or 0.0, momentum=e.finetune_momentum, weight_decay=e.finetune_weight_decay)
         self.optimizers = {"train": dict(zip(module.optimized_parts, module.configure_optimizers())),
                            "finetune": {p: module.build_optimizer(p, finetune) for p in module.optimized_parts}}
@@ -172,7 +100,10 @@ class ClientRuntime:
         self.module, *_ = self.fabric.setup(module, *self.optimizers["train"].values())  # calls go through Fabric
         self.net = module.net
         self.device = self.fabric.device
-        self.layouts = {name: BoundLayout.bind(layout, self.net, self.device) for name, layout in self.layouts.items()}
+        self.layouts = {name: BoundLayout.bind(layout, self.net, self.device)
+                        for name, layout in plan.model.layouts.items()}
+        self.layouts["full"].load(plan.model.initial["full"])
+        self.slots = self._empty_slots()
         self._held: tuple[np.ndarray, int] | None = None  # (broadcast weights in the model, their tensors' version)
         self._resident: tuple[np.ndarray, torch.Tensor] | None = None  # (broadcast weights, their copy on the device)
 
@@ -193,27 +124,25 @@ class ClientRuntime:
                 "node": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
                 "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
-    # -- the global weights in the model --------------------------------------------------------
-    def resident(self, weights: np.ndarray) -> torch.Tensor:
-        """The broadcast ``weights`` on the device, moved there once per broadcast rather than once per client."""
-        if self._resident is None or self._resident[0] is not weights:
+    # -- the port a client hook works through ----------------------------------------------------
+    def initial(self, layout: str) -> np.ndarray:
+        return self.plan.model.initial[layout]
+
+    def stored(self, slot: str, client: int) -> np.ndarray | None:
+        store = self.slots[slot]
+        return store[client] if client in store else None
+
+    def load_global(self, weights: np.ndarray) -> None:
+        """Copy the received global weights into the model's shared part, unless it holds exactly them,
+        untouched since they were loaded (torch's version counters see every in-place change)."""
+        if self._held is not None and self._held[0] is weights and self._held[1] == self.layouts["shared"].version():
+            return
+        if self._resident is None or self._resident[0] is not weights:  # moved to the device once per broadcast
             self._resident = (weights, host_vector(weights, self.device))
-        return self._resident[1]
+        self.layouts["shared"].load(self._resident[1])
+        self._held = (weights, self.layouts["shared"].version())
 
-    def _shared_version(self) -> int:
-        """The shared tensors' version counters: torch bumps them on every in-place change (optimizer steps,
-        copies, BatchNorm statistics), so any change at all is seen."""
-        return self.layouts["shared"].version()
-
-    def holds(self, weights: np.ndarray) -> bool:
-        """Whether the model's shared part is exactly ``weights``, untouched since it was loaded."""
-        return self._held is not None and self._held[0] is weights and self._held[1] == self._shared_version()
-
-    def mark_held(self, weights: np.ndarray) -> None:
-        self._held = (weights, self._shared_version())
-
-    # -- data ------------------------------------------------------------------------------------
-    def tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def client_tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         cd = self.client_data[client]
         idx = cd.train if split == "train" else cd.test
         images = self.data.train_x[idx] if split == "train" else self.data.test_x[idx]
@@ -225,22 +154,15 @@ class ClientRuntime:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, to_device(torch.as_tensor(labels), self.device)
 
-    # -- local SGD -------------------------------------------------------------------------------
-    def learning_rate(self, part: str, round_idx: int, finetune: bool = False) -> float:
-        if finetune and self.cfg.eval.finetune_lr is not None:
-            return self.cfg.eval.finetune_lr
-        return getattr(self.cfg.train, part).lr_at(round_idx, self.cfg.train.rounds)
-
     def learning_rates(self, layout: str, round_idx: int) -> np.ndarray:
-        """Per value of ``layout``: its part's training lr this round, 0 for buffers (never trained)."""
         params = dict(self.net.named_parameters())
         lay, out = self.layouts[layout], np.zeros(self.layouts[layout].size, np.float64)
-        for key, start, end in zip(lay.keys, lay.offsets, lay.offsets[1:]):
+        for key, _, start, end in lay.spans():
             if key in params:
-                out[start:end] = self.learning_rate("head" if key in self._head_keys else "body", round_idx)
+                out[start:end] = self.plan.lr("head" if key in self._head_keys else "body", round_idx)
         return out
 
-    def sgd(self, x: torch.Tensor, y: torch.Tensor, parts: frozenset[str], epochs: int, gen: torch.Generator,
+    def sgd(self, x: torch.Tensor, y: torch.Tensor, parts: frozenset[str], epochs: int, generator: torch.Generator,
             round_idx: int, penalty: Penalty | None = None, after_step: StepCallback | None = None,
             finetune: bool = False) -> list[torch.Tensor]:
         self._held = None  # training moves the model off the received weights (BatchNorm statistics too,
@@ -249,7 +171,7 @@ class ClientRuntime:
         for part, opt in optimizers.items():  # momentum restarts with every phase, as in FedAvg's ClientUpdate
             opt.state.clear()
             for group in opt.param_groups:
-                group["lr"] = self.learning_rate(part, round_idx, finetune)
+                group["lr"] = self.plan.lr(part, round_idx, finetune)
         self.module.train()
         module = self.client_module
         module.active_optimizers = [optimizers[p] for p in module.optimized_parts if p in parts]
@@ -258,10 +180,10 @@ class ClientRuntime:
         losses = []
         try:
             for _ in range(epochs):
-                order = to_device(torch.randperm(len(y), generator=gen), self.device)
+                order = to_device(torch.randperm(len(y), generator=generator), self.device)
                 for step, start in enumerate(range(0, len(y), batch)):
                     idx = order[start:start + batch]
-                    xb = random_crop_flip(x[idx], gen) if self.augment else x[idx]
+                    xb = random_crop_flip(x[idx], generator) if self.augment else x[idx]
                     losses.append(self.module.training_step((xb, y[idx]), step))
                     if after_step is not None:
                         after_step(xb, y[idx])
@@ -269,20 +191,7 @@ class ClientRuntime:
             module.active_optimizers, module.penalty = [], None
         return losses
 
-    def train(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[ClientUpdate]:
-        """Per-client results, each with its uploads (for inspection; the engine uses ``train_and_sum``)."""
-        updates = []
-        for client in clients:
-            t = self._train_one(broadcast, client, round_idx)
-            loss = float(t.loss)
-            diverged = not np.isfinite(loss)
-            if not diverged:
-                self._keep(client, t.slots)
-            uploads = {} if diverged else {name: v.cpu().numpy() for name, v in t.uploads.items()}
-            updates.append(ClientUpdate(client, t.n_train, uploads, loss, 0 if diverged else self._bytes_up(t),
-                                        diverged=diverged))
-        return updates
-
+    # -- a round ---------------------------------------------------------------------------------
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
                       plan: SumPlan) -> WorkerPartial:
         """Train ``clients`` and sum their weighted uploads exactly (fixed point, on the device): one partial per
@@ -292,13 +201,13 @@ class ClientRuntime:
         weights = dict.fromkeys(plan.scales, 0)
         reports = []
         for client in clients:
-            t = self._train_one(broadcast, client, round_idx)
+            t = self.train_client(broadcast, client, round_idx)
             weight = {name: 1 if plan.uniform[name] else t.n_train for name in t.uploads}
             loss, in_range = self._stage(sums, t, weight)
             diverged = not np.isfinite(loss)
             kept = not diverged and in_range
             if kept:
-                self._keep(client, t.slots)
+                self.keep(client, t)
                 for name in t.uploads:
                     sums[name].add()
                     weights[name] += weight[name]
@@ -320,8 +229,9 @@ class ClientRuntime:
         """The serialised size of the uploads, from their lengths (nothing is pickled per client)."""
         return sum(payload_bytes(v.numel()) for v in t.uploads.values())
 
-    def _train_one(self, broadcast: dict[str, np.ndarray], client: int, round_idx: int) -> Trained:
-        """The algorithm's client hook: its loss, its uploads (on the device) and the per-client state it staged."""
+    def train_client(self, broadcast: dict[str, np.ndarray], client: int, round_idx: int) -> Trained:
+        """The algorithm's client hook for one client: its loss, its uploads (on the device) and the per-client
+        state it staged, none of it kept yet (``keep`` does that for a client whose round counts)."""
         ctx = ClientContext(self, client, round_idx, broadcast, client_generator(self.cfg.seed, round_idx, client))
         losses = self.algorithm.client_update(ctx)
         if set(ctx.uploads) != set(self.algorithm.uploads):
@@ -331,8 +241,9 @@ class ClientRuntime:
         # finite keeps nothing of its round; the server decides stop or drop.
         return Trained(len(self.client_data[client].train), torch.stack(losses).mean(), ctx.uploads, ctx.slots)
 
-    def _keep(self, client: int, slots: dict[str, np.ndarray]) -> None:
-        for name, vector in slots.items():
+    def keep(self, client: int, trained: Trained) -> None:
+        """The client's round counts: its staged per-client state becomes its state."""
+        for name, vector in trained.slots.items():
             self.slots[name][client] = vector
 
     # -- persistence (checkpoints are written by the owner; personal state never reaches the server) --
@@ -365,7 +276,7 @@ class ClientRuntime:
     @torch.no_grad()
     def _score(self, client: int) -> tuple[float, float]:
         self.module.eval()
-        x, y = self.tensors(client, "test")
+        x, y = self.client_tensors(client, "test")
         # Batch statistics depend on the batch: score a client's whole test set at once, as FedBABU's authors.
         batch = len(y) if self.algorithm.bn_mode == "batch_stats" else EVAL_BATCH
         self.client_module.accuracy.reset()

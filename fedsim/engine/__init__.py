@@ -1,13 +1,4 @@
-"""Ray engine. ``run`` is imported on first use so that ``fedsim.engine.server`` (whose actor process only
-routes and aggregates) can be imported without torch."""
-from fedsim.engine.aggregate import weighted_average
-
-__all__ = ["RunResult", "run", "weighted_average"]
-
-
-def __getattr__(name: str):
-    if name in ("RunResult", "run"):
-        from fedsim.engine import simulation
-
-        return getattr(simulation, name)
-    raise AttributeError(f"module 'fedsim.engine' has no attribute {name!r}")
+"""The Ray engine: the server actor (``server``), the driver loop and its callbacks (``driver``), the run
+folder (``runfolder``), one simulation from config to finished folder (``session``), worker placement and
+``--dry-run``'s estimate. It imports nothing of the client layer: workers are started through the spawn
+function it is given (``fedsim.simulate`` passes ``fedsim.client.worker.spawn_worker``)."""

@@ -1,22 +1,19 @@
 """``fedsim run --dry-run``: validate a config, build its partition and model, and say how much work the run
 is, without starting Ray or writing a run folder.
 
-Every count is exact, not sampled: client sampling and the evaluation cohort are functions of the seed alone
-(:func:`~fedsim.engine.server.sample_clients`, :func:`~fedsim.engine.server.evaluation_cohort`), so the
-rounds' samples are drawn here exactly as the server will draw them."""
+Every count is exact, not sampled: client sampling, the evaluation rounds and the cohort are the run's plan
+(:class:`~fedsim.plan.RunPlan`), the same object the server follows, so the rounds' samples are drawn here
+exactly as the server will draw them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from fedsim.algorithms import build_algorithm
-from fedsim.client.runtime import initial_model, key_parts, model_layouts
 from fedsim.config import RunConfig
-from fedsim.data import Partition
-from fedsim.engine.protocol import payload_bytes, serialized_size
-from fedsim.engine.server import evaluation_cohort, sample_clients, steps_per_epoch
-from fedsim.engine.simulation import prepare_inputs
+from fedsim.core.protocol import payload_bytes, serialized_size
+from fedsim.plan import RunPlan, steps_per_epoch
+from fedsim.plan.build import build_plan, load_inputs
 
 
 @dataclass(frozen=True)
@@ -49,70 +46,52 @@ class WorkEstimate:
         return self.train_sample_steps / self.rounds
 
 
-def _evaluation_rounds(cfg: RunConfig) -> list[int]:
-    """As Server._evaluates: every train.eval_every rounds and always the final one."""
-    return [r for r in range(1, cfg.train.rounds + 1) if r % cfg.train.eval_every == 0 or r == cfg.train.rounds]
-
-
-def _scored_clients(cfg: RunConfig, round_idx: int, cohort: list[int], num_clients: int) -> list[int]:
-    """As Server._evaluated_clients: the cohort, but every client at the final round and every eval.full_every."""
-    every = cfg.eval.full_every
-    if round_idx == cfg.train.rounds or (every and round_idx % every == 0):
-        return list(range(num_clients))
-    return cohort
-
-
-def _training_work(cfg: RunConfig, sizes: np.ndarray, epochs: int) -> tuple[int, int]:
+def _training_work(plan: RunPlan, epochs: int) -> tuple[int, int]:
     """(sample-steps, SGD steps) over all rounds, from each round's actual sample."""
-    batch = cfg.train.batch_size
     samples = steps = 0
-    for round_idx in range(1, cfg.train.rounds + 1):
-        for client in sample_clients(cfg.seed, round_idx, len(sizes), cfg.train.fraction):
-            samples += int(sizes[client]) * epochs
-            steps += steps_per_epoch(int(sizes[client]), batch) * epochs
+    for round_idx in range(1, plan.cfg.train.rounds + 1):
+        for client in plan.sampled(round_idx):
+            samples += plan.train_sizes[client] * epochs
+            steps += plan.train_steps[client] * epochs
     return samples, steps
 
 
-def _evaluation_work(cfg: RunConfig, partition: Partition) -> tuple[int, int, int]:
-    """(fine-tuning sample-steps, fine-tuning SGD steps, test images scored) over all evaluation rounds."""
-    n = partition.num_clients
-    cohort = evaluation_cohort(cfg.seed, n, cfg.eval.clients)
+def _evaluation_work(plan: RunPlan) -> tuple[int, int, int, int]:
+    """(evaluation rounds, fine-tuning sample-steps, fine-tuning SGD steps, test images scored) over the run."""
+    cfg = plan.cfg
     batch = cfg.eval.finetune_batch_size or cfg.train.batch_size
+    epochs = cfg.eval.finetune_epochs
+    rounds = [r for r in range(1, cfg.train.rounds + 1) if plan.evaluates(r)]
     samples = steps = scored = 0
-    for round_idx in _evaluation_rounds(cfg):
-        for client in _scored_clients(cfg, round_idx, cohort, n):
-            size = len(partition.train[client])
-            samples += size * cfg.eval.finetune_epochs
-            steps += steps_per_epoch(size, batch) * cfg.eval.finetune_epochs
-            scored += len(partition.test[client]) * (2 if cfg.eval.finetune_epochs else 1)
-    return samples, steps, scored
+    for round_idx in rounds:
+        for client in plan.scored(round_idx):
+            size = plan.train_sizes[client]
+            samples += size * epochs
+            steps += steps_per_epoch(size, batch) * epochs
+            scored += plan.test_sizes[client] * (2 if epochs else 1)
+    return len(rounds), samples, steps, scored
 
 
 def estimate(cfg: RunConfig) -> WorkEstimate:
     """Validate ``cfg`` as a run would (data, partition, model), then count its work. Writes nothing
     beyond the data cache a real run fills too, and starts no Ray."""
-    data, partition, init_weights = prepare_inputs(cfg)
-    algorithm = build_algorithm(cfg)
-    net = initial_model(cfg, algorithm, data.num_classes, data.input_shape, init_weights)
-    shared = model_layouts(algorithm, net, key_parts(net, cfg.model.personal_layers))["shared"].size
-    sizes = np.array([len(t) for t in partition.train])
+    plan = build_plan(cfg, load_inputs(cfg))
+    algorithm, shared = plan.algorithm, plan.model.layouts["shared"].size
     epochs = algorithm.epochs_per_round(cfg.train.local_epochs)
-    train_samples, train_steps = _training_work(cfg, sizes, epochs)
-    finetune_samples, finetune_steps, scored = _evaluation_work(cfg, partition)
-    sampled = len(sample_clients(cfg.seed, 1, partition.num_clients, cfg.train.fraction))
+    train_samples, train_steps = _training_work(plan, epochs)
+    evaluation_rounds, finetune_samples, finetune_steps, scored = _evaluation_work(plan)
+    sampled = len(plan.sampled(1))
     # As the server and workers account traffic: the broadcast's pickled size, a float32 vector per upload.
     down = sum(serialized_size(np.zeros(shared, np.float32)) for _ in algorithm.broadcast)
     up = sum(payload_bytes(shared) for _ in algorithm.uploads)
     return WorkEstimate(
-        name=cfg.name, model=cfg.model.name, parameters=sum(p.numel() for p in net.parameters()),
-        model_bytes=sum(t.numel() * t.element_size() for t in net.state_dict().values()),
-        shared_values=shared, clients=partition.num_clients, sampled_per_round=sampled, rounds=cfg.train.rounds,
+        name=cfg.name, model=cfg.model.name, parameters=plan.model.parameters, model_bytes=plan.model.state_bytes,
+        shared_values=shared, clients=plan.num_clients, sampled_per_round=sampled, rounds=cfg.train.rounds,
         epochs_per_round=epochs, train_sample_steps=train_samples, train_sgd_steps=train_steps,
         finetune_sample_steps=finetune_samples, finetune_sgd_steps=finetune_steps,
-        evaluation_rounds=len(_evaluation_rounds(cfg)), scored_test_images=scored,
+        evaluation_rounds=evaluation_rounds, scored_test_images=scored,
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
-        workers=min(cfg.engine.workers, partition.num_clients), cpus_per_worker=cfg.engine.cpus_per_worker,
-        gpus_per_worker=cfg.engine.gpus_per_worker)
+        workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker)
 
 
 def _mb(value: int) -> str:

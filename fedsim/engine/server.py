@@ -8,112 +8,63 @@ This module imports no torch: the server's process is up in well under a second 
 (started by the entrypoint at the same time) spend ~3 s importing torch and Lightning."""
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from fedsim import storage
-from fedsim.algorithms import WEIGHTS, build_algorithm
-from fedsim.config import RunConfig
-from fedsim.engine import checkpoint
-from fedsim.engine.aggregate import FixedPoint
-from fedsim.engine.protocol import (ClientData, ClientReport, RolledBack, RoundFailed, RoundOutcome, RoundResult,
-                                    SumPlan, WorkerPartial, serialized_size)
-
-if TYPE_CHECKING:
-    from fedsim.data import Partition
+from fedsim.core import checkpoint
+from fedsim.core.aggregate import FixedPoint
+from fedsim.core.protocol import (
+    WEIGHTS,
+    ClientData,
+    ClientReport,
+    RolledBack,
+    RoundFailed,
+    RoundOutcome,
+    RoundResult,
+    SumPlan,
+    WorkerPartial,
+    serialized_size,
+)
+from fedsim.plan import RunPlan, balanced_owners
 
 PING_TIMEOUT_S = 60
+
+Spawn = Callable[[dict[int, ClientData], Any], Any]
+"""``spawn(clients, bundle)``: a new worker actor hosting ``clients``, scheduled by ``bundle``."""
 
 
 class WorkerLost(RuntimeError):
     """A worker kept dying (or freezing) however often it was replaced: one line naming it and its clients."""
 
 
-def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float) -> list[int]:
-    """max(1, round(f * N)) distinct clients, drawn from (seed, round) only."""
-    count = max(1, round(fraction * num_clients))
-    rng = np.random.default_rng([seed, round_idx, 0x5A3])
-    return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
-
-
-def evaluation_cohort(seed: int, num_clients: int, clients: int | float | None) -> list[int]:
-    """eval.clients: the clients scored on evaluation rounds, drawn once from the seed alone, so the curve
-    follows the same clients every round and for any number of workers."""
-    count = num_clients if clients is None else clients if isinstance(clients, int) else round(clients * num_clients)
-    count = min(max(count, 1), num_clients)
-    if count == num_clients:
-        return list(range(num_clients))
-    rng = np.random.default_rng([seed, 0xC0407])
-    return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
-
-
-def balanced_owners(costs: Sequence[int], workers: int) -> list[int]:
-    """Item -> worker, balanced by cost: longest first onto the least-loaded worker, ties to the lower
-    index. Which worker runs a client never changes results (all randomness is per (seed, round,
-    client)); it only sets how long each round waits for its slowest worker."""
-    load, owners = [0] * workers, [0] * len(costs)
-    for client in sorted(range(len(costs)), key=lambda c: (-costs[c], c)):
-        worker = min(range(workers), key=lambda w: (load[w], w))
-        owners[client] = worker
-        load[worker] += costs[client]
-    return owners
-
-
-def steps_per_epoch(n_train: int, batch_size: int) -> int:
-    """A client's SGD steps per local epoch: the cost that client -> worker balancing evens out."""
-    return math.ceil(n_train / batch_size)
-
-
-def assign_clients(cfg: RunConfig, partition: Partition) -> list[dict[int, ClientData]]:
-    """Each worker's clients. Where clients keep state, ownership is fixed and balanced by SGD steps per
-    epoch (the quickstart's k=4 partition: 49 vs 56 batches per worker under client % workers, 54 vs 51
-    here). Where they keep none, every worker gets every client's data (index arrays only), so the server
-    can balance each round's sample instead."""
-    workers = min(cfg.engine.workers, partition.num_clients)
-    maps = partition.label_maps
-    data = {c: ClientData(partition.train[c], partition.test[c], None if maps is None else maps[c])
-            for c in range(partition.num_clients)}
-    if not build_algorithm(cfg).keeps_client_state:
-        return [data] * workers
-    owners = balanced_owners([steps_per_epoch(len(t), cfg.train.batch_size) for t in partition.train], workers)
-    return [{c: d for c, d in data.items() if owners[c] == w} for w in range(workers)]
-
-
 class Server:
-    """``workers[i]`` hosts ``assignments[i]``; the entrypoint spawns them so they start while this actor does."""
+    """``workers[i]`` hosts ``plan.assignments[i]``; the entrypoint spawns them so they start while this actor
+    does, and ``spawn`` replaces one that is lost (in its bundle, with the same clients)."""
 
-    def __init__(self, cfg: RunConfig, workers: list, assignments: list[dict[int, ClientData]],
-                 initial_global: np.ndarray, tensor_offsets: tuple[int, ...], init_weights=None,
-                 bundles: list | None = None):
-        # A validated config object, not a dict: re-validating would import the model registry, hence torch.
-        self.cfg = cfg
-        self.algorithm = build_algorithm(cfg)
-        self.fingerprint = checkpoint.fingerprint(cfg.model_dump())
-        self.assignments = assignments  # kept to respawn a lost worker with the same clients, in the same bundle
-        self.init_weights = init_weights
+    def __init__(self, plan: RunPlan, workers: list, spawn: Spawn, bundles: list | None = None):
+        self.plan = plan
+        self.cfg = plan.cfg
+        self.algorithm = plan.algorithm
+        self.spawn = spawn
+        self.assignments = plan.assignments  # kept to respawn a lost worker with the same clients, in the same bundle
         self.bundles = bundles or ["SPREAD"] * len(workers)
-        self.fixed_owners = self.algorithm.keeps_client_state
-        self.owner = {c: w for w, clients in enumerate(assignments) for c in clients} if self.fixed_owners else {}
-        clients = {c: d for a in assignments for c, d in a.items()}
-        self.num_clients = len(clients)
-        self.train_sizes = [len(clients[c].train) for c in range(self.num_clients)]
-        self.train_steps = [steps_per_epoch(n, cfg.train.batch_size) for n in self.train_sizes]
-        self.test_sizes = [len(clients[c].test) for c in range(self.num_clients)]
+        self.owner = {c: w for w, clients in enumerate(self.assignments) for c in clients} if plan.fixed_owners else {}
+        self.num_clients = plan.num_clients
         self.workers = list(workers)
-        self.initial_global = initial_global
-        self.tensor_offsets = tensor_offsets  # tensor boundaries in the shared vector: fixed-point scales are per tensor
+        self.initial_global = plan.model.initial["shared"]
+        # Tensor boundaries in the shared vector: fixed-point scales are per tensor.
+        self.tensor_offsets = plan.model.layouts["shared"].offsets
         self.state = self._initial_state()
         self.broadcast_ref = self._publish()
         # Measured on owned copies: Ray hands this actor read-only views, which pickle 4 bytes differently.
         self.bytes_down = sum(serialized_size(self.state[name].copy()) for name in self.algorithm.broadcast)
         self.times_sampled = np.zeros(self.num_clients, np.int64)
-        self.cohort = evaluation_cohort(cfg.seed, self.num_clients, cfg.eval.clients)
         self.last_checkpoint: str | None = None
         self.last_chain: list[list[str]] = []  # the last checkpoint's bases and itself: what the next delta builds on
         self.recoveries = 0
@@ -183,7 +134,7 @@ class Server:
     def _by_worker(self, clients: list[int], costs: list[int]) -> dict[int, list[int]]:
         """Worker -> its share of ``clients``: the owners where clients keep state, else a fresh
         cost-balanced split (which worker trains a client never changes its result)."""
-        if self.fixed_owners:
+        if self.plan.fixed_owners:
             owners = [self.owner[c] for c in clients]
         else:
             owners = balanced_owners([costs[c] for c in clients], len(self.workers))
@@ -205,10 +156,10 @@ class Server:
 
     def _round(self, round_idx: int) -> RoundOutcome:
         start = time.perf_counter()
-        sampled = sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction)
+        sampled = self.plan.sampled(round_idx)
         plan = self._sum_plan(sampled)
         calls = [self.workers[w].train_and_sum.remote(self.broadcast_ref, cs, round_idx, plan)
-                 for w, cs in self._by_worker(sampled, self.train_steps).items()]
+                 for w, cs in self._by_worker(sampled, self.plan.train_steps).items()]
         partials: list[WorkerPartial] = self._get_watching(calls)
         # In client order, so logs and the client an error names do not depend on how work was split.
         reports: list[ClientReport] = sorted((r for p in partials for r in p.reports), key=lambda r: r.client)
@@ -223,7 +174,7 @@ class Server:
         if self.shared_size and kept:
             self._aggregate(plan, partials, len(kept))
         self.times_sampled[sampled] += 1
-        records = self._evaluate(round_idx, {r.client: r.train_loss for r in kept}) if self._evaluates(round_idx) else []
+        records = self._evaluate(round_idx, {r.client: r.train_loss for r in kept}) if self.plan.evaluates(round_idx) else []
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.bytes_down, "bytes_up": r.bytes_up}
                 for r in kept]
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start)
@@ -234,7 +185,7 @@ class Server:
         scales, uniform = {}, {}
         for name, weighting in self.algorithm.uploads.items():
             uniform[name] = (weighting or self.cfg.train.weighting) == "uniform"
-            total = len(sampled) if uniform[name] else sum(self.train_sizes[c] for c in sampled)
+            total = len(sampled) if uniform[name] else sum(self.plan.train_sizes[c] for c in sampled)
             scales[name] = FixedPoint.plan(self.state.get(name, self.state[WEIGHTS]), self.tensor_offsets, total)
         return SumPlan(scales, uniform)
 
@@ -250,18 +201,8 @@ class Server:
         self.algorithm.server_update(self.state, means, kept, self.num_clients)
         self.broadcast_ref = self._publish()
 
-    def _evaluates(self, round_idx: int) -> bool:
-        return round_idx % self.cfg.train.eval_every == 0 or round_idx == self.cfg.train.rounds
-
-    def _evaluated_clients(self, round_idx: int) -> list[int]:
-        """The cohort, except at the final round (and every eval.full_every rounds): every client."""
-        every = self.cfg.eval.full_every
-        if round_idx == self.cfg.train.rounds or (every and round_idx % every == 0):
-            return list(range(self.num_clients))
-        return self.cohort
-
     def _evaluate(self, round_idx: int, train_loss: dict[int, float]) -> list[dict]:
-        groups = self._by_worker(self._evaluated_clients(round_idx), self.test_sizes)
+        groups = self._by_worker(self.plan.scored(round_idx), self.plan.test_sizes)
         calls = [self.workers[w].evaluate.remote(self.broadcast_ref, cs, round_idx) for w, cs in groups.items()]
         records = sorted((r for batch in self._get_watching(calls) for r in batch), key=lambda r: r["client"])
         for r in records:
@@ -283,7 +224,7 @@ class Server:
                                 for w, name in zip(self.workers, names)])
         except RayActorError:
             return RolledBack(round_idx, self._recover())
-        meta = {"fingerprint": self.fingerprint, "recoveries": self.recoveries, **checkpoint.new_links(bases)}
+        meta = {"fingerprint": self.plan.fingerprint, "recoveries": self.recoveries, **checkpoint.new_links(bases)}
         server_state = {name: v for name, v in self.state.items() if name != WEIGHTS}
         self.last_checkpoint = checkpoint.finish(staging, round_idx, self.state[WEIGHTS], meta, names, server_state)
         self.last_chain = checkpoint.links_of(meta, storage.parent_and_name(self.last_checkpoint)[1])
@@ -303,7 +244,7 @@ class Server:
             round_idx, self.state, self.last_chain = 0, self._initial_state(), []
         else:
             with storage.local_folder(ckpt) as local:
-                state, global_vector, server_state = checkpoint.read_state(local, self.fingerprint, self.shared_size)
+                state, global_vector, server_state = checkpoint.read_state(local, self.plan.fingerprint, self.shared_size)
             round_idx = int(state["round"])
             self.state = {WEIGHTS: global_vector, **server_state}
             self.last_chain = checkpoint.links_of(state, storage.parent_and_name(ckpt)[1])
@@ -316,14 +257,12 @@ class Server:
     def _times_sampled_until(self, round_idx: int) -> np.ndarray:
         counts = np.zeros(self.num_clients, np.int64)
         for r in range(1, round_idx + 1):  # sampling is a function of (seed, round): recomputed, not stored
-            counts[sample_clients(self.cfg.seed, r, self.num_clients, self.cfg.train.fraction)] += 1
+            counts[self.plan.sampled(r)] += 1
         return counts
 
     def _recover(self) -> int:
         """Replace dead workers and roll everyone back to the last checkpoint: every client's work since
         then is redone from the same inputs, so the results equal those of a fault-free run."""
-        from fedsim.engine.actors import spawn_worker  # the actor shells import this module
-
         lost = []
         for index, worker in enumerate(self.workers):
             try:
@@ -331,8 +270,7 @@ class Server:
             except (RayActorError, GetTimeoutError):
                 ray.kill(worker)
                 lost.append(index)
-                self.workers[index] = spawn_worker(self.cfg, self.assignments[index], self.init_weights,
-                                                   self.bundles[index])
+                self.workers[index] = self.spawn(self.assignments[index], self.bundles[index])
         self.recoveries += 1
         self.losses_in_a_row += 1
         if self.losses_in_a_row > self.cfg.engine.max_recoveries:
@@ -349,3 +287,6 @@ class Server:
     def shutdown(self) -> None:
         for w in self.workers:
             ray.kill(w)
+
+
+ServerActor = ray.remote(Server)

@@ -1,4 +1,6 @@
-"""Writes a run's metrics into its folder (and, when configured, to Weights & Biases).
+"""Writes a run's metrics into its folder: ``metrics.jsonl`` (a record per client and evaluation round),
+``rounds.jsonl`` and ``rounds.csv`` (a row per round), ``comm.jsonl`` (traffic) and, at the end,
+``summary.json``. A callback of the driver loop.
 
 Files are append-only during a run and truncated back to a checkpoint's round on resume or
 rollback, so a resumed run's files equal those of an uninterrupted one.
@@ -9,14 +11,15 @@ import csv
 import io
 import json
 import os
+import time
 from pathlib import Path
 
 from fedsim import atomic
-from fedsim.engine.protocol import RoundResult
+from fedsim.core.protocol import ACCURACIES, RoundResult
+from fedsim.engine.driver import Callback, Run
 from fedsim.metrics.summary import summarize
 
 JSONL_FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")
-ACC_KEYS = ("acc", "acc_personalized")
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -31,11 +34,32 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-class RunLogger:
-    def __init__(self, run_dir: Path, sink=None):
-        self.run_dir = run_dir
-        self.sink = sink  # e.g. a WandbSink; anything with log_round(row, records) and finish(summary, run_dir)
-        self.files = {name: open(run_dir / name, "a") for name in JSONL_FILES}
+def round_row(result: RoundResult) -> dict:
+    """A round's summary row: its time, who took part, its traffic and each accuracy's statistics across clients."""
+    records = result.records
+    row = {"round": result.round, "seconds": result.seconds, "sampled": len(result.sampled),
+           "evaluated": len(records),  # the eval.clients cohort, or everyone
+           "dropped": result.dropped,
+           "bytes_down": sum(c["bytes_down"] for c in result.comm),
+           "bytes_up": sum(c["bytes_up"] for c in result.comm)}
+    for key in ACCURACIES:
+        if records and key in records[0]:
+            row[key] = summarize([r[key] for r in records])
+    return row
+
+
+class JsonlLogger(Callback):
+    def __init__(self) -> None:
+        self.run_dir: Path | None = None
+        self.files: dict[str, io.TextIOWrapper] = {}
+
+    def on_run_start(self, run: Run, done: int) -> None:
+        self.run_dir = run.run_dir
+        self.files = {name: open(self.run_dir / name, "a") for name in JSONL_FILES}
+        self.truncate(done)
+
+    def on_rollback(self, run: Run, to_round: int) -> None:
+        self.truncate(to_round)
 
     def truncate(self, last_round: int) -> None:
         """Keep only rows of rounds <= last_round (after a rollback or on resume)."""
@@ -46,28 +70,17 @@ class RunLogger:
             self.files[name] = open(self.run_dir / name, "a")
         self._write_csv()
 
-    def log_round(self, result: RoundResult) -> dict:
-        """Append one round; returns its summary row."""
-        records = result.records
-        row = {"round": result.round, "seconds": result.seconds, "sampled": len(result.sampled),
-               "evaluated": len(records),  # the eval.clients cohort, or everyone
-               "dropped": result.dropped,
-               "bytes_down": sum(c["bytes_down"] for c in result.comm),
-               "bytes_up": sum(c["bytes_up"] for c in result.comm)}
-        for key in ACC_KEYS:
-            if records and key in records[0]:
-                row[key] = summarize([r[key] for r in records])
-        for name, rows in (("metrics.jsonl", records), ("comm.jsonl", result.comm), ("rounds.jsonl", [row])):
+    def on_round_end(self, run: Run, result: RoundResult) -> None:
+        """Append one round."""
+        row = round_row(result)
+        for name, rows in (("metrics.jsonl", result.records), ("comm.jsonl", result.comm), ("rounds.jsonl", [row])):
             self.files[name].writelines(json.dumps(r) + "\n" for r in rows)
             self.files[name].flush()
-        if records:
+        if result.records:
             self._write_csv()
-        if self.sink:
-            self.sink.log_round(row, records)
-        return row
 
-    def sync(self) -> None:
-        """Make everything logged so far durable (called before a checkpoint is published)."""
+    def on_save_checkpoint(self, run: Run, round_idx: int) -> None:
+        """Make everything logged so far durable: a published checkpoint never points past what is on disk."""
         for handle in self.files.values():
             handle.flush()
             os.fsync(handle.fileno())
@@ -76,23 +89,31 @@ class RunLogger:
         """rounds.csv: one row per evaluation round, every across-client statistic as a column. Replaced
         whole (a kill mid-write leaves the previous version, which `fedsim report` can still read)."""
         rows = [r for r in read_jsonl(self.run_dir / "rounds.jsonl") if "acc" in r]
-        columns = [(key, stat) for key in ACC_KEYS if rows and key in rows[0] for stat in rows[0][key]]
+        columns = [(key, stat) for key in ACCURACIES if rows and key in rows[0] for stat in rows[0][key]]
         text = io.StringIO(newline="")
         writer = csv.writer(text)
         writer.writerow(["round"] + [f"{key}_{stat}" for key, stat in columns])
         writer.writerows([r["round"]] + [r[key][stat] for key, stat in columns] for r in rows)
         atomic.write_text(self.run_dir / "rounds.csv", text.getvalue())
 
-    def records_of_round(self, round_idx: int) -> list[dict]:
-        return [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["round"] == round_idx]
-
-    def comm_totals(self) -> dict:
-        comm = read_jsonl(self.run_dir / "comm.jsonl")
-        return {"bytes_down": sum(c["bytes_down"] for c in comm), "bytes_up": sum(c["bytes_up"] for c in comm)}
-
-    def close(self, summary: dict | None = None) -> None:
+    def on_run_end(self, run: Run, error: BaseException | None) -> None:
         for handle in self.files.values():
             handle.close()
-        if self.sink:
-            self.sink.finish(summary, self.run_dir)
+        if error is None and self.run_dir is not None:
+            run.summary = self._summary(run)
+            atomic.write_text(self.run_dir / "summary.json", json.dumps(run.summary, indent=1))
 
+    def _summary(self, run: Run) -> dict:
+        cfg = run.plan.cfg
+        records = [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["round"] == cfg.train.rounds]
+        summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "rounds": cfg.train.rounds,
+                   "never_sampled": sum(r.get("times_sampled") == 0 for r in records)}
+        for key in ACCURACIES:
+            if records and key in records[0]:
+                per_client = {r["client"]: r[key] for r in records}
+                summary[key] = summarize(list(per_client.values()))
+                summary[f"per_client_{key}"] = per_client
+        comm = read_jsonl(self.run_dir / "comm.jsonl")
+        summary.update(comm={"bytes_down": sum(c["bytes_down"] for c in comm), "bytes_up": sum(c["bytes_up"] for c in comm)},
+                       wall_seconds=time.perf_counter() - run.started, workers=run.workers, **run.extras)
+        return summary

@@ -15,12 +15,12 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from fedsim.config import result_settings
+from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.confidence import Estimate, mean_ci
 from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.summary import summarize
 
-# Metric key in metrics.jsonl -> how the report names it.
-KINDS = {"acc": "initial", "acc_personalized": "personalized"}
 MB = 1e6
 DIRECTIONS = ("bytes_up", "bytes_down")
 
@@ -59,7 +59,7 @@ def load_run(run_dir: Path) -> Run:
     summary, config = _read(run_dir / "summary.json", json.loads), _read(run_dir / "config.yaml", yaml.safe_load)
     per_round: dict[str, dict[int, list[float]]] = {}
     for rec in records:
-        for kind in KINDS:
+        for kind in ACCURACIES:
             if rec.get(kind) is not None:
                 per_round.setdefault(kind, {}).setdefault(rec["round"], []).append(rec[kind])
     rows = read_jsonl(run_dir / "rounds.jsonl")
@@ -72,12 +72,11 @@ def load_run(run_dir: Path) -> Run:
                comm={d: comm.get(d) for d in DIRECTIONS}, seed=config.get("seed"), settings=_settings(config))
 
 
-# Sections that never change what a run computes, so runs differing only there (and in seed) are seeds of one.
-NOT_SETTINGS = ("name", "seed", "out_dir", "logging", "engine", "sweep")
-
-
 def _settings(config: dict) -> str:
-    return json.dumps({k: v for k, v in config.items() if k not in NOT_SETTINGS}, sort_keys=True, default=str)
+    """Every setting that changes what the run computes, except the seed: runs that share it are seeds of one.
+    A config.yaml from an older fedsim (sections missing) is compared as written."""
+    settings = result_settings({**config, "engine": config.get("engine", {})})
+    return json.dumps({k: v for k, v in settings.items() if k != "seed"}, sort_keys=True, default=str)
 
 
 def seed_groups(runs: list[Run]) -> list[list[Run]]:
@@ -126,7 +125,7 @@ def _fairness_png(run: Run, path: Path) -> None:
         ax.fill_between(rounds, mean - std, mean + std, color="C0", alpha=0.2, label="mean ± std")
         ax.plot(rounds, _pct(stats, "p10"), "--", color="C1", label="p10")
         ax.plot(rounds, _pct(stats, "min"), ":", color="C3", label="min")
-        _style(ax, f"{KINDS[kind]} accuracy")
+        _style(ax, f"{ACCURACIES[kind]} accuracy")
     fig.suptitle(f"{run.name} ({run.algorithm}): accuracy across clients per round")
     fig.savefig(path, dpi=110)
 
@@ -135,11 +134,11 @@ def _comparison_png(runs: list[Run], path: Path) -> None:
     fig = Figure(figsize=(9.5, 5), layout="constrained")
     ax = fig.subplots()
     for i, run in enumerate(runs):
-        for kind, style in zip(KINDS, ("-", "--")):
+        for kind, style in zip(ACCURACIES, ("-", "--")):
             if kind in run.per_round:
                 rounds, stats = run.curve(kind)
                 mean, std = _pct(stats, "mean"), _pct(stats, "std")
-                label = run.name if kind == "acc" else f"{run.name} ({KINDS[kind]})"
+                label = run.name if kind == "acc" else f"{run.name} ({ACCURACIES[kind]})"
                 ax.plot(rounds, mean, style, marker="o", markersize=3, color=f"C{i % 10}", label=label)
                 ax.fill_between(rounds, mean - std, mean + std, color=f"C{i % 10}", alpha=0.15)
     _style(ax, "Mean client accuracy per round (band: ± std across clients)")
@@ -147,7 +146,7 @@ def _comparison_png(runs: list[Run], path: Path) -> None:
 
 
 def _distribution_png(runs: list[Run], path: Path) -> None:
-    entries = [(run.name if kind == "acc" else f"{run.name}\n({KINDS[kind]})", 100 * np.array(run.final(kind)))
+    entries = [(run.name if kind == "acc" else f"{run.name}\n({ACCURACIES[kind]})", 100 * np.array(run.final(kind)))
                for run in runs for kind in run.per_round]
     fig = Figure(figsize=(max(6.0, 1.6 * len(entries)), 4.8), layout="constrained")
     ax = fig.subplots()
@@ -166,7 +165,7 @@ def _distribution_png(runs: list[Run], path: Path) -> None:
 
 
 def _seeds_png(groups: list[list[Run]], path: Path) -> None:
-    kinds = [k for k in KINDS if any(k in run.per_round for g in groups for run in g)]
+    kinds = [k for k in ACCURACIES if any(k in run.per_round for g in groups for run in g)]
     fig = Figure(figsize=(7.4 * len(kinds), 4.6), layout="constrained")
     for ax, kind in zip(fig.subplots(1, len(kinds), squeeze=False)[0], kinds):
         for i, group in enumerate(groups):
@@ -179,20 +178,20 @@ def _seeds_png(groups: list[list[Run]], path: Path) -> None:
             if all(e.low is not None for e in estimates):
                 ax.fill_between(rounds, [e.low for e in estimates], [e.high for e in estimates], color=f"C{i % 10}",
                                 alpha=0.2)
-        _style(ax, f"{KINDS[kind]} accuracy: mean over seeds (band: 95% CI)")
+        _style(ax, f"{ACCURACIES[kind]} accuracy: mean over seeds (band: 95% CI)")
     fig.savefig(path, dpi=110)
 
 
 def _seed_table(groups: list[list[Run]]) -> list[str]:
     lines = ["| runs | seeds | accuracy | final mean % [95% CI over seeds] | mean client std |", "|---|---|---|---|---|"]
     for group in groups:
-        for kind in KINDS:
+        for kind in ACCURACIES:
             rounds, estimates = seed_curve(group, kind)
             if rounds:
                 est = estimates[-1]
                 interval = f"{est.mean:.2f}" + (f" [{est.low:.2f}, {est.high:.2f}]" if est.low is not None else "")
                 spread = np.mean([100 * summarize(run.per_round[kind][rounds[-1]])["std"] for run in group])
-                lines.append(f"| {group_label(group)} | {', '.join(str(r.seed) for r in group)} | {KINDS[kind]} | "
+                lines.append(f"| {group_label(group)} | {', '.join(str(r.seed) for r in group)} | {ACCURACIES[kind]} | "
                              f"{interval} | {spread:.2f} |")
     return lines
 
@@ -222,7 +221,7 @@ def _accuracy_table(runs: list[Run]) -> list[str]:
         rounds = f"{run.rounds}" + ("" if run.finished else " (no summary.json)")
         for kind in run.per_round:
             s = summarize(run.final(kind))
-            lines.append(f"| {run.name} | {run.algorithm} | {rounds} | {KINDS[kind]} | {100 * s['mean']:.2f} | "
+            lines.append(f"| {run.name} | {run.algorithm} | {rounds} | {ACCURACIES[kind]} | {100 * s['mean']:.2f} | "
                          f"{100 * s['std']:.2f} | {100 * s['min']:.2f} | {100 * s['p10']:.2f} | "
                          f"{100 * s['worst10_mean']:.2f} | {s['jain']:.3f} | {_fmt(run.comm['bytes_up'], '.2f', MB)} | "
                          f"{_fmt(run.comm['bytes_down'], '.2f', MB)} | {_fmt(run.wall_seconds, '.1f')} |")

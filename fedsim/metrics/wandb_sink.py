@@ -1,5 +1,5 @@
-"""Weights & Biases logging: summary curves (accuracies and losses), one accuracy curve per client, final
-histogram, artifact.
+"""Weights & Biases logging, a callback of the driver loop: summary curves (accuracies and losses), one
+accuracy curve per client, final histogram, artifact.
 
 Never needs a server: ``mode: offline`` writes ``RUN/wandb/offline-run-*`` for a later
 ``wandb sync``; ``online`` without an API key falls back to offline and says how to sync.
@@ -14,7 +14,11 @@ import os
 import sys
 from pathlib import Path
 
-from fedsim.config import RunConfig, WandbConfig
+from fedsim import storage
+from fedsim.config import WandbConfig
+from fedsim.core.protocol import ACCURACIES, RoundResult
+from fedsim.engine.driver import Callback, Run
+from fedsim.metrics.logger import round_row
 
 ARTIFACT_FILES = ("summary.json", "rounds.csv", "rounds.jsonl", "partition_stats.json", "config.yaml")
 STATE_FILE = "wandb_run.json"
@@ -31,10 +35,14 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-class WandbSink:
-    def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool = False):
+class WandbLogger(Callback):
+    def __init__(self) -> None:
+        self.run = None  # the W&B run, once the fedsim run has started
+
+    def on_run_start(self, run: Run, done: int) -> None:
         import wandb
 
+        cfg, run_dir, resume = run.plan.cfg, run.run_dir, run.resume
         wcfg: WandbConfig = cfg.logging.wandb
         mode = wcfg.mode
         if mode == "online" and not _has_api_key():
@@ -55,16 +63,18 @@ class WandbSink:
         self.mode = mode
         self.logged_through = saved.get("logged_through", 0)
         self._save_state()
+        run.extras["wandb"] = self.describe(run_dir, run.folder.location)
 
     def _save_state(self) -> None:
         self.state_path.write_text(json.dumps({"id": self.run.id, "logged_through": self.logged_through}))
 
-    def log_round(self, row: dict, records: list[dict]) -> None:
+    def on_round_end(self, run: Run, result: RoundResult) -> None:
+        row, records = round_row(result), result.records
         if row["round"] <= self.logged_through:  # redone after a rollback or a resume: W&B has it already
             return
         data = {"round": row["round"], "comm/bytes_up": row["bytes_up"], "comm/bytes_down": row["bytes_down"],
                 "round_seconds": row["seconds"]}
-        for key in ("acc", "acc_personalized"):
+        for key in ACCURACIES:
             for stat, value in row.get(key, {}).items():
                 data[f"{key}/{stat}"] = value
         # Loss curves beside the accuracies: training loss of the clients trained this round, test loss of all.
@@ -84,15 +94,18 @@ class WandbSink:
         self.logged_through = row["round"]
         self._save_state()
 
-    def finish(self, summary: dict | None, run_dir: Path) -> None:
+    def on_run_end(self, run: Run, error: BaseException | None) -> None:
         import wandb
 
+        if self.run is None:  # the run broke before W&B started
+            return
+        summary, run_dir = run.summary, run.run_dir
         if summary:
             accs = summary["per_client_acc"]
             table = wandb.Table(columns=["client", "acc"], data=[[int(c), a] for c, a in accs.items()])
             self.run.log({"final/client_acc_hist": wandb.Histogram(list(accs.values())),
                           "final/client_acc_table": table})
-            for key in ("acc", "acc_personalized"):
+            for key in ACCURACIES:
                 for stat, value in summary.get(key, {}).items():
                     self.run.summary[f"final/{key}/{stat}"] = value
             artifact = wandb.Artifact(f"{summary['name']}-summary", type="run-summary")
@@ -105,8 +118,6 @@ class WandbSink:
     def describe(self, run_dir: Path, location: str) -> dict:
         """Where the W&B run lives, for the run summary (and the CLI's sync hint). ``location``: where the
         run folder ``run_dir`` is stored (itself, or a URI when it is a staging copy)."""
-        from fedsim import storage
-
         inside = Path(self.run.dir).parent.resolve().relative_to(run_dir.resolve())
         folder = storage.join(location, *inside.parts)
         if self.mode != "offline":

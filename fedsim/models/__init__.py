@@ -8,6 +8,7 @@ from fedsim.models.mlp import linear_base, mlp
 from fedsim.models.mobilenet import mobilenet_v1
 from fedsim.models.resnet import resnet34
 from fedsim.models.split import SplitNet
+from fedsim.models.state import use_batch_statistics
 from fedsim.plugins import is_plugin, load_plugin
 
 MODELS: dict[str, Callable[..., SplitNet]] = {
@@ -15,8 +16,10 @@ MODELS: dict[str, Callable[..., SplitNet]] = {
 }
 
 
-def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int]) -> SplitNet:
-    """Build a registered model (or a user's ``package.module:function``) for inputs of shape (C, H, W)."""
+def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int],
+                batch_statistics: bool = False) -> SplitNet:
+    """Build a registered model (or a user's ``package.module:function``) for inputs of shape (C, H, W);
+    ``batch_statistics``: BatchNorm without running statistics (model.batchnorm: batch_stats)."""
     if is_plugin(name):
         factory = load_plugin(name, "model.name")
     elif name in MODELS:
@@ -32,6 +35,8 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int]) 
     if not isinstance(net, SplitNet):
         raise ValueError(f"model.name: {name!r} built a {type(net).__name__}; a model must return a "
                          "fedsim.models.SplitNet (stem, blocks, classifier)")
+    if batch_statistics:
+        use_batch_statistics(net)
     return net
 
 

@@ -12,7 +12,6 @@ from typing import Any, Callable, Literal
 
 Overrides = dict[str, Any | Callable[[dict], Any]]  # dotted key -> value, or a function of the base config
 Metric = Literal["acc", "acc_personalized"]
-METRIC_NAMES = {"acc": "initial", "acc_personalized": "personalized"}
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from fedsim import atomic
+from fedsim.core.protocol import ACCURACIES
+from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce import PAPERS
-from fedsim.reproduce.claims import METRIC_NAMES, Arm, Claim, Paper, Test
+from fedsim.reproduce.claims import Arm, Claim, Paper, Test
 from fedsim.reproduce.runner import read_summary, run_name, run_seconds
-from fedsim.metrics.confidence import mean_ci
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
@@ -36,7 +37,7 @@ def client_values(folder: Path, metric: str) -> list[float] | None:
         return None
     key = f"per_client_{metric}"
     if key not in summary:
-        raise ValueError(f"{folder}: summary.json has no {key} (the run did not measure {METRIC_NAMES[metric]} "
+        raise ValueError(f"{folder}: summary.json has no {key} (the run did not measure {ACCURACIES[metric]} "
                          "accuracy); run it again with `fedsim reproduce`")
     return [float(v) for v in summary[key].values()]
 
@@ -128,7 +129,7 @@ def claim_figure(claim: dict, path: Path) -> None:
         ax.scatter(np.full(len(arm["per_seed_mean"]), i), arm["per_seed_mean"], color="black", s=14, zorder=3,
                    label="one seed's client mean" if i == 0 else None)
     ax.set_xticks(x, [a["label"] for a in arms], rotation=20 if len(arms) > 3 else 0, fontsize="small")
-    metrics = sorted({METRIC_NAMES[a["metric"]] for a in arms})
+    metrics = sorted({ACCURACIES[a["metric"]] for a in arms})
     ax.set(ylabel=f"{' / '.join(metrics)} client accuracy (%)", ylim=(0, 100), title=claim["title"])
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize="small", loc="upper right")
@@ -180,7 +181,7 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for arm in claim["arms"]:
         spread = [f"{arm[f'client_{k}']:.2f}" if arm["seeds"] else "-" for k in ("std", "min", "p10")]
-        lines.append(f"| {arm['label']} | {METRIC_NAMES[arm['metric']]} | "
+        lines.append(f"| {arm['label']} | {ACCURACIES[arm['metric']]} | "
                      f"{_interval(arm.get('estimate'))} | {len(arm['seeds'])} | {' | '.join(spread)} |")
     lines += ["", "| test | mean [95% CI] | seeds | result |", "|---|---|---|---|"]
     for test in claim["tests"]:

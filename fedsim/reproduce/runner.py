@@ -12,10 +12,19 @@ from typing import Any, Callable, Iterator
 
 import yaml
 
-from fedsim.config import ConfigError, RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
-from fedsim.engine.checkpoint import changed_settings
+from fedsim.config import (
+    ConfigError,
+    RunConfig,
+    changed_settings,
+    load_tree,
+    merge_trees,
+    parse_overrides,
+    set_dotted,
+    validate,
+)
+from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.logger import read_jsonl
-from fedsim.reproduce.claims import METRIC_NAMES, Claim, Paper
+from fedsim.reproduce.claims import Claim, Paper
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
@@ -125,7 +134,7 @@ def execute(planned: list[PlannedRun], say: Callable[[str], None] = print) -> No
 
 
 def _complete(item: PlannedRun, where: str, say: Callable[[str], None]) -> None:
-    from fedsim.engine import run
+    from fedsim.simulate import run
 
     state = status(item)  # read under the lock: another process may have just finished it
     if state == "finished":
@@ -135,7 +144,7 @@ def _complete(item: PlannedRun, where: str, say: Callable[[str], None]) -> None:
         say(f"{where}: its settings changed since it ran; running it again")
     say(f"{where}: {'resuming' if state == 'resumable' else 'running'}")
     result = run(item.config, overwrite=state == "changed", resume=state == "resumable")
-    scores = ", ".join(f"{name} {100 * result.summary[key]['mean']:.2f}%" for key, name in METRIC_NAMES.items()
+    scores = ", ".join(f"{name} {100 * result.summary[key]['mean']:.2f}%" for key, name in ACCURACIES.items()
                        if key in result.summary)
     say(f"{where}: {scores} ({run_seconds(item.folder):.0f} s of rounds)")
 

@@ -1,29 +1,81 @@
 """The runtime primitives an algorithm's client hook works with, for one client in one round.
 
-A hook loads state into the one shared network (``load``, ``unpack``), trains it (``sgd``), reads
-what it needs (``pack``, ``slot``) and leaves its results through ``commit_model``, ``upload`` and
-``set_slot``. Results are staged here and kept by the runtime only if the client's loss stayed
-finite, so a diverged client leaves nothing behind.
+A hook loads state into the one shared network (``load``, ``unpack``), trains it (``sgd``), reads what it
+needs (``pack``, ``slot``) and leaves its results through ``commit_model``, ``upload`` and ``set_slot``.
+Results are staged here and kept by the runtime only if the client's loss stayed finite, so a diverged
+client leaves nothing behind.
+
+The context reaches the worker's runtime only through :class:`RuntimePort`, a small typed interface the
+runtime (``fedsim.client.runtime.ClientRuntime``) implements; algorithms never see the runtime itself.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
-from fedsim.algorithms import WEIGHTS
-
-if TYPE_CHECKING:
-    from fedsim.client.runtime import ClientRuntime
+from fedsim.core.protocol import WEIGHTS
 
 Penalty = Callable[[], torch.Tensor]
 StepCallback = Callable[[torch.Tensor, torch.Tensor], None]
 
 
+class DeviceLayout(Protocol):
+    """A layout (``shared``, ``personal``, ``full``) bound to the worker's model on its device."""
+    keys: tuple[str, ...]
+
+    @property
+    def size(self) -> int: ...
+
+    def load(self, vector: np.ndarray | torch.Tensor) -> None:
+        """Copy a flat vector into the model."""
+
+    def pack(self) -> np.ndarray:
+        """The model's values as a new flat float32 vector on the host."""
+
+    def pack_tensor(self) -> torch.Tensor:
+        """The model's values as a new flat float32 vector on the device."""
+
+    def tensors(self, vector: np.ndarray) -> dict[str, torch.Tensor]:
+        """Each key's values of ``vector`` as its own tensor on the device (copies)."""
+
+    def vector(self, tensors: dict[str, torch.Tensor]) -> np.ndarray:
+        """The inverse of ``tensors``."""
+
+
+class RuntimePort(Protocol):
+    """What a worker's runtime offers a client hook."""
+    net: nn.Module  # the one network every client of the worker trains in turn
+    device: torch.device  # where it trains; uploads stay there and are summed there
+    local_epochs: int
+    layouts: Mapping[str, DeviceLayout]
+
+    def initial(self, layout: str) -> np.ndarray:
+        """The round-0 value of a layout (every client starts from the same model)."""
+
+    def stored(self, slot: str, client: int) -> np.ndarray | None:
+        """A client's value of a per-client state slot as kept after its last successful round, or None."""
+
+    def load_global(self, weights: np.ndarray) -> None:
+        """Put received global weights into the model's shared part (a no-op when it holds them untouched)."""
+
+    def learning_rates(self, layout: str, round_idx: int) -> np.ndarray:
+        """Per value of ``layout``: its part's training lr in that round, 0 for buffers (never trained)."""
+
+    def sgd(self, x: torch.Tensor, y: torch.Tensor, parts: frozenset[str], epochs: int, generator: torch.Generator,
+            round_idx: int, penalty: Penalty | None = None, after_step: StepCallback | None = None,
+            finetune: bool = False) -> list[torch.Tensor]:
+        """Local training of ``parts`` on (x, y); returns the per-step losses."""
+
+    def client_tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A client's ``train`` or ``test`` images and labels on the model's device."""
+
+
 class ClientContext:
-    def __init__(self, runtime: ClientRuntime, client: int, round_idx: int, broadcast: dict[str, np.ndarray],
+    def __init__(self, runtime: RuntimePort, client: int, round_idx: int, broadcast: dict[str, np.ndarray],
                  generator: torch.Generator):
         self._rt = runtime
         self.client = client
@@ -31,7 +83,7 @@ class ClientContext:
         self.broadcast = broadcast
         self.generator = generator  # all of this client's randomness in this round
         self.net = runtime.net
-        self.local_epochs = runtime.cfg.train.local_epochs
+        self.local_epochs = runtime.local_epochs
         self.uploads: dict[str, torch.Tensor] = {}  # on the worker's device
         self.slots: dict[str, np.ndarray] = {}  # staged per-client state, kept if the round succeeds
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -44,25 +96,22 @@ class ClientContext:
     def load(self) -> None:
         """The received global weights and this client's personal part. The global part is copied in only
         if the model does not hold it already: scoring many clients swaps only their personal parts."""
-        weights = self.broadcast[WEIGHTS]
-        if not self._rt.holds(weights):
-            self.unpack("shared", self._rt.resident(weights))
-            self._rt.mark_held(weights)
-        self.unpack("personal", self.slot("personal", default=self._rt.initial["personal"]))
+        self._rt.load_global(self.broadcast[WEIGHTS])
+        self.unpack("personal", self.slot("personal", default=self._rt.initial("personal")))
 
     def unpack(self, layout: str, vector: np.ndarray | torch.Tensor) -> None:
-        self._rt.layouts[layout].unpack_into(self.net, vector)
+        self._rt.layouts[layout].load(vector)
 
     def pack(self, layout: str) -> np.ndarray:
-        return self._rt.layouts[layout].pack(self.net)
+        return self._rt.layouts[layout].pack()
 
     def initial(self, layout: str) -> np.ndarray:
         """The round-0 value of a layout (every client starts from the same model)."""
-        return self._rt.initial[layout]
+        return self._rt.initial(layout)
 
     def tensors(self, layout: str, vector: np.ndarray) -> dict[str, torch.Tensor]:
         """A vector of ``layout`` as named tensors on the model's device (copies)."""
-        return self._rt.layouts[layout].tensors(vector, self._rt.device)
+        return self._rt.layouts[layout].tensors(vector)
 
     def vector(self, layout: str, tensors: dict[str, torch.Tensor]) -> np.ndarray:
         return self._rt.layouts[layout].vector(tensors)
@@ -79,8 +128,8 @@ class ClientContext:
         """This client's value of a per-client state slot (``default`` before its first write)."""
         if name in self.slots:
             return self.slots[name]
-        store = self._rt.slots[name]
-        return store[self.client] if self.client in store else np.asarray(default, np.float32)
+        stored = self._rt.stored(name, self.client)
+        return stored if stored is not None else np.asarray(default, np.float32)
 
     def set_slot(self, name: str, vector: np.ndarray | Iterable[float]) -> None:
         self.slots[name] = np.asarray(vector, np.float32)
@@ -119,5 +168,5 @@ class ClientContext:
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This client's training images and labels on the model's device."""
         if self._data is None:
-            self._data = self._rt.tensors(self.client, "train")
+            self._data = self._rt.client_tensors(self.client, "train")
         return self._data

@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedsim.engine.aggregate import FixedPoint
+from fedsim.core.aggregate import FixedPoint
+
+WEIGHTS = "weights"  # the upload / server-state entry holding the shared model weights
+
+# What an evaluation record scores, by key: the model a client holds (initial) and, after eval.finetune_epochs of
+# fine-tuning, its personalized model. Logs, summaries, reports and W&B name the two kinds from here.
+ACCURACIES = {"acc": "initial", "acc_personalized": "personalized"}
 
 
 @dataclass(frozen=True)
@@ -16,16 +22,6 @@ class ClientData:
     train: np.ndarray  # indices into the dataset's train arrays
     test: np.ndarray
     label_map: np.ndarray | None = None  # client label = label_map[true label] (conflicting-label partitions)
-
-
-@dataclass(frozen=True)
-class ClientUpdate:
-    client: int
-    n_train: int
-    uploads: dict[str, np.ndarray]  # the algorithm's named uploads ("weights": flat shared weights, ...)
-    train_loss: float
-    bytes_up: int  # serialised size of the uploads: what this client sends to the server
-    diverged: bool = False  # non-finite loss: nothing was kept, ``uploads`` is empty
 
 
 def serialized_size(array: np.ndarray) -> int:

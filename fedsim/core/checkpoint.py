@@ -27,7 +27,6 @@ checkpoint, resume falls back to the newest intact one.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -46,49 +45,13 @@ import numpy as np
 from fedsim import storage
 
 if TYPE_CHECKING:
-    from fedsim.engine.weights import VectorStore
+    from fedsim.core.store import VectorStore
 
 KEEP = 2  # complete checkpoints kept on disk
 
 
 class CheckpointError(ValueError):
     """A missing, truncated or foreign checkpoint (one line naming the file and the fix)."""
-
-
-# Settings a resumed run may change: where it writes, how it logs, how long it runs, and engine
-# settings that do not change results.
-RESUMABLE = ("name", "out_dir", "sweep", "logging")
-
-
-def _relevant(cfg_dict: dict) -> dict:
-    relevant = {k: v for k, v in cfg_dict.items() if k not in RESUMABLE}
-    # Resuming may extend a run - unless a step schedule places its milestones by the round count.
-    stepped = any(relevant["train"][part]["schedule"] != "constant" for part in ("body", "head"))
-    relevant["train"] = {k: v for k, v in relevant["train"].items() if k != "rounds" or stepped}
-    # Thread count and tensor layout change floating-point results in the last bits.
-    relevant["engine"] = {k: v for k, v in relevant["engine"].items() if k in ("threads_per_worker", "memory_format")}
-    return relevant
-
-
-def fingerprint(cfg_dict: dict) -> str:
-    """What must match for a checkpoint to continue this run (output location may differ)."""
-    return hashlib.sha256(json.dumps(_relevant(cfg_dict), sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def changed_settings(before: dict, after: dict) -> list[str]:
-    """Dotted keys covered by the fingerprint whose values differ between two resolved configs."""
-    old, new = _flatten(_relevant(before)), _flatten(_relevant(after))
-    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
 def _fsync_file(path: Path) -> None:
@@ -102,6 +65,11 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_all(run_dir: Path) -> None:
+    """Every checkpoint of a run folder (a run started again with --overwrite)."""
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
 def staging_dir(run_dir: Path, round_idx: int) -> Path:

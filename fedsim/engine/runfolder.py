@@ -1,0 +1,180 @@
+"""A run's folder: created, locked, checked on resume, replaced with --overwrite, published to an object
+store, and given its final model. Every whole file it writes goes through ``atomic.write_text`` or
+``atomic.write_bytes`` (written beside, fsynced, renamed), so a crash never leaves one half-written."""
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from fedsim import atomic, storage
+from fedsim.config import ConfigError, RunConfig, changed_settings, load_tree, validate
+from fedsim.core import checkpoint
+from fedsim.data import ArrayDataset, DataError, Partition
+from fedsim.engine import runlock
+from fedsim.engine.failures import describe_failure
+from fedsim.errors import RunFailed
+from fedsim.plan import RunPlan
+
+DATASET_FILE = "dataset.json"
+CONFIG_FILE = "config.yaml"
+# What a new run starts without: the files of a run replaced by --overwrite.
+RESULT_FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json")
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig:
+    """The resolved config a run folder (a path or a URI) was started with (for --resume)."""
+    store = storage.Store(run_dir)
+    if not store.exists(CONFIG_FILE):
+        raise ConfigError(f"{run_dir}: not a run folder (no {CONFIG_FILE}); pass the folder a `fedsim run` created")
+    out_dir, name = storage.parent_and_name(str(run_dir))
+    with tempfile.TemporaryDirectory(prefix="fedsim-config-") as tmp:
+        config = Path(tmp, CONFIG_FILE)
+        config.write_bytes(store.read_bytes(CONFIG_FILE))
+        tree, stored = load_tree(config, overrides), load_tree(config)
+    for t in (tree, stored):
+        t.update(name=name, out_dir=out_dir)
+    cfg = validate(tree)
+    changed = changed_settings(validate(stored).model_dump(), cfg.model_dump()) if overrides else []
+    if changed:
+        raise ConfigError(f"{changed[0]}: a resumed run cannot change it (it changes what the run computes); resume "
+                          "accepts train.rounds, logging.* and engine settings other than threads_per_worker and "
+                          "memory_format; start a new run with another name instead")
+    return cfg
+
+
+class RunFolder:
+    """A run's folder as this process sees it: ``local`` is where it writes, ``location`` where the run lives.
+    For a local out_dir they are the same folder. For an object store, ``local`` is a staging copy whose
+    files are uploaded at every checkpoint and at the end (checkpoints themselves go straight to the store)."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.location = storage.join(cfg.out_dir, cfg.name)
+        self.remote = storage.is_uri(self.location)
+        self.store = storage.Store(self.location) if self.remote else None
+        # Absolute: the server actor and the marker check must not depend on a process's working folder.
+        self.local = storage.staging_folder(self.location) if self.remote else Path(self.location).resolve()
+        self.stored: dict[Path, tuple[int, int]] = {}  # staging file -> (mtime, size) when it was last uploaded
+
+    @property
+    def checkpoints_location(self) -> str:
+        """Where the server and the workers write checkpoints: the store itself for a URI, else the folder."""
+        return self.location if self.remote else str(self.local)
+
+    # -- before Ray starts -----------------------------------------------------------------------
+    def refuse_live(self) -> None:
+        """Fail fast, before Ray starts, when another process runs this folder (``lock`` is the real guard)."""
+        if not self.remote:
+            runlock.refuse_if_live(self.local)
+
+    def refuse_existing(self, overwrite: bool) -> None:
+        exists = (self.store.files() if self.remote else
+                  self.local.exists() and any(p.name != runlock.LOCK_NAME for p in self.local.iterdir()))
+        if exists and not overwrite:
+            raise ConfigError(f"{self.location}: run folder already exists; pass --resume {self.location} to continue "
+                              "it, --overwrite to replace it, or change name")
+
+    def open_for_resume(self, data: ArrayDataset) -> tuple[Partition, Path | None]:
+        """Bring a stored run's files here and check them against this config and data; returns the run's own
+        partition and the checkpoint it continues from (None: round 0). The checkpoint is validated against
+        the plan once the plan is built (``check_checkpoint``)."""
+        if self.remote:
+            if not self.store.exists(CONFIG_FILE):
+                raise ConfigError(f"{self.location}: not a run folder (no {CONFIG_FILE}); pass the folder a `fedsim "
+                                  "run` created")
+            self.store.download_tree(self.local)
+            self.stored = {path: self._stamp(path) for path in self._files()}
+        self._refuse_changed_data(data)
+        return Partition.load(self.local / "partition.npz"), checkpoint.latest(self.local)
+
+    @staticmethod
+    def check_checkpoint(ckpt: Path | None, plan: RunPlan) -> None:
+        if ckpt is not None:
+            checkpoint.read_state(ckpt, plan.fingerprint, plan.model.layouts["shared"].size)
+
+    def _refuse_changed_data(self, data: ArrayDataset) -> None:
+        """The partition stored in the run folder indexes the data set as it was: same counts with other
+        images would silently train on different data."""
+        try:
+            started_with = json.loads((self.local / DATASET_FILE).read_text())["digest"]
+        except FileNotFoundError:
+            return  # a run folder from before data digests: nothing to compare with
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DataError(f"data.root: {self.local / DATASET_FILE} is unreadable ({err}); restore it from a "
+                            "backup") from None
+        if started_with != data.digest:
+            raise DataError(f"data.root: the {data.name} data changed since this run started (content {started_with}, "
+                            f"now {data.digest}); restore the original files, or start a new run")
+
+    # -- while the run holds it ------------------------------------------------------------------
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Held until the run ends: a second run of this folder, or --overwrite meanwhile, is refused. An
+        object store has no such lock: there the staging copy is private to this process anyway."""
+        with nullcontext() if self.remote else runlock.hold(self.local):
+            yield
+
+    def create(self, partition: Partition, data: ArrayDataset) -> None:
+        """Write the new run's folder. Failing here (a full disk) is a run-time failure, but there is nothing to
+        resume yet: the folder has no config.yaml, and the way on is to start again."""
+        try:
+            if self.remote:
+                self.store.delete("")  # --overwrite: the stored run goes before the new one is written
+            self._write_new(partition, data)
+            self.publish()
+        except OSError as err:
+            raise RunFailed(describe_failure(err), self.location, resumable=False) from err
+
+    def _write_new(self, partition: Partition, data: ArrayDataset) -> None:
+        run_dir = self.local
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in RESULT_FILES:
+            (run_dir / stale).unlink(missing_ok=True)
+        checkpoint.remove_all(run_dir)
+        atomic.write_text(run_dir / DATASET_FILE, json.dumps({"dataset": self.cfg.data.dataset, "digest": data.digest}))
+        partition.save(run_dir / "partition.npz")
+        stats = partition.stats(data.train_y, data.test_y, data.num_classes)
+        atomic.write_text(run_dir / "partition_stats.json", json.dumps(stats, indent=1))
+        self.write_config()  # last: a folder with a config.yaml is a complete run folder, fit to resume
+
+    def write_config(self) -> None:
+        """config.yaml always holds what the run is running now: a resume that extends train.rounds updates it,
+        so a later plain resume (and summary.json) keep the new round count."""
+        atomic.write_text(self.local / CONFIG_FILE, yaml.safe_dump(self.cfg.model_dump(), sort_keys=False))
+
+    def save_final_model(self, plan: RunPlan, global_vector: np.ndarray) -> None:
+        """``model.npz``: the final global weights by state-dict key, what another run's model.init_from reads."""
+        buffer = io.BytesIO()
+        np.savez(buffer, **plan.model.layouts["shared"].arrays(global_vector))
+        atomic.write_bytes(self.local / "model.npz", buffer.getvalue())
+
+    def publish(self) -> None:
+        """Upload the run's new or changed files (metrics, config, W&B) from the staging copy; checkpoints are
+        not among them (workers and the server write those to the store themselves)."""
+        if self.remote:
+            for path in self._files():
+                if self.stored.get(path) != self._stamp(path):
+                    self.stored[path] = self._stamp(path)
+                    self.store.upload(path, path.relative_to(self.local).as_posix())
+
+    def checkpoint_location(self, ckpt: Path) -> str:
+        return storage.join(self.location, "checkpoints", ckpt.name) if self.remote else str(ckpt)
+
+    def _files(self) -> list[Path]:
+        return sorted(p for p in self.local.rglob("*") if p.is_file() and p.relative_to(self.local).parts[0] != "checkpoints")
+
+    @staticmethod
+    def _stamp(path: Path) -> tuple[int, int]:
+        stat = path.stat()
+        return stat.st_mtime_ns, stat.st_size
+
+    def close(self) -> None:
+        if self.remote:
+            storage.remove_staging(self.local)

@@ -1,0 +1,143 @@
+"""One simulation from config to finished run folder: check the inputs, start (or attach to) Ray, reserve
+the workers' resources, hold the run folder, start the server and workers, and drive the rounds."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from fedsim.config import ConfigError, RunConfig
+from fedsim.core.checkpoint import CheckpointError
+from fedsim.data import DataError
+from fedsim.engine import placement
+from fedsim.engine.driver import Callback, Run, drive, end
+from fedsim.engine.failures import TrainingDiverged, describe_failure
+from fedsim.engine.runfolder import RunFolder
+from fedsim.engine.server import ServerActor
+from fedsim.errors import RunFailed
+from fedsim.plan import RunPlan
+from fedsim.plan.build import build_plan, load_inputs
+
+WorkerSpawn = Callable[[ray.ObjectRef, dict, Any, float, float], Any]
+"""``spawn(plan_ref, clients, bundle, cpus, gpus)``: one worker actor (``fedsim.client.worker.spawn_worker``)."""
+
+
+def connect_ray(cfg: RunConfig) -> None:
+    """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers."""
+    if ray.is_initialized():
+        return
+    quiet = {"log_to_driver": True, "configure_logging": True, "logging_level": "warning"}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
+        return
+    engine = cfg.engine
+    cpus = max(os.cpu_count() or 1, int(engine.workers * engine.cpus_per_worker + 0.999))
+    # The dashboard stays on loopback unless a user binds it elsewhere on purpose.
+    # address="local": always a fresh local instance, never a stray cluster left behind by `ray start`.
+    ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
+
+
+def check_resources(cfg: RunConfig) -> None:
+    """Fail fast where Ray would otherwise wait forever for resources that do not exist."""
+    engine, have = cfg.engine, ray.cluster_resources()
+    workers = min(engine.workers, cfg.data.num_clients)
+    for resource, each in (("GPU", engine.gpus_per_worker), ("CPU", engine.cpus_per_worker)):
+        need = workers * each
+        if need > have.get(resource, 0) + 1e-9:
+            field = "gpus_per_worker" if resource == "GPU" else "cpus_per_worker"
+            raise ConfigError(f"engine.{field}: {workers} workers x {each} need {need:g} {resource}, the Ray cluster "
+                              f"has {have.get(resource, 0):g}; lower engine.workers or engine.{field}")
+
+
+def _this_node() -> NodeAffinitySchedulingStrategy:
+    # The server actor stays on the submitting node so it shares that node's view of the run folder.
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def start_engine(plan: RunPlan, plan_ref: ray.ObjectRef, spawn: WorkerSpawn, bundles: list):
+    """Spawn the workers (worker i in ``bundles[i]``) and the server actor together (the workers' ~3 s of
+    imports overlap the server's start-up instead of following it). ``plan_ref``: the plan in Ray's object
+    store, held by the caller for the whole run. Returns the server's handle."""
+
+    engine = plan.cfg.engine
+
+    def spawn_one(clients, bundle):
+        return spawn(plan_ref, clients, bundle, engine.cpus_per_worker, engine.gpus_per_worker)
+
+    workers = [spawn_one(clients, bundle) for clients, bundle in zip(plan.assignments, bundles)]
+    return ServerActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(plan_ref, workers, spawn_one,
+                                                                                     bundles)
+
+
+def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback], overwrite: bool = False,
+                resume: bool = False) -> Run:
+    """Run (or with ``resume``, continue) a simulation, telling ``callbacks`` as it goes; ``spawn(plan, clients,
+    bundle)`` starts one worker actor. Bad input raises ConfigError/DataError/CheckpointError before anything is
+    written; a failure once the run is under way raises RunFailed (with the resume command)."""
+    inputs = load_inputs(cfg)  # every input is checked before Ray starts or a file is written
+    folder = RunFolder(cfg)
+    try:
+        folder.refuse_live()
+        partition, ckpt = folder.open_for_resume(inputs.data) if resume else (inputs.partition, None)
+        if not resume:
+            folder.refuse_existing(overwrite)
+        plan = build_plan(cfg, inputs, partition)
+        folder.check_checkpoint(ckpt, plan)
+        connect_ray(cfg)
+        if not os.environ.get("RAY_ADDRESS"):
+            check_resources(cfg)  # a Ray started here has no autoscaler: what it lacks now, it lacks for good
+        group = placement.reserve(cfg, plan.workers)
+        try:
+            if not folder.remote:
+                placement.check_shared(folder.local.parent, placement.nodes_of(group), cfg.engine.round_timeout_s)
+            with folder.lock():
+                if resume:
+                    folder.write_config()  # an extended train.rounds is remembered
+                else:
+                    folder.refuse_existing(overwrite)  # again: another run may have filled the folder meanwhile
+                    folder.create(partition, inputs.data)
+                try:
+                    return _train(plan, folder, spawn, placement.bundles(group, plan.workers), ckpt, resume, callbacks)
+                except (ConfigError, DataError, CheckpointError, TrainingDiverged):
+                    raise
+                except Exception as err:
+                    raise RunFailed(describe_failure(err), folder.location) from err
+        finally:
+            placement.release(group)
+    finally:
+        folder.close()
+
+
+def _train(plan: RunPlan, folder: RunFolder, spawn: WorkerSpawn, bundles: list, ckpt: Path | None, resume: bool,
+           callbacks: Sequence[Callback]) -> Run:
+    started = time.perf_counter()
+    plan_ref = ray.put(plan)  # one copy in the object store, read by every worker and the server
+    run = Run(plan, folder, resume, start_engine(plan, plan_ref, spawn, bundles), started, callbacks=list(callbacks))
+    error: BaseException | None = None
+    try:
+        drive(run, folder.checkpoint_location(ckpt) if ckpt else None)
+    except BaseException as err:
+        error = err
+        raise
+    finally:
+        try:
+            end(run, error)
+        finally:
+            _stop(run.server)
+    return run
+
+
+def _stop(server) -> None:
+    """Stop the server and its workers; a server that already died must not hide why the run ended."""
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        ray.get(server.shutdown.remote(), timeout=60)
+    except (RayActorError, GetTimeoutError):
+        pass  # the workers belong to this process and end with its Ray connection
+    ray.kill(server)

@@ -1,0 +1,148 @@
+"""A run's plan: everything derivable from its config, data and partition, built once on the driver
+(:func:`fedsim.plan.build.build_plan`) and handed to the server, the workers and ``--dry-run``'s estimate.
+
+It holds the method, the model's layouts and round-0 values, each client's data, the lr schedule, the
+clients sampled each round, the evaluation rounds and cohort, and which worker owns which client. Every
+schedule here is a pure function of the seed and the config, never of the number of workers, which is why
+results do not depend on how a run is spread.
+
+This module imports no torch: the server's process receives the plan too."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from fedsim.algorithms.base import Algorithm
+from fedsim.config import RunConfig, resume_fingerprint
+from fedsim.core.layout import KeyParts, Layout
+from fedsim.core.protocol import ClientData
+
+
+def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float) -> list[int]:
+    """max(1, round(f * N)) distinct clients, drawn from (seed, round) only."""
+    count = max(1, round(fraction * num_clients))
+    rng = np.random.default_rng([seed, round_idx, 0x5A3])
+    return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
+
+
+def evaluation_cohort(seed: int, num_clients: int, clients: int | float | None) -> list[int]:
+    """eval.clients: the clients scored on evaluation rounds, drawn once from the seed alone, so the curve
+    follows the same clients every round and for any number of workers."""
+    count = num_clients if clients is None else clients if isinstance(clients, int) else round(clients * num_clients)
+    count = min(max(count, 1), num_clients)
+    if count == num_clients:
+        return list(range(num_clients))
+    rng = np.random.default_rng([seed, 0xC0407])
+    return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
+
+
+def balanced_owners(costs: Sequence[int], workers: int) -> list[int]:
+    """Item -> worker, balanced by cost: longest first onto the least-loaded worker, ties to the lower
+    index. Which worker runs a client never changes results (all randomness is per (seed, round,
+    client)); it only sets how long each round waits for its slowest worker."""
+    load, owners = [0] * workers, [0] * len(costs)
+    for client in sorted(range(len(costs)), key=lambda c: (-costs[c], c)):
+        worker = min(range(workers), key=lambda w: (load[w], w))
+        owners[client] = worker
+        load[worker] += costs[client]
+    return owners
+
+
+def steps_per_epoch(n_train: int, batch_size: int) -> int:
+    """A client's SGD steps per local epoch: the cost that client -> worker balancing evens out."""
+    return math.ceil(n_train / batch_size)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """The run's round-0 model as flat vectors: built once from the seed (and model.init_from), so every
+    worker starts from exactly these values instead of building and initialising its own."""
+    layouts: dict[str, Layout]  # "shared" (what the server holds), "personal" (the rest), "full" (everything)
+    initial: dict[str, np.ndarray]  # each layout's round-0 values
+    keys: KeyParts  # the body/head split of model.personal_layers, and the BatchNorm keys
+    parameters: int  # trainable parameters of the whole model
+    state_bytes: int  # the whole state dict (buffers included), as stored
+
+
+@dataclass(frozen=True, eq=False)
+class RunPlan:
+    cfg: RunConfig
+    algorithm: Algorithm
+    model: ModelPlan
+    clients: tuple[ClientData, ...]
+    num_classes: int
+    input_shape: tuple[int, int, int]
+
+    # -- clients ---------------------------------------------------------------------------------
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    @cached_property
+    def train_sizes(self) -> list[int]:
+        return [len(c.train) for c in self.clients]
+
+    @cached_property
+    def test_sizes(self) -> list[int]:
+        return [len(c.test) for c in self.clients]
+
+    @cached_property
+    def train_steps(self) -> list[int]:
+        return [steps_per_epoch(n, self.cfg.train.batch_size) for n in self.train_sizes]
+
+    @property
+    def workers(self) -> int:
+        return min(self.cfg.engine.workers, self.num_clients)
+
+    @property
+    def fixed_owners(self) -> bool:
+        """Where clients keep state, each lives on one worker for the whole run; else any worker can train any
+        client, and each round's sample is balanced over the workers afresh."""
+        return self.algorithm.keeps_client_state
+
+    @cached_property
+    def assignments(self) -> list[dict[int, ClientData]]:
+        """Each worker's clients. Where clients keep state, ownership is fixed and balanced by SGD steps per
+        epoch (the quickstart's k=4 partition: 49 vs 56 batches per worker under client % workers, 54 vs 51
+        here). Where they keep none, every worker gets every client's data (index arrays only)."""
+        data = dict(enumerate(self.clients))
+        if not self.fixed_owners:
+            return [data] * self.workers
+        owners = balanced_owners(self.train_steps, self.workers)
+        return [{c: d for c, d in data.items() if owners[c] == w} for w in range(self.workers)]
+
+    # -- the schedule ----------------------------------------------------------------------------
+    def sampled(self, round_idx: int) -> list[int]:
+        return sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction)
+
+    def evaluates(self, round_idx: int) -> bool:
+        """Every train.eval_every rounds, and always the final one."""
+        return round_idx % self.cfg.train.eval_every == 0 or round_idx == self.cfg.train.rounds
+
+    @cached_property
+    def cohort(self) -> list[int]:
+        return evaluation_cohort(self.cfg.seed, self.num_clients, self.cfg.eval.clients)
+
+    def scored(self, round_idx: int) -> list[int]:
+        """The clients an evaluation round scores: the cohort, except at the final round (and every
+        eval.full_every rounds): every client."""
+        every = self.cfg.eval.full_every
+        if round_idx == self.cfg.train.rounds or (every and round_idx % every == 0):
+            return list(range(self.num_clients))
+        return self.cohort
+
+    def lr(self, part: str, round_idx: int, finetune: bool = False) -> float:
+        """The learning rate of ``part`` (body or head) in ``round_idx``: its schedule's, or eval.finetune_lr
+        when fine-tuning sets one."""
+        if finetune and self.cfg.eval.finetune_lr is not None:
+            return self.cfg.eval.finetune_lr
+        return getattr(self.cfg.train, part).lr_at(round_idx, self.cfg.train.rounds)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """What a checkpoint must match to continue this run."""
+        return resume_fingerprint(self.cfg.model_dump())

@@ -1,0 +1,96 @@
+"""Building a run's plan on the driver: the one place the round-0 model is built from the seed, its
+layouts derived and every input checked before anything starts or is written."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedsim.algorithms import Algorithm, build_algorithm
+from fedsim.config import ConfigError, RunConfig
+from fedsim.core.protocol import ClientData
+from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
+from fedsim.models import SplitNet, build_model
+from fedsim.models.state import key_parts, layout_of, load_arrays, pack
+from fedsim.plan import ModelPlan, RunPlan
+from fedsim.plugins import load_plugin
+
+
+def initial_network(cfg: RunConfig, algorithm: Algorithm, num_classes: int,
+                    input_shape: tuple[int, int, int]) -> SplitNet:
+    """The round-0 network, drawn from the run's seed: the same in every process that builds it."""
+    torch.manual_seed(cfg.seed)
+    net = build_model(cfg.model.name, num_classes, input_shape, batch_statistics=algorithm.bn_mode == "batch_stats")
+    algorithm.init_model(net)
+    return net
+
+
+def read_initial_weights(run_dir: str) -> dict[str, np.ndarray]:
+    """``model.init_from``: the final global weights a finished run saved (its ``model.npz``)."""
+    path = Path(run_dir) / "model.npz"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {key: z[key] for key in z.files}
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model.init_from: cannot read {path} ({err}); give the folder of a finished run") from None
+
+
+def build_model_plan(cfg: RunConfig, algorithm: Algorithm, num_classes: int, input_shape: tuple[int, int, int],
+                     init_weights: dict[str, np.ndarray] | None = None) -> ModelPlan:
+    """The round-0 model as flat vectors, with its layouts: ``shared`` (what the server holds), ``personal``
+    (the rest, kept per client) and ``full``."""
+    try:
+        net = initial_network(cfg, algorithm, num_classes, input_shape)
+        if init_weights:
+            load_arrays(net, init_weights, "model.init_from")
+        keys = key_parts(net, cfg.model.personal_layers)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    shared = algorithm.shared_keys(keys)
+    everything = list(net.state_dict())
+    layouts = {"shared": layout_of(net, [k for k in everything if k in shared]),
+               "personal": layout_of(net, [k for k in everything if k not in shared]),
+               "full": layout_of(net, everything)}
+    return ModelPlan(layouts, {name: pack(net, layout) for name, layout in layouts.items()}, keys,
+                     parameters=sum(p.numel() for p in net.parameters()),
+                     state_bytes=sum(t.numel() * t.element_size() for t in net.state_dict().values()))
+
+
+@dataclass(frozen=True, eq=False)
+class Inputs:
+    """A run's inputs, checked: its data, partition, method and round-0 model."""
+    data: ArrayDataset
+    partition: Partition
+    algorithm: Algorithm
+    model: ModelPlan
+
+
+def load_inputs(cfg: RunConfig) -> Inputs:
+    """Everything that can be wrong with the inputs is found here, before Ray starts or a file is written."""
+    d = cfg.data
+    data = load_dataset(d.dataset, d.root, d.download, options=d.options)  # decodes once; workers then mmap
+    groups = None if data.train_groups is None else (data.train_groups, data.test_groups)
+    partition = make_partition(d.partition, data.train_y, data.test_y, d.num_clients, cfg.seed, k=d.k,
+                               shards_per_client=d.shards_per_client, beta=d.beta, groups=groups,
+                               shard_style=d.shard_style,
+                               train_fraction=d.train_fraction, test_fraction=d.test_fraction)
+    if cfg.model.client:
+        try:  # the worker imports it too; found missing here, before anything starts
+            load_plugin(cfg.model.client, "model.client")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    init_weights = read_initial_weights(cfg.model.init_from) if cfg.model.init_from else None
+    algorithm = build_algorithm(cfg)
+    model = build_model_plan(cfg, algorithm, data.num_classes, data.input_shape, init_weights)
+    return Inputs(data, partition, algorithm, model)
+
+
+def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = None) -> RunPlan:
+    """The run's plan over ``partition`` (a resumed run's own; default: the one the inputs drew)."""
+    part = partition or inputs.partition
+    maps = part.label_maps
+    clients = tuple(ClientData(part.train[c], part.test[c], None if maps is None else maps[c])
+                    for c in range(part.num_clients))
+    return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape)

@@ -1,0 +1,125 @@
+"""The package's layers: which file imports which, read from the source (every import, also those inside a
+function or under ``TYPE_CHECKING``), so a circle or an arrow that runs up a layer fails here."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import fedsim
+
+PACKAGE = Path(fedsim.__file__).resolve().parent
+# Bottom to top. A file imports files of its own layer or of layers below it.
+LAYERS = ("core", "data", "models", "algorithms", "plan", "client", "engine", "metrics", "simulate", "reproduce", "cli")
+# The top-level helpers sit with the core: settings, errors, files and storage, used by every layer.
+BASE = {"__init__", "config", "errors", "atomic", "plugins", "strict_yaml", "storage"}
+# The one arrow that runs back up: validating a config checks the method's own typed parameters.
+UPWARD_ALLOWED = {("config", "algorithms/__init__")}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    return rel.as_posix()
+
+
+def resolve(name: str) -> str | None:
+    """``fedsim.a.b`` -> the file it names (``a/b`` or ``a/b/__init__``), None outside the package."""
+    if name != "fedsim" and not name.startswith("fedsim."):
+        return None
+    parts = name.split(".")[1:]
+    base = PACKAGE.joinpath(*parts)
+    if base.with_suffix(".py").is_file():
+        return "/".join(parts)
+    if (base / "__init__.py").is_file():
+        return "/".join([*parts, "__init__"])
+    return None
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    package = ".".join(["fedsim", *path.relative_to(PACKAGE).parent.parts])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {t for a in node.names if (t := resolve(a.name))}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:  # `from fedsim import storage` names a module; `from fedsim.x import f` a file
+                target = resolve(f"{base}.{alias.name}") or resolve(base)
+                if target:
+                    found.add(target)
+    return found - {module_name(path)}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
+
+
+def layer(module: str) -> int:
+    top = module.split("/")[0]
+    return -1 if top in BASE else LAYERS.index(top)
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one file (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_between_files():
+    assert circles(import_graph()) == []
+
+
+def test_every_file_belongs_to_a_layer_and_imports_only_downward():
+    graph = import_graph()
+    upward = sorted((a, b) for a, targets in graph.items() for b in targets if layer(b) > layer(a))
+    assert [arrow for arrow in upward if arrow not in UPWARD_ALLOWED] == []
+    assert len(upward) <= 1
+
+
+def test_the_client_runtime_imports_nothing_of_the_engine_nor_the_engine_of_the_client():
+    """The engine starts workers through the spawn function it is given (``fedsim.simulate`` passes it)."""
+    graph = import_graph()
+    client, engine = ([m for m in graph if m.startswith(f"{layer}/")] for layer in ("client", "engine"))
+    assert client and not [(m, t) for m in client for t in graph[m] if t.startswith("engine/")]
+    assert engine and not [(m, t) for m in engine for t in graph[m] if t.startswith("client/")]
+
+
+def test_core_and_the_server_side_import_no_torch():
+    """The server actor's process only routes and aggregates: it is up in well under a second because
+    nothing it imports pulls in torch (~3 s)."""
+    modules = [f"fedsim.{m.replace('/', '.').removesuffix('.__init__')}" for m in import_graph() if m.startswith("core/")]
+    modules += ["fedsim.engine.server", "fedsim.algorithms", "fedsim.client.worker"]
+    code = f"import sys\nfor m in {modules!r}: __import__(m)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
