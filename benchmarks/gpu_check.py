@@ -3,7 +3,7 @@ against 1 worker, GPU utilisation, determinism on CUDA, and a paper-scale slice 
 
 Runs, in this order (each a real `fedsim` run through Ray, in a fresh temporary folder):
   quickstart x 4 workers, x 1 worker, x 4 workers again   (cnn4, CIFAR-10, FedPer)
-  paper slice x 4 workers, x 1 worker                      (experiments/paper/fedbabu_mobilenet_cifar100.yaml)
+  paper slice x 4 workers, x 1 worker                      (fedsim/reproduce/configs/paper/fedbabu_mobilenet_cifar100.yaml)
 Throughput counts sample-steps (images x local epochs, exact from `fedsim run --dry-run`'s estimate) over
 the steady rounds: the first (start-up) and the last (evaluation) are left out. Determinism compares every
 per-client record of metrics.jsonl between the runs of one workload. The paper slice keeps the paper's
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from fedsim.config import RunConfig, load_tree, validate  # noqa: E402
 from fedsim.engine.estimate import estimate  # noqa: E402
 
-PAPER = ROOT / "experiments" / "paper" / "fedbabu_mobilenet_cifar100.yaml"
+PAPER = ROOT / "fedsim" / "reproduce" / "configs" / "paper" / "fedbabu_mobilenet_cifar100.yaml"
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 
 

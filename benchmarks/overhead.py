@@ -4,12 +4,12 @@ Workload: experiments/quickstart.yaml, FedPer variant (10 clients, CIFAR-10 k=4 
 20% test, 4-conv CNN, e=4, b=50, SGD 0.01/0.9/5e-4 for body and head, crop+flip augmentation,
 every client evaluated every round), for --rounds rounds (default: the quickstart's 10).
 
-  A  fedsim: fedsim.engine.run(cfg) + ray.shutdown(), timed from the call (data, partition,
+  A  fedsim: fedsim.simulate.run(cfg) + ray.shutdown(), timed from the call (data, partition,
      ray.init, server and 2 worker actors x 1 thread, rounds, run folder) to the return.
      engine.memory_format=auto, i.e. channels_last on this CPU.
   B  bare loop, torch.set_num_threads(2), NCHW: the simplest loop. Same partition
      (fedsim.data.make_partition), same model (fedsim.models.build_model, same seed), same client
-     sample (fedsim.engine.server.sample_clients), same per-client shuffles and augmentation draws
+     sample (fedsim.plan.sample_clients), same per-client shuffles and augmentation draws
      (fedsim.client.runtime.client_generator), same number of batches, personal heads in a dict,
      base averaged by fedsim.core.aggregate.weighted_average, every client scored every round.
      Timed from loading the data to the last evaluation. A / B is the target's ratio.

@@ -10,7 +10,7 @@ FedAvg subclass that skips federated evaluation before the last round). Per-roun
 training phase of a round (sample, dispatch, local SGD, collect, average), median over rounds 2..R
 (fedsim: the server's clock of the rounds without evaluation; Flower: FedAvg.configure_train ->
 aggregate_train; round 1 is skipped because Flower starts Ray and its actors inside it); end to end
-is the framework call: fedsim.engine.run + ray.shutdown, flwr.simulation.run_simulation.
+is the framework call: fedsim.simulate.run + ray.shutdown, flwr.simulation.run_simulation.
 
 Flower lives in its own venv (it pins ray 2.55.1): benchmarks/.venv-flwr is created on first use
 (python3 -m venv; pip install 'flwr[simulation]' torch==2.14.1 torchvision==0.29.1) and runs

@@ -7,7 +7,7 @@ server, folded there), in one invocation:
                share of the round (round 1: training only; round 2, the last, also scores every client)
   eval         cnn4, N = 10,000: evaluating a 1,000-client cohort (round 1) vs all N (round 2, the last)
 
-Each case runs `fedsim.engine.run` in a fresh process with PYTHONPATH pointing at the engine's checkout, plus
+Each case runs `fedsim.simulate.run` (`fedsim.engine.run` in the old engine) in a fresh process with PYTHONPATH pointing at the engine's checkout, plus
 benchmarks/_hooks, whose sitecustomize times the aggregation and counts the server's received bytes in every
 process of the run without changing either engine. Memory comes from /proc of the whole process tree
 (_common.MemorySampler). Old-engine cases whose K model vectors would not fit in --old-limit-gb of memory (the

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import yaml
 
-from _common import (BENCH, REPO, Periodic, descendants, log, machine, median, proc_memory, proc_table, process_tree,
-                     quickstart, run_fedsim, save)
+from _common import (BENCH, REPO, Periodic, descendants, exact_sum_plan, log, machine, median, proc_memory, proc_table,
+                     process_tree, quickstart, run_fedsim, save, worker_runtime)
 from fedsim.config import set_dotted  # after _common, which sets the environment fedsim reads
 
 CIFAR_TRAIN, CIFAR_TEST = 50_000, 10_000
@@ -101,13 +101,19 @@ class TreeCpu(Periodic):
 
 
 def startup(args) -> None:
-    """The entrypoint's phases are timed by wrapping fedsim.engine.simulation's functions in this process
+    """The entrypoint's phases are timed by wrapping fedsim.engine.session's functions in this process
     (no fedsim file changes); the actors' (process start, imports, __init__, first tasks) come from
     ray.timeline(), read before ray.shutdown."""
     import ray
 
     from fedsim.config import validate
-    from fedsim.engine import simulation
+    from fedsim.engine import runfolder, session
+    from fedsim.engine.driver import Callback
+    from fedsim.simulate import run
+
+    class Stamps(Callback):
+        def on_round_end(self, run, result) -> None:
+            rounds.append(time.perf_counter())
 
     marks: list[tuple[str, float, float]] = []
 
@@ -121,21 +127,22 @@ def startup(args) -> None:
                 marks.append((name, t, time.perf_counter()))
         return wrapper
 
-    for name in ("prepare_inputs", "_start_new", "connect_ray", "check_resources", "start_engine"):
-        setattr(simulation, name, timed(name, getattr(simulation, name)))
+    for name in ("load_inputs", "build_plan", "connect_ray", "check_resources", "start_engine"):
+        setattr(session, name, timed(name, getattr(session, name)))
+    runfolder.RunFolder.create = timed("RunFolder.create", runfolder.RunFolder.create)
     real_get = ray.get
-    simulation.ray.get = timed("ray.get (entrypoint)", real_get)
+    ray.get = timed("ray.get (entrypoint)", real_get)
 
     cfg = validate(apply_sets(quickstart({"train.rounds": args.rounds, "engine.workers": args.workers}), args.set))
     rounds: list[float] = []
     t0 = time.perf_counter()
     try:
         with TreeCpu() as cpu:
-            simulation.run(cfg, overwrite=True, on_round=lambda row, res: rounds.append(time.perf_counter()))
+            run(cfg, overwrite=True, callbacks=[Stamps()])
         t_run = time.perf_counter()
         events = ray.timeline()
     finally:
-        simulation.ray.get = real_get
+        ray.get = real_get
         ray.shutdown()
     t_end = time.perf_counter()
     Path(args.trace).write_text(json.dumps(events))
@@ -271,7 +278,7 @@ def summarize_pyspy(raw: Path, top: int) -> list[str]:
 def pyspy(args) -> None:
     """Runs the preset in this process; when round --skip has finished, py-spy attaches to every worker and
     server actor for --seconds (--nonblocking, 200 Hz: idle threads are not sampled)."""
-    import fedsim.engine as engine
+    from fedsim.engine.driver import Callback
 
     py_spy = Path(os.environ.get("PY_SPY", BENCH.parent / ".venv" / "bin" / "py-spy"))
     if not py_spy.exists():
@@ -293,22 +300,14 @@ def pyspy(args) -> None:
                                                                     stderr=subprocess.DEVNULL)))
 
     finished = collections.Counter()
-    real_run = engine.run
 
-    def run_with_hook(cfg, overwrite=False, on_round=None, **kw):
-        def callback(row, result):
+    class AttachAfterSkip(Callback):
+        def on_round_end(self, run, result) -> None:
             finished["rounds"] += 1
             if finished["rounds"] == args.skip:
                 threading.Thread(target=attach, daemon=True).start()
-            if on_round:
-                on_round(row, result)
-        return real_run(cfg, overwrite=overwrite, on_round=callback, **kw)
 
-    engine.run = run_with_hook  # run_fedsim calls fedsim.engine.run
-    try:
-        r = run_fedsim(tree)
-    finally:
-        engine.run = real_run
+    r = run_fedsim(tree, callbacks=(AttachAfterSkip(),))
     for _, _, p in jobs:
         p.wait(timeout=args.seconds + 60)
     print(f"{args.preset}: rounds {[round(s, 2) for s in r['round_s']]}, end to end {r['end_to_end_s']:.1f} s")
@@ -320,7 +319,7 @@ def pyspy(args) -> None:
 
 # -- step ------------------------------------------------------------------------------------------
 def step(args) -> None:
-    """engine: ClientRuntime.train - what a Ray worker runs per client (load weights, the Lightning module
+    """engine: ClientRuntime.train_and_sum of one client - what a Ray worker runs per client (load weights, the Lightning module
     via Fabric, 2 optimizers, pack the uploads), memory_format auto (channels_last on CPU) and contiguous;
     plain: the same SGD steps written directly in NCHW (as overhead.py's bare loop and the Flower client).
     engine-nchw / plain is the worker core's own overhead; engine / engine-nchw what the layout buys."""
@@ -329,10 +328,10 @@ def step(args) -> None:
     import torch.nn.functional as F
 
     from fedsim.algorithms import WEIGHTS
-    from fedsim.client.runtime import ClientRuntime, client_generator, shared_layout
+    from fedsim.client.runtime import client_generator
     from fedsim.config import validate
-    from fedsim.data import load_dataset, random_crop_flip, to_float
     from fedsim.core.protocol import ClientData
+    from fedsim.data import load_dataset, random_crop_flip, to_float
     from fedsim.models import build_model
 
     torch.set_num_threads(1)
@@ -341,9 +340,9 @@ def step(args) -> None:
     cfg = configs["auto"]
     data = load_dataset("cifar10")
     idx = np.sort(np.random.default_rng(0).choice(len(data.train_y), args.samples, replace=False))
-    runtimes = {fmt: ClientRuntime(c.model_dump(), {0: ClientData(idx, np.arange(100))}) for fmt, c in configs.items()}
-    _, shared = shared_layout(cfg, data.num_classes, data.input_shape)
-    broadcast = {WEIGHTS: shared}
+    runtimes = {fmt: worker_runtime(c, {0: ClientData(idx, np.arange(100))}) for fmt, c in configs.items()}
+    broadcast = {WEIGHTS: runtimes["auto"].plan.model.initial["shared"]}
+    sums = exact_sum_plan(runtimes["auto"], args.samples)
 
     torch.manual_seed(0)
     net = build_model("cnn4", data.num_classes, data.input_shape)
@@ -366,8 +365,8 @@ def step(args) -> None:
                 loss.backward()
                 opt.step()
 
-    cases = {"engine": lambda r: runtimes["auto"].train(broadcast, [0], r),
-             "engine-nchw": lambda r: runtimes["contiguous"].train(broadcast, [0], r), "plain": plain}
+    cases = {"engine": lambda r: runtimes["auto"].train_and_sum(broadcast, [0], r, sums),
+             "engine-nchw": lambda r: runtimes["contiguous"].train_and_sum(broadcast, [0], r, sums), "plain": plain}
     times: dict[str, list[float]] = {name: [] for name in cases}
     for rep in range(args.reps + 1):  # rep 0 warms everything up and is dropped
         for name, fn in cases.items():
@@ -379,7 +378,7 @@ def step(args) -> None:
     steps = args.epochs * -(-args.samples // batch)
     print(f"one client, {args.samples} images x {args.epochs} epoch(s) = {steps} steps of {batch}, 1 thread, "
           f"{args.algorithm}; medians of {args.reps} interleaved reps")
-    print(f"  engine (ClientRuntime.train), channels_last  {e:7.2f} s  {1000 * e / steps:6.1f} ms/step")
+    print(f"  engine (ClientRuntime), channels_last       {e:7.2f} s  {1000 * e / steps:6.1f} ms/step")
     print(f"  engine, memory_format=contiguous             {n:7.2f} s  {1000 * n / steps:6.1f} ms/step")
     print(f"  plain PyTorch loop, NCHW                     {p:7.2f} s  {1000 * p / steps:6.1f} ms/step")
     print(f"RATIO engine-nchw / plain (worker core overhead): {n / p:.3f}")
@@ -453,10 +452,9 @@ def memory_stages(n: int, trained: int, use_tracemalloc: bool, trim: bool, per_c
     import tracemalloc
 
     from fedsim.algorithms import WEIGHTS
-    from fedsim.client.runtime import ClientRuntime, shared_layout
     from fedsim.config import validate
-    from fedsim.data import load_dataset, make_partition
     from fedsim.core.protocol import ClientData
+    from fedsim.data import load_dataset, make_partition
 
     tree = quickstart({"data.partition": "iid", "data.num_clients": n,
                        "data.train_fraction": min(1.0, n * 5 / CIFAR_TRAIN),
@@ -481,17 +479,16 @@ def memory_stages(n: int, trained: int, use_tracemalloc: bool, trim: bool, per_c
     mark("data only (before worker)")
     if use_tracemalloc:
         tracemalloc.start()
-    rt = ClientRuntime(cfg.model_dump(), mine)
+    rt = worker_runtime(cfg, mine)
     mark("worker constructed")
-    _, shared = shared_layout(cfg, data.num_classes, data.input_shape)
-    broadcast, owned = {WEIGHTS: shared}, sorted(mine)
+    broadcast, owned = {WEIGHTS: rt.plan.model.initial["shared"]}, sorted(mine)
+    sums = exact_sum_plan(rt, 5 * per_call)
 
     def train(clients: list[int], round_idx: int) -> None:
         # In chunks, as a Ray worker receives them (one call per round with its share of the sampled
-        # clients): a call returns every client's full shared vector at once, so the chunk size sets the
-        # transient heap that glibc keeps afterwards.
+        # clients); a call returns one exact partial sum, whatever the chunk size.
         for i in range(0, len(clients), per_call):
-            rt.train(broadcast, clients[i:i + per_call], round_idx)
+            rt.train_and_sum(broadcast, clients[i:i + per_call], round_idx, sums)
 
     train(owned[:trained], 1)
     mark(f"trained {trained}")
@@ -566,11 +563,9 @@ def fixed_cost_child(model: str, algorithm: str, clients: int, reps: int) -> dic
     import torch
 
     from fedsim.algorithms import PARTS, WEIGHTS
-    from fedsim.client.runtime import ClientRuntime, shared_layout
     from fedsim.config import validate
+    from fedsim.core.protocol import ClientData
     from fedsim.data import load_dataset, make_partition
-    from fedsim.core.aggregate import FixedPoint
-    from fedsim.core.protocol import ClientData, SumPlan
 
     n = 2 * clients * (reps + 2)  # fresh clients each call: nobody's personal part is loaded twice
     cfg = validate(quickstart({"algorithm": algorithm, "model.name": model, "data.partition": "iid",
@@ -579,11 +574,10 @@ def fixed_cost_child(model: str, algorithm: str, clients: int, reps: int) -> dic
     data = load_dataset("cifar10")
     part = make_partition("iid", data.train_y, data.test_y, n, cfg.seed, train_fraction=cfg.data.train_fraction,
                           test_fraction=cfg.data.test_fraction)
-    rt = ClientRuntime(cfg.model_dump(), {c: ClientData(part.train[c][:50], part.test[c]) for c in range(n)})
-    layout, shared = shared_layout(cfg, data.num_classes, data.input_shape)
-    broadcast = {WEIGHTS: shared}
-    plan = SumPlan({WEIGHTS: FixedPoint.plan(shared, layout.offsets, 50 * n)}, {WEIGHTS: False})
-    x, y = rt.tensors(0, "train")
+    rt = worker_runtime(cfg, {c: ClientData(part.train[c][:50], part.test[c]) for c in range(n)})
+    broadcast = {WEIGHTS: rt.plan.model.initial["shared"]}
+    plan = exact_sum_plan(rt, 50 * n)
+    x, y = rt.client_tensors(0, "train")
     module = rt.client_module
     queue = iter(range(n))
     in_steps: list[float] = []  # seconds inside training_step during the current timed call
@@ -632,7 +626,7 @@ def fixed_cost_child(model: str, algorithm: str, clients: int, reps: int) -> dic
             parts[name] += cum
     return {"model": model, "algorithm": algorithm, "clients_per_call": clients, "reps": reps,
             "client_s": median(per_client), "step_s": median(step_s),
-            "fixed_s": median(fixed), "shared_values": int(shared.size),
+            "fixed_s": median(fixed), "shared_values": rt.plan.model.layouts["shared"].size,
             "profile_total_s": total, "profile_s": dict(parts), "threads": torch.get_num_threads(),
             "fedsim": sys.modules["fedsim"].__file__}
 
@@ -682,14 +676,15 @@ def aggmem(args) -> None:
     import numpy as np
 
     from fedsim.algorithms import WEIGHTS, build_algorithm
-    from fedsim.client.runtime import shared_layout
     from fedsim.config import validate
     from fedsim.core.aggregate import FixedPoint
     from fedsim.core.protocol import SumPlan, WorkerPartial
     from fedsim.engine.server import Server
+    from fedsim.plan.build import build_model_plan
 
     cfg = validate(quickstart({"algorithm": "fedavg", "model.name": args.model}))
-    layout, initial = shared_layout(cfg, 10, (3, 32, 32))
+    model = build_model_plan(cfg, build_algorithm(cfg), 10, (3, 32, 32))
+    layout, initial = model.layouts["shared"], model.initial["shared"]
     plan = SumPlan({WEIGHTS: FixedPoint.plan(initial, layout.offsets, 3 * args.sampled)}, {WEIGHTS: False})
     rng = np.random.default_rng(0)
     partials = [WorkerPartial([], {WEIGHTS: rng.integers(-2 ** 40, 2 ** 40, layout.size)}, {WEIGHTS: 3 * args.sampled})

@@ -44,13 +44,11 @@ CIFAR_TRAIN, CIFAR_TEST = 50_000, 10_000
 def personal_bytes(tree: dict) -> int:
     """Bytes of one client's personal vector: float32 over the runtime's own personal layout."""
     from fedsim.algorithms import build_algorithm
-    from fedsim.client.runtime import initial_model, key_parts, model_layouts
     from fedsim.config import validate
+    from fedsim.plan.build import build_model_plan
 
     cfg = validate(tree)
-    algorithm = build_algorithm(cfg)
-    net = initial_model(cfg, algorithm, 10, (3, 32, 32))
-    return 4 * model_layouts(algorithm, net, key_parts(net, cfg.model.personal_layers))["personal"].size
+    return 4 * build_model_plan(cfg, build_algorithm(cfg), 10, (3, 32, 32)).model.layouts["personal"].size
 
 
 def fraction_for(n: int, args) -> float:

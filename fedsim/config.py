@@ -12,15 +12,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from fedsim import strict_yaml
 
@@ -53,23 +46,126 @@ class _Section(BaseModel):
         return value
 
 
+class PartitionSettings(_Section):
+    """Which samples each client holds: ``data.partition: {name: dirichlet, beta: 0.3}`` (a bare name keeps the
+    kind's defaults). Each kind takes only its own settings."""
+    name: str
+
+    def arguments(self) -> dict[str, Any]:
+        """Keyword arguments of ``fedsim.data.make_partition`` for this kind."""
+        return {}
+
+
+class IidPartition(PartitionSettings):
+    name: Literal["iid"] = "iid"
+
+
+class ClassesPartition(PartitionSettings):
+    name: Literal["classes"] = "classes"
+    k: int = Field(4, ge=1, description="at most k classes per client (FedPer), each class split among its holders")
+
+    def arguments(self) -> dict[str, Any]:
+        return {"k": self.k}
+
+
+class ShardsPartition(PartitionSettings):
+    name: Literal["shards"] = "shards"
+    shards_per_client: int = Field(ge=1, description="s: shards per client")
+    style: Literal["fedbabu", "sorted_pool"] = Field(
+        "fedbabu", description="fedbabu = single-class shards, test set of the train class mix and equal size "
+        "(FedBABU's noniid); sorted_pool = fedsim's earlier label-sorted cut, to reproduce old runs")
+
+    def arguments(self) -> dict[str, Any]:
+        return {"shards_per_client": self.shards_per_client, "shard_style": self.style}
+
+
+class DirichletPartition(PartitionSettings):
+    name: Literal["dirichlet"] = "dirichlet"
+    beta: float = Field(gt=0, description="concentration: 0.1 = strong label skew, 100 = near iid")
+
+    def arguments(self) -> dict[str, Any]:
+        return {"beta": self.beta}
+
+
+class ConflictingPartition(PartitionSettings):
+    name: Literal["conflicting"] = "conflicting"
+
+
+class NaturalPartition(PartitionSettings):
+    name: Literal["natural"] = "natural"
+
+
+class UserPartition(PartitionSettings):
+    """A user's ``package.module:function``."""
+
+    @field_validator("name")
+    @classmethod
+    def _a_plugin(cls, name: str) -> str:
+        if ":" not in name:
+            raise ValueError(f"unknown partition {name!r}; choose one of {', '.join(PARTITIONS)} or give "
+                             "'package.module:function'")
+        return name
+
+
+PARTITIONS: dict[str, type[PartitionSettings]] = {cls.model_fields["name"].default: cls for cls in (
+    IidPartition, ClassesPartition, ShardsPartition, DirichletPartition, ConflictingPartition, NaturalPartition)}
+# Flat keys of fedsim before partitions were typed: flat key -> (the kind it belongs to, its name there, its old
+# default). They keep working: moved into the partition they belong to, ignored by the others (as before).
+FLAT_PARTITION_KEYS = {"k": ("classes", "k", 4), "shards_per_client": ("shards", "shards_per_client", None),
+                       "shard_style": ("shards", "style", "fedbabu"), "beta": ("dirichlet", "beta", None)}
+
+
+def _typed_partition(value: Any) -> PartitionSettings:
+    if isinstance(value, PartitionSettings):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"data.partition: expected a name or {{name: ..., its settings}}, got {_SHORT.repr(value)}")
+    return PARTITIONS.get(value.get("name"), UserPartition).model_validate(value)
+
+
 class DataConfig(_Section):
     dataset: str = "cifar10"
     root: str | None = Field(None, description="folder holding the data; default: env FEDSIM_DATA")
     download: bool = Field(False, description="let torchvision download when the data is missing (needs internet)")
     num_clients: int = Field(10, ge=1)
-    partition: str = Field("classes", description="iid, classes, shards, dirichlet, conflicting, natural, "
-                           "or a user's 'package.module:function'")
-    k: int | None = Field(4, ge=1, description="classes per client for partition=classes")
-    shards_per_client: int | None = Field(None, ge=1, description="s for partition=shards")
-    shard_style: Literal["fedbabu", "sorted_pool"] = Field(
-        "fedbabu", description="partition=shards: fedbabu = single-class shards, test set of the train class mix and "
-        "equal size (FedBABU's noniid); sorted_pool = fedsim's earlier label-sorted cut, to reproduce old runs")
-    beta: float | None = Field(None, gt=0, description="Dirichlet concentration for partition=dirichlet")
+    partition: SerializeAsAny[PartitionSettings] = Field(
+        default_factory=ClassesPartition, description="iid, classes {k}, shards {shards_per_client, style}, "
+        "dirichlet {beta}, conflicting, natural, or a user's 'package.module:function'")
     options: dict[str, Any] = Field(default_factory=dict, description="dataset options, e.g. synthetic alpha/beta")
     train_fraction: float = Field(1.0, gt=0, le=1)
     test_fraction: float = Field(1.0, gt=0, le=1)
     augment: bool = Field(True, description="random crop + horizontal flip during local training")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _partition_with_its_settings(cls, data: Any) -> Any:
+        """``partition: dirichlet`` -> ``{name: dirichlet}``; the flat keys of before move into the partition."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        partition = data.get("partition", "classes")
+        partition = {"name": partition} if isinstance(partition, str) else partition
+        if isinstance(partition, dict):
+            partition = dict(partition)
+            for key, (kind, name, _) in FLAT_PARTITION_KEYS.items():
+                if key not in data:
+                    continue
+                value = data.pop(key)
+                if partition.get("name") != kind:
+                    continue  # another kind's setting: it never changed this partition
+                if name in partition and partition[name] != value:
+                    raise ValueError(f"data.{key}: given twice, also as data.partition.{name}; keep data.partition.{name}")
+                partition[name] = value
+        data["partition"] = partition
+        return data
+
+    @field_validator("partition", mode="before")
+    @classmethod
+    def _partition_kind(cls, value: Any) -> PartitionSettings:
+        try:
+            return _typed_partition(value)
+        except ValidationError as err:
+            raise ValueError(_format_error(err, prefix="data.partition")) from None
 
 
 class ModelConfig(_Section):
@@ -237,8 +333,6 @@ class RunConfig(_Section):
             raise ValueError(_format_error(err, prefix="algorithm")) from None
         # Stored with defaults filled in, so config.yaml and checkpoints say exactly what ran.
         self.algorithm.__pydantic_extra__ = params.model_dump(by_alias=True)
-        if self.data.partition == "classes" and self.data.k is None:
-            raise ValueError("data.k is required for data.partition=classes")
         return self
 
 
@@ -256,10 +350,21 @@ def result_settings(cfg_dict: dict) -> dict:
     return settings
 
 
+def _flat_partition(data: dict) -> dict:
+    """The data section as fedsim wrote it before partitions were typed (its flat keys at their old defaults
+    where another kind's), so that checkpoints written then keep their fingerprint."""
+    partition = data["partition"]
+    flat = {k: v for k, v in data.items() if k != "partition"} | {"partition": partition["name"]}
+    for key, (kind, name, default) in FLAT_PARTITION_KEYS.items():
+        flat[key] = partition[name] if partition["name"] == kind else default
+    return flat
+
+
 def _resume_settings(cfg_dict: dict) -> dict:
     """``result_settings`` less what a resume may change: a resumed run may be extended (train.rounds),
     unless a step schedule places its milestones by the round count."""
     settings = result_settings(cfg_dict)
+    settings["data"] = _flat_partition(settings["data"])
     stepped = any(settings["train"][part]["schedule"] != "constant" for part in ("body", "head"))
     settings["train"] = {k: v for k, v in settings["train"].items() if k != "rounds" or stepped}
     return settings
@@ -290,7 +395,7 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = tree
     for key in parents:
-        if key == "algorithm" and isinstance(node.get(key), str):  # `algorithm: fedprox` + `algorithm.mu=0.1`
+        if key in ("algorithm", "partition") and isinstance(node.get(key), str):  # `algorithm: fedprox` + `algorithm.mu=0.1`
             node[key] = {"name": node[key]}
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
@@ -328,12 +433,14 @@ _SHORT.maxlevel = 1
 
 def _format_error(err: ValidationError, prefix: str = "") -> str:
     first = err.errors()[0]
+    message = first["msg"].removeprefix("Value error, ")
+    if re.match(r"^[\w.]+: ", message):
+        return message  # a validator's own message, which names its field
     where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(first["loc"]))
     if where:
         got = _SHORT.repr(first.get("input"))  # short: the input may be huge (a whole section, an alias expansion)
-        return f"{where}: {first['msg']} (got {got})"
-    message = first["msg"].removeprefix("Value error, ")
-    return message if re.match(r"^[\w.]+: ", message) else f"config: {message}"  # already names its field
+        return f"{where}: {message} (got {got})"
+    return f"config: {message}"
 
 
 def _refuse_moved_keys(tree: dict[str, Any]) -> None:

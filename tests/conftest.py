@@ -1,4 +1,5 @@
 """Builders every test shares: configs, client runtimes, run-folder readers, a local Ray."""
+import io
 import json
 import os
 import signal
@@ -6,9 +7,12 @@ import socket
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 import fedsim  # noqa: F401  - sets Ray's local-run defaults (loopback, token auth) before any test imports ray
 
@@ -82,11 +86,20 @@ def client_runtime(data_root, algorithm, *, seed=3, clients=5, **over):
     return ClientRuntime(plan, dict(enumerate(plan.clients)))
 
 
+def each_round(fn):
+    """A callback of the driver loop that calls ``fn(result)`` after every completed round."""
+    from fedsim.engine.driver import Callback
+
+    class EachRound(Callback):
+        def on_round_end(self, run, result) -> None:
+            fn(result)
+
+    return EachRound()
+
+
 def train_one(rt, broadcast: dict, client: int, round_idx: int) -> tuple[dict, float]:
     """One client's round on a worker runtime, kept as the engine keeps a client whose loss is finite:
     (its uploads as numpy vectors, its loss)."""
-    import numpy as np
-
     trained = rt.train_client(broadcast, client, round_idx)
     loss = float(trained.loss)
     if np.isfinite(loss):
@@ -245,3 +258,73 @@ def six_client_run(tmp_path, data_root, algorithm, workers: int, rounds: int = 2
 def round_records(outcomes) -> list:
     """What must match between two runs of the same rounds: sampling, per-client records, traffic."""
     return [(o.round, o.sampled, o.records, o.comm) for o in outcomes]
+
+
+def png(pixels: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def make_image_zip(path: Path, seed: int = 0, extra: dict[str, bytes] | None = None,
+                   blue: int | None = None) -> None:
+    rng = np.random.default_rng(seed)
+    with zipfile.ZipFile(path, "w") as z:
+        for split in ("train", "test"):
+            for cls in ("cat", "dog"):
+                for i in range(3):
+                    pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+                    if blue is not None:
+                        pixels[..., 2] = blue
+                    z.writestr(f"{split}/{cls}/{i}.png", png(pixels))
+        for name, data in (extra or {}).items():
+            z.writestr(name, data)
+
+
+def make_run(root: Path, name: str, algorithm: str, acc: list[list[float]],
+             personalized: list[list[float]] | None = None, bytes_round: tuple[int, int] = (0, 0),
+             legacy: bool = False, seed: int = 0) -> Path:
+    """A run folder as `fedsim run` writes it: acc[r][c] is client c's accuracy at round r + 1; bytes_round is
+    (down, up) per client per round. legacy: an older run, without bytes_down, comm.jsonl or summary comm."""
+    from fedsim.metrics.summary import summarize
+
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    clients = range(len(acc[0]))
+    (run_dir / "config.yaml").write_text(f"name: {name}\nseed: {seed}\nalgorithm: {algorithm}\ntrain:\n  rounds: {len(acc)}\n")
+    (run_dir / "partition_stats.json").write_text(json.dumps({"num_clients": len(acc[0])}))
+    metrics, rounds, comm = [], [], []
+    for r, accs in enumerate(acc, start=1):
+        recs = [{"round": r, "client": c, "n_train": 50, "n_test": 20, "loss": 1.0, "acc": accs[c], "train_loss": 0.5}
+                for c in clients]
+        if personalized:
+            for rec in recs:
+                rec.update(loss_personalized=0.8, acc_personalized=personalized[r - 1][rec["client"]])
+        metrics += recs
+        down, up = bytes_round
+        row = {"round": r, "seconds": 1.0, "sampled": len(recs), "bytes_up": up * len(recs),
+               "acc": summarize(accs)}
+        if not legacy:
+            row["bytes_down"] = down * len(recs)
+            comm += [{"round": r, "client": c, "bytes_down": down, "bytes_up": up} for c in clients]
+        rounds.append(row)
+    for filename, rows in (("metrics.jsonl", metrics), ("rounds.jsonl", rounds), ("comm.jsonl", comm)):
+        (run_dir / filename).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    summary = {"name": name, "algorithm": algorithm, "rounds": len(acc), "acc": summarize(acc[-1]),
+               "per_client_acc": dict(zip(map(str, clients), acc[-1])), "wall_seconds": 12.5}
+    if personalized:
+        summary["acc_personalized"] = summarize(personalized[-1])
+    if not legacy:
+        summary["comm"] = {"bytes_down": sum(r["bytes_down"] for r in rounds),
+                           "bytes_up": sum(r["bytes_up"] for r in rounds)}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def two_runs(root: Path) -> list[Path]:
+    # 4 clients, 2 rounds. FedAvg sends 10 MB in all (6 down + 4 up), FedPer 7 MB: a 30% saving.
+    fedavg = make_run(root, "fedavg-run", "fedavg", [[0.1, 0.2, 0.3, 0.4], [0.2, 0.4, 0.6, 0.8]],
+                      bytes_round=(750_000, 500_000))
+    fedper = make_run(root, "fedper-run", "fedper", [[0.5, 0.5, 0.6, 0.6], [0.7, 0.7, 0.8, 0.8]],
+                      personalized=[[0.8] * 4, [0.9] * 4], bytes_round=(500_000, 375_000))
+    return [fedavg, fedper]

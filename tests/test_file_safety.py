@@ -3,7 +3,7 @@ import errno
 import os
 
 import pytest
-from test_hostile_input import make_image_zip
+from conftest import make_image_zip
 
 from fedsim import atomic
 from fedsim.data import datasets, load_dataset

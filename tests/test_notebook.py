@@ -4,7 +4,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
-from test_report import two_runs  # tests/ is on sys.path (pytest rootdir-relative imports, no __init__.py)
+from conftest import two_runs
 
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "fairness.ipynb"
 

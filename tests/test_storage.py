@@ -65,7 +65,7 @@ def test_a_request_the_cluster_cannot_hold_waits_saying_so_then_fails_naming_the
 
 
 def test_report_reads_run_folders_from_the_bucket(s3_bucket, tmp_path):
-    from test_report import make_run
+    from conftest import make_run
 
     from fedsim.cli.main import main
 

@@ -1,9 +1,11 @@
 """A user's own code, named from configs as ``user_plugins:<name>`` (tests/test_plugins.py): nothing
 here is part of fedsim, and fedsim is not edited to use it."""
 import numpy as np
+import torch
 from torch import nn
 
 from fedsim.algorithms import WEIGHTS, PartialSharing
+from fedsim.client.module import FedClient
 from fedsim.data import ArrayDataset
 from fedsim.models import SplitNet
 
@@ -49,3 +51,12 @@ def bn_net(num_classes: int, in_channels: int, image_size: int) -> SplitNet:
         return nn.Sequential(nn.Linear(c_in, 32), nn.BatchNorm1d(32), nn.ReLU())
 
     return SplitNet(nn.Flatten(), [block(width), block(32)], nn.Linear(32, num_classes))
+
+
+class LabelSmoothingClient(FedClient):
+    """A user's own LightningModule: the same contract with another loss."""
+
+    def loss(self, batch):
+        self.smoothed_steps = getattr(self, "smoothed_steps", 0) + 1
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y, label_smoothing=0.1)

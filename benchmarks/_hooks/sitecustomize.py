@@ -67,7 +67,7 @@ def patch(name: str, module) -> None:
         module.Server._aggregate = timed("aggregate", module.Server._aggregate)
         module.Server._evaluate = timed("evaluate", module.Server._evaluate)
         count_received(module.ray)
-    elif name == "fedsim.engine.driver":
+    elif name == "fedsim.engine.driver" and hasattr(module, "weighted_average"):  # the old engine (commit dae5d9e)
         module.weighted_average = timed("aggregate", module.weighted_average)
         module.ray.put = timed("publish", module.ray.put)
         count_received(module.ray)

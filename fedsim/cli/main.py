@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
     _reproduce_parser(sub)
     algorithms = sub.add_parser("algorithms", help="every method with its parameters and what it does")
-    algorithms.add_argument("--markdown", action="store_true", help="the README's table")
+    algorithms.add_argument("--markdown", action="store_true", help="the table of docs/algorithms.md")
     return parser
 
 

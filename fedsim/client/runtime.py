@@ -23,19 +23,8 @@ from fedsim.client.device import make_cuda_deterministic
 from fedsim.client.module import load_client_class
 from fedsim.client.resident import BoundLayout, ExactSum, host_vector, to_device
 from fedsim.config import OptimConfig
-from fedsim.core.checkpoint import (
-    CheckpointError,
-    local_checkpoint,
-    worker_vectors,
-    write_worker_state,
-)
-from fedsim.core.protocol import (
-    ClientData,
-    ClientReport,
-    SumPlan,
-    WorkerPartial,
-    payload_bytes,
-)
+from fedsim.core.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
+from fedsim.core.protocol import ClientData, ClientReport, SumPlan, WorkerPartial, payload_bytes
 from fedsim.core.store import StateMemory, VectorStore
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
 from fedsim.plan import RunPlan

@@ -151,10 +151,10 @@ def _classes(r: _Request) -> Partition:
     train_pool, test_pool = r.pools()
     classes, n, k = np.unique(r.train_y).tolist(), r.num_clients, r.k
     if k is None or not 1 <= k <= len(classes):
-        raise DataError(f"data.k: the 'classes' partition needs k in [1, {len(classes)}], got {k}")
+        raise DataError(f"data.partition.k: the 'classes' partition needs k in [1, {len(classes)}], got {k}")
     if n * k < len(classes):
-        raise DataError(f"data.k: {n} clients x k={k} cannot cover {len(classes)} classes; "
-                        f"raise data.k to {-(-len(classes) // n)} or data.num_clients")
+        raise DataError(f"data.partition.k: {n} clients x k={k} cannot cover {len(classes)} classes; "
+                        f"raise data.partition.k to {-(-len(classes) // n)} or data.num_clients")
     # Deal a seeded permutation of the classes round-robin, so every class has a holder
     # (at most ceil(C / n) <= k per client), then top each client up to k distinct classes.
     held: list[set[int]] = [set() for _ in range(n)]
@@ -170,11 +170,11 @@ def _shards(r: _Request) -> Partition:
     """Shards: each client holds ``shards_per_client`` shards of train data, in one of two styles."""
     s = r.shards_per_client
     if s is None or s < 1:
-        raise DataError(f"data.shards_per_client: the 'shards' partition needs shards_per_client >= 1, got {s}; "
+        raise DataError(f"data.partition.shards_per_client: the 'shards' partition needs shards_per_client >= 1, got {s}; "
                         "set it (FedBABU's scripts use 10, 50 and 100 with 100 clients)")
     style = _SHARD_STYLES.get(r.shard_style)
     if style is None:
-        raise DataError(f"data.shard_style: unknown shard style {r.shard_style!r}; choose one of "
+        raise DataError(f"data.partition.style: unknown shard style {r.shard_style!r}; choose one of "
                         f"{', '.join(_SHARD_STYLES)}")
     return style(r)
 
@@ -224,21 +224,21 @@ def _fedbabu_shards_per_class(s: int, n: int, train_by_class: dict[int, np.ndarr
     num_classes = len(train_by_class)
     if n * s % num_classes:
         step = num_classes // math.gcd(n, num_classes)
-        raise DataError(f"data.shards_per_client: FedBABU-style shards cut each of the {num_classes} classes into "
+        raise DataError(f"data.partition.shards_per_client: FedBABU-style shards cut each of the {num_classes} classes into "
                         f"num_clients x shards_per_client / {num_classes} shards, and {n} x {s} is not a multiple "
-                        f"of {num_classes}; set data.shards_per_client to a multiple of {step} (e.g. "
-                        f"{-(-s // step) * step}) or data.shard_style: sorted_pool")
+                        f"of {num_classes}; set data.partition.shards_per_client to a multiple of {step} (e.g. "
+                        f"{-(-s // step) * step}) or data.partition.style: sorted_pool")
     per_class = n * s // num_classes
     missing = sorted(set(train_by_class) - set(test_by_class))
     if missing:
-        raise DataError(f"data.shard_style: FedBABU-style shards test each client on its train classes, but the "
-                        f"test split has no samples of classes {missing[:5]}; use data.shard_style: sorted_pool")
+        raise DataError(f"data.partition.style: FedBABU-style shards test each client on its train classes, but the "
+                        f"test split has no samples of classes {missing[:5]}; use data.partition.style: sorted_pool")
     for split, by_class in (("train", train_by_class), ("test", test_by_class)):
         fewest = min(len(by_class[c]) for c in train_by_class)
         if fewest < per_class:
             raise DataError(f"data.{split}_fraction: a class keeps only {fewest} {split} samples for its {per_class} "
                             f"shards (num_clients x shards_per_client / {num_classes}); raise data.{split}_fraction "
-                            "or lower data.num_clients or data.shards_per_client")
+                            "or lower data.num_clients or data.partition.shards_per_client")
     return per_class
 
 
@@ -258,7 +258,7 @@ def _sorted_pool_shards(r: _Request) -> Partition:
     train_pool, test_pool = r.pools()
     s, n = r.shards_per_client, r.num_clients
     if s * n > len(train_pool):
-        raise DataError(f"data.shards_per_client: the 'shards' partition needs num_clients x shards_per_client <= "
+        raise DataError(f"data.partition.shards_per_client: the 'shards' partition needs num_clients x shards_per_client <= "
                         f"{len(train_pool)} train samples, got {s}; lower it or data.num_clients")
     shuffled = r.rng.permutation(train_pool)  # then a stable sort: shuffled within each class
     shards = np.array_split(shuffled[np.argsort(r.train_y[shuffled], kind="stable")], n * s)
@@ -281,7 +281,7 @@ def _dirichlet(r: _Request) -> Partition:
     train_pool, test_pool = r.pools()
     n, beta = r.num_clients, r.beta
     if beta is None or not beta > 0:
-        raise DataError(f"data.beta: the 'dirichlet' partition needs beta > 0 (0.1 = strong skew, 100 = near "
+        raise DataError(f"data.partition.beta: the 'dirichlet' partition needs beta > 0 (0.1 = strong skew, 100 = near "
                         f"IID), got {beta}")
     by_class = [(train_pool[r.train_y[train_pool] == c], test_pool[r.test_y[test_pool] == c])
                 for c in np.unique(r.train_y[train_pool])]
@@ -297,8 +297,8 @@ def _dirichlet(r: _Request) -> Partition:
         train_parts, test_parts = ([np.sort(np.concatenate(p)) for p in split] for split in (train, test))
         if min(map(len, train_parts)) >= 2 and min(map(len, test_parts)) >= 1:
             return Partition(tuple(train_parts), tuple(test_parts))
-    raise DataError(f"data.beta: beta={beta} left some of the {n} clients under 2 train or 1 test samples in "
-                    f"{_DIRICHLET_TRIES} draws; raise data.beta or lower data.num_clients")
+    raise DataError(f"data.partition.beta: beta={beta} left some of the {n} clients under 2 train or 1 test samples in "
+                    f"{_DIRICHLET_TRIES} draws; raise data.partition.beta or lower data.num_clients")
 
 
 def _conflicting(r: _Request) -> Partition:

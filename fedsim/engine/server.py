@@ -19,18 +19,8 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from fedsim import storage
 from fedsim.core import checkpoint
 from fedsim.core.aggregate import FixedPoint
-from fedsim.core.protocol import (
-    WEIGHTS,
-    ClientData,
-    ClientReport,
-    RolledBack,
-    RoundFailed,
-    RoundOutcome,
-    RoundResult,
-    SumPlan,
-    WorkerPartial,
-    serialized_size,
-)
+from fedsim.core.protocol import (WEIGHTS, ClientData, ClientReport, RolledBack, RoundFailed, RoundOutcome, RoundResult,
+                                  SumPlan, WorkerPartial, serialized_size)
 from fedsim.plan import RunPlan, balanced_owners
 
 PING_TIMEOUT_S = 60

@@ -72,10 +72,9 @@ def load_inputs(cfg: RunConfig) -> Inputs:
     d = cfg.data
     data = load_dataset(d.dataset, d.root, d.download, options=d.options)  # decodes once; workers then mmap
     groups = None if data.train_groups is None else (data.train_groups, data.test_groups)
-    partition = make_partition(d.partition, data.train_y, data.test_y, d.num_clients, cfg.seed, k=d.k,
-                               shards_per_client=d.shards_per_client, beta=d.beta, groups=groups,
-                               shard_style=d.shard_style,
-                               train_fraction=d.train_fraction, test_fraction=d.test_fraction)
+    partition = make_partition(d.partition.name, data.train_y, data.test_y, d.num_clients, cfg.seed, groups=groups,
+                               train_fraction=d.train_fraction, test_fraction=d.test_fraction,
+                               **d.partition.arguments())
     if cfg.model.client:
         try:  # the worker imports it too; found missing here, before anything starts
             load_plugin(cfg.model.client, "model.client")

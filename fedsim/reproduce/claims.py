@@ -67,7 +67,7 @@ class Claim:
 class Paper:
     key: str
     title: str
-    bases: dict[str, str]  # scale -> base config, relative to experiments/
+    bases: dict[str, str]  # scale -> base config, relative to fedsim/reproduce/configs/
     runs: dict[str, Overrides]
     claims: tuple[Claim, ...]
     scale_notes: dict[str, str] = field(default_factory=dict)  # scale -> what that scale cuts from the paper

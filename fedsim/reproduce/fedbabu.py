@@ -1,4 +1,4 @@
-"""The FedBABU paper (Oh et al. 2021, ../shared/papers/fedbabu-oh-2021.txt), claim by claim, and the
+"""The FedBABU paper (Oh et al. 2021, arXiv:2106.06042v3), claim by claim, and the
 PFLlib leaderboard as a cross-check."""
 from fedsim.reproduce.claims import Arm, Claim, Paper, greater
 
@@ -125,7 +125,7 @@ CLAIMS = (
                       "greater data heterogeneity': at beta = 0.5 it is positive in every seed but only a few "
                       "points, and at beta = 1.0 it is a tie (one seed below 0). On this scale (20 clients, the "
                       "4-conv CNN, 80 local epochs) FedAvg+FT's fine-tuned global model catches up once the skew is "
-                      "mild. The paper's text in ../shared/papers gives no Table 18 numbers, so its own gap at "
+                      "mild. The arXiv text (2106.06042v3) gives no Table 18 numbers, so its own gap at "
                       "beta = 1.0 cannot be set beside ours."),
     Claim("pfllib", "Cross-check: the PFLlib leaderboard (CIFAR-100 pathological, 20 clients, 4-conv)",
           "PFLlib's table: FedAvg 25.98, FedPer 63.53, FedRep 67.56, FedBABU 66.85, Ditto 67.23 (2,000 rounds).",
@@ -140,7 +140,7 @@ CLAIMS = (
 
 PAPER = Paper(
     key="fedbabu", title="FedBABU: Toward Enhanced Representation for Federated Image Classification (Oh et al., 2021)",
-    bases={"cpu": "reproduce/fedbabu_cifar100.yaml", "paper": "paper/fedbabu_mobilenet_cifar100.yaml"},
+    bases={"cpu": "cpu/fedbabu_cifar100.yaml", "paper": "paper/fedbabu_mobilenet_cifar100.yaml"},
     runs=RUNS, claims=CLAIMS, scaled={"paper": {key: PFLLIB_PAPER for key in RUNS if key.startswith("pfllib-")}},
     scale_notes={
         "cpu": "4-conv CNN (the authors' 4convNet) instead of MobileNet; 20 clients instead of 100, each with "

@@ -1,4 +1,4 @@
-"""The FedPer paper (Arivazhagan et al. 2019, ../shared/papers/fedper-arivazhagan-2019.txt), claim by claim."""
+"""The FedPer paper (Arivazhagan et al. 2019, arXiv:1912.00818), claim by claim."""
 from fedsim.reproduce.claims import Arm, Claim, Paper, at_most, gap_shrinks, greater
 
 FEDPER_FT = {"name": "fedper_ft", "head_epochs": 1}  # Knowl 8: the personal layers alone for 1 epoch first
@@ -92,11 +92,11 @@ CLAIMS = (
 
 PAPER = Paper(
     key="fedper", title="Federated Learning with Personalization Layers (Arivazhagan et al., 2019)",
-    bases={"cpu": "reproduce/fedper_cifar10.yaml", "paper": "paper/fedper_mobilenet_cifar10.yaml"},
+    bases={"cpu": "cpu/fedper_cifar10.yaml", "paper": "paper/fedper_mobilenet_cifar10.yaml"},
     runs=RUNS, claims=CLAIMS,
     scale_notes={
         "cpu": "4-conv CNN instead of ResNet-34/MobileNet-v1; 10% of the training images (500 per client) and 20% "
                "of the test images; 10 rounds instead of 100; everything else as the paper states.",
-        "paper": "MobileNet-v1 (the paper also runs ResNet-34: experiments/paper/fedper_resnet34_cifar10.yaml), "
+        "paper": "MobileNet-v1 (the paper also runs ResNet-34: fedsim/reproduce/configs/paper/fedper_resnet34_cifar10.yaml), "
                  "all images, 100 rounds, e = 4, lr 0.01."},
 )

@@ -235,7 +235,7 @@ PAPER_SCALE = [
     "## Paper scale", "",
     "`fedsim reproduce fedper --scale paper` and `fedsim reproduce fedbabu --scale paper` run the same claims with "
     "the papers' own settings (ResNet-34/MobileNet-v1, all images, 100 clients for FedBABU, 320 total epochs; the "
-    "base configs are in `experiments/paper/`, each citing its sources). Add `--dry-run` to validate every run and "
+    "base configs are in `fedsim/reproduce/configs/paper/`, each citing its sources). Add `--dry-run` to validate every run and "
     "print its work (sample-steps, fine-tuning) without running it; on a GPU cluster submit the command itself: "
     "`ray job submit --working-dir . -- fedsim reproduce fedbabu --scale paper`. Those runs need a GPU cluster and "
     "were not run here; one paper-scale slice (FedBABU, MobileNet-v1, CIFAR-100, the paper's per-round work) was "

@@ -12,21 +12,15 @@ from typing import Any, Callable, Iterator
 
 import yaml
 
-from fedsim.config import (
-    ConfigError,
-    RunConfig,
-    changed_settings,
-    load_tree,
-    merge_trees,
-    parse_overrides,
-    set_dotted,
-    validate,
-)
+from fedsim.config import (ConfigError, RunConfig, changed_settings, load_tree, merge_trees, parse_overrides,
+                           set_dotted, validate)
 from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.logger import read_jsonl
 from fedsim.reproduce.claims import Claim, Paper
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+# The base configs ship inside the package (a built wheel carries them), so an installed fedsim reproduces the
+# papers from any folder.
+CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
 @dataclass(frozen=True)
@@ -40,11 +34,11 @@ class PlannedRun:
         return Path(self.config.out_dir) / self.config.name
 
 
-def base_tree(paper: Paper, scale: str, experiments: Path = EXPERIMENTS) -> dict:
+def base_tree(paper: Paper, scale: str, configs: Path = CONFIGS) -> dict:
     """The scale's base config as a tree, without its own sweep (the claims say what varies)."""
     if scale not in paper.bases:
         raise ConfigError(f"--scale: {scale!r} is not one of {sorted(paper.bases)}")
-    tree = load_tree(experiments / paper.bases[scale])
+    tree = load_tree(configs / paper.bases[scale])
     tree.pop("sweep", None)
     return tree
 
@@ -54,9 +48,9 @@ def run_name(paper: Paper, scale: str, key: str, seed: int) -> str:
 
 
 def run_trees(paper: Paper, scale: str, overrides: list[str] = (),
-              experiments: Path = EXPERIMENTS) -> dict[str, dict]:
+              configs: Path = CONFIGS) -> dict[str, dict]:
     """Each run key's config tree at this scale (name, seed and out_dir still to set)."""
-    base, extra = base_tree(paper, scale, experiments), parse_overrides(list(overrides))
+    base, extra = base_tree(paper, scale, configs), parse_overrides(list(overrides))
     return {key: merge_trees(configure(base, paper.overrides(key, scale)), extra) for key in paper.runs}
 
 
@@ -69,10 +63,10 @@ def folder_keys(trees: dict[str, dict]) -> dict[str, str]:
 
 
 def plan(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_dir: Path,
-         overrides: list[str] = (), experiments: Path = EXPERIMENTS) -> list[PlannedRun]:
+         overrides: list[str] = (), configs: Path = CONFIGS) -> list[PlannedRun]:
     """Every run the claims need, once, seed-major (all runs of seed 0 first), so a partial suite already holds
     every claim at fewer seeds. ``overrides`` (key=value) apply to every run, after the claim's own."""
-    trees = run_trees(paper, scale, overrides, experiments)
+    trees = run_trees(paper, scale, overrides, configs)
     folders = folder_keys(trees)
     keys = list(dict.fromkeys(folders[key] for key in paper.runs_of(claims)))
     planned = []

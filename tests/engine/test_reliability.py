@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import own_ray_pids
+from conftest import each_round, own_ray_pids
 
 from fedsim.config import validate
 from fedsim.simulate import run
@@ -47,8 +47,8 @@ def test_worker_killed_mid_round_is_replaced_and_results_match(tmp_path, data_ro
     clean = run(tiny(tmp_path, data_root, "clean", train__local_epochs=3))
     killed = {}
 
-    def kill_a_worker_during_round_3(row, result):
-        if row["round"] == 2 and not killed:
+    def kill_a_worker_during_round_3(result):
+        if result.round == 2 and not killed:
             def kill_soon():
                 time.sleep(1.0)  # inside round 3's local training
                 victim = own_ray_pids(b"ray::Worker")[0]
@@ -57,7 +57,7 @@ def test_worker_killed_mid_round_is_replaced_and_results_match(tmp_path, data_ro
 
             threading.Thread(target=kill_soon, daemon=True).start()
 
-    faulty = run(tiny(tmp_path, data_root, "faulty", train__local_epochs=3), on_round=kill_a_worker_during_round_3)
+    faulty = run(tiny(tmp_path, data_root, "faulty", train__local_epochs=3), callbacks=[each_round(kill_a_worker_during_round_3)])
     assert killed, "the fault was never injected"
     assert killed["pid"] not in {w["pid"] for w in faulty.summary["workers"]}  # it was replaced
     assert metrics(faulty.run_dir) == metrics(clean.run_dir)

@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import psutil
 import ray
+from conftest import each_round
 
 from fedsim.config import validate
 from fedsim.simulate import run
@@ -51,14 +52,14 @@ def test_local_run_listens_on_loopback_only_and_refuses_clients_without_the_toke
                     "engine": {"workers": 2, "round_timeout_s": 300}})
     seen = {}
 
-    def inspect_during_the_run(_row: dict, _result: dict) -> None:
+    def inspect_during_the_run(_result) -> None:
         gcs = ray.get_runtime_context().gcs_address
         token = subprocess.run([RAY, "get-auth-token"], capture_output=True, text=True, timeout=60).stdout.strip()
         seen.update(listening=_listening_addresses(), gcs=gcs, without_token=_gcs_answer(gcs, None),
                     with_token=_gcs_answer(gcs, token))
 
     try:
-        run(cfg, on_round=inspect_during_the_run)
+        run(cfg, callbacks=[each_round(inspect_during_the_run)])
     finally:
         ray.shutdown()
     names = {name for name, _, _ in seen["listening"]}

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port, s3_objects, stop_process_group
+from conftest import TESTS, free_port, s3_objects, stop_process_group
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
 RAY = str(Path(sys.executable).with_name("ray"))
 
 

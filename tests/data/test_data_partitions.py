@@ -89,7 +89,7 @@ def test_fedbabu_shards_are_a_pure_function_of_the_seed() -> None:
 
 
 def test_fedbabu_shards_suggest_a_count_that_works() -> None:
-    with pytest.raises(DataError, match=r"^data\.shards_per_client: .*7 x 2 is not a multiple of 10") as info:
+    with pytest.raises(DataError, match=r"^data\.partition\.shards_per_client: .*7 x 2 is not a multiple of 10") as info:
         make_partition("shards", TRAIN_Y, TEST_Y, 7, 0, shards_per_client=2)
     suggested = int(re.search(r"e\.g\. (\d+)", str(info.value)).group(1))
     assert suggested == 10
@@ -284,18 +284,18 @@ def test_natural_on_real_femnist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     "kind,num_clients,kwargs,field",
     [
         ("pathological", 5, {}, "data.partition"),
-        ("shards", 5, {}, "data.shards_per_client"),
-        ("shards", 5, {"shards_per_client": 0}, "data.shards_per_client"),
-        ("shards", 100, {"shards_per_client": 7}, "data.shards_per_client"),  # 70 shards of a 60-sample class
-        ("shards", 100, {"shards_per_client": 7, "shard_style": "sorted_pool"}, "data.shards_per_client"),  # > 600
-        ("shards", 5, {"shards_per_client": 2, "shard_style": "label_sorted"}, "data.shard_style"),
-        ("shards", 7, {"shards_per_client": 2}, "data.shards_per_client"),  # 14 shards for 10 classes
+        ("shards", 5, {}, "data.partition.shards_per_client"),
+        ("shards", 5, {"shards_per_client": 0}, "data.partition.shards_per_client"),
+        ("shards", 100, {"shards_per_client": 7}, "data.partition.shards_per_client"),  # 70 shards of a 60-sample class
+        ("shards", 100, {"shards_per_client": 7, "shard_style": "sorted_pool"}, "data.partition.shards_per_client"),  # > 600
+        ("shards", 5, {"shards_per_client": 2, "shard_style": "label_sorted"}, "data.partition.style"),
+        ("shards", 7, {"shards_per_client": 2}, "data.partition.shards_per_client"),  # 14 shards for 10 classes
         ("shards", 10, {"shards_per_client": 10, "train_fraction": 0.1}, "data.train_fraction"),  # 6 for 10 shards
         ("shards", 30, {"shards_per_client": 10}, "data.test_fraction"),  # 20 test samples for 30 shards
-        ("shards", 5, {"shards_per_client": 2, "test_y": TEST_Y[TEST_Y < 9]}, "data.shard_style"),  # no 9s
-        ("dirichlet", 5, {}, "data.beta"),
-        ("dirichlet", 5, {"beta": 0.0}, "data.beta"),
-        ("dirichlet", 150, {"beta": 1.0}, "data.beta"),  # 150 clients x 2 > 200 test samples
+        ("shards", 5, {"shards_per_client": 2, "test_y": TEST_Y[TEST_Y < 9]}, "data.partition.style"),  # no 9s
+        ("dirichlet", 5, {}, "data.partition.beta"),
+        ("dirichlet", 5, {"beta": 0.0}, "data.partition.beta"),
+        ("dirichlet", 150, {"beta": 1.0}, "data.partition.beta"),  # 150 clients x 2 > 200 test samples
         ("dirichlet", 400, {"beta": 1.0}, "data.num_clients"),  # more clients than test samples
         ("conflicting", 601, {}, "data.num_clients"),
         ("natural", 5, {}, "data.partition: natural needs a dataset with per-sample client ids, e.g. femnist"),

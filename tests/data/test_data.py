@@ -85,10 +85,10 @@ def test_fractions_keep_a_stratified_subset() -> None:
 @pytest.mark.parametrize(
     "kind,num_clients,kwargs,field",
     [
-        ("classes", 5, {"k": 11}, "data.k"),
-        ("classes", 5, {"k": 0}, "data.k"),
-        ("classes", 5, {}, "data.k"),
-        ("classes", 3, {"k": 3}, "data.k"),  # 3 x 3 < 10 classes
+        ("classes", 5, {"k": 11}, "data.partition.k"),
+        ("classes", 5, {"k": 0}, "data.partition.k"),
+        ("classes", 5, {}, "data.partition.k"),
+        ("classes", 3, {"k": 3}, "data.partition.k"),  # 3 x 3 < 10 classes
         ("iid", 0, {}, "data.num_clients"),
         ("iid", 5, {"train_fraction": 0.0}, "data.train_fraction"),
         ("iid", 5, {"test_fraction": 1.5}, "data.test_fraction"),

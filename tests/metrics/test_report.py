@@ -1,58 +1,9 @@
-import json
-from pathlib import Path
 
 import matplotlib.image
 import pytest
+from conftest import make_run, two_runs
 
-from fedsim.metrics import summarize
 from fedsim.metrics.report import write_report
-
-
-def make_run(root: Path, name: str, algorithm: str, acc: list[list[float]],
-             personalized: list[list[float]] | None = None, bytes_round: tuple[int, int] = (0, 0),
-             legacy: bool = False, seed: int = 0) -> Path:
-    """A run folder as `fedsim run` writes it: acc[r][c] is client c's accuracy at round r + 1; bytes_round is
-    (down, up) per client per round. legacy: an older run, without bytes_down, comm.jsonl or summary comm."""
-    run_dir = root / name
-    run_dir.mkdir(parents=True)
-    clients = range(len(acc[0]))
-    (run_dir / "config.yaml").write_text(f"name: {name}\nseed: {seed}\nalgorithm: {algorithm}\ntrain:\n  rounds: {len(acc)}\n")
-    (run_dir / "partition_stats.json").write_text(json.dumps({"num_clients": len(acc[0])}))
-    metrics, rounds, comm = [], [], []
-    for r, accs in enumerate(acc, start=1):
-        recs = [{"round": r, "client": c, "n_train": 50, "n_test": 20, "loss": 1.0, "acc": accs[c], "train_loss": 0.5}
-                for c in clients]
-        if personalized:
-            for rec in recs:
-                rec.update(loss_personalized=0.8, acc_personalized=personalized[r - 1][rec["client"]])
-        metrics += recs
-        down, up = bytes_round
-        row = {"round": r, "seconds": 1.0, "sampled": len(recs), "bytes_up": up * len(recs),
-               "acc": summarize(accs)}
-        if not legacy:
-            row["bytes_down"] = down * len(recs)
-            comm += [{"round": r, "client": c, "bytes_down": down, "bytes_up": up} for c in clients]
-        rounds.append(row)
-    for filename, rows in (("metrics.jsonl", metrics), ("rounds.jsonl", rounds), ("comm.jsonl", comm)):
-        (run_dir / filename).write_text("".join(json.dumps(row) + "\n" for row in rows))
-    summary = {"name": name, "algorithm": algorithm, "rounds": len(acc), "acc": summarize(acc[-1]),
-               "per_client_acc": dict(zip(map(str, clients), acc[-1])), "wall_seconds": 12.5}
-    if personalized:
-        summary["acc_personalized"] = summarize(personalized[-1])
-    if not legacy:
-        summary["comm"] = {"bytes_down": sum(r["bytes_down"] for r in rounds),
-                           "bytes_up": sum(r["bytes_up"] for r in rounds)}
-    (run_dir / "summary.json").write_text(json.dumps(summary))
-    return run_dir
-
-
-def two_runs(root: Path) -> list[Path]:
-    # 4 clients, 2 rounds. FedAvg sends 10 MB in all (6 down + 4 up), FedPer 7 MB: a 30% saving.
-    fedavg = make_run(root, "fedavg-run", "fedavg", [[0.1, 0.2, 0.3, 0.4], [0.2, 0.4, 0.6, 0.8]],
-                      bytes_round=(750_000, 500_000))
-    fedper = make_run(root, "fedper-run", "fedper", [[0.5, 0.5, 0.6, 0.6], [0.7, 0.7, 0.8, 0.8]],
-                      personalized=[[0.8] * 4, [0.9] * 4], bytes_round=(500_000, 375_000))
-    return [fedavg, fedper]
 
 
 def test_write_report_files_tables_and_saving(tmp_path):

@@ -1,6 +1,5 @@
 """Hostile and extreme input, checked in-process before Ray starts: each is one line naming the field or
 file, exit code 2, and nothing is written (no run folder, no out_dir)."""
-import io
 import os
 import pickle
 import zipfile
@@ -9,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import make_image_zip, png
 from PIL import Image
 
 from fedsim import strict_yaml
@@ -51,20 +51,20 @@ YAML_CASES = [
     ("infinite timeout", synthetic_yaml() + "engine: {round_timeout_s: .inf}\n", "engine.round_timeout_s"),
     ("nan learning rate", "train: {body: {lr: .nan}}\n", "train.body.lr"),
     ("'no' is not 0", "engine: {checkpoint_every: no}\n", "engine.checkpoint_every"),
-    ("false is not 0", "engine: {checkpoint_every: false}\n", "engine.checkpoint_every: Value error, expected a number"),
-    ("1 is not true", "data: {augment: 1}\n", "data.augment: Value error, expected true or false"),
+    ("false is not 0", "engine: {checkpoint_every: false}\n", "engine.checkpoint_every: expected a number"),
+    ("1 is not true", "data: {augment: 1}\n", "data.augment: expected true or false"),
     ("'yes' is not true", "data: {augment: yes}\n", "data.augment"),
     ("true is not a learning rate", "train: {body: {lr: true}}\n", "train.body.lr"),
     ("fractional rounds", "train: {rounds: 2.5}\n", "train.rounds"),
     ("duplicate top-level key", "seed: 1\nseed: 2\n", "key 'seed' is given twice"),
     ("duplicate section", "train: {rounds: 2}\ntrain: {local_epochs: 1}\n", "key 'train' is given twice"),
     ("duplicate nested key", "train:\n  rounds: 2\n  rounds: 3\n", "key 'rounds' is given twice"),
-    ("name with ..", "name: ../escape\n", "name: Value error, must be one folder name"),
-    ("absolute name", "name: /tmp/escape\n", "name: Value error"),
-    ("name with a slash", "name: a/b\n", "name: Value error"),
-    ("name is ..", "name: '..'\n", "name: Value error"),
-    ("name with a space", "name: my run\n", "name: Value error"),
-    ("empty name", "name: ''\n", "name: Value error"),
+    ("name with ..", "name: ../escape\n", "name: must be one folder name"),
+    ("absolute name", "name: /tmp/escape\n", "name: must be one folder name"),
+    ("name with a slash", "name: a/b\n", "name: must be one folder name"),
+    ("name is ..", "name: '..'\n", "name: must be one folder name"),
+    ("name with a space", "name: my run\n", "name: must be one folder name"),
+    ("empty name", "name: ''\n", "name: must be one folder name"),
     ("name as a number", "name: 5\n", "name: Input should be a valid string"),
 ]
 
@@ -95,7 +95,7 @@ def test_a_huge_document_is_refused_before_parsing(tmp_path, capsys):
 def test_override_values_follow_the_same_rules(tmp_path, capsys):
     cfg = write_config(tmp_path, synthetic_yaml())
     expect_exit_2(capsys, ["run", str(cfg), "engine.checkpoint_every=no"], "engine.checkpoint_every")
-    expect_exit_2(capsys, ["run", str(cfg), "name=../../etc"], "name: Value error")
+    expect_exit_2(capsys, ["run", str(cfg), "name=../../etc"], "name: must be one folder name")
 
 
 def test_validation_error_echoes_at_most_a_short_excerpt():
@@ -173,27 +173,6 @@ def test_resume_refuses_a_dataset_whose_content_changed(tmp_path, monkeypatch):
 
 
 # -- hostile data ---------------------------------------------------------------------------------
-
-
-def png(pixels: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
-
-
-def make_image_zip(path: Path, seed: int = 0, extra: dict[str, bytes] | None = None,
-                   blue: int | None = None) -> None:
-    rng = np.random.default_rng(seed)
-    with zipfile.ZipFile(path, "w") as z:
-        for split in ("train", "test"):
-            for cls in ("cat", "dog"):
-                for i in range(3):
-                    pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
-                    if blue is not None:
-                        pixels[..., 2] = blue
-                    z.writestr(f"{split}/{cls}/{i}.png", png(pixels))
-        for name, data in (extra or {}).items():
-            z.writestr(name, data)
 
 
 def imagefolder_yaml(root: Path) -> str:

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import in_process_server, six_client_run, small_config, small_tree
+from conftest import TESTS, in_process_server, six_client_run, small_config, small_tree
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+REPO = TESTS.parent
+SHIPPED = sorted([*(REPO / "experiments").rglob("*.yaml"), *(REPO / "fedsim" / "reproduce" / "configs").rglob("*.yaml")])
 
 # FedBABU's 4-conv CNN on 3x32x32 inputs, 10 classes, counted by hand: four 3x3 convs of 64 filters with
 # biases, four BatchNorms (64 weights + 64 biases), a 256 -> 10 classifier.
@@ -22,8 +23,8 @@ def _sizes(cfg) -> tuple[list[int], list[int]]:
 
     d = cfg.data
     data = load_dataset(d.dataset, d.root)
-    part = make_partition(d.partition, data.train_y, data.test_y, d.num_clients, cfg.seed, k=d.k,
-                          train_fraction=d.train_fraction, test_fraction=d.test_fraction)
+    part = make_partition(d.partition.name, data.train_y, data.test_y, d.num_clients, cfg.seed,
+                          train_fraction=d.train_fraction, test_fraction=d.test_fraction, **d.partition.arguments())
     return [len(t) for t in part.train], [len(t) for t in part.test]
 
 
@@ -100,7 +101,7 @@ def test_cli_dry_run_bad_config_is_one_line_exit_2(tmp_path, data_root, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("path", sorted(EXPERIMENTS.rglob("*.yaml")), ids=lambda p: str(p.relative_to(EXPERIMENTS)))
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_shipped_config_dry_runs(path, data_root, monkeypatch, tmp_path, capsys):
     """Each sweep variant validates, partitions and builds its model (paper scale included: no training)."""
     from fedsim.cli.main import main

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import own_ray_pids, per_client, synthetic_tree
+from conftest import each_round, own_ray_pids, per_client, synthetic_tree
 
 from fedsim.cli import main as cli
 from fedsim.config import validate
@@ -22,15 +22,15 @@ def undisturbed(tmp_path_factory, local_ray):
 
 
 def after_round(target: int, action):
-    """An on_round callback that runs ``action`` once, in the background, shortly after round ``target``."""
+    """A callback that runs ``action`` once, in the background, shortly after round ``target``."""
     fired = {}
 
-    def on_round(row, _result):
-        if row["round"] == target and not fired:
+    def on_round(result):
+        if result.round == target and not fired:
             fired["at"] = time.time()
             threading.Thread(target=lambda: fired.setdefault("pid", action()), daemon=True).start()
 
-    return on_round, fired
+    return each_round(on_round), fired
 
 
 def signal_first(title: bytes, sig: int):
@@ -44,7 +44,7 @@ def signal_first(title: bytes, sig: int):
 def test_frozen_worker_is_replaced_and_results_match(tmp_path, undisturbed):
     cfg = validate(synthetic_tree(tmp_path, "frozen", engine__heartbeat_timeout_s=2))
     on_round, fired = after_round(1, signal_first(b"ray::Worker", signal.SIGSTOP))
-    result = run(cfg, on_round=on_round)
+    result = run(cfg, callbacks=[on_round])
     assert fired.get("pid"), "the fault was never injected"
     assert fired["pid"] not in {w["pid"] for w in result.summary["workers"]}
     assert per_client(result.run_dir) == per_client(undisturbed.run_dir)
@@ -54,7 +54,7 @@ def test_worker_lost_too_often_stops_with_its_name(tmp_path, local_ray):
     cfg = validate(synthetic_tree(tmp_path, "lost", engine__max_recoveries=0))
     on_round, fired = after_round(1, signal_first(b"ray::Worker", signal.SIGKILL))
     with pytest.raises(RunFailed, match=r"worker \d \(clients [\d, ]+\) died 1 times in a row") as info:
-        run(cfg, on_round=on_round)
+        run(cfg, callbacks=[on_round])
     assert "\n" not in str(info.value) and f"fedsim run --resume {tmp_path / 'lost'}" in str(info.value)
 
 
@@ -62,7 +62,7 @@ def test_dead_server_fails_with_the_resume_command_and_resume_matches(tmp_path, 
     cfg = validate(synthetic_tree(tmp_path, "srv"))
     on_round, fired = after_round(2, signal_first(b"ray::Server", signal.SIGKILL))
     with pytest.raises(RunFailed, match="the server actor died") as info:
-        run(cfg, on_round=on_round)
+        run(cfg, callbacks=[on_round])
     assert info.value.resume_command == f"fedsim run --resume {tmp_path / 'srv'}"
     run(load_run_config(tmp_path / "srv"), resume=True)
     assert per_client(tmp_path / "srv") == per_client(undisturbed.run_dir)
@@ -80,7 +80,7 @@ def test_cli_exit_code_3_is_one_line_with_the_resume_command(tmp_path, capsys, m
     def broken_run(cfg, **_):
         raise RunFailed("No space left on device (/runs/x/metrics.jsonl)", tmp_path / "runs" / "x")
 
-    monkeypatch.setattr("fedsim.engine.run", broken_run)
+    monkeypatch.setattr("fedsim.simulate.run", broken_run)
     (tmp_path / "c.yaml").write_text(f"out_dir: {tmp_path / 'runs'}\nname: x\n"
                                      "data: {dataset: synthetic, partition: natural, num_clients: 4}\nmodel: {name: mlp}\n")
     assert cli.main(["run", str(tmp_path / "c.yaml")]) == 3
