@@ -11,7 +11,7 @@ every client evaluated every round), for --rounds rounds (default: the quickstar
      (fedsim.data.make_partition), same model (fedsim.models.build_model, same seed), same client
      sample (fedsim.plan.sample_clients), same per-client shuffles and augmentation draws
      (fedsim.client.runtime.client_generator), same number of batches, personal heads in a dict,
-     base averaged by fedsim.core.aggregate.weighted_average, every client scored every round.
+     base averaged by fedsim's exact fixed-point sum (fedsim.core.aggregate), every client scored every round.
      Timed from loading the data to the last evaluation. A / B is the target's ratio.
   C  the same bare loop in channels_last, 2 threads: the same kernels fedsim runs, so A / C is
      fedsim's own overhead (Ray, actors, Lightning, weight packing, logging, checkpoints).
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,10 +41,10 @@ from _common import (QUIET_REP_CORES, REPO, check_quickstart, log, machine, meas
 def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
     """The plain loop. Returns wall seconds, per-round seconds and the final per-client accuracy."""
     from fedsim.client.runtime import client_generator
+    from fedsim.core.aggregate import ExactSum, FixedPoint
     from fedsim.data import load_dataset, make_partition, random_crop_flip, to_float
-    from fedsim.core.aggregate import weighted_average
-    from fedsim.plan import sample_clients
     from fedsim.models import build_model
+    from fedsim.plan import sample_clients
 
     torch.set_num_threads(threads)
     d, t, seed = tree["data"], tree["train"], tree["seed"]
@@ -97,9 +98,18 @@ def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
             state = net.state_dict()
             heads[c] = {k: state[k].clone() for k in head_keys}
             uploads.append((c, len(y), {k: state[k].to(torch.float32).numpy().copy() for k in base_keys}))
-        # fedsim's own average (gamma_j = n_j / sum n, in client order, float64), key by key
-        global_base = {k: torch.from_numpy(weighted_average([(c, n, u[k]) for c, n, u in uploads]))
-                      .to(global_base[k].dtype) for k in base_keys}
+        # fedsim's own average, gamma_j = n_j / sum n, summed exactly in fixed point as its workers sum
+        # (fedsim.core.aggregate), over the base as one flat vector scaled per tensor from the current global
+        reference = np.concatenate([global_base[k].to(torch.float32).numpy().ravel() for k in base_keys])
+        offsets = tuple(np.cumsum([0, *(global_base[k].numel() for k in base_keys)]).tolist())
+        total_weight = sum(n for _, n, _ in uploads)
+        plan = FixedPoint.plan(reference, offsets, total_weight)
+        summed = ExactSum(plan)
+        for _, n, u in uploads:
+            summed.add(n, np.concatenate([u[k].ravel() for k in base_keys]))
+        mean = plan.mean(summed.total, total_weight).astype(np.float32)
+        global_base = {k: torch.from_numpy(mean[a:b].reshape(global_base[k].shape)).to(global_base[k].dtype)
+                       for k, a, b in zip(base_keys, offsets, offsets[1:])}
         if r % t["eval_every"] == 0 or r == t["rounds"]:
             net.eval()
             with torch.no_grad():
@@ -145,9 +155,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="default: the quickstart's rounds")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions of A, B and C")
     ap.add_argument("--bare1-reps", type=int, default=1, help="repetitions of D, the 1-thread same-work loop")
+    ap.add_argument("--only-same-work", metavar="JSON", help="run D once and compare its per-client accuracies with "
+                    "fedsim's in an earlier run's raw file (benchmarks/results/overhead-*.json)")
     args = ap.parse_args()
 
     check_quickstart()
+    if args.only_same_work:
+        return same_work(args)
     rounds = args.rounds or yaml.safe_load((REPO / "experiments" / "quickstart.yaml").read_text())["train"]["rounds"]
     tree = quickstart({"train.rounds": rounds})
     rounds = tree["train"]["rounds"]
@@ -177,6 +191,19 @@ def main() -> None:
             print(f"same work check: max |acc fedsim - acc {LABELS[name]}| over clients: {diff:.4f}")
     path = save("overhead", {"args": vars(args), "machine": machine(), **runs})
     print(f"raw: {path}")
+
+
+def same_work(args) -> None:
+    """D alone against an earlier run's fedsim accuracies (the same config and seed give the same ones)."""
+    import json
+
+    earlier = json.loads(Path(args.only_same_work).read_text())
+    tree = quickstart({"train.rounds": earlier["args"]["rounds"] or 10})
+    fed_acc = {int(k): v for k, v in earlier["fedsim"][0]["summary"]["per_client_acc"].items()}
+    bare = bare_run(tree, 1, True)
+    diff = max(abs(fed_acc[c] - bare["acc"][c]) for c in fed_acc)
+    print(f"same work check ({len(fed_acc)} clients, {tree['train']['rounds']} rounds): max |acc fedsim - acc "
+          f"{LABELS['bare1_cl']}| = {diff:.4f}")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def personal_bytes(tree: dict) -> int:
     from fedsim.plan.build import build_model_plan
 
     cfg = validate(tree)
-    return 4 * build_model_plan(cfg, build_algorithm(cfg), 10, (3, 32, 32)).model.layouts["personal"].size
+    return 4 * build_model_plan(cfg, build_algorithm(cfg), 10, (3, 32, 32)).layouts["personal"].size
 
 
 def fraction_for(n: int, args) -> float:

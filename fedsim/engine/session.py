@@ -59,15 +59,16 @@ def _this_node() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def start_engine(plan: RunPlan, plan_ref: ray.ObjectRef, spawn: WorkerSpawn, bundles: list):
+def start_engine(plan: RunPlan, refs: tuple[ray.ObjectRef, ray.ObjectRef], spawn: WorkerSpawn, bundles: list):
     """Spawn the workers (worker i in ``bundles[i]``) and the server actor together (the workers' ~3 s of
-    imports overlap the server's start-up instead of following it). ``plan_ref``: the plan in Ray's object
-    store, held by the caller for the whole run. Returns the server's handle."""
-
+    imports overlap the server's start-up instead of following it). ``refs``: the plan and its workers' copy
+    (``plan.for_workers()``) in Ray's object store, held by the caller for the whole run. Returns the
+    server's handle."""
+    plan_ref, worker_plan_ref = refs
     engine = plan.cfg.engine
 
     def spawn_one(clients, bundle):
-        return spawn(plan_ref, clients, bundle, engine.cpus_per_worker, engine.gpus_per_worker)
+        return spawn(worker_plan_ref, clients, bundle, engine.cpus_per_worker, engine.gpus_per_worker)
 
     workers = [spawn_one(clients, bundle) for clients, bundle in zip(plan.assignments, bundles)]
     return ServerActor.options(num_cpus=0, scheduling_strategy=_this_node()).remote(plan_ref, workers, spawn_one,
@@ -116,8 +117,8 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
 def _train(plan: RunPlan, folder: RunFolder, spawn: WorkerSpawn, bundles: list, ckpt: Path | None, resume: bool,
            callbacks: Sequence[Callback]) -> Run:
     started = time.perf_counter()
-    plan_ref = ray.put(plan)  # one copy in the object store, read by every worker and the server
-    run = Run(plan, folder, resume, start_engine(plan, plan_ref, spawn, bundles), started, callbacks=list(callbacks))
+    refs = ray.put(plan), ray.put(plan.for_workers())  # one copy each in the object store: the server's, the workers'
+    run = Run(plan, folder, resume, start_engine(plan, refs, spawn, bundles), started, callbacks=list(callbacks))
     error: BaseException | None = None
     try:
         drive(run, folder.checkpoint_location(ckpt) if ckpt else None)

@@ -9,6 +9,7 @@ results do not depend on how a run is spread.
 This module imports no torch: the server's process receives the plan too."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -141,6 +142,12 @@ class RunPlan:
         if finetune and self.cfg.eval.finetune_lr is not None:
             return self.cfg.eval.finetune_lr
         return getattr(self.cfg.train, part).lr_at(round_idx, self.cfg.train.rounds)
+
+    def for_workers(self) -> RunPlan:
+        """The plan a worker receives: without the clients' data, which each worker gets beside it for its own
+        clients only (every client's indices on every worker would cost each one memory in the population:
+        measured 5.6 KB per registered client at N = 10,000, against 1.8 KB)."""
+        return dataclasses.replace(self, clients=())
 
     @cached_property
     def fingerprint(self) -> str:

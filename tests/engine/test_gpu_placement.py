@@ -31,8 +31,8 @@ def test_four_workers_share_one_gpu(tmp_path, data_root, fake_gpu_ray):
     check_resources(cfg)
     plan = plan_for(cfg)
     group = placement.reserve(cfg, 4)  # the run's placement group: four (0.5 CPU, 0.25 GPU) bundles
-    plan_ref = ray.put(plan)
-    server = start_engine(plan, plan_ref, spawn_worker, placement.bundles(group, 4))
+    refs = ray.put(plan), ray.put(plan.for_workers())
+    server = start_engine(plan, refs, spawn_worker, placement.bundles(group, 4))
     infos = ray.get(server.worker_info.remote())  # blocks until all four actors have started
     assert len(infos) == 4
     assert all(i["gpu_ids"] == [0] or i["gpu_ids"] == ["0"] for i in infos)
