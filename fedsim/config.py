@@ -168,10 +168,33 @@ class DataConfig(_Section):
             raise ValueError(_format_error(err, prefix="data.partition")) from None
 
 
+class CallbackSpec(_Section):
+    """A callback as Lightning's CLI names one."""
+    class_path: str = Field(description="'package.module:Class' of a pytorch_lightning Callback")
+    init_args: dict[str, Any] = Field({}, description="keyword arguments of its __init__")
+
+
 class ModelConfig(_Section):
     name: str = Field("cnn4", description="a registered model or a user's 'package.module:function'")
     personal_layers: int = Field(1, ge=0, description="K_P: classifier + the last K_P-1 blocks are personal")
-    client: str | None = Field(None, description="'package.module:Class' of your own FedClient-compatible LightningModule")
+    client: str | None = Field(None, description="'package.module:Class' of your own LightningModule (docs/lightning.md); "
+                               "null: the built-in FedClient around model.name")
+    client_args: dict[str, Any] = Field({}, description="keyword arguments of model.client's __init__ (num_classes, "
+                                        "in_channels, image_size come from the data when it takes them)")
+    head: list[str] | None = Field(None, description="the module's submodules that form the head (personal under "
+                                   "FedPer, fixed under FedBABU); null: a fedsim model's K_P, else its `head` submodule")
+    callbacks: list[str | CallbackSpec] = Field([], description="Lightning callbacks for every local update: "
+                                               "'package.module:Class' or {class_path: ..., init_args: {...}}")
+    precision: Literal["32", "32-true", "16-mixed", "bf16-mixed"] = Field(
+        "32", description="Lightning precision of local training and scoring, through Fabric (16-mixed needs a GPU)")
+    client_loop: Literal["fabric", "trainer"] = Field(
+        "fabric", description="fabric: fedsim drives training_step (fast); trainer: every local update is a "
+        "pl.Trainer fit (loggers and every Trainer feature; costs more per client: BENCHMARKS.md)")
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
     batchnorm: Literal["averaged", "personal", "batch_stats"] | None = Field(
         None, description="BatchNorm: running statistics kept and shared like other weights (averaged), every BN "
         "layer kept on the client (personal, FedBN), or batch statistics only, track_running_stats=False (batch_stats, "
@@ -195,8 +218,14 @@ class OptimConfig(_Section):
         rate drops once round_idx - 1 >= floor(milestone * rounds)."""
         if self.schedule == "constant":
             return self.lr
-        drops = sum(round_idx - 1 >= math.floor(m * rounds) for m in self.milestones)
-        return self.lr * self.gamma ** drops
+        return self.lr * self.gamma ** self._drops(round_idx, rounds)
+
+    def scale_at(self, round_idx: int, rounds: int) -> float:
+        """The schedule's factor in round ``round_idx``: what it multiplies a module's own learning rates by."""
+        return 1.0 if self.schedule == "constant" else self.gamma ** self._drops(round_idx, rounds)
+
+    def _drops(self, round_idx: int, rounds: int) -> int:
+        return sum(round_idx - 1 >= math.floor(m * rounds) for m in self.milestones)
 
 
 class TrainConfig(_Section):
@@ -360,11 +389,16 @@ def _flat_partition(data: dict) -> dict:
     return flat
 
 
+# model.* keys added after checkpoints were first written: at their defaults they leave a fingerprint as it was.
+LATER_MODEL_DEFAULTS = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric"}
+
+
 def _resume_settings(cfg_dict: dict) -> dict:
     """``result_settings`` less what a resume may change: a resumed run may be extended (train.rounds),
     unless a step schedule places its milestones by the round count."""
     settings = result_settings(cfg_dict)
     settings["data"] = _flat_partition(settings["data"])
+    settings["model"] = {k: v for k, v in settings["model"].items() if LATER_MODEL_DEFAULTS.get(k, ...) != v}
     stepped = any(settings["train"][part]["schedule"] != "constant" for part in ("body", "head"))
     settings["train"] = {k: v for k, v in settings["train"].items() if k != "rounds" or stepped}
     return settings

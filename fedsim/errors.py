@@ -15,3 +15,20 @@ class RunFailed(RuntimeError):
         then = (f"continue it with `{self.resume_command}`" if resumable
                 else f"its folder {run_dir} is incomplete: start the run again with --overwrite")
         super().__init__(f"run failed: {cause}; {then}")
+
+
+class UserCodeError(ValueError):
+    """The user's own module (model.client) raised, or broke a rule fedsim enforces: one line with its own
+    message, reported once as a user error (exit 2), never retried as a lost worker."""
+
+
+def user_error(err: BaseException | None) -> UserCodeError | None:
+    """The UserCodeError inside ``err``, also through the RayTaskError wrapper of each actor it crossed (Ray's
+    wrapper subclasses the original's class; its ``cause`` is the original)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if type(err) is UserCodeError:
+            return err
+        err = getattr(err, "cause", None) or err.__cause__
+    return None

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from fedsim.algorithms import WEIGHTS, PartialSharing
-from fedsim.client.module import FedClient
+from fedsim.models.lightning import FedClient
 from fedsim.data import ArrayDataset
 from fedsim.models import SplitNet
 

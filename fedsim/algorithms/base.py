@@ -80,8 +80,9 @@ class Algorithm:
         return self.share != "full" or bool(self.client_slots) or self.bn_mode == "personal"
 
     # -- client hooks ----------------------------------------------------------------------------
-    def init_model(self, net: nn.Module) -> None:
-        """Change the freshly built round-0 model (drawn from the run's seed); identical in every process."""
+    def init_model(self, net: nn.Module, keys: KeyParts) -> None:
+        """Change the freshly built round-0 network (drawn from the run's seed; ``keys``: its body/head split);
+        identical in every process."""
 
     def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         """Train one client for one round; returns the per-step losses. Write uploads and state through ``ctx``."""

@@ -1,13 +1,13 @@
-"""The client layer: a worker's runtime (many virtual clients in one model), the LightningModule each client
-trains through, and the Ray actor shell that hosts a runtime. Importing this package imports no torch:
-``FedClient`` loads on first use."""
+"""The client layer: a worker's runtime (many virtual clients in one LightningModule, driven as Lightning drives
+it) and the Ray actor shell that hosts a runtime. Importing this package imports no torch: ``FedClient`` (the
+built-in module, defined in ``fedsim.models.lightning``) loads on first use."""
 
-__all__ = ["OPTIMIZED_PARTS", "FedClient"]
+__all__ = ["FedClient"]
 
 
 def __getattr__(name: str):
-    if name in __all__:
-        from fedsim.client import module
+    if name == "FedClient":
+        from fedsim.models.lightning import FedClient
 
-        return getattr(module, name)
+        return FedClient
     raise AttributeError(f"module 'fedsim.client' has no attribute {name!r}")

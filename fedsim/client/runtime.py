@@ -12,23 +12,26 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+import pytorch_lightning as pl
 import ray
 import torch
-from lightning_fabric import Fabric
 
 from fedsim import storage
 from fedsim.algorithms import PARTS
 from fedsim.algorithms.context import ClientContext, Penalty, StepCallback
 from fedsim.client.device import make_cuda_deterministic
-from fedsim.client.module import load_client_class
+from fedsim.client.loop import FedsimFabric, LocalLoop
 from fedsim.client.resident import BoundLayout, ExactSum, host_vector, to_device
-from fedsim.config import OptimConfig
+from fedsim.config import CallbackSpec
 from fedsim.core.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
 from fedsim.core.protocol import ClientData, ClientReport, SumPlan, WorkerPartial, payload_bytes
 from fedsim.core.store import StateMemory, VectorStore
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
+from fedsim.errors import UserCodeError
+from fedsim.models.lightning import module_optimizers, network_of, optimizer_parts, overrides, part_parameters
 from fedsim.plan import RunPlan
-from fedsim.plan.build import initial_network
+from fedsim.plan.build import initial_client
+from fedsim.plugins import load_plugin
 
 EVAL_BATCH = 500
 FINETUNE_STREAM = 1  # keeps evaluation fine-tuning randomness apart from training's
@@ -48,6 +51,7 @@ class Trained:
     loss: torch.Tensor  # a scalar on the worker's device, read by the caller together with its other answers
     uploads: dict[str, torch.Tensor]  # on the worker's device
     slots: dict[str, np.ndarray]  # staged per-client state
+    logged: dict[str, float]  # what the module's self.log recorded in this round's training
 
 
 class ClientRuntime:
@@ -65,29 +69,26 @@ class ClientRuntime:
         self.augment = d.augment and self.data.augmentable
         self.client_data = client_data
         self.local_epochs = cfg.train.local_epochs
-        self._head_keys = set(plan.model.keys.head)
 
-        # The network's structure from the seed, as the driver built it; its values are the plan's round-0 model.
-        net = initial_network(cfg, self.algorithm, plan.num_classes, plan.input_shape)
+        # The client module from the seed, as the driver built it; its values are the plan's round-0 model.
+        module, keys = initial_client(cfg, self.algorithm, plan.num_classes, plan.input_shape)
+        self.net = network_of(module)
         on_gpu = self._assigned_gpu()
         if on_gpu:
             make_cuda_deterministic()
         fmt = cfg.engine.memory_format
         self.channels_last = fmt == "channels_last" or (fmt == "auto" and not on_gpu)
         if self.channels_last:  # packing reads logical order (reshape), so flat vectors do not change
-            net.to(memory_format=torch.channels_last)
-        module = load_client_class(cfg.model.client)(net, list(plan.model.keys.head), plan.num_classes,
-                                                     cfg.train.body, cfg.train.head)
-        # Fabric rather than a Trainer: a Trainer costs ~7 ms per fit and must be coaxed into refitting;
-        # Fabric adds ~0.1-2 ms per client and still runs the module's own training_step (docs/stack-notes.md).
-        self.fabric = Fabric(accelerator="cuda" if on_gpu else "cpu", devices=1)
-        e = cfg.eval
-        finetune = OptimConfig(lr=e.finetune_lr or 0.0, momentum=e.finetune_momentum, weight_decay=e.finetune_weight_decay)
-        self.optimizers = {"train": dict(zip(module.optimized_parts, module.configure_optimizers())),
-                           "finetune": {p: module.build_optimizer(p, finetune) for p in module.optimized_parts}}
-        self.client_module = module  # attributes (active_optimizers, penalty, accuracy) live on the plain module
-        self.module, *_ = self.fabric.setup(module, *self.optimizers["train"].values())  # calls go through Fabric
-        self.net = module.net
+            self.net.to(memory_format=torch.channels_last)
+        # Fabric rather than a Trainer: a Trainer costs ~7 ms per fit and must be coaxed into refitting; Fabric adds
+        # ~0.1-2 ms per client and still runs the module's own training_step (docs/stack-notes.md).
+        self.fabric = FedsimFabric(accelerator="cuda" if on_gpu else "cpu", devices=1, precision=cfg.model.precision)
+        optimizers = module_optimizers(module, part_parameters(module, keys), {"body": cfg.train.body, "head": cfg.train.head})
+        fabric_module, *wrapped = self.fabric.setup(module, *optimizers.optimizers)
+        self.own_optimizers = overrides(module, "configure_optimizers")  # else fedsim's, from train.body / head
+        self.group_parts = optimizer_parts(optimizers.optimizers, module, keys)
+        self.loop = LocalLoop(module, self.fabric, fabric_module, optimizers, wrapped, keys,
+                              self._callbacks(module), plan.num_classes)
         self.device = self.fabric.device
         self.layouts = {name: BoundLayout.bind(layout, self.net, self.device)
                         for name, layout in plan.model.layouts.items()}
@@ -95,6 +96,20 @@ class ClientRuntime:
         self.slots = self._empty_slots()
         self._held: tuple[np.ndarray, int] | None = None  # (broadcast weights in the model, their tensors' version)
         self._resident: tuple[np.ndarray, torch.Tensor] | None = None  # (broadcast weights, their copy on the device)
+
+    def _callbacks(self, module: pl.LightningModule) -> list[pl.Callback]:
+        """The module's configure_callbacks and model.callbacks, as Lightning would use them in every fit."""
+        own = module.configure_callbacks() if overrides(module, "configure_callbacks") else []
+        listed = []
+        for spec in self.cfg.model.callbacks:
+            spec = spec if isinstance(spec, CallbackSpec) else CallbackSpec(class_path=spec)
+            listed.append(load_plugin(spec.class_path, "model.callbacks")(**spec.init_args))
+        callbacks = [*(own if isinstance(own, (list, tuple)) else [own]), *listed]
+        for cb in callbacks:
+            if not isinstance(cb, pl.Callback):
+                raise UserCodeError(f"model.callbacks: {type(cb).__name__} is not a pytorch_lightning Callback")
+            cb.setup(module.trainer, module, "fit")
+        return callbacks
 
     def _empty_slots(self) -> dict[str, VectorStore]:
         sizes = {"personal": self.layouts["personal"].size}
@@ -145,10 +160,38 @@ class ClientRuntime:
 
     def learning_rates(self, layout: str, round_idx: int) -> np.ndarray:
         params = dict(self.net.named_parameters())
+        lr_of = {id(p): override["lr"] for opt, overrides_ in zip(self.loop.optimizers, self._group_settings(round_idx, False))
+                 for group, override in zip(opt.param_groups, overrides_) for p in group["params"]}
         lay, out = self.layouts[layout], np.zeros(self.layouts[layout].size, np.float64)
         for key, _, start, end in lay.spans():
             if key in params:
-                out[start:end] = self.plan.lr("head" if key in self._head_keys else "body", round_idx)
+                out[start:end] = lr_of.get(id(params[key]), 0.0)
+        return out
+
+    def _group_settings(self, round_idx: int, finetune: bool) -> list[list[dict]]:
+        """Per optimizer and param group, what a local update of ``round_idx`` sets over configure_optimizers'
+        values. The rule (docs/lightning.md): fedsim's own optimizers take train.body / train.head (eval.finetune_*
+        when fine-tuning); a module's own keep their settings, their learning rates scaled by the part's round
+        schedule (train.<part>.schedule) or, when fine-tuning, replaced by eval.finetune_lr if it is set."""
+        e = self.cfg.eval
+        out = []
+        for parts_of_groups, snapshots in zip(self.group_parts, self.loop.snapshots):
+            row = []
+            for parts, snapshot in zip(parts_of_groups, snapshots):
+                part = "body" if "body" in parts else "head"  # a group of both follows the body's schedule
+                if not self.own_optimizers:
+                    override = {"lr": self.plan.lr(part, round_idx, finetune)}
+                    if finetune:
+                        override |= {"weight_decay": e.finetune_weight_decay}
+                        override |= {"momentum": e.finetune_momentum} if "momentum" in snapshot else {}
+                elif finetune and e.finetune_lr is not None:
+                    override = {"lr": e.finetune_lr, "initial_lr": e.finetune_lr}
+                else:
+                    scale = getattr(self.cfg.train, part).scale_at(round_idx, self.cfg.train.rounds)
+                    override = {"lr": snapshot["lr"] * scale}
+                    override |= {"initial_lr": snapshot["initial_lr"] * scale} if "initial_lr" in snapshot else {}
+                row.append(override)
+            out.append(row)
         return out
 
     def sgd(self, x: torch.Tensor, y: torch.Tensor, parts: frozenset[str], epochs: int, generator: torch.Generator,
@@ -156,29 +199,15 @@ class ClientRuntime:
             finetune: bool = False) -> list[torch.Tensor]:
         self._held = None  # training moves the model off the received weights (BatchNorm statistics too,
         #                   which torch's version counters do not see)
-        optimizers = self.optimizers["finetune" if finetune else "train"]
-        for part, opt in optimizers.items():  # momentum restarts with every phase, as in FedAvg's ClientUpdate
-            opt.state.clear()
-            for group in opt.param_groups:
-                group["lr"] = self.plan.lr(part, round_idx, finetune)
-        self.module.train()
-        module = self.client_module
-        module.active_optimizers = [optimizers[p] for p in module.optimized_parts if p in parts]
-        module.penalty = penalty
         batch = (self.cfg.eval.finetune_batch_size if finetune else None) or self.cfg.train.batch_size
-        losses = []
-        try:
-            for _ in range(epochs):
-                order = to_device(torch.randperm(len(y), generator=generator), self.device)
-                for step, start in enumerate(range(0, len(y), batch)):
-                    idx = order[start:start + batch]
-                    xb = random_crop_flip(x[idx], generator) if self.augment else x[idx]
-                    losses.append(self.module.training_step((xb, y[idx]), step))
-                    if after_step is not None:
-                        after_step(xb, y[idx])
-        finally:
-            module.active_optimizers, module.penalty = [], None
-        return losses
+
+        def epoch_batches():
+            order = to_device(torch.randperm(len(y), generator=generator), self.device)
+            for start in range(0, len(y), batch):
+                idx = order[start:start + batch]
+                yield (random_crop_flip(x[idx], generator) if self.augment else x[idx]), y[idx]
+
+        return self.loop.fit(epoch_batches, epochs, parts, self._group_settings(round_idx, finetune), penalty, after_step)
 
     # -- a round ---------------------------------------------------------------------------------
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
@@ -201,7 +230,7 @@ class ClientRuntime:
                     sums[name].add()
                     weights[name] += weight[name]
             reports.append(ClientReport(client, t.n_train, loss, self._bytes_up(t) if kept else 0,
-                                        diverged=not kept, out_of_range=not kept and not diverged))
+                                        diverged=not kept, out_of_range=not kept and not diverged, logged=t.logged))
         return WorkerPartial(reports, {name: s.total.cpu().numpy() for name, s in sums.items()}, weights)
 
     @staticmethod
@@ -221,6 +250,7 @@ class ClientRuntime:
     def train_client(self, broadcast: dict[str, np.ndarray], client: int, round_idx: int) -> Trained:
         """The algorithm's client hook for one client: its loss, its uploads (on the device) and the per-client
         state it staged, none of it kept yet (``keep`` does that for a client whose round counts)."""
+        self._working_on(client, round_idx, "training")
         ctx = ClientContext(self, client, round_idx, broadcast, client_generator(self.cfg.seed, round_idx, client))
         losses = self.algorithm.client_update(ctx)
         if set(ctx.uploads) != set(self.algorithm.uploads):
@@ -228,7 +258,8 @@ class ClientRuntime:
                                f"it declares {sorted(self.algorithm.uploads)}")
         # The mean stays on the device: the caller reads it with the range test. A client whose loss is not
         # finite keeps nothing of its round; the server decides stop or drop.
-        return Trained(len(self.client_data[client].train), torch.stack(losses).mean(), ctx.uploads, ctx.slots)
+        return Trained(len(self.client_data[client].train), torch.stack(losses).mean(), ctx.uploads, ctx.slots,
+                       self.loop.logged.collect())
 
     def keep(self, client: int, trained: Trained) -> None:
         """The client's round counts: its staged per-client state becomes its state."""
@@ -236,9 +267,6 @@ class ClientRuntime:
             self.slots[name][client] = vector
 
     # -- persistence (checkpoints are written by the owner; personal state never reaches the server) --
-    def ping(self) -> int:
-        return os.getpid()
-
     def save_state(self, target: str, full: bool = True) -> None:
         """Write this worker's clients to ``target`` (a local path, or a URI in the run's object store): all of
         them, or (``full=False``) those changed since the checkpoint it last wrote or loaded."""
@@ -262,32 +290,36 @@ class ClientRuntime:
             store.mark_saved()  # equal to the checkpoint: the next delta builds on it
 
     # -- evaluation ------------------------------------------------------------------------------
-    @torch.no_grad()
-    def _score(self, client: int) -> tuple[float, float]:
-        self.module.eval()
+    def _score(self, client: int, suffix: str = "") -> dict[str, float]:
         x, y = self.client_tensors(client, "test")
         # Batch statistics depend on the batch: score a client's whole test set at once, as FedBABU's authors.
         batch = len(y) if self.algorithm.bn_mode == "batch_stats" else EVAL_BATCH
-        self.client_module.accuracy.reset()
-        loss_sum = sum(self.client_module.evaluate_batch((x[i:i + batch], y[i:i + batch]))
-                       for i in range(0, len(y), batch))
-        return loss_sum / len(y), float(self.client_module.accuracy.compute())
+        loss, acc, logged = self.loop.score(x, y, batch, suffix)
+        return {f"loss{suffix}": loss, f"acc{suffix}": acc, **logged}
 
     def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
         """FedBABU's protocol for every algorithm: *initial* accuracy of the model the client is scored with,
         and *personalized* accuracy after eval.finetune_epochs on its own training data with the
-        fine-tuning optimizer. Fine-tuning works on the loaded copy and is never packed back."""
+        fine-tuning optimizer. Fine-tuning works on the loaded copy and is never packed back. A module's
+        validation_step / test_step logs join the record (``_personalized`` after fine-tuning, what it logs
+        while fine-tuning ``_finetune``)."""
         ecfg, results = self.cfg.eval, []
         for client in clients:
             cd = self.client_data[client]
+            self._working_on(client, round_idx, "evaluation")
             gen = client_generator(self.cfg.seed, round_idx, client, FINETUNE_STREAM)
             ctx = ClientContext(self, client, round_idx, broadcast, gen)
             self.algorithm.load_for_evaluation(ctx)
-            loss, acc = self._score(client)
-            rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), "loss": loss, "acc": acc}
+            rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._score(client)}
             if ecfg.finetune_epochs:
                 x, y = ctx.data()
                 self.sgd(x, y, PARTS[ecfg.finetune_part], ecfg.finetune_epochs, gen, round_idx, finetune=True)
-                rec["loss_personalized"], rec["acc_personalized"] = self._score(client)
+                rec |= self.loop.logged.collect("_finetune")
+                rec |= self._score(client, "_personalized")
             results.append(rec)
         return results
+
+    def _working_on(self, client: int, round_idx: int, what: str) -> None:
+        """Tell the loop (its error messages, and the module's ``self.trainer.fedsim``) who is at work."""
+        self.loop.where = f" (client {client}, round {round_idx}, {what})"
+        self.fabric.fedsim = {"client": client, "round": round_idx, "stage": what}

@@ -5,10 +5,14 @@ server's, which respawns lost workers), so the actor class is this thin shell, a
 (``ClientRuntime``, ~3 s of imports) is built inside the worker's own process."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import ray
 
+from fedsim.config import ConfigError
 from fedsim.core.protocol import ClientData, SumPlan, WorkerPartial
+from fedsim.errors import UserCodeError
 from fedsim.plan import RunPlan
 
 
@@ -18,7 +22,19 @@ class Worker:
     def __init__(self, plan: RunPlan, clients: dict[int, ClientData]):
         from fedsim.client.runtime import ClientRuntime
 
-        self.runtime = ClientRuntime(plan, clients)
+        # The user's module failing to build is their error, told once by the first call: an actor whose
+        # constructor raises would count as lost and be respawned (and fail) engine.max_recoveries times.
+        self.failure: UserCodeError | None = None
+        try:
+            self._runtime = ClientRuntime(plan, clients)
+        except (UserCodeError, ConfigError) as err:
+            self.failure = UserCodeError(str(err))
+
+    @property
+    def runtime(self):
+        if self.failure is not None:
+            raise self.failure
+        return self._runtime
 
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
                       plan: SumPlan) -> WorkerPartial:
@@ -38,7 +54,7 @@ class Worker:
 
     @ray.method(concurrency_group="health")
     def ping(self) -> int:
-        return self.runtime.ping()
+        return os.getpid()  # answers even when the module failed to build: the worker itself is alive
 
 
 # Pings run on a thread of their own, so a worker busy training still answers them (the server tells

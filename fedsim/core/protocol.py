@@ -15,6 +15,15 @@ WEIGHTS = "weights"  # the upload / server-state entry holding the shared model 
 # What an evaluation record scores, by key: the model a client holds (initial) and, after eval.finetune_epochs of
 # fine-tuning, its personalized model. Logs, summaries, reports and W&B name the two kinds from here.
 ACCURACIES = {"acc": "initial", "acc_personalized": "personalized"}
+# The columns of a per-client record (metrics.jsonl) fedsim itself writes; any other is a user module's self.log.
+RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "loss", "acc", "loss_personalized", "acc_personalized",
+                         "train_loss", "times_sampled"})
+
+
+def logged_keys(records: list[dict]) -> list[str]:
+    """The names a user module logged in these records (every numeric column fedsim does not write itself)."""
+    return sorted({k for r in records for k, v in r.items()
+                   if k not in RECORD_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)})
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class ClientReport:
     bytes_up: int  # what this client would send on its own: the serialised size of its uploads
     diverged: bool = False  # non-finite loss, or an upload outside the fixed-point range: nothing was kept
     out_of_range: bool = False  # diverged because an upload left the fixed-point range (the loss was finite)
+    logged: dict[str, float] = field(default_factory=dict)  # the module's self.log values of this round's training
 
 
 @dataclass(frozen=True)

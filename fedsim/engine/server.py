@@ -164,7 +164,7 @@ class Server:
         if self.shared_size and kept:
             self._aggregate(plan, partials, len(kept))
         self.times_sampled[sampled] += 1
-        records = self._evaluate(round_idx, {r.client: r.train_loss for r in kept}) if self.plan.evaluates(round_idx) else []
+        records = self._evaluate(round_idx, {r.client: r for r in kept}) if self.plan.evaluates(round_idx) else []
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.bytes_down, "bytes_up": r.bytes_up}
                 for r in kept]
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start)
@@ -191,14 +191,18 @@ class Server:
         self.algorithm.server_update(self.state, means, kept, self.num_clients)
         self.broadcast_ref = self._publish()
 
-    def _evaluate(self, round_idx: int, train_loss: dict[int, float]) -> list[dict]:
+    def _evaluate(self, round_idx: int, trained: dict[int, ClientReport]) -> list[dict]:
+        """Every scored client's record; one trained this round also carries its training loss and what its
+        module logged while training (``self.log``)."""
         groups = self._by_worker(self.plan.scored(round_idx), self.plan.test_sizes)
         calls = [self.workers[w].evaluate.remote(self.broadcast_ref, cs, round_idx) for w, cs in groups.items()]
         records = sorted((r for batch in self._get_watching(calls) for r in batch), key=lambda r: r["client"])
         for r in records:
+            report = trained.get(r["client"])
             r["round"] = round_idx
-            r["train_loss"] = train_loss.get(r["client"])
+            r["train_loss"] = report.train_loss if report else None
             r["times_sampled"] = int(self.times_sampled[r["client"]])  # 0: scored with its round-0 personal part
+            r.update(report.logged if report else {})
         return records
 
     # -- checkpoints and recovery ----------------------------------------------------------------

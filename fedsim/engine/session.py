@@ -3,6 +3,7 @@ the workers' resources, hold the run folder, start the server and workers, and d
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from fedsim.engine.driver import Callback, Run, drive, end
 from fedsim.engine.failures import TrainingDiverged, describe_failure
 from fedsim.engine.runfolder import RunFolder
 from fedsim.engine.server import ServerActor
-from fedsim.errors import RunFailed
+from fedsim.errors import RunFailed, UserCodeError, user_error
 from fedsim.plan import RunPlan
 from fedsim.plan.build import build_plan, load_inputs
 
@@ -107,6 +108,10 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
                 except (ConfigError, DataError, CheckpointError, TrainingDiverged):
                     raise
                 except Exception as err:
+                    mistake = user_error(err)  # the user's module raised: their error, once, never a lost worker
+                    if mistake is not None:
+                        raise UserCodeError(f"{mistake}, then continue with `fedsim run --resume "
+                                            f"{shlex.quote(str(folder.location))}`") from None
                     raise RunFailed(describe_failure(err), folder.location) from err
         finally:
             placement.release(group)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from fedsim import atomic
-from fedsim.core.protocol import ACCURACIES, RoundResult
+from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys
 from fedsim.engine.driver import Callback, Run
 from fedsim.metrics.summary import summarize
 
@@ -45,6 +45,8 @@ def round_row(result: RoundResult) -> dict:
     for key in ACCURACIES:
         if records and key in records[0]:
             row[key] = summarize([r[key] for r in records])
+    for key in logged_keys(records):  # a user module's self.log values, across the clients that logged them
+        row[key] = summarize([r[key] for r in records if r.get(key) is not None])
     return row
 
 
@@ -113,6 +115,8 @@ class JsonlLogger(Callback):
                 per_client = {r["client"]: r[key] for r in records}
                 summary[key] = summarize(list(per_client.values()))
                 summary[f"per_client_{key}"] = per_client
+        for key in logged_keys(records):
+            summary[key] = summarize([r[key] for r in records if r.get(key) is not None])
         comm = read_jsonl(self.run_dir / "comm.jsonl")
         summary.update(comm={"bytes_down": sum(c["bytes_down"] for c in comm), "bytes_up": sum(c["bytes_up"] for c in comm)},
                        wall_seconds=time.perf_counter() - run.started, workers=run.workers, **run.extras)

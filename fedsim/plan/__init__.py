@@ -67,6 +67,8 @@ class ModelPlan:
     keys: KeyParts  # the body/head split of model.personal_layers, and the BatchNorm keys
     parameters: int  # trainable parameters of the whole model
     state_bytes: int  # the whole state dict (buffers included), as stored
+    client: str  # the client module: model.client, or the built-in FedClient around model.name
+    optimizers: tuple[str, ...]  # its optimizers' param groups with the parts they train (``--dry-run`` prints them)
 
 
 @dataclass(frozen=True, eq=False)

@@ -6,25 +6,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytorch_lightning as pl
 import torch
 
 from fedsim.algorithms import Algorithm, build_algorithm
 from fedsim.config import ConfigError, RunConfig
+from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import ClientData
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
-from fedsim.models import SplitNet, build_model
-from fedsim.models.state import key_parts, layout_of, load_arrays, pack
+from fedsim.models.lightning import (build_client, describe_optimizers, module_optimizers, network_of, optimizer_parts,
+                                     part_parameters, split_keys)
+from fedsim.models.state import layout_of, load_arrays, pack
 from fedsim.plan import ModelPlan, RunPlan
-from fedsim.plugins import load_plugin
 
 
-def initial_network(cfg: RunConfig, algorithm: Algorithm, num_classes: int,
-                    input_shape: tuple[int, int, int]) -> SplitNet:
-    """The round-0 network, drawn from the run's seed: the same in every process that builds it."""
+def initial_client(cfg: RunConfig, algorithm: Algorithm, num_classes: int,
+                   input_shape: tuple[int, int, int]) -> tuple[pl.LightningModule, KeyParts]:
+    """The round-0 client module and its body/head split, drawn from the run's seed: the same in every process
+    that builds it."""
     torch.manual_seed(cfg.seed)
-    net = build_model(cfg.model.name, num_classes, input_shape, batch_statistics=algorithm.bn_mode == "batch_stats")
-    algorithm.init_model(net)
-    return net
+    module = build_client(cfg.model, num_classes, input_shape, batch_statistics=algorithm.bn_mode == "batch_stats")
+    keys = split_keys(module, cfg.model)
+    algorithm.init_model(network_of(module), keys)
+    return module, keys
 
 
 def read_initial_weights(run_dir: str) -> dict[str, np.ndarray]:
@@ -40,12 +44,12 @@ def read_initial_weights(run_dir: str) -> dict[str, np.ndarray]:
 def build_model_plan(cfg: RunConfig, algorithm: Algorithm, num_classes: int, input_shape: tuple[int, int, int],
                      init_weights: dict[str, np.ndarray] | None = None) -> ModelPlan:
     """The round-0 model as flat vectors, with its layouts: ``shared`` (what the server holds), ``personal``
-    (the rest, kept per client) and ``full``."""
+    (the rest, kept per client) and ``full``; and the client module's optimizers per part, checked."""
     try:
-        net = initial_network(cfg, algorithm, num_classes, input_shape)
+        module, keys = initial_client(cfg, algorithm, num_classes, input_shape)
+        net = network_of(module)
         if init_weights:
             load_arrays(net, init_weights, "model.init_from")
-        keys = key_parts(net, cfg.model.personal_layers)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     shared = algorithm.shared_keys(keys)
@@ -55,7 +59,27 @@ def build_model_plan(cfg: RunConfig, algorithm: Algorithm, num_classes: int, inp
                "full": layout_of(net, everything)}
     return ModelPlan(layouts, {name: pack(net, layout) for name, layout in layouts.items()}, keys,
                      parameters=sum(p.numel() for p in net.parameters()),
-                     state_bytes=sum(t.numel() * t.element_size() for t in net.state_dict().values()))
+                     state_bytes=sum(t.numel() * t.element_size() for t in net.state_dict().values()),
+                     client=cfg.model.client or f"FedClient({cfg.model.name})",
+                     optimizers=tuple(checked_optimizers(cfg, module, keys)))
+
+
+def checked_optimizers(cfg: RunConfig, module: pl.LightningModule, keys: KeyParts) -> list[str]:
+    """The module's optimizers per part (what ``--dry-run`` prints), after the checks Lightning and fedsim need:
+    automatic optimization drives one optimizer, and every trainable parameter is in one."""
+    settings = {"body": cfg.train.body, "head": cfg.train.head}
+    made = module_optimizers(module, part_parameters(module, keys), settings)
+    name = type(module).__name__
+    if module.automatic_optimization and len(made.optimizers) > 1:
+        raise ConfigError(f"model.client: {name} returns {len(made.optimizers)} optimizers with automatic optimization; "
+                          "Lightning drives one: give it param groups, or set self.automatic_optimization = False "
+                          "and step them in training_step")
+    covered = {id(p) for opt in made.optimizers for g in opt.param_groups for p in g["params"]}
+    missing = [k for k, p in network_of(module).named_parameters() if p.requires_grad and id(p) not in covered]
+    if missing:
+        raise ConfigError(f"model.client: {name}.configure_optimizers leaves {missing[0]} (and {len(missing) - 1} more) "
+                          "out of every optimizer, so it would never train; give every parameter to an optimizer")
+    return describe_optimizers(made.optimizers, optimizer_parts(made.optimizers, module, keys))
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,11 +99,6 @@ def load_inputs(cfg: RunConfig) -> Inputs:
     partition = make_partition(d.partition.name, data.train_y, data.test_y, d.num_clients, cfg.seed, groups=groups,
                                train_fraction=d.train_fraction, test_fraction=d.test_fraction,
                                **d.partition.arguments())
-    if cfg.model.client:
-        try:  # the worker imports it too; found missing here, before anything starts
-            load_plugin(cfg.model.client, "model.client")
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
     init_weights = read_initial_weights(cfg.model.init_from) if cfg.model.init_from else None
     algorithm = build_algorithm(cfg)
     model = build_model_plan(cfg, algorithm, data.num_classes, data.input_shape, init_weights)
