@@ -328,3 +328,25 @@ def two_runs(root: Path) -> list[Path]:
     fedper = make_run(root, "fedper-run", "fedper", [[0.5, 0.5, 0.6, 0.6], [0.7, 0.7, 0.8, 0.8]],
                       personalized=[[0.8] * 4, [0.9] * 4], bytes_round=(500_000, 375_000))
     return [fedavg, fedper]
+
+
+def lightning_tree(tmp_path, client: str, algorithm: str = "fedper", **over) -> dict:
+    """A run of a user's own LightningModule (tests/user_plugins.py) on four clients of Gaussian blobs: seconds."""
+    tree = {"name": "lm", "seed": 2, "out_dir": str(tmp_path), "algorithm": algorithm,
+            "data": {"dataset": "user_plugins:blobs", "partition": "user_plugins:round_robin", "num_clients": 4,
+                     "augment": False},
+            "model": {"client": f"user_plugins:{client}"},
+            "train": {"rounds": 2, "local_epochs": 2, "batch_size": 20, "fraction": 0.5, "eval_every": 1},
+            "eval": {"finetune_epochs": 1}, "engine": {"workers": 2, "round_timeout_s": 300}}
+    for dotted, value in over.items():
+        set_dotted(tree, dotted, value)
+    return tree
+
+
+def lightning_runtime(tmp_path, client: str, algorithm: str = "fedper", **over):
+    """A worker's runtime (without Ray) over every client of ``lightning_tree``."""
+    from fedsim.client.runtime import ClientRuntime
+    from fedsim.config import validate
+
+    plan = plan_for(validate(lightning_tree(tmp_path, client, algorithm, **over)))
+    return ClientRuntime(plan, dict(enumerate(plan.clients)))

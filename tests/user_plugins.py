@@ -60,3 +60,160 @@ class LabelSmoothingClient(FedClient):
         self.smoothed_steps = getattr(self, "smoothed_steps", 0) + 1
         x, y = batch
         return torch.nn.functional.cross_entropy(self(x), y, label_smoothing=0.1)
+
+
+# -- A Lightning user's own modules (tests/client/test_lightning_modules.py) ---------------------------------
+import collections  # noqa: E402
+
+import pytorch_lightning as pl  # noqa: E402
+import torchmetrics  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+CALLS: collections.Counter = collections.Counter()  # hooks and callbacks seen, in this process
+
+
+class TwoPartModule(pl.LightningModule):
+    """Written as Lightning users write one: its own network (``body``, ``head``), automatic optimization, one SGD
+    with a param group per part, ``self.log`` of a number and of a torchmetrics object, a validation_step."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: int, hidden: int = 16,
+                 body_lr: float = 0.123, head_lr: float = 0.0456):
+        super().__init__()
+        self.save_hyperparameters()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, hidden), nn.ReLU())
+        self.head = nn.Linear(hidden, num_classes)
+        self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        self.lrs_seen: list[list[float]] = []
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        self.train_acc(logits, y)
+        self.log("train_acc", self.train_acc)
+        self.log("my_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_margin", self(x).max(dim=1).values.mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([{"params": self.body.parameters(), "lr": self.hparams.body_lr},
+                                {"params": self.head.parameters(), "lr": self.hparams.head_lr}], momentum=0.5)
+
+    def on_train_start(self):
+        CALLS["on_train_start"] += 1
+
+    def on_train_epoch_start(self):
+        CALLS["on_train_epoch_start"] += 1
+        optimizers = self.optimizers()
+        self.lrs_seen.append([g["lr"] for o in (optimizers if isinstance(optimizers, list) else [optimizers])
+                              for g in o.param_groups])
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        CALLS["on_train_batch_end"] += 1
+
+    def configure_callbacks(self):
+        return [CountingCallback()]
+
+
+class CountingCallback(pl.Callback):
+    def on_fit_start(self, trainer, pl_module):
+        CALLS["callback.on_fit_start"] += 1
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        CALLS[f"callback.epoch_end.{trainer.current_epoch}"] += 1
+
+
+class ListedCallback(pl.Callback):
+    """Named in model.callbacks with init_args."""
+
+    def __init__(self, tag: str = "listed"):
+        self.tag = tag
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        CALLS[f"{self.tag}.batch_start"] += 1
+
+
+class ScheduledModule(TwoPartModule):
+    """Lightning's dict form with an epoch scheduler: the lr halves after each local epoch."""
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.2)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.5),
+                                                   "interval": "epoch"}}
+
+
+class ManualEverything(TwoPartModule):
+    """Manual optimization that steps every optimizer it has, whatever the method trains; Adam for the head."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+
+    def configure_optimizers(self):
+        return [torch.optim.SGD(self.body.parameters(), lr=0.1, momentum=0.9),
+                torch.optim.Adam(self.head.parameters(), lr=0.01)]
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        for opt in self.optimizers():
+            opt.zero_grad()
+        self.manual_backward(loss)
+        for opt in self.optimizers():
+            opt.step()
+
+
+class HeadWriter(ManualEverything):
+    """Moves its head by hand, around the optimizers."""
+
+    def training_step(self, batch, batch_idx):
+        super().training_step(batch, batch_idx)
+        with torch.no_grad():
+            self.head.bias.add_(0.01)
+
+
+class ForgetsBackward(ManualEverything):
+    """Manual optimization that never calls manual_backward: nothing would train."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+
+class Broken(TwoPartModule):
+    def training_step(self, batch, batch_idx):
+        raise ValueError("boom in the user's training_step")
+
+
+class NeedsWidth(pl.LightningModule):
+    """A plain module whose __init__ takes an argument fedsim cannot guess."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.body = nn.Linear(width, width)
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x.flatten(1))))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)  # optimizers: fedsim's, from train.body / train.head
+
+
+class NotLightning(nn.Module):
+    pass
+
+
+class TwoOptimizersAutomatic(ManualEverything):
+    """Two optimizers under automatic optimization: Lightning refuses that."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.automatic_optimization = True

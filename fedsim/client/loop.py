@@ -128,9 +128,11 @@ def install_logging(module: pl.LightningModule, sink: LoggedValues) -> None:
 class LocalLoop:
     """One worker's module, driven as Lightning drives it, one local update at a time."""
 
-    def __init__(self, module: pl.LightningModule, fabric: FedsimFabric, fabric_module: torch.nn.Module,
-                 optimizers: Optimizers, wrapped: list, keys: KeyParts, callbacks: list[pl.Callback], num_classes: int):
-        self.module, self.fabric, self.fabric_module = module, fabric, fabric_module  # calls go through Fabric's wrapper
+    def __init__(self, module: pl.LightningModule, fabric: FedsimFabric, optimizers: Optimizers, wrapped: list,
+                 keys: KeyParts, callbacks: list[pl.Callback], num_classes: int):
+        # The plain module, under fabric.autocast(): on one device Fabric's wrapper hands out the module's own
+        # methods (training_step included) without its precision context.
+        self.module, self.fabric = module, fabric
         self.optimizers, self.schedulers, self.wrapped = optimizers.optimizers, optimizers.schedulers, wrapped
         # What configure_optimizers gave each group, restored before every local update.
         self.snapshots = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in self.optimizers]
@@ -184,7 +186,7 @@ class LocalLoop:
         f = self.fabric
         f.penalty, f.backwards, f.max_epochs, f.global_step = penalty, 0, epochs, 0
         f.fedsim = {**f.fedsim, "parts": sorted(parts)}
-        self.fabric_module.train()
+        self.module.train()
         losses: list[torch.Tensor] = []
         steps = 0
         try:
@@ -220,7 +222,8 @@ class LocalLoop:
         f.step_loss = None
         self.logged.batch_size = len(batch[1])
         self._call("on_train_batch_start", batch, batch_idx)
-        out = self._user("training_step", self.fabric_module.training_step, batch, batch_idx)
+        with f.autocast():
+            out = self._user("training_step", self.module.training_step, batch, batch_idx)
         if self.automatic:
             loss = out.get("loss") if isinstance(out, Mapping) else out
             if loss is not None:  # Lightning skips the optimizer step of a training_step that returns None
@@ -231,12 +234,14 @@ class LocalLoop:
         return f.step_loss
 
     def _optimize(self, loss: torch.Tensor) -> None:
-        """Lightning's automatic optimization of its one optimizer: zero_grad, backward, step."""
-        opt = self.wrapped[0]
-        opt.zero_grad(set_to_none=True)
+        """Lightning's automatic optimization: zero_grad, backward, step; of the module's one optimizer, or of
+        fedsim's one per part for a module without configure_optimizers."""
+        for opt in self.wrapped:
+            opt.zero_grad(set_to_none=True)
         self.fabric.backward(loss)
-        self._call("on_before_optimizer_step", opt)
-        opt.step()
+        for opt in self.wrapped:
+            self._call("on_before_optimizer_step", opt)
+            opt.step()
 
     def _step_schedulers(self, interval: str, count: int) -> None:
         for entry in self.schedulers:
@@ -276,7 +281,7 @@ class LocalLoop:
     @torch.no_grad()
     def score(self, x: torch.Tensor, y: torch.Tensor, batch: int, suffix: str) -> tuple[float, float, dict[str, float]]:
         """(mean loss, accuracy) of the module's outputs on (x, y), and what its validation_step / test_step log."""
-        self.fabric_module.eval()
+        self.module.eval()
         self.accuracy.reset()
         scoring = bool(self.scoring_steps)
         if scoring:
@@ -285,11 +290,12 @@ class LocalLoop:
         loss_sum = 0.0
         for batch_idx, start in enumerate(range(0, len(y), batch)):
             xb, yb = x[start:start + batch], y[start:start + batch]
-            logits = self._user("forward", self.fabric_module, xb)
+            with self.fabric.autocast():
+                logits = self._user("forward", self.module, xb)
+                if scoring:
+                    self._validate((xb, yb), batch_idx)
             self.accuracy.update(logits, yb)
-            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-            if scoring:
-                self._validate((xb, yb), batch_idx)
+            loss_sum += float(F.cross_entropy(logits.float(), yb, reduction="sum"))
         if scoring:
             self._call("on_validation_epoch_end")
             self._call("on_validation_end")

@@ -84,10 +84,10 @@ class ClientRuntime:
         # ~0.1-2 ms per client and still runs the module's own training_step (docs/stack-notes.md).
         self.fabric = FedsimFabric(accelerator="cuda" if on_gpu else "cpu", devices=1, precision=cfg.model.precision)
         optimizers = module_optimizers(module, part_parameters(module, keys), {"body": cfg.train.body, "head": cfg.train.head})
-        fabric_module, *wrapped = self.fabric.setup(module, *optimizers.optimizers)
+        _, *wrapped = self.fabric.setup(module, *optimizers.optimizers)  # the module learns its Fabric and optimizers
         self.own_optimizers = overrides(module, "configure_optimizers")  # else fedsim's, from train.body / head
         self.group_parts = optimizer_parts(optimizers.optimizers, module, keys)
-        self.loop = LocalLoop(module, self.fabric, fabric_module, optimizers, wrapped, keys,
+        self.loop = LocalLoop(module, self.fabric, optimizers, wrapped, keys,
                               self._callbacks(module), plan.num_classes)
         self.device = self.fabric.device
         self.layouts = {name: BoundLayout.bind(layout, self.net, self.device)

@@ -22,6 +22,9 @@ class WorkEstimate:
     pass of one image); "SGD steps" count mini-batches."""
     name: str
     model: str
+    client: str  # the LightningModule
+    optimizers: tuple[str, ...]  # per param group: the parts it trains, its optimizer and settings
+    own_optimizers: bool
     parameters: int  # trainable parameters of the whole model
     model_bytes: int  # the whole state dict (buffers included), as stored
     shared_values: int  # what the server holds and averages
@@ -85,7 +88,8 @@ def estimate(cfg: RunConfig) -> WorkEstimate:
     down = sum(serialized_size(np.zeros(shared, np.float32)) for _ in algorithm.broadcast)
     up = sum(payload_bytes(shared) for _ in algorithm.uploads)
     return WorkEstimate(
-        name=cfg.name, model=cfg.model.name, parameters=plan.model.parameters, model_bytes=plan.model.state_bytes,
+        name=cfg.name, model=cfg.model.name if not cfg.model.client else plan.model.client, client=plan.model.client,
+        optimizers=plan.model.optimizers, own_optimizers=plan.model.own_optimizers, parameters=plan.model.parameters, model_bytes=plan.model.state_bytes,
         shared_values=shared, clients=plan.num_clients, sampled_per_round=sampled, rounds=cfg.train.rounds,
         epochs_per_round=epochs, train_sample_steps=train_samples, train_sgd_steps=train_steps,
         finetune_sample_steps=finetune_samples, finetune_sgd_steps=finetune_steps,
@@ -111,6 +115,9 @@ def describe(e: WorkEstimate) -> str:
         f"{e.train_sgd_steps:,} SGD steps",
         f"  evaluation   at {e.evaluation_rounds} of the rounds: fine-tuning {e.finetune_sample_steps:,} sample-steps "
         f"({e.finetune_sgd_steps:,} SGD steps), {e.scored_test_images:,} test images scored",
+        f"  client       {e.client}, optimizers "
+        + ("from its configure_optimizers (train.body / train.head give only the round schedule)" if e.own_optimizers
+           else "from train.body / train.head") + "".join(f"\n                 {line}" for line in e.optimizers),
         f"  traffic      per round {_mb(e.bytes_down_per_round)} down, {_mb(e.bytes_up_per_round)} up",
         f"  workers      {e.workers} x ({e.cpus_per_worker:g} CPU{gpus}): {e.workers * e.cpus_per_worker:g} CPU"
         + (f", {e.workers * e.gpus_per_worker:g} GPU" if e.gpus_per_worker else "") + " in all",

@@ -92,8 +92,9 @@ def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, i
         kwargs = {"net": net, **kwargs}
     else:
         accepted = inspect.signature(cls.__init__).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
         offered = dict(zip(DATA_ARGUMENTS, (num_classes, input_shape[0], input_shape[1])))
-        kwargs = {**{k: v for k, v in offered.items() if k in accepted}, **kwargs}
+        kwargs = {**{k: v for k, v in offered.items() if takes_any or k in accepted}, **kwargs}
     try:
         module = cls(**kwargs)
     except Exception as err:  # the user's constructor: its own message, once, as a config error

@@ -69,6 +69,7 @@ class ModelPlan:
     state_bytes: int  # the whole state dict (buffers included), as stored
     client: str  # the client module: model.client, or the built-in FedClient around model.name
     optimizers: tuple[str, ...]  # its optimizers' param groups with the parts they train (``--dry-run`` prints them)
+    own_optimizers: bool  # from the module's configure_optimizers (else fedsim's, from train.body / train.head)
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,7 +15,7 @@ from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import ClientData
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
 from fedsim.models.lightning import (build_client, describe_optimizers, module_optimizers, network_of, optimizer_parts,
-                                     part_parameters, split_keys)
+                                     overrides, part_parameters, split_keys)
 from fedsim.models.state import layout_of, load_arrays, pack
 from fedsim.plan import ModelPlan, RunPlan
 
@@ -45,6 +45,8 @@ def build_model_plan(cfg: RunConfig, algorithm: Algorithm, num_classes: int, inp
                      init_weights: dict[str, np.ndarray] | None = None) -> ModelPlan:
     """The round-0 model as flat vectors, with its layouts: ``shared`` (what the server holds), ``personal``
     (the rest, kept per client) and ``full``; and the client module's optimizers per part, checked."""
+    if cfg.model.precision == "16-mixed" and not cfg.engine.gpus_per_worker:
+        raise ConfigError("model.precision: 16-mixed needs a GPU (engine.gpus_per_worker > 0); use bf16-mixed on a CPU")
     try:
         module, keys = initial_client(cfg, algorithm, num_classes, input_shape)
         net = network_of(module)
@@ -61,7 +63,8 @@ def build_model_plan(cfg: RunConfig, algorithm: Algorithm, num_classes: int, inp
                      parameters=sum(p.numel() for p in net.parameters()),
                      state_bytes=sum(t.numel() * t.element_size() for t in net.state_dict().values()),
                      client=cfg.model.client or f"FedClient({cfg.model.name})",
-                     optimizers=tuple(checked_optimizers(cfg, module, keys)))
+                     optimizers=tuple(checked_optimizers(cfg, module, keys)),
+                     own_optimizers=overrides(module, "configure_optimizers"))
 
 
 def checked_optimizers(cfg: RunConfig, module: pl.LightningModule, keys: KeyParts) -> list[str]:
@@ -70,7 +73,10 @@ def checked_optimizers(cfg: RunConfig, module: pl.LightningModule, keys: KeyPart
     settings = {"body": cfg.train.body, "head": cfg.train.head}
     made = module_optimizers(module, part_parameters(module, keys), settings)
     name = type(module).__name__
-    if module.automatic_optimization and len(made.optimizers) > 1:
+    if not overrides(module, "training_step"):
+        raise ConfigError(f"model.client: {name} defines no training_step; return the loss from one (automatic "
+                          "optimization) or step self.optimizers() in it (manual)")
+    if module.automatic_optimization and len(made.optimizers) > 1 and overrides(module, "configure_optimizers"):
         raise ConfigError(f"model.client: {name} returns {len(made.optimizers)} optimizers with automatic optimization; "
                           "Lightning drives one: give it param groups, or set self.automatic_optimization = False "
                           "and step them in training_step")

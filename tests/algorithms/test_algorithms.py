@@ -11,7 +11,7 @@ from conftest import TESTS, in_process_server, plan_for, synthetic_tree, train_o
 
 from fedsim.algorithms import ALGORITHMS, WEIGHTS, build_algorithm
 from fedsim.algorithms.context import ClientContext
-from fedsim.models.lightning import load_client_class
+from fedsim.models.lightning import load_client_class, part_parameters
 from fedsim.client.runtime import ClientRuntime
 from fedsim.config import ConfigError, OptimConfig, validate
 from fedsim.core.aggregate import weighted_average
@@ -176,15 +176,15 @@ def test_lg_fedavg_never_sends_the_body(tmp_path, monkeypatch):
 
 
 def _phases(rt: ClientRuntime) -> list[str]:
-    """Which part trained at each step: recorded from the optimizers the runtime activates."""
-    by_optimizer = {id(o): part for part, o in rt.optimizers["train"].items()}
-    seen, step = [], rt.client_module.training_step
+    """Which part trained at each step: the parts whose parameters the runtime left trainable."""
+    params = part_parameters(rt.loop.module, rt.plan.model.keys)
+    seen, step = [], rt.loop.module.training_step
 
     def spy(batch, idx):
-        seen.append("+".join(by_optimizer[id(o)] for o in rt.client_module.active_optimizers))
+        seen.append("+".join(part for part in ("body", "head") if all(p.requires_grad for p in params[part])))
         return step(batch, idx)
 
-    rt.client_module.training_step = rt.module.training_step = spy
+    rt.loop.module.training_step = spy
     return seen
 
 
@@ -393,10 +393,10 @@ def test_a_users_own_loss_keeps_the_algorithms_penalty(tmp_path):
     own = {"model__client": "user_plugins:LabelSmoothingClient"}
     plain = runtime(tmp_path, {"name": "fedprox", "mu": 0.0}, **own)
     pulled = runtime(tmp_path, {"name": "fedprox", "mu": 5.0}, **own)
-    assert type(plain.client_module).__name__ == "LabelSmoothingClient"
+    assert type(plain.loop.module).__name__ == "LabelSmoothingClient"
     g = start(plain)
     (a, _), (b, _) = train_one(plain, g, CLIENT, 1), train_one(pulled, g, CLIENT, 1)
-    assert plain.client_module.smoothed_steps > 0 and pulled.client_module.smoothed_steps > 0
+    assert plain.loop.module.smoothed_steps > 0 and pulled.loop.module.smoothed_steps > 0
     # FedProx's pull still acts on the user's loss.
     assert np.linalg.norm(b[WEIGHTS] - g[WEIGHTS]) < np.linalg.norm(a[WEIGHTS] - g[WEIGHTS])
     with pytest.raises(ConfigError, match="model.client: cannot import"):

@@ -1,0 +1,207 @@
+"""A Lightning user's own module (tests/user_plugins.py) as fedsim drives it: automatic and manual optimization,
+configure_optimizers honoured by parameter identity, frozen parts that cannot move, self.log, hooks and callbacks,
+precision, and the contract checked before any work."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import in_process_server, lightning_runtime, lightning_tree, plan_for, round_records, train_one
+from user_plugins import CALLS
+
+from fedsim.algorithms import PARTS, WEIGHTS
+from fedsim.algorithms.context import ClientContext
+from fedsim.client.runtime import client_generator
+from fedsim.config import ConfigError, validate
+from fedsim.errors import UserCodeError
+from fedsim.metrics.logger import round_row
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def start(rt) -> dict:
+    return {WEIGHTS: rt.plan.model.initial["shared"]}
+
+
+def part_values(rt, prefix: str) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in rt.net.state_dict().items() if k.startswith(prefix)}
+
+
+def context(rt, client: int = 0, round_idx: int = 1) -> ClientContext:
+    ctx = ClientContext(rt, client, round_idx, start(rt), client_generator(rt.cfg.seed, round_idx, client))
+    ctx.load()
+    return ctx
+
+
+def equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- frozen parts -----------------------------------------------------------------------------------
+def test_fedbabu_head_stays_bit_identical_when_the_module_steps_every_optimizer(tmp_path):
+    rt = lightning_runtime(tmp_path, "ManualEverything", "fedbabu")
+    initial = {k: torch.from_numpy(v) for k, v in rt.plan.model.layouts["full"].arrays(rt.plan.model.initial["full"]).items()
+               if k.startswith("head.")}
+    body = part_values(rt, "body.")
+    train_one(rt, start(rt), 0, 1)
+    assert equal(part_values(rt, "head."), initial)  # the fixed head, bit for bit
+    assert not equal(part_values(rt, "body."), body)  # while the body trained
+    assert {type(o).__name__ for o in rt.loop.optimizers} == {"SGD", "Adam"}
+
+
+def test_fedrep_body_cannot_move_during_its_head_epochs(tmp_path):
+    rt = lightning_runtime(tmp_path, "ManualEverything", "fedrep")
+    ctx = context(rt)
+    body, head = part_values(rt, "body."), part_values(rt, "head.")
+    ctx.sgd(PARTS["head"], 1)
+    assert equal(part_values(rt, "body."), body) and not equal(part_values(rt, "head."), head)
+    assert all(p.requires_grad for p in rt.net.parameters())  # thawed after the phase
+
+
+def test_a_module_that_moves_a_frozen_part_by_hand_is_stopped_with_one_line(tmp_path):
+    rt = lightning_runtime(tmp_path, "HeadWriter", "fedbabu")
+    with pytest.raises(UserCodeError, match=r"HeadWriter changed head\.bias during a local update that trains only "
+                                            r"the body \(client 0, round 1, training\)") as err:
+        train_one(rt, start(rt), 0, 1)
+    assert "\n" not in str(err.value)
+
+
+# -- optimization ----------------------------------------------------------------------------------
+def test_automatic_optimization_trains_with_the_modules_own_optimizer_and_groups(tmp_path):
+    rt = lightning_runtime(tmp_path, "TwoPartModule", "fedper")
+    before = rt.plan.model.initial["full"]
+    uploads, loss = train_one(rt, start(rt), 0, 1)
+    assert np.isfinite(loss) and not np.array_equal(rt.layouts["full"].pack(), before)  # it trained
+    module = rt.loop.module
+    assert module.lrs_seen == [[0.123, 0.0456]] * 2  # its own learning rates, by group, each local epoch
+    assert rt.loop.optimizers[0].param_groups[0]["momentum"] == 0.5
+    rates = rt.learning_rates("full", 1)
+    spans = {k: (a, b) for k, _, a, b in rt.layouts["full"].spans()}
+    assert set(rates[slice(*spans["body.1.weight"])]) == {0.123} and set(rates[slice(*spans["head.bias"])]) == {0.0456}
+    assert rt.plan.model.optimizers == (
+        "body: SGD (optimizer 0, group 0, 2 tensors): lr 0.123, momentum 0.5, weight_decay 0, nesterov False",
+        "head: SGD (optimizer 0, group 1, 2 tensors): lr 0.0456, momentum 0.5, weight_decay 0, nesterov False")
+
+
+def test_the_round_schedule_scales_a_modules_own_learning_rates(tmp_path):
+    rt = lightning_runtime(tmp_path, "TwoPartModule", "fedper", train__rounds=4, train__body__schedule="step",
+                           train__body__milestones=[0.5], train__body__gamma=0.1)
+    spans = {k: (a, b) for k, _, a, b in rt.layouts["full"].spans()}
+    late = rt.learning_rates("full", 3)
+    assert np.allclose(late[slice(*spans["body.1.weight"])], 0.0123)  # x gamma after the milestone
+    assert set(late[slice(*spans["head.bias"])]) == {0.0456}  # the head's schedule is constant
+
+
+def test_a_dict_form_lr_scheduler_runs_within_each_local_update(tmp_path):
+    rt = lightning_runtime(tmp_path, "ScheduledModule", "fedavg")
+    train_one(rt, start(rt), 0, 1)
+    train_one(rt, start(rt), 1, 1)
+    assert rt.loop.module.lrs_seen == [[0.2], [0.1], [0.2], [0.1]]  # halves each epoch, fresh for every client
+
+
+def test_fine_tuning_uses_the_modules_optimizer_types_and_eval_finetune_lr(tmp_path):
+    rt = lightning_runtime(tmp_path, "ManualEverything", "fedbabu", eval__finetune_part="head", eval__finetune_lr=0.007)
+    rt.evaluate(start(rt), [0], 1)
+    adam = rt.loop.optimizers[1]
+    assert type(adam).__name__ == "Adam" and all("exp_avg" in adam.state[p] for p in rt.loop.module.head.parameters())
+    assert rt.loop.module.lrs_seen[-1] == [0.007, 0.007]
+
+
+def test_a_training_step_that_never_backpropagates_is_a_user_error(tmp_path):
+    rt = lightning_runtime(tmp_path, "ForgetsBackward", "fedavg")
+    with pytest.raises(UserCodeError, match="without a backward pass, so nothing trained"):
+        train_one(rt, start(rt), 0, 1)
+
+
+# -- logging, hooks, callbacks ----------------------------------------------------------------------
+def test_self_log_values_reach_the_records_and_the_rounds_statistics(tmp_path, monkeypatch):
+    server = in_process_server(monkeypatch, validate(lightning_tree(tmp_path, "TwoPartModule")))
+    server.restore(None)
+    result = server.round(1)
+    sampled = set(result.sampled)
+    for record in result.records:
+        assert 0 <= record["val_margin"] and "val_margin_personalized" in record
+        assert ("train_acc" in record and "my_loss" in record) == (record["client"] in sampled)
+        assert 0 <= record.get("train_acc", 0) <= 1
+    row = round_row(result)
+    assert {"train_acc", "my_loss", "val_margin", "val_margin_personalized"} <= row.keys()
+    assert set(row["val_margin"]) >= {"mean", "p10", "jain"}
+
+
+def test_lightning_hooks_and_callbacks_run_for_every_local_update(tmp_path):
+    CALLS.clear()
+    rt = lightning_runtime(tmp_path, "TwoPartModule", "fedavg",
+                           model__callbacks=[{"class_path": "user_plugins:ListedCallback", "init_args": {"tag": "mine"}}])
+    train_one(rt, start(rt), 0, 1)
+    steps = -(-rt.plan.train_sizes[0] // 20)
+    assert CALLS["on_train_start"] == 1 and CALLS["on_train_epoch_start"] == 2
+    assert CALLS["on_train_batch_end"] == CALLS["mine.batch_start"] == 2 * steps
+    assert CALLS["callback.on_fit_start"] == 1 and CALLS["callback.epoch_end.0"] == CALLS["callback.epoch_end.1"] == 1
+
+
+def test_results_are_identical_for_one_two_and_three_workers_with_a_users_module(tmp_path, monkeypatch):
+    runs = []
+    for workers in (1, 2, 3):
+        server = in_process_server(monkeypatch, validate(lightning_tree(tmp_path, "TwoPartModule", engine__workers=workers)))
+        server.restore(None)
+        runs.append(round_records([server.round(1), server.round(2)]))
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_bf16_mixed_precision_trains_through_fabric_and_16_mixed_needs_a_gpu(tmp_path):
+    full = lightning_runtime(tmp_path, "TwoPartModule", "fedavg")
+    mixed = lightning_runtime(tmp_path, "TwoPartModule", "fedavg", model__precision="bf16-mixed")
+    (a, loss_a), (b, loss_b) = train_one(full, start(full), 0, 1), train_one(mixed, start(mixed), 0, 1)
+    assert np.isfinite(loss_b) and not np.array_equal(a[WEIGHTS], b[WEIGHTS])  # autocast changed the arithmetic
+    np.testing.assert_allclose(a[WEIGHTS], b[WEIGHTS], atol=0.05)
+    with pytest.raises(ConfigError, match="model.precision: 16-mixed needs a GPU"):
+        plan_for(validate(lightning_tree(tmp_path, "TwoPartModule", model__precision="16-mixed")))
+
+
+# -- the contract, checked before work ------------------------------------------------------------------
+@pytest.mark.parametrize("over, message", [
+    ({"model__client": "user_plugins:NeedsWidth"}, r"model.client: NeedsWidth\(\*\*model.client_args\) raised TypeError"),
+    ({"model__client": "user_plugins:NotLightning"}, "is not a LightningModule class"),
+    ({"model__client": "user_plugins:TwoOptimizersAutomatic"}, "returns 2 optimizers with automatic optimization"),
+    ({"model__personal_layers": 2}, "model.personal_layers: 2 needs a fedsim SplitNet's blocks"),
+    ({"model__head": ["classifier"]}, r"model.head: 'classifier' is not a submodule of TwoPartModule \(its submodules: "
+                                      "body, head, train_acc\\)"),
+])
+def test_a_broken_contract_is_one_line_before_any_work(tmp_path, over, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        plan_for(validate(lightning_tree(tmp_path, "TwoPartModule", **over)))
+    assert "\n" not in str(err.value)
+
+
+def test_client_args_and_model_head_shape_the_module_and_its_split(tmp_path):
+    plan = plan_for(validate(lightning_tree(tmp_path, "NeedsWidth", model__client_args={"width": 8})))
+    assert plan.model.keys.head == ("head.weight", "head.bias")
+    plan = plan_for(validate(lightning_tree(tmp_path, "TwoPartModule", model__head=["body.1", "head"],
+                                            model__client_args={"hidden": 4})))
+    assert plan.model.keys.head == ("body.1.weight", "body.1.bias", "head.weight", "head.bias")
+    assert plan.model.layouts["shared"].size == 0  # FedPer with everything in the head shares nothing
+
+
+def test_the_builtin_client_shows_its_config_optimizers_per_part(tmp_path, data_root):
+    from conftest import small_config
+
+    plan = plan_for(small_config(tmp_path, data_root))
+    assert plan.model.client == "FedClient(cnn4)"
+    assert [line.split(" (")[0] for line in plan.model.optimizers] == ["body: SGD", "head: SGD"]
+
+
+def test_a_users_module_that_raises_is_one_line_exit_2_and_never_retried(tmp_path):
+    import yaml
+
+    config = tmp_path / "broken.yaml"
+    config.write_text(yaml.safe_dump(lightning_tree(tmp_path, "Broken", engine__workers=1)))
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", str(config), "--quiet"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("fedsim: error:")]
+    assert len(errors) == 1 and "Broken.training_step raised ValueError: boom in the user's training_step" in errors[0]
+    assert "memory" not in proc.stderr and "fedsim run --resume" in errors[0]
