@@ -9,6 +9,7 @@ optimizer can move it) and checked unchanged afterwards, whatever the module's c
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -129,7 +130,8 @@ class LocalLoop:
     """One worker's module, driven as Lightning drives it, one local update at a time."""
 
     def __init__(self, module: pl.LightningModule, fabric: FedsimFabric, optimizers: Optimizers, wrapped: list,
-                 keys: KeyParts, callbacks: list[pl.Callback], num_classes: int):
+                 keys: KeyParts, callbacks: list[pl.Callback], num_classes: int, listed: list[pl.Callback],
+                 precision: str = "32", with_trainer: bool = False):
         # The plain module, under fabric.autocast(): on one device Fabric's wrapper hands out the module's own
         # methods (training_step included) without its precision context.
         self.module, self.fabric = module, fabric
@@ -142,6 +144,8 @@ class LocalLoop:
         self.part_params = part_parameters(module, keys)
         self.key_of = {id(p): k for k, p in network_of(module).named_parameters()}
         self.hooks = {name: self._bound(name, callbacks) for name in HOOKS}
+        self.listed = listed  # model.callbacks: a Trainer gets these (it asks the module for its own itself)
+        self.with_trainer, self.precision = with_trainer, precision  # model.client_loop: trainer; model.precision
         self.scoring_steps = [(name, getattr(module, name)) for name in SCORING_STEPS if overrides(module, name)]
         self.logged = LoggedValues(self.name)
         install_logging(module, self.logged)
@@ -190,6 +194,9 @@ class LocalLoop:
         losses: list[torch.Tensor] = []
         steps = 0
         try:
+            if self.with_trainer:
+                losses, steps = self._fit_with_trainer(epoch_batches, epochs, after_step)
+                return losses
             self._call("on_fit_start")
             self._call("on_train_start")
             for epoch in range(epochs):
@@ -210,12 +217,73 @@ class LocalLoop:
             f.penalty = None
             for p, _ in frozen:
                 p.requires_grad_(True)
-        self._check_frozen(frozen, parts)
-        if steps and not f.backwards:
-            raise UserCodeError(f"model.client: {self.name}.training_step ran {steps} steps without a backward pass, "
-                                "so nothing trained; return the loss (automatic optimization) or call "
-                                "self.manual_backward(loss) and step self.optimizers() (manual)")
+            self._check_frozen(frozen, parts)
+            if steps and not f.backwards:
+                raise UserCodeError(f"model.client: {self.name}.training_step ran {steps} steps without a backward "
+                                    "pass, so nothing trained; return the loss (automatic optimization) or call "
+                                    "self.manual_backward(loss) and step self.optimizers() (manual)")
         return losses
+
+    def _fit_with_trainer(self, epoch_batches: Callable[[], Iterable[Batch]], epochs: int,
+                          after_step: StepCallback | None) -> tuple[list[torch.Tensor], int]:
+        """The same local update as one ``pl.Trainer.fit`` (model.client_loop: trainer): the Trainer runs the loop,
+        hooks and callbacks; fedsim hands it the update's optimizers and adds the penalty to the module's loss."""
+        module, f = self.module, self.fabric
+        losses: list[torch.Tensor] = []
+        steps = 0
+
+        def with_penalty(loss: torch.Tensor) -> torch.Tensor:
+            f.backwards += 1
+            f.step_loss = loss.detach() if f.step_loss is None else f.step_loss + loss.detach()
+            return loss if f.penalty is None else loss + f.penalty()
+
+        step, backward = module.training_step, module.manual_backward
+
+        def training_step(batch: Batch, batch_idx: int) -> Any:
+            nonlocal steps
+            f.step_loss, steps = None, steps + 1
+            self.logged.batch_size = len(batch[1])
+            out = step(batch, batch_idx)
+            if not module.automatic_optimization:
+                loss = f.step_loss
+            elif isinstance(out, Mapping) and out.get("loss") is not None:
+                out, loss = {**out, "loss": with_penalty(out["loss"])}, f.step_loss
+            else:
+                out, loss = (None, None) if out is None else (with_penalty(out), f.step_loss)
+            if loss is not None:
+                losses.append(loss)
+            if after_step is not None:
+                after_step(*batch)
+            return out
+
+        class Batches:  # iterated once per epoch, as a DataLoader would be
+            def __iter__(self):
+                return iter(epoch_batches())
+
+        trainer = pl.Trainer(max_epochs=epochs, accelerator=f.device.type, devices=1, precision=self.precision,
+                             logger=False, callbacks=list(self.listed), enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                             limit_val_batches=0)
+        saved = module._fabric, module._trainer
+        module.training_step = training_step
+        module.manual_backward = lambda loss, *a, **k: backward(with_penalty(loss), *a, **k)
+        module.configure_optimizers = self._with_schedulers
+        module._fabric = None  # the Trainer's strategy, not Fabric's, steps and backpropagates in this fit
+        try:
+            with warnings.catch_warnings():  # fedsim scores clients itself: a Trainer without validation data is meant
+                warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")
+                self._user("Trainer.fit", trainer.fit, module, Batches())
+        finally:
+            module._fabric, module._trainer = saved
+            for name in ("training_step", "manual_backward", "configure_optimizers"):
+                del module.__dict__[name]
+        return losses, steps
+
+    def _with_schedulers(self) -> list[dict]:
+        """The update's optimizers in configure_optimizers' dict form, each with its scheduler, for the Trainer."""
+        scheduler_of = {id(s["scheduler"].optimizer): s for s in self.schedulers}
+        return [{"optimizer": o, **({"lr_scheduler": scheduler_of[id(o)]} if id(o) in scheduler_of else {})}
+                for o in self.optimizers]
 
     def _step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         f = self.fabric

@@ -87,8 +87,9 @@ class ClientRuntime:
         _, *wrapped = self.fabric.setup(module, *optimizers.optimizers)  # the module learns its Fabric and optimizers
         self.own_optimizers = overrides(module, "configure_optimizers")  # else fedsim's, from train.body / head
         self.group_parts = optimizer_parts(optimizers.optimizers, module, keys)
-        self.loop = LocalLoop(module, self.fabric, optimizers, wrapped, keys,
-                              self._callbacks(module), plan.num_classes)
+        own, listed = self._callbacks(module)
+        self.loop = LocalLoop(module, self.fabric, optimizers, wrapped, keys, [*own, *listed], plan.num_classes, listed,
+                              cfg.model.precision, cfg.model.client_loop == "trainer")
         self.device = self.fabric.device
         self.layouts = {name: BoundLayout.bind(layout, self.net, self.device)
                         for name, layout in plan.model.layouts.items()}
@@ -97,19 +98,22 @@ class ClientRuntime:
         self._held: tuple[np.ndarray, int] | None = None  # (broadcast weights in the model, their tensors' version)
         self._resident: tuple[np.ndarray, torch.Tensor] | None = None  # (broadcast weights, their copy on the device)
 
-    def _callbacks(self, module: pl.LightningModule) -> list[pl.Callback]:
+    def _callbacks(self, module: pl.LightningModule) -> tuple[list[pl.Callback], list[pl.Callback]]:
         """The module's configure_callbacks and model.callbacks, as Lightning would use them in every fit."""
         own = module.configure_callbacks() if overrides(module, "configure_callbacks") else []
+        own = list(own) if isinstance(own, (list, tuple)) else [own]
         listed = []
         for spec in self.cfg.model.callbacks:
             spec = spec if isinstance(spec, CallbackSpec) else CallbackSpec(class_path=spec)
-            listed.append(load_plugin(spec.class_path, "model.callbacks")(**spec.init_args))
-        callbacks = [*(own if isinstance(own, (list, tuple)) else [own]), *listed]
-        for cb in callbacks:
+            try:
+                listed.append(load_plugin(spec.class_path, "model.callbacks")(**spec.init_args))
+            except (ValueError, TypeError) as err:
+                raise UserCodeError(f"model.callbacks: {spec.class_path}: {err}") from None
+        for cb in [*own, *listed]:
             if not isinstance(cb, pl.Callback):
                 raise UserCodeError(f"model.callbacks: {type(cb).__name__} is not a pytorch_lightning Callback")
             cb.setup(module.trainer, module, "fit")
-        return callbacks
+        return own, listed
 
     def _empty_slots(self) -> dict[str, VectorStore]:
         sizes = {"personal": self.layouts["personal"].size}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedsim.config import result_settings
-from fedsim.core.protocol import ACCURACIES
+from fedsim.core.protocol import ACCURACIES, logged_keys
 from fedsim.metrics.confidence import Estimate, mean_ci
 from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.summary import summarize
@@ -36,6 +36,7 @@ class Run:
     comm: dict[str, int | None]  # total bytes per direction; None where the run did not record it
     seed: int | None = None
     settings: str = ""  # every setting that changes results except the seed: runs that share it are seeds of one
+    logged: dict[str, list[float]] = field(default_factory=dict)  # a user module's self.log values, last round
 
     def curve(self, kind: str) -> tuple[list[int], list[dict[str, float]]]:
         rounds = sorted(self.per_round[kind])
@@ -62,6 +63,9 @@ def load_run(run_dir: Path) -> Run:
         for kind in ACCURACIES:
             if rec.get(kind) is not None:
                 per_round.setdefault(kind, {}).setdefault(rec["round"], []).append(rec[kind])
+    last = max(rec["round"] for rec in records)
+    final = [rec for rec in records if rec["round"] == last]
+    logged = {key: [rec[key] for rec in final if rec.get(key) is not None] for key in logged_keys(final)}
     rows = read_jsonl(run_dir / "rounds.jsonl")
     # Older runs lack summary["comm"] and bytes_down; fall back to the per-round rows, else None.
     comm = summary.get("comm") or {d: sum(r[d] for r in rows if d in r) if any(d in r for r in rows) else None
@@ -69,7 +73,8 @@ def load_run(run_dir: Path) -> Run:
     return Run(name=summary.get("name", run_dir.name), algorithm=summary.get("algorithm", config.get("algorithm", "?")),
                rounds=summary.get("rounds", max(r["round"] for r in rows + records)), finished=bool(summary),
                wall_seconds=summary.get("wall_seconds"), per_round=per_round,
-               comm={d: comm.get(d) for d in DIRECTIONS}, seed=config.get("seed"), settings=_settings(config))
+               comm={d: comm.get(d) for d in DIRECTIONS}, seed=config.get("seed"), settings=_settings(config),
+               logged=logged)
 
 
 def _settings(config: dict) -> str:
@@ -228,6 +233,17 @@ def _accuracy_table(runs: list[Run]) -> list[str]:
     return lines
 
 
+def _logged_table(runs: list[Run]) -> list[str]:
+    """What the runs' own modules logged (self.log), across clients at the last evaluated round, in their units."""
+    lines = ["| run | logged | clients | mean | std | min | p10 | worst10 | Jain |", "|" + "---|" * 9]
+    for run in runs:
+        for key, values in run.logged.items():
+            s = summarize(values)
+            lines.append(f"| {run.name} | {key} | {len(values)} | {s['mean']:.4g} | {s['std']:.4g} | {s['min']:.4g} | "
+                         f"{s['p10']:.4g} | {s['worst10_mean']:.4g} | {s['jain']:.3f} |")
+    return lines
+
+
 def _saving_lines(runs: list[Run]) -> list[str]:
     """Saving of each run against the run that sent the most, over the directions every run recorded
     (older runs have no bytes_down, and comparing up+down against up alone would invent a saving)."""
@@ -271,6 +287,9 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         md += ["## Across seeds", "", "Runs whose settings differ only in seed, grouped: the mean over seeds of the "
                "client-mean accuracy at the last round all seeds reached, with a Student-t 95% interval.", "",
                *_seed_table(groups), "", f"![across seeds]({save(_seeds_png, 'seeds.png', groups)})", ""]
+    if any(run.logged for run in runs):
+        md += ["## Logged by the modules", "", "What each run's LightningModule logged with self.log, per client at the "
+               "last evaluated round (training values: the clients trained that round).", "", *_logged_table(runs), ""]
     with_comm = [run for run in runs if any(v is not None for v in run.comm.values())]
     if with_comm:
         md += ["## Communication", "", *_saving_lines(with_comm), "",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fedsim import storage
 from fedsim.config import WandbConfig
-from fedsim.core.protocol import ACCURACIES, RoundResult
+from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys
 from fedsim.engine.driver import Callback, Run
 from fedsim.metrics.logger import round_row
 
@@ -74,7 +74,7 @@ class WandbLogger(Callback):
             return
         data = {"round": row["round"], "comm/bytes_up": row["bytes_up"], "comm/bytes_down": row["bytes_down"],
                 "round_seconds": row["seconds"]}
-        for key in ACCURACIES:
+        for key in (*ACCURACIES, *logged_keys(records)):  # fedsim's accuracies, then the module's self.log values
             for stat, value in row.get(key, {}).items():
                 data[f"{key}/{stat}"] = value
         # Loss curves beside the accuracies: training loss of the clients trained this round, test loss of all.

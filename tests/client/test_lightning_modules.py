@@ -205,3 +205,37 @@ def test_a_users_module_that_raises_is_one_line_exit_2_and_never_retried(tmp_pat
     errors = [line for line in proc.stderr.splitlines() if line.startswith("fedsim: error:")]
     assert len(errors) == 1 and "Broken.training_step raised ValueError: boom in the user's training_step" in errors[0]
     assert "memory" not in proc.stderr and "fedsim run --resume" in errors[0]
+
+
+# -- the opt-in Trainer loop -----------------------------------------------------------------------------
+@pytest.mark.parametrize("client, algorithm", [("TwoPartModule", {"name": "fedprox", "mu": 0.5}),
+                                               ("ManualEverything", "fedbabu"), ("ScheduledModule", "fedavg")])
+def test_the_trainer_loop_gives_the_fabric_loops_results_bit_for_bit(tmp_path, client, algorithm):
+    fabric = lightning_runtime(tmp_path, client, algorithm)
+    trainer = lightning_runtime(tmp_path, client, algorithm, model__client_loop="trainer")
+    (a, loss_a), (b, loss_b) = train_one(fabric, start(fabric), 0, 1), train_one(trainer, start(trainer), 0, 1)
+    assert loss_a == loss_b and a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert np.array_equal(fabric.layouts["full"].pack(), trainer.layouts["full"].pack())  # the fixed head too
+    assert fabric.evaluate(start(fabric), [1], 1) == trainer.evaluate(start(trainer), [1], 1)
+
+
+# -- the page that documents it ------------------------------------------------------------------------------
+def test_the_documented_module_runs_logs_and_shows_its_optimizers(tmp_path, monkeypatch):
+    import yaml
+
+    text = (TESTS.parent / "docs" / "lightning.md").read_text()
+    (tmp_path / "my_module.py").write_text(text.split("```python\n")[1].split("```")[0])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    documented = yaml.safe_load(text.split("```yaml\n")[1].split("```")[0])
+    tree = lightning_tree(tmp_path, "unused", documented["algorithm"], train__local_epochs=1)
+    tree["model"] = documented["model"]  # the page's module, on the blobs data (seconds)
+    cfg = validate(tree)
+    printed = text.split("prints its optimizers per part:\n\n```\n")[1].split("```")[0].splitlines()
+    assert list(plan_for(cfg).model.optimizers) == [line.strip() for line in printed[1:]]
+    server = in_process_server(monkeypatch, cfg)
+    server.restore(None)
+    result = server.round(1)
+    trained = [r for r in result.records if r["client"] in result.sampled]
+    assert trained and all({"train_acc", "train_loss_own", "val_confidence", "val_confidence_personalized"} <= r.keys()
+                           for r in trained)
+    assert server.workers[0].runtime.loop.module.epochs_seen >= 1  # its callback ran
