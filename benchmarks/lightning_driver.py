@@ -1,6 +1,7 @@
-"""Which Lightning driving mode for the workers: Trainer vs Fabric vs a plain loop, on fedsim's own
-FedClient (cnn4, two optimizers, manual optimization). Many short client fits are fedsim's workload,
-so what matters is the fixed cost per client. Prints per-client time ratios against the plain loop.
+"""Which Lightning driving mode for the workers: a plain loop vs fedsim's loop (Fabric, the default) vs
+fedsim's opt-in `model.client_loop: trainer` (a pl.Trainer fit per local update), on fedsim's own FedClient
+(cnn4, two optimizers, manual optimization). Many short client fits are fedsim's workload, so what matters
+is the fixed cost per client. Prints per-client time ratios against the plain loop, measured in one process.
 
     .venv/bin/python benchmarks/lightning_driver.py [--clients 20] [--steps 10] [--repeats 5]
 """
@@ -12,25 +13,25 @@ import statistics
 import time
 import warnings
 
-import pytorch_lightning as pl
 import torch
-from lightning_fabric import Fabric
-from torch.utils.data import DataLoader, TensorDataset
 
-from fedsim.client import FedClient
-from fedsim.config import OptimConfig
+from fedsim.client.loop import FedsimFabric, LocalLoop
+from fedsim.config import ModelConfig, OptimConfig
 from fedsim.models import build_model
+from fedsim.models.lightning import FedClient, module_optimizers, part_parameters, split_keys
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning_fabric").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
+PARTS = frozenset({"body", "head"})
 
 
-def make_client() -> FedClient:
+def make_client() -> tuple[FedClient, object]:
     torch.manual_seed(0)
-    net = build_model("cnn4", 10, (3, 32, 32))
-    _, head = net.split_keys(1)
-    return FedClient(net, head, 10, OptimConfig(), OptimConfig())
+    module = FedClient(build_model("cnn4", 10, (3, 32, 32)))
+    keys = split_keys(module, ModelConfig())
+    settings = {"body": OptimConfig(), "head": OptimConfig()}
+    return module, keys, module_optimizers(module, part_parameters(module, keys), settings)
 
 
 def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -40,42 +41,33 @@ def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def plain(clients: int, data) -> None:
     """No Lightning: the module's step logic by hand (the floor)."""
-    module = make_client()
-    opts = module.configure_optimizers()
+    module, _, made = make_client()
+    opts = made.optimizers
     for _ in range(clients):
+        for o in opts:
+            o.state.clear()
         for x, y in data:
             loss = torch.nn.functional.cross_entropy(module(x), y)
             for o in opts:
-                o.zero_grad()
+                o.zero_grad(set_to_none=True)
             loss.backward()
             for o in opts:
                 o.step()
 
 
-def fabric_mode(clients: int, data) -> None:
-    """fedsim's choice: Fabric set up once per worker, the module's training_step per batch."""
-    module = make_client()
-    raw = module.configure_optimizers()
-    fabric = Fabric(accelerator="cpu", devices=1)
-    wrapped, *_ = fabric.setup(module, *raw)
+def fedsim_loop(clients: int, data, with_trainer: bool = False) -> None:
+    """fedsim's LocalLoop as a worker runs it: one local update (a Lightning fit) per client."""
+    module, keys, made = make_client()
+    fabric = FedsimFabric(accelerator="cpu", devices=1)
+    _, *wrapped = fabric.setup(module, *made.optimizers)
+    loop = LocalLoop(module, fabric, made, wrapped, keys, [], 10, [], with_trainer=with_trainer)
+    settings = [[{} for _ in o.param_groups] for o in made.optimizers]
     for _ in range(clients):
-        for o in raw:
-            o.state.clear()
-        for i, batch in enumerate(data):
-            wrapped.training_step(batch, i)
+        loop.fit(lambda: iter(data), 1, PARTS, settings)
 
 
-def trainer_per_client(clients: int, data) -> None:
-    """A new Trainer + fit for every client (the obvious Lightning way)."""
-    module = make_client()
-    loader = DataLoader(TensorDataset(torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])), batch_size=50)
-    for _ in range(clients):
-        trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False)
-        trainer.fit(module, loader)
-
-
-MODES = {"plain loop": plain, "fabric (fedsim)": fabric_mode, "trainer per client": trainer_per_client}
+MODES = {"plain loop": plain, "fedsim (Fabric)": fedsim_loop,
+         "fedsim client_loop=trainer": lambda clients, data: fedsim_loop(clients, data, with_trainer=True)}
 
 
 def main() -> None:

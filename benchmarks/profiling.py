@@ -578,7 +578,7 @@ def fixed_cost_child(model: str, algorithm: str, clients: int, reps: int) -> dic
     broadcast = {WEIGHTS: rt.plan.model.initial["shared"]}
     plan = exact_sum_plan(rt, 50 * n)
     x, y = rt.client_tensors(0, "train")
-    module = rt.loop.module
+    module = rt.loop.module if hasattr(rt, "loop") else rt.client_module  # (a baseline tree before the loop)
     queue = iter(range(n))
     in_steps: list[float] = []  # seconds inside training_step during the current timed call
     step_fn = module.training_step

@@ -217,3 +217,10 @@ class TwoOptimizersAutomatic(ManualEverything):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.automatic_optimization = True
+
+
+class HeadFirstOptimizers(ManualEverything):
+    """Its head's optimizer comes first: fedsim must not match optimizers to parts by position."""
+
+    def configure_optimizers(self):
+        return [torch.optim.Adam(self.head.parameters(), lr=0.003), torch.optim.SGD(self.body.parameters(), lr=0.3)]

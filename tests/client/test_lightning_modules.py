@@ -239,3 +239,47 @@ def test_the_documented_module_runs_logs_and_shows_its_optimizers(tmp_path, monk
     assert trained and all({"train_acc", "train_loss_own", "val_confidence", "val_confidence_personalized"} <= r.keys()
                            for r in trained)
     assert server.workers[0].runtime.loop.module.epochs_seen >= 1  # its callback ran
+
+
+def test_optimizers_map_to_parts_by_parameter_identity_not_position(tmp_path):
+    rt = lightning_runtime(tmp_path, "HeadFirstOptimizers", "fedper")
+    assert [line.split(" (")[0] for line in rt.plan.model.optimizers] == ["head: Adam", "body: SGD"]
+    spans = {k: (a, b) for k, _, a, b in rt.layouts["full"].spans()}
+    rates = rt.learning_rates("full", 1)
+    assert set(rates[slice(*spans["head.weight"])]) == {0.003} and set(rates[slice(*spans["body.1.bias"])]) == {0.3}
+
+
+def test_logged_values_reduce_as_lightning_reduces_an_epoch():
+    import torchmetrics
+
+    from fedsim.client.loop import LoggedValues
+
+    logged = LoggedValues("M")
+    metric = torchmetrics.MeanMetric()
+    for batch_size, value in ((10, 1.0), (30, 3.0)):
+        logged.batch_size = batch_size
+        logged.add("mean", torch.tensor(value))
+        logged.add("top", value, reduce_fx="max")
+        logged.add("total", value, reduce_fx=torch.sum)
+        metric.update(value)
+        logged.add("metric", metric)
+    assert logged.collect("_x") == {"mean_x": 2.5, "top_x": 3.0, "total_x": 4.0, "metric_x": 2.0}
+    assert logged.collect() == {}  # a clean slate for the next client
+    logged.add("acc", 0.5)
+    with pytest.raises(UserCodeError, match="logged 'acc', a name fedsim's own records use"):
+        logged.collect()
+
+
+def test_dry_run_of_a_module_that_cannot_be_built_exits_2_with_one_line(tmp_path, capsys):
+    import yaml
+
+    from fedsim.cli.main import main
+
+    config = tmp_path / "needs.yaml"
+    config.write_text(yaml.safe_dump(lightning_tree(tmp_path, "NeedsWidth")))
+    assert main(["run", str(config), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "model.client: NeedsWidth(**model.client_args) raised TypeError" in err
+    assert main(["run", str(config), "--dry-run", "model.client_args.width=8"]) == 0
+    out = capsys.readouterr().out
+    assert "user_plugins:NeedsWidth, optimizers from train.body / train.head" in out

@@ -75,3 +75,19 @@ def test_runs_differing_only_in_seed_are_aggregated_with_a_confidence_interval(t
     assert "fedavg-k4" not in md.split("## Across seeds")[1].split("![")[0]  # a single seed is no group
     image = matplotlib.image.imread(tmp_path / "report" / "seeds.png")
     assert image.shape[1] > 300 and image.std() > 0.01
+
+
+def test_what_a_users_module_logged_gets_its_own_table(tmp_path):
+    import json
+
+    run = make_run(tmp_path, "own", "fedper", [[0.5, 0.7], [0.6, 0.8]])
+    path = run / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:  # what TwoPartModule-style self.log calls leave in a record
+        row["val_margin"] = 0.1 * (row["client"] + 1) * row["round"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = (tmp_path / "out").joinpath("report.md")
+    write_report([run], tmp_path / "out")
+    text = md.read_text()
+    assert "## Logged by the modules" in text
+    assert "| own | val_margin | 2 | 0.3 | 0.1 | 0.2 |" in text  # the last round's two clients: 0.2 and 0.4

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fedsim.models import build_model
 
@@ -132,3 +133,22 @@ def test_sweep_variants_share_one_wandb_group_named_after_the_config():
     assert [(v.name, v.logging.wandb.group) for v in variants] == [("quick-fedavg", "quick"), ("quick-fedper", "quick")]
     chosen = expand_sweep({"name": "quick", "logging": {"wandb": {"group": "mine"}}, "sweep": {"seed": [1, 2]}})
     assert {v.logging.wandb.group for v in chosen} == {"mine"}
+
+
+def test_a_users_self_log_values_reach_wandb_beside_the_accuracies(tmp_path, monkeypatch):
+    import wandb
+
+    from fedsim.core.protocol import RoundResult
+    from fedsim.metrics.wandb_sink import WandbLogger
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sink = WandbLogger()
+    sink.run = wandb.init(project="fedsim-test", dir=str(tmp_path), mode="offline")
+    sink.per_client_limit, sink.state_path, sink.logged_through = 10, tmp_path / "state.json", 0
+    records = [{"client": c, "round": 1, "n_train": 10, "n_test": 5, "loss": 1.0, "acc": 0.5, "train_loss": 0.7,
+                "times_sampled": 1, "val_margin": 0.1 * (c + 1)} for c in range(3)]
+    sink.on_round_end(None, RoundResult(1, [0, 1, 2], [], records, [{"bytes_up": 1, "bytes_down": 2}], 1.0))
+    sink.run.finish()
+    [offline] = list((tmp_path / "wandb").glob("offline-run-*"))
+    [row] = [h for h in wandb_history(offline) if "acc/mean" in h]
+    assert row["val_margin/mean"] == pytest.approx(0.2) and row["val_margin/min"] == 0.1 and "val_margin/jain" in row
