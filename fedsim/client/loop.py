@@ -191,38 +191,42 @@ class LocalLoop:
         f.penalty, f.backwards, f.max_epochs, f.global_step = penalty, 0, epochs, 0
         f.fedsim = {**f.fedsim, "parts": sorted(parts)}
         self.module.train()
-        losses: list[torch.Tensor] = []
-        steps = 0
+        run = self._fit_with_trainer if self.with_trainer else self._fit_with_fabric
         try:
-            if self.with_trainer:
-                losses, steps = self._fit_with_trainer(epoch_batches, epochs, after_step)
-                return losses
-            self._call("on_fit_start")
-            self._call("on_train_start")
-            for epoch in range(epochs):
-                f.current_epoch = epoch
-                self._call("on_train_epoch_start")
-                for batch_idx, batch in enumerate(epoch_batches()):
-                    loss = self._step(batch, batch_idx)
-                    steps += 1
-                    if loss is not None:
-                        losses.append(loss)
-                    if after_step is not None:
-                        after_step(*batch)
-                self._call("on_train_epoch_end")
-                self._step_schedulers("epoch", epoch + 1)
-            self._call("on_train_end")
-            self._call("on_fit_end")
+            losses, steps = run(epoch_batches, epochs, after_step)
         finally:
             f.penalty = None
             for p, _ in frozen:
                 p.requires_grad_(True)
-            self._check_frozen(frozen, parts)
-            if steps and not f.backwards:
-                raise UserCodeError(f"model.client: {self.name}.training_step ran {steps} steps without a backward "
-                                    "pass, so nothing trained; return the loss (automatic optimization) or call "
-                                    "self.manual_backward(loss) and step self.optimizers() (manual)")
+        self._check_frozen(frozen, parts)
+        if steps and not f.backwards:
+            raise UserCodeError(f"model.client: {self.name}.training_step ran {steps} steps without a backward pass, "
+                                "so nothing trained; return the loss (automatic optimization) or call "
+                                "self.manual_backward(loss) and step self.optimizers() (manual)")
         return losses
+
+    def _fit_with_fabric(self, epoch_batches: Callable[[], Iterable[Batch]], epochs: int,
+                         after_step: StepCallback | None) -> tuple[list[torch.Tensor], int]:
+        """Lightning's fit loop over the module, its hooks and callbacks: (per-step losses, steps)."""
+        losses: list[torch.Tensor] = []
+        steps = 0
+        self._call("on_fit_start")
+        self._call("on_train_start")
+        for epoch in range(epochs):
+            self.fabric.current_epoch = epoch
+            self._call("on_train_epoch_start")
+            for batch_idx, batch in enumerate(epoch_batches()):
+                loss = self._step(batch, batch_idx)
+                steps += 1
+                if loss is not None:
+                    losses.append(loss)
+                if after_step is not None:
+                    after_step(*batch)
+            self._call("on_train_epoch_end")
+            self._step_schedulers("epoch", epoch + 1)
+        self._call("on_train_end")
+        self._call("on_fit_end")
+        return losses, steps
 
     def _fit_with_trainer(self, epoch_batches: Callable[[], Iterable[Batch]], epochs: int,
                           after_step: StepCallback | None) -> tuple[list[torch.Tensor], int]:
