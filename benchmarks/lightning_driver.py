@@ -15,10 +15,10 @@ import warnings
 
 import torch
 
-from fedsim.client.loop import FedsimFabric, LocalLoop
+from fedsim.client.loop import FedsimFabric, LocalLoop, OptimizerSet
 from fedsim.config import ModelConfig, OptimConfig
 from fedsim.models import build_model
-from fedsim.models.lightning import FedClient, module_optimizers, part_parameters, split_keys
+from fedsim.models.lightning import FedClient, module_optimizers, optimizer_parts, part_parameters, split_keys
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning_fabric").setLevel(logging.ERROR)
@@ -60,7 +60,8 @@ def fedsim_loop(clients: int, data, with_trainer: bool = False) -> None:
     module, keys, made = make_client()
     fabric = FedsimFabric(accelerator="cpu", devices=1)
     _, *wrapped = fabric.setup(module, *made.optimizers)
-    loop = LocalLoop(module, fabric, made, wrapped, keys, [], 10, [], with_trainer=with_trainer)
+    train = OptimizerSet(made.optimizers, [], wrapped, optimizer_parts(made.optimizers, module, keys))
+    loop = LocalLoop(module, fabric, {"train": train, "finetune": train}, keys, [], 10, [], with_trainer=with_trainer)
     settings = [[{} for _ in o.param_groups] for o in made.optimizers]
     for _ in range(clients):
         loop.fit(lambda: iter(data), 1, PARTS, settings)

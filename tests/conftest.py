@@ -164,6 +164,7 @@ class InProcessWorker:
 
     def __init__(self, runtime):
         self.runtime = runtime
+        self.ping = _Call(os.getpid)  # the actor shell answers pings itself (fedsim.client.worker)
 
     def __getattr__(self, name):
         return _Call(getattr(self.runtime, name))

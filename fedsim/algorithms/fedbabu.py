@@ -27,7 +27,7 @@ class FedBABU(PartialSharing):
     def init_model(self, net: nn.Module, keys: KeyParts) -> None:
         if self.params.head_init == "linear":  # the module's own initialisation stays
             return
-        from fedsim.models.lightning import output_layer
+        from fedsim.models.state import output_layer
 
         draw = orthogonal_head if self.params.head_init == "orthogonal" else nearly_parallel_head
         draw(output_layer(net, keys.head))

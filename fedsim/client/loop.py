@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytorch_lightning as pl
@@ -23,7 +24,7 @@ from fedsim.algorithms.context import Penalty, StepCallback
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import RECORD_KEYS
 from fedsim.errors import UserCodeError
-from fedsim.models.lightning import Optimizers, network_of, overrides, part_parameters
+from fedsim.models.lightning import network_of, overrides, part_parameters
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_before_backward",
@@ -126,19 +127,34 @@ def install_logging(module: pl.LightningModule, sink: LoggedValues) -> None:
     module.log, module.log_dict = log, log_dict
 
 
+@dataclass
+class OptimizerSet:
+    """Optimizers a local update steps: the torch optimizers and schedulers, Fabric's wrappers of them (what the
+    module's ``self.optimizers()`` returns), the parts each param group trains, and what each group and scheduler
+    held when made (restored before every update)."""
+    optimizers: list[torch.optim.Optimizer]
+    schedulers: list[dict[str, Any]]
+    wrapped: list
+    group_parts: list[list[frozenset[str]]]
+    snapshots: list[list[dict]] = field(init=False)
+    scheduler_states: list[dict] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.snapshots = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in self.optimizers]
+        self.scheduler_states = [s["scheduler"].state_dict() for s in self.schedulers]
+
+
 class LocalLoop:
     """One worker's module, driven as Lightning drives it, one local update at a time."""
 
-    def __init__(self, module: pl.LightningModule, fabric: FedsimFabric, optimizers: Optimizers, wrapped: list,
+    def __init__(self, module: pl.LightningModule, fabric: FedsimFabric, sets: dict[str, OptimizerSet],
                  keys: KeyParts, callbacks: list[pl.Callback], num_classes: int, listed: list[pl.Callback],
                  precision: str = "32", with_trainer: bool = False):
         # The plain module, under fabric.autocast(): on one device Fabric's wrapper hands out the module's own
         # methods (training_step included) without its precision context.
         self.module, self.fabric = module, fabric
-        self.optimizers, self.schedulers, self.wrapped = optimizers.optimizers, optimizers.schedulers, wrapped
-        # What configure_optimizers gave each group, restored before every local update.
-        self.snapshots = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in self.optimizers]
-        self.scheduler_states = [s["scheduler"].state_dict() for s in self.schedulers]
+        self.sets = sets  # "train", and "finetune" (evaluation fine-tuning: the same set, or fedsim's SGD)
+        self.active = sets["train"]
         self.automatic = module.automatic_optimization
         self.name = type(module).__name__
         self.part_params = part_parameters(module, keys)
@@ -181,10 +197,13 @@ class LocalLoop:
 
     # -- a local update -------------------------------------------------------------------------
     def fit(self, epoch_batches: Callable[[], Iterable[Batch]], epochs: int, parts: frozenset[str],
-            settings: list[list[dict]], penalty: Penalty | None = None,
-            after_step: StepCallback | None = None) -> list[torch.Tensor]:
-        """``epochs`` passes of ``training_step`` training ``parts``; ``settings``: per optimizer and group, the
-        values (lr, ...) this update uses over what configure_optimizers gave. Returns the per-step losses."""
+            settings: list[list[dict]], penalty: Penalty | None = None, after_step: StepCallback | None = None,
+            stage: str = "train") -> list[torch.Tensor]:
+        """``epochs`` passes of ``training_step`` training ``parts`` with the ``stage``'s optimizers; ``settings``:
+        per optimizer and group, the values (lr, ...) this update uses over what they were made with. Returns the
+        per-step losses."""
+        self.active = self.sets[stage]
+        self.module._fabric_optimizers = self.active.wrapped  # what self.optimizers() returns under Fabric
         frozen = self._freeze(parts)
         self._reset(settings)
         f = self.fabric
@@ -285,9 +304,9 @@ class LocalLoop:
 
     def _with_schedulers(self) -> list[dict]:
         """The update's optimizers in configure_optimizers' dict form, each with its scheduler, for the Trainer."""
-        scheduler_of = {id(s["scheduler"].optimizer): s for s in self.schedulers}
+        scheduler_of = {id(s["scheduler"].optimizer): s for s in self.active.schedulers}
         return [{"optimizer": o, **({"lr_scheduler": scheduler_of[id(o)]} if id(o) in scheduler_of else {})}
-                for o in self.optimizers]
+                for o in self.active.optimizers]
 
     def _step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         f = self.fabric
@@ -308,27 +327,27 @@ class LocalLoop:
     def _optimize(self, loss: torch.Tensor) -> None:
         """Lightning's automatic optimization: zero_grad, backward, step; of the module's one optimizer, or of
         fedsim's one per part for a module without configure_optimizers."""
-        for opt in self.wrapped:
+        for opt in self.active.wrapped:
             opt.zero_grad(set_to_none=True)
         self.fabric.backward(loss)
-        for opt in self.wrapped:
+        for opt in self.active.wrapped:
             self._call("on_before_optimizer_step", opt)
             opt.step()
 
     def _step_schedulers(self, interval: str, count: int) -> None:
-        for entry in self.schedulers:
+        for entry in self.active.schedulers:
             if entry["interval"] == interval and count % entry["frequency"] == 0:
                 self._user("lr_scheduler.step", entry["scheduler"].step)
 
     def _reset(self, settings: list[list[dict]]) -> None:
         """Optimizers and schedulers as configure_optimizers made them, with this update's settings: state cleared
         (momentum restarts with every local update, as in FedAvg's ClientUpdate), each group's values restored."""
-        for opt, snapshots, overrides_ in zip(self.optimizers, self.snapshots, settings):
+        for opt, snapshots, overrides_ in zip(self.active.optimizers, self.active.snapshots, settings):
             opt.state.clear()
             for group, snapshot, override in zip(opt.param_groups, snapshots, overrides_):
                 group.update(snapshot)
                 group.update(override)
-        for entry, state in zip(self.schedulers, self.scheduler_states):
+        for entry, state in zip(self.active.schedulers, self.active.scheduler_states):
             scheduler = entry["scheduler"]
             scheduler.load_state_dict(state)
             groups = scheduler.optimizer.param_groups

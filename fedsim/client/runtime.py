@@ -20,15 +20,16 @@ from fedsim import storage
 from fedsim.algorithms import PARTS
 from fedsim.algorithms.context import ClientContext, Penalty, StepCallback
 from fedsim.client.device import make_cuda_deterministic
-from fedsim.client.loop import FedsimFabric, LocalLoop
+from fedsim.client.loop import FedsimFabric, LocalLoop, OptimizerSet
 from fedsim.client.resident import BoundLayout, ExactSum, host_vector, to_device
-from fedsim.config import CallbackSpec
+from fedsim.config import CallbackSpec, OptimConfig
 from fedsim.core.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
 from fedsim.core.protocol import ClientData, ClientReport, SumPlan, WorkerPartial, payload_bytes
 from fedsim.core.store import StateMemory, VectorStore
 from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
 from fedsim.errors import UserCodeError
-from fedsim.models.lightning import module_optimizers, network_of, optimizer_parts, overrides, part_parameters
+from fedsim.models.lightning import (config_optimizers, module_optimizers, network_of, optimizer_parts,
+                                     overrides, part_parameters)
 from fedsim.plan import RunPlan
 from fedsim.plan.build import initial_client
 from fedsim.plugins import load_plugin
@@ -83,13 +84,15 @@ class ClientRuntime:
         # Fabric rather than a Trainer: a Trainer costs ~7 ms per fit and must be coaxed into refitting; Fabric adds
         # ~0.1-2 ms per client and still runs the module's own training_step (docs/stack-notes.md).
         self.fabric = FedsimFabric(accelerator="cuda" if on_gpu else "cpu", devices=1, precision=cfg.model.precision)
-        optimizers = module_optimizers(module, part_parameters(module, keys), {"body": cfg.train.body, "head": cfg.train.head})
-        _, *wrapped = self.fabric.setup(module, *optimizers.optimizers)  # the module learns its Fabric and optimizers
+        params = part_parameters(module, keys)
+        made = module_optimizers(module, params, {"body": cfg.train.body, "head": cfg.train.head})
+        _, *wrapped = self.fabric.setup(module, *made.optimizers)  # the module learns its Fabric and optimizers
+        train = OptimizerSet(made.optimizers, made.schedulers, wrapped, optimizer_parts(made.optimizers, module, keys))
         self.own_optimizers = overrides(module, "configure_optimizers")  # else fedsim's, from train.body / head
-        self.group_parts = optimizer_parts(optimizers.optimizers, module, keys)
         own, listed = self._callbacks(module)
-        self.loop = LocalLoop(module, self.fabric, optimizers, wrapped, keys, [*own, *listed], plan.num_classes, listed,
-                              cfg.model.precision, cfg.model.client_loop == "trainer")
+        self.loop = LocalLoop(module, self.fabric, {"train": train, "finetune": self._finetune_set(module, keys, train)},
+                              keys, [*own, *listed], plan.num_classes, listed, cfg.model.precision,
+                              cfg.model.client_loop == "trainer")
         self.device = self.fabric.device
         self.layouts = {name: BoundLayout.bind(layout, self.net, self.device)
                         for name, layout in plan.model.layouts.items()}
@@ -97,6 +100,18 @@ class ClientRuntime:
         self.slots = self._empty_slots()
         self._held: tuple[np.ndarray, int] | None = None  # (broadcast weights in the model, their tensors' version)
         self._resident: tuple[np.ndarray, torch.Tensor] | None = None  # (broadcast weights, their copy on the device)
+
+    def _finetune_set(self, module: pl.LightningModule, keys, train: OptimizerSet) -> OptimizerSet:
+        """Evaluation fine-tuning's optimizers: a module's own (each update starts them afresh anyway), or for
+        fedsim's own, FedBABU's protocol: SGD per part with eval.finetune_momentum / finetune_weight_decay."""
+        if self.own_optimizers:
+            return train
+        e = self.cfg.eval
+        sgd = OptimConfig(optimizer="sgd", momentum=e.finetune_momentum, weight_decay=e.finetune_weight_decay)
+        optimizers = config_optimizers(part_parameters(module, keys), {"body": sgd, "head": sgd})
+        wrapped = self.fabric.setup_optimizers(*optimizers)
+        return OptimizerSet(optimizers, [], list(wrapped) if isinstance(wrapped, tuple) else [wrapped],
+                            optimizer_parts(optimizers, module, keys))
 
     def _callbacks(self, module: pl.LightningModule) -> tuple[list[pl.Callback], list[pl.Callback]]:
         """The module's configure_callbacks and model.callbacks, as Lightning would use them in every fit."""
@@ -164,7 +179,8 @@ class ClientRuntime:
 
     def learning_rates(self, layout: str, round_idx: int) -> np.ndarray:
         params = dict(self.net.named_parameters())
-        lr_of = {id(p): override["lr"] for opt, overrides_ in zip(self.loop.optimizers, self._group_settings(round_idx, False))
+        train = self.loop.sets["train"]
+        lr_of = {id(p): override["lr"] for opt, overrides_ in zip(train.optimizers, self._group_settings(round_idx, False))
                  for group, override in zip(opt.param_groups, overrides_) for p in group["params"]}
         lay, out = self.layouts[layout], np.zeros(self.layouts[layout].size, np.float64)
         for key, _, start, end in lay.spans():
@@ -178,16 +194,14 @@ class ClientRuntime:
         when fine-tuning); a module's own keep their settings, their learning rates scaled by the part's round
         schedule (train.<part>.schedule) or, when fine-tuning, replaced by eval.finetune_lr if it is set."""
         e = self.cfg.eval
+        chosen = self.loop.sets["finetune" if finetune else "train"]
         out = []
-        for parts_of_groups, snapshots in zip(self.group_parts, self.loop.snapshots):
+        for parts_of_groups, snapshots in zip(chosen.group_parts, chosen.snapshots):
             row = []
             for parts, snapshot in zip(parts_of_groups, snapshots):
                 part = "body" if "body" in parts else "head"  # a group of both follows the body's schedule
                 if not self.own_optimizers:
                     override = {"lr": self.plan.lr(part, round_idx, finetune)}
-                    if finetune:
-                        override |= {"weight_decay": e.finetune_weight_decay}
-                        override |= {"momentum": e.finetune_momentum} if "momentum" in snapshot else {}
                 elif finetune and e.finetune_lr is not None:
                     override = {"lr": e.finetune_lr, "initial_lr": e.finetune_lr}
                 else:
@@ -211,7 +225,8 @@ class ClientRuntime:
                 idx = order[start:start + batch]
                 yield (random_crop_flip(x[idx], generator) if self.augment else x[idx]), y[idx]
 
-        return self.loop.fit(epoch_batches, epochs, parts, self._group_settings(round_idx, finetune), penalty, after_step)
+        return self.loop.fit(epoch_batches, epochs, parts, self._group_settings(round_idx, finetune), penalty, after_step,
+                             "finetune" if finetune else "train")
 
     # -- a round ---------------------------------------------------------------------------------
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,

@@ -156,17 +156,6 @@ def _default_head(net: nn.Module, name: str, personal_layers: int) -> tuple[str,
     return ("head.",)
 
 
-def output_layer(net: nn.Module, head_keys: tuple[str, ...]) -> nn.Linear:
-    """The head's last ``nn.Linear`` (FedBABU draws its fixed head there)."""
-    head = set(head_keys)
-    linears = [(name, m) for name, m in net.named_modules() if isinstance(m, nn.Linear)
-               and f"{name}.weight" in head]
-    if not linears:
-        raise ConfigError("model.head: the head has no nn.Linear for fedbabu to draw its fixed head in; give the "
-                          "head a linear output layer, or set algorithm.params.head_init=linear to keep the module's")
-    return linears[-1][1]
-
-
 def overrides(module: pl.LightningModule, hook: str) -> bool:
     """Whether the module's class defines ``hook`` itself rather than inheriting Lightning's default."""
     return getattr(type(module), hook) is not getattr(pl.LightningModule, hook)

@@ -6,16 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.core.layout import KeyParts, Layout
-from fedsim.models.split import SplitNet
-
-
-def key_parts(net: SplitNet, personal_layers: int) -> KeyParts:
-    """The body/head split for K_P = ``personal_layers`` and the BatchNorm layers' keys."""
-    body, head = net.split_keys(personal_layers)
-    batchnorm = {f"{name}.{key}" for name, m in net.named_modules()
-                 if isinstance(m, nn.modules.batchnorm._BatchNorm) for key in m.state_dict()}
-    return KeyParts(tuple(body), tuple(head), frozenset(batchnorm))
+from fedsim.core.layout import Layout
 
 
 def layout_of(net: nn.Module, keys: list[str]) -> Layout:
@@ -52,3 +43,14 @@ def load_arrays(net: nn.Module, weights: dict[str, np.ndarray], field: str) -> N
                              f"({tuple(state[key].shape) if key in state else 'no such weight'}); start from a run "
                              "of the same model and model.batchnorm")
         state[key].copy_(torch.from_numpy(value))
+
+
+def output_layer(net: nn.Module, head_keys: tuple[str, ...]) -> nn.Linear:
+    """The head's last ``nn.Linear`` (FedBABU draws its fixed head there)."""
+    head = set(head_keys)
+    linears = [(name, m) for name, m in net.named_modules() if isinstance(m, nn.Linear)
+               and f"{name}.weight" in head]
+    if not linears:
+        raise ValueError("model.head: the head has no nn.Linear for fedbabu to draw its fixed head in; give the "
+                         "head a linear output layer, or set algorithm.params.head_init=linear to keep the module's")
+    return linears[-1][1]

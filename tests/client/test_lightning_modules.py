@@ -49,7 +49,7 @@ def test_fedbabu_head_stays_bit_identical_when_the_module_steps_every_optimizer(
     train_one(rt, start(rt), 0, 1)
     assert equal(part_values(rt, "head."), initial)  # the fixed head, bit for bit
     assert not equal(part_values(rt, "body."), body)  # while the body trained
-    assert {type(o).__name__ for o in rt.loop.optimizers} == {"SGD", "Adam"}
+    assert {type(o).__name__ for o in rt.loop.sets["train"].optimizers} == {"SGD", "Adam"}
 
 
 def test_fedrep_body_cannot_move_during_its_head_epochs(tmp_path):
@@ -77,7 +77,7 @@ def test_automatic_optimization_trains_with_the_modules_own_optimizer_and_groups
     assert np.isfinite(loss) and not np.array_equal(rt.layouts["full"].pack(), before)  # it trained
     module = rt.loop.module
     assert module.lrs_seen == [[0.123, 0.0456]] * 2  # its own learning rates, by group, each local epoch
-    assert rt.loop.optimizers[0].param_groups[0]["momentum"] == 0.5
+    assert rt.loop.sets["train"].optimizers[0].param_groups[0]["momentum"] == 0.5
     rates = rt.learning_rates("full", 1)
     spans = {k: (a, b) for k, _, a, b in rt.layouts["full"].spans()}
     assert set(rates[slice(*spans["body.1.weight"])]) == {0.123} and set(rates[slice(*spans["head.bias"])]) == {0.0456}
@@ -105,7 +105,7 @@ def test_a_dict_form_lr_scheduler_runs_within_each_local_update(tmp_path):
 def test_fine_tuning_uses_the_modules_optimizer_types_and_eval_finetune_lr(tmp_path):
     rt = lightning_runtime(tmp_path, "ManualEverything", "fedbabu", eval__finetune_part="head", eval__finetune_lr=0.007)
     rt.evaluate(start(rt), [0], 1)
-    adam = rt.loop.optimizers[1]
+    adam = rt.loop.sets["train"].optimizers[1]
     assert type(adam).__name__ == "Adam" and all("exp_avg" in adam.state[p] for p in rt.loop.module.head.parameters())
     assert rt.loop.module.lrs_seen[-1] == [0.007, 0.007]
 

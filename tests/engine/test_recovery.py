@@ -140,7 +140,8 @@ def test_a_worker_dying_while_the_run_starts_is_replaced(tmp_path, monkeypatch):
     def died(*_):
         raise RayActorError()
 
-    server.workers[0].runtime.load_state = server.workers[0].runtime.ping = died
+    server.workers[0].runtime.load_state = died
+    server.workers[0].ping.remote = died
     replacement = InProcessWorker(ClientRuntime(server.plan, server.assignments[0]))
     server.spawn = lambda clients, bundle: replacement
     assert server.restore(None) == 0

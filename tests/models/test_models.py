@@ -1,7 +1,15 @@
 import pytest
 import torch
 
+from fedsim.config import ModelConfig
 from fedsim.models import MODELS, build_model
+from fedsim.models.lightning import FedClient, split_keys
+
+
+def split(net, personal_layers: int) -> tuple[list[str], list[str]]:
+    """(body keys, head keys) of a fedsim model at K_P, as a run splits the built-in client."""
+    keys = split_keys(FedClient(net), ModelConfig(personal_layers=personal_layers))
+    return list(keys.body), list(keys.head)
 
 
 @pytest.mark.parametrize("name,blocks", [("cnn4", 4), ("resnet34", 16), ("mobilenet_v1", 13)])
@@ -16,18 +24,18 @@ def test_forward_shape_and_depth(name, blocks):
 def test_personal_layers_are_structural(name):
     net = build_model(name, 7, (3, 32, 32))
     keys = list(net.state_dict())
-    base0, head0 = net.split_keys(0)
+    base0, head0 = split(net, 0)
     assert head0 == [] and base0 == keys  # K_P = 0: everything shared
 
-    base1, head1 = net.split_keys(1)
+    base1, head1 = split(net, 1)
     assert head1 and all(k.startswith("classifier.") for k in head1)
     assert set(base1) | set(head1) == set(keys) and not set(base1) & set(head1)
 
     last = len(net.blocks) - 1
-    _, head2 = net.split_keys(2)
+    _, head2 = split(net, 2)
     assert set(head2) == set(head1) | {k for k in keys if k.startswith(f"blocks.{last}.")}
 
-    _, head_all = net.split_keys(net.max_personal_layers)
+    _, head_all = split(net, net.max_personal_layers)
     assert all(k.startswith(("classifier", "blocks.")) for k in head_all)
     assert len(head_all) == len([k for k in keys if not k.startswith("stem.")])
 
@@ -35,7 +43,7 @@ def test_personal_layers_are_structural(name):
 def test_personal_layers_validated_against_depth():
     net = build_model("cnn4", 10, (3, 32, 32))
     with pytest.raises(ValueError, match="model.personal_layers: 6 is outside 0..5"):
-        net.split_keys(6)
+        split(net, 6)
 
 
 def test_cnn4_matches_fedbabu_architecture():
@@ -50,7 +58,7 @@ def test_linear_base_keeps_cnn4_personal_layer():
     cnn, lin = build_model("cnn4", 10, (3, 32, 32)), build_model("linear_base", 10, (3, 32, 32))
     assert len(lin.blocks) == 1 and isinstance(lin.blocks[0][0], torch.nn.Linear)
     assert cnn.output_layer.weight.shape == lin.output_layer.weight.shape == (10, 256)
-    _, head = lin.split_keys(1)
+    _, head = split(lin, 1)
     assert head == ["classifier.weight", "classifier.bias"]
 
 
