@@ -600,13 +600,17 @@ def fixed_cost_child(model: str, algorithm: str, clients: int, reps: int) -> dic
         total = time.perf_counter() - t
         return total / clients, (total - sum(in_steps)) / clients
 
+    baseline = not hasattr(rt, "loop")  # a tree before LocalLoop: its FedClient steps the optimizers the runtime activates
+
     def bare_step() -> float:
-        rt.module.train()
-        module.active_optimizers = [rt.optimizers["train"][p] for p in module.optimized_parts if p in PARTS["full"]]
+        module.train()
+        if baseline:
+            module.active_optimizers = [rt.optimizers["train"][p] for p in module.optimized_parts if p in PARTS["full"]]
         t = time.perf_counter()
         for _ in range(clients):
             step_fn((x, y), 0)
-        module.active_optimizers = []
+        if baseline:
+            module.active_optimizers = []
         return (time.perf_counter() - t) / clients
 
     clients_call(), bare_step()  # warm-up
