@@ -78,3 +78,40 @@ def test_clients_never_sampled_are_reported_as_such(tmp_path, monkeypatch):
     result = server.round(1)
     counts = {r["client"]: r["times_sampled"] for r in result.records}
     assert counts == {c: int(c in result.sampled) for c in range(4)} and sum(counts.values()) == 1
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("builtins:eval", "names the Python standard library"), ("os:system", "names the Python standard library"),
+    ("..user_plugins:blobs", "is not 'package.module:name'"), ("user_plugins:CALLS", "is a Counter from collections"),
+    ("user_plugins:np", "is a module"),
+])
+def test_plugin_strings_resolve_only_to_user_code(spec, message):
+    from fedsim.plugins import PluginError, load_plugin
+
+    with pytest.raises(PluginError, match=f"data.dataset: .*{message}") as err:
+        load_plugin(spec, "data.dataset")
+    assert "\n" not in str(err.value)
+
+
+def _folder_naming_code(tmp_path, monkeypatch):
+    """A run folder whose config.yaml was edited to name a module that leaves a marker when imported."""
+    (tmp_path / "marker_mod.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n"
+                                            "def load(root, options):\n    raise RuntimeError('never called')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "runs" / "shared"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("name: shared\nalgorithm: fedavg\ndata: {dataset: 'marker_mod:load'}\n")
+    return run
+
+
+def test_resume_never_imports_code_its_run_folder_names_unless_trusted(tmp_path, monkeypatch, capsys):
+    from fedsim.cli.main import main
+    from fedsim.engine.runfolder import load_run_config
+
+    run = _folder_naming_code(tmp_path, monkeypatch)
+    assert main(["run", "--resume", str(run), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "data.dataset: " in err and "names code to run ('marker_mod:load')" in err and "--trust-plugins" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "ran").exists()  # nothing of it ran
+    assert load_run_config(run, ["data.dataset=marker_mod:load"]).data.dataset == "marker_mod:load"  # the user's own
+    assert load_run_config(run, trust_plugins=True).data.dataset == "marker_mod:load"

@@ -21,6 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.rounds=3 engine.workers=1")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    run.add_argument("--trust-plugins", action="store_true", help="with --resume: import the code (plug-in strings) "
+                     "the run folder's config names; without it, only plug-ins given on the command line are imported")
     run.add_argument("--quiet", action="store_true", help="no progress bar; one line per run")
     run.add_argument("--dry-run", action="store_true", help="validate, build the partition and model, print the "
                      "estimated work (sample-steps, traffic, resources) and exit; starts no Ray, writes no run folder")
@@ -81,7 +83,7 @@ def _run_command(args: argparse.Namespace) -> int:
         from fedsim.engine.runfolder import load_run_config
 
         overrides = ([args.config] if args.config else []) + args.overrides
-        configs, resume = [load_run_config(args.resume, overrides)], True
+        configs, resume = [load_run_config(args.resume, overrides, args.trust_plugins)], True
     elif args.config:
         configs, resume = expand_sweep(load_tree(args.config, args.overrides)), False
     else:

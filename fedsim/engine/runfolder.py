@@ -21,6 +21,7 @@ from fedsim.engine import runlock
 from fedsim.engine.failures import describe_failure
 from fedsim.errors import RunFailed
 from fedsim.plan import RunPlan
+from fedsim.plugins import plugin_settings
 
 DATASET_FILE = "dataset.json"
 CONFIG_FILE = "config.yaml"
@@ -28,8 +29,10 @@ CONFIG_FILE = "config.yaml"
 RESULT_FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json")
 
 
-def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig:
-    """The resolved config a run folder (a path or a URI) was started with (for --resume)."""
+def load_run_config(run_dir: str | Path, overrides: list[str] = (), trust_plugins: bool = False) -> RunConfig:
+    """The resolved config a run folder (a path or a URI) was started with (for --resume). A run folder is input:
+    code its config names (plug-in strings) is imported only with ``trust_plugins`` or when ``overrides`` name the
+    same key, so resuming someone else's folder never runs their code unasked."""
     store = storage.Store(run_dir)
     if not store.exists(CONFIG_FILE):
         raise ConfigError(f"{run_dir}: not a run folder (no {CONFIG_FILE}); pass the folder a `fedsim run` created")
@@ -38,6 +41,8 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig
         config = Path(tmp, CONFIG_FILE)
         config.write_bytes(store.read_bytes(CONFIG_FILE))
         tree, stored = load_tree(config, overrides), load_tree(config)
+    if not trust_plugins:
+        _refuse_folder_code(run_dir, tree, overrides)
     for t in (tree, stored):
         t.update(name=name, out_dir=out_dir)
     cfg = validate(tree)
@@ -47,6 +52,16 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> RunConfig
                           "accepts train.rounds, logging.* and engine settings other than threads_per_worker and "
                           "memory_format; start a new run with another name instead")
     return cfg
+
+
+def _refuse_folder_code(run_dir: str | Path, tree: dict, overrides: list[str]) -> None:
+    """Every plug-in the resumed config names must come from the user's command line, or be trusted."""
+    given = [o.split("=", 1)[0].strip() for o in overrides]
+    for key, spec in plugin_settings(tree).items():
+        base = key.split("[")[0]
+        if not any(base == g or base.startswith(g + ".") or g.startswith(base + ".") for g in given):
+            raise ConfigError(f"{key}: {run_dir}/{CONFIG_FILE} names code to run ({spec!r}); resume imports it only "
+                              f"if you trust this folder: pass --trust-plugins, or give {base}={spec} on the command line")
 
 
 class RunFolder:
