@@ -242,8 +242,11 @@ def intact(ckpt: Path) -> bool:
 def _files_intact(ckpt: Path) -> bool:
     try:
         state = json.loads((ckpt / "state.json").read_text())
-        int(state["round"])
-        np.load(ckpt / "global.npy", allow_pickle=False)
+        if type(state["round"]) is not int or state["round"] != round_of(ckpt):  # a state.json moved or edited
+            return False
+        weights = np.load(ckpt / "global.npy", allow_pickle=False)
+        if weights.dtype != np.float32 or weights.ndim != 1 or weights.size != state["global_size"]:
+            return False
         archives = state["workers"] + (["server.npz"] if (ckpt / "server.npz").exists() else [])
         for name in archives:
             with zipfile.ZipFile(ckpt / name) as z:

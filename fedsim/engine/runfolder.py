@@ -27,6 +27,7 @@ DATASET_FILE = "dataset.json"
 CONFIG_FILE = "config.yaml"
 # What a new run starts without: the files of a run replaced by --overwrite.
 RESULT_FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json")
+JSONL_RESULTS = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")  # appended each round, truncated on resume
 
 
 def load_run_config(run_dir: str | Path, overrides: list[str] = (), trust_plugins: bool = False) -> RunConfig:
@@ -52,6 +53,41 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = (), trust_plugin
                           "accepts train.rounds, logging.* and engine settings other than threads_per_worker and "
                           "memory_format; start a new run with another name instead")
     return cfg
+
+
+class ResultsDamaged(ConfigError):
+    """A result file of a run folder holds a line that is not a row: resume would lose what follows it."""
+
+
+def read_results(path: Path) -> list[dict]:
+    """A run's own result rows (metrics.jsonl, rounds.jsonl, comm.jsonl), for a resume that rewrites the file:
+    only a torn *last* line (a crash mid-write: no newline after it) is dropped; any other line that is not a row
+    with a round is a one-line error naming file and line, so no row is lost without account."""
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")
+    torn = lines.pop()  # what follows the last newline: nothing, or a line a crash cut short (its round is redone)
+    rows = [_result_row(path, number, line) for number, line in enumerate(lines, start=1)]
+    try:
+        last = json.loads(torn) if torn.strip() else None
+    except json.JSONDecodeError:
+        last = None
+    return rows + ([last] if _is_row(last) else [])
+
+
+def _is_row(row: object) -> bool:
+    return isinstance(row, dict) and type(row.get("round")) is int and row["round"] >= 1
+
+
+def _result_row(path: Path, number: int, line: str) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        row = None
+    if not _is_row(row):
+        raise ResultsDamaged(f"{path}:{number}: not a result row ({line[:60]!r}); resume rewrites this file and would "
+                             "lose the rows after it: restore the file from a backup, or start a new run")
+    return row
 
 
 def _refuse_folder_code(run_dir: str | Path, tree: dict, overrides: list[str]) -> None:
@@ -107,7 +143,23 @@ class RunFolder:
             self.store.download_tree(self.local)
             self.stored = {path: self._stamp(path) for path in self._files()}
         self._refuse_changed_data(data)
-        return Partition.load(self.local / "partition.npz"), checkpoint.latest(self.local)
+        ckpt = checkpoint.latest(self.local)
+        self._check_results(0 if ckpt is None else int(checkpoint.round_of(ckpt)))
+        return Partition.load(self.local / "partition.npz"), ckpt
+
+    def _check_results(self, done: int) -> None:
+        """The result files agree with the checkpoint resume continues from: every row readable, a row in
+        rounds.jsonl for each of its rounds, and the checkpoint within train.rounds. Checked before anything
+        is rewritten."""
+        rows = {name: read_results(self.local / name) for name in JSONL_RESULTS}
+        if done > self.cfg.train.rounds:
+            raise ConfigError(f"train.rounds: the run's checkpoint is at round {done}, beyond train.rounds="
+                              f"{self.cfg.train.rounds}; resume with train.rounds={done} or more")
+        logged = {r["round"] for r in rows["rounds.jsonl"]}
+        missing = [r for r in range(1, done + 1) if r not in logged]
+        if missing:
+            raise ResultsDamaged(f"{self.local / 'rounds.jsonl'}: no row for round {missing[0]} though the checkpoint is "
+                                 f"at round {done}; restore the file from a backup, or start a new run")
 
     @staticmethod
     def check_checkpoint(ckpt: Path | None, plan: RunPlan) -> None:

@@ -29,18 +29,46 @@ WorkerSpawn = Callable[[ray.ObjectRef, dict, Any, float, float], Any]
 
 
 def connect_ray(cfg: RunConfig) -> None:
-    """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers."""
+    """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers. The Ray token
+    file is kept private before Ray starts and after (Ray writes a new one with the process's umask)."""
     if ray.is_initialized():
         return
+    private_token()
     quiet = {"log_to_driver": True, "configure_logging": True, "logging_level": "warning"}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
-        return
-    engine = cfg.engine
-    cpus = max(os.cpu_count() or 1, int(engine.workers * engine.cpus_per_worker + 0.999))
-    # The dashboard stays on loopback unless a user binds it elsewhere on purpose.
-    # address="local": always a fresh local instance, never a stray cluster left behind by `ray start`.
-    ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
+    try:
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
+            return
+        engine = cfg.engine
+        cpus = max(os.cpu_count() or 1, int(engine.workers * engine.cpus_per_worker + 0.999))
+        # The dashboard stays on loopback unless a user binds it elsewhere on purpose.
+        # address="local": always a fresh local instance, never a stray cluster left behind by `ray start`.
+        ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
+    finally:
+        private_token()
+
+
+def token_path() -> Path:
+    """Where Ray keeps the token of a cluster this process starts or joins (RAY_AUTH_TOKEN_PATH, else ~/.ray)."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token").expanduser()
+
+
+def private_token() -> None:
+    """The token lets whoever reads it attach to the cluster and submit jobs: its folder 0700, the file 0600.
+    Ray creates both with the umask (0755 / 0644 under umask 022, readable by every local account). Ours are
+    repaired; a token or folder of another account that others can read is refused with one line."""
+    path = token_path()
+    for target, mode in ((path.parent, 0o700), (path, 0o600)):
+        if not target.exists():
+            continue
+        info = target.stat()
+        if info.st_mode & 0o077 == 0:
+            continue
+        if info.st_uid != os.getuid():
+            raise ConfigError(f"{target}: the Ray token{' folder' if target.is_dir() else ''} belongs to another account "
+                              f"and others can read it (mode {info.st_mode & 0o777:o}); set RAY_AUTH_TOKEN_PATH to a "
+                              "private file of your own")
+        target.chmod(mode)
 
 
 def check_resources(cfg: RunConfig) -> None:

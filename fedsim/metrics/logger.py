@@ -17,9 +17,8 @@ from pathlib import Path
 from fedsim import atomic
 from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys
 from fedsim.engine.driver import Callback, Run
+from fedsim.engine.runfolder import JSONL_RESULTS, read_results
 from fedsim.metrics.summary import summarize
-
-JSONL_FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -57,18 +56,19 @@ class JsonlLogger(Callback):
 
     def on_run_start(self, run: Run, done: int) -> None:
         self.run_dir = run.run_dir
-        self.files = {name: open(self.run_dir / name, "a") for name in JSONL_FILES}
+        self.files = {name: open(self.run_dir / name, "a") for name in JSONL_RESULTS}
         self.truncate(done)
 
     def on_rollback(self, run: Run, to_round: int) -> None:
         self.truncate(to_round)
 
     def truncate(self, last_round: int) -> None:
-        """Keep only rows of rounds <= last_round (after a rollback or on resume)."""
+        """Keep only rows of rounds <= last_round (after a rollback or on resume): the rounds after it are redone.
+        Every file is read (and a damaged one refused) before any is rewritten."""
+        kept = {name: [r for r in read_results(self.run_dir / name) if r["round"] <= last_round] for name in self.files}
         for name, handle in self.files.items():
             handle.close()
-            kept = [r for r in read_jsonl(self.run_dir / name) if r["round"] <= last_round]
-            atomic.write_text(self.run_dir / name, "".join(json.dumps(r) + "\n" for r in kept))
+            atomic.write_text(self.run_dir / name, "".join(json.dumps(r) + "\n" for r in kept[name]))
             self.files[name] = open(self.run_dir / name, "a")
         self._write_csv()
 

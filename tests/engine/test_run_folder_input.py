@@ -1,0 +1,103 @@
+"""A run folder is input: what resume verifies before it rewrites anything (issue 24)."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import synthetic_tree
+
+from fedsim.cli import main as cli
+from fedsim.config import validate
+from fedsim.core import checkpoint
+from fedsim.engine.runfolder import RunFolder, load_run_config
+from fedsim.engine.session import private_token
+from fedsim.simulate import run
+
+FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, local_ray):
+    """A finished 4-round run with a checkpoint every round; each test works on its own copy."""
+    root = tmp_path_factory.mktemp("finished")
+    run(validate(synthetic_tree(root, "done", train__rounds=4, train__eval_every=1)))
+    return root / "done"
+
+
+def copy_of(finished, tmp_path):
+    target = tmp_path / "done"
+    shutil.copytree(finished, target)
+    return target
+
+
+def contents(run_dir):
+    return {name: (run_dir / name).read_bytes() for name in FILES}
+
+
+def resume(run_dir, *extra):
+    return cli.main(["run", "--resume", str(run_dir), "--quiet", *extra])
+
+
+def test_a_cut_line_mid_file_is_refused_with_its_line_and_nothing_rewritten(finished, tmp_path, capsys):
+    run_dir = copy_of(finished, tmp_path)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    lines[3] = lines[3][:20]  # a line cut in the middle of the file
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    before = contents(run_dir)
+    assert resume(run_dir, "train.rounds=5") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{run_dir / 'metrics.jsonl'}:4: not a result row" in err
+    assert contents(run_dir) == before
+
+
+def test_a_torn_last_line_is_the_one_damage_resume_absorbs(finished, tmp_path):
+    from fedsim.engine.runfolder import read_results
+
+    run_dir = copy_of(finished, tmp_path)
+    text = (run_dir / "rounds.jsonl").read_text()
+    (run_dir / "rounds.jsonl").write_text(text + '{"round": 5, "seco')  # a crash mid-write of round 5
+    assert [r["round"] for r in read_results(run_dir / "rounds.jsonl")] == [1, 2, 3, 4]
+
+
+def test_a_missing_round_row_is_refused(finished, tmp_path, capsys):
+    run_dir = copy_of(finished, tmp_path)
+    rows = (run_dir / "rounds.jsonl").read_text().splitlines()
+    (run_dir / "rounds.jsonl").write_text("\n".join(rows[:1] + rows[2:]) + "\n")  # round 2 gone
+    assert resume(run_dir, "train.rounds=5") == 2
+    assert "no row for round 2 though the checkpoint is at round 4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit", [{"round": -3}, {"round": 7}, {"round": "4"}])
+def test_a_tampered_state_json_makes_its_checkpoint_not_intact(finished, tmp_path, edit):
+    run_dir = copy_of(finished, tmp_path)
+    state_path = run_dir / "checkpoints" / "round-0004" / "state.json"
+    state_path.write_text(json.dumps({**json.loads(state_path.read_text()), **edit}))
+    assert checkpoint.latest(run_dir).name == "round-0003"  # the fallback is real: round 4 is redone
+
+
+def test_float16_weights_make_a_checkpoint_not_intact(finished, tmp_path):
+    run_dir = copy_of(finished, tmp_path)
+    path = run_dir / "checkpoints" / "round-0004" / "global.npy"
+    np.save(path, np.load(path).astype(np.float16))
+    assert checkpoint.latest(run_dir).name == "round-0003"
+
+
+def test_a_checkpoint_beyond_train_rounds_is_refused(finished, tmp_path):
+    run_dir = copy_of(finished, tmp_path)
+    cfg = load_run_config(run_dir, ["train.rounds=3"])
+    from fedsim.plan.build import load_inputs
+
+    with pytest.raises(Exception, match="train.rounds: the run's checkpoint is at round 4, beyond train.rounds=3"):
+        RunFolder(cfg).open_for_resume(load_inputs(cfg).data)
+
+
+def test_the_ray_token_is_made_private(tmp_path, monkeypatch):
+    folder = tmp_path / "ray"
+    folder.mkdir(mode=0o755)
+    token = folder / "auth_token"
+    token.write_text("secret")
+    token.chmod(0o644)
+    folder.chmod(0o755)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    private_token()
+    assert folder.stat().st_mode & 0o777 == 0o700 and token.stat().st_mode & 0o777 == 0o600
