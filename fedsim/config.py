@@ -328,6 +328,10 @@ MOVED_KEYS = {("train", "mu"): "algorithm: {name: fedprox, mu: ...}",
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # one folder name, and a valid W&B artifact name
 
 
+URI_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")  # two letters at least: "C:" stays a Windows drive
+STORE_SCHEMES = ("s3", "gs", "gcs", "hdfs")  # what pyarrow.fs reaches (fedsim.storage)
+
+
 class RunConfig(_Section):
     name: str = Field("run", description="the run's folder under out_dir: letters, digits, '.', '_', '-'")
     seed: int = Field(0, ge=0, lt=2**63, description="every random choice derives from it")
@@ -350,6 +354,24 @@ class RunConfig(_Section):
             raise ValueError("must be one folder name of at most 128 letters, digits, '.', '_' or '-', starting "
                              "with a letter or digit (no '/', '..' or spaces); rename the run")
         return name
+
+    @field_validator("out_dir")
+    @classmethod
+    def _a_folder_or_a_store(cls, out_dir: str) -> str:
+        """``file://`` is a path; any other scheme must be a store fedsim reaches and name a bucket, so a mistyped
+        URI never becomes a local folder called ``s3:`` (a one-line error instead)."""
+        if out_dir.startswith("file://"):
+            return out_dir[len("file://"):] or "/"
+        scheme = URI_SCHEME.match(out_dir)
+        if scheme is None:
+            return out_dir
+        name = scheme.group(1).lower()
+        if name not in STORE_SCHEMES:
+            raise ValueError(f"{out_dir!r} names the {name}:// scheme; give a folder, file://PATH, or one of "
+                             f"{', '.join(f'{s}://BUCKET/prefix' for s in STORE_SCHEMES)}")
+        if not out_dir.startswith(f"{scheme.group(1)}://") or not out_dir.split("://", 1)[1].split("/")[0]:
+            raise ValueError(f"{out_dir!r} names no bucket; give {name}://BUCKET/prefix")
+        return out_dir
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "RunConfig":

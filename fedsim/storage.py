@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -46,16 +47,49 @@ def parent_and_name(location: str) -> tuple[str, str]:
     return str(path.parent), path.name
 
 
+ANSWER_TIMEOUT_S = 30  # a store that says nothing for this long is unreachable (gs:// without network hangs)
+
+
+def _opened(location: str) -> tuple[pafs.FileSystem, str]:
+    """The store's filesystem and root, after one request (the first that can hang)."""
+    try:
+        fs, root = pafs.FileSystem.from_uri(location)
+        fs.get_file_info(root)
+    except (OSError, ValueError) as err:
+        raise StorageError(f"out_dir: cannot open {location} ({str(err).splitlines()[0] if str(err) else err}); "
+                           "check the URI and credentials") from None
+    return fs, root
+
+
+def _answering(request, location: str):
+    """``request()``, or a one-line StorageError when the store does not answer within ANSWER_TIMEOUT_S. The call
+    runs on a daemon thread, so a request that never returns cannot keep the process from exiting."""
+    outcome: dict = {}
+
+    def call() -> None:
+        try:
+            outcome["value"] = request()
+        except BaseException as err:  # handed to the caller's thread
+            outcome["error"] = err
+
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(ANSWER_TIMEOUT_S)
+    if worker.is_alive():
+        raise StorageError(f"out_dir: {location} did not answer within {ANSWER_TIMEOUT_S} s; check the network, the "
+                           "endpoint (AWS_ENDPOINT_URL) and credentials")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 class Store:
     """The files under one location, by path relative to it."""
 
     def __init__(self, location: str | Path):
         self.location = str(location)
         if is_uri(location):
-            try:
-                self.fs, self.root = pafs.FileSystem.from_uri(self.location)
-            except (OSError, ValueError) as err:
-                raise StorageError(f"out_dir: cannot open {self.location} ({err}); check the URI and credentials") from None
+            self.fs, self.root = _answering(lambda: _opened(self.location), self.location)
         else:
             self.fs, self.root = pafs.LocalFileSystem(), str(Path(location).resolve())
 

@@ -78,3 +78,33 @@ def test_report_reads_run_folders_from_the_bucket(s3_bucket, tmp_path):
                  "--out", str(tmp_path / "report")]) == 0
     table = (tmp_path / "report" / "report.md").read_text()
     assert "quick-fedavg" in table and "quick-fedper" in table
+
+
+@pytest.mark.parametrize("out_dir, message", [
+    ("s3://", "names no bucket; give s3://BUCKET/prefix"), ("s3:///runs", "names no bucket"),
+    ("s3:bucket/runs", "names no bucket"), ("ftp://host/runs", "names the ftp:// scheme"),
+])
+def test_an_out_dir_that_is_no_folder_and_no_reachable_store_is_one_line(out_dir, message):
+    from fedsim.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=f"out_dir: .*{message}") as err:
+        validate({"out_dir": out_dir})
+    assert "\n" not in str(err.value)
+
+
+def test_a_file_uri_is_a_path(tmp_path):
+    from fedsim.config import validate
+
+    assert validate({"out_dir": f"file://{tmp_path}/runs"}).out_dir == f"{tmp_path}/runs"
+
+
+def test_a_store_that_does_not_answer_is_one_line_within_the_deadline(monkeypatch):
+    import time
+
+    from fedsim import storage
+
+    monkeypatch.setattr(storage, "ANSWER_TIMEOUT_S", 2)
+    start = time.monotonic()
+    with pytest.raises(storage.StorageError, match="out_dir: gs://fedsim-no-such-bucket-0/runs") as err:
+        storage.Store("gs://fedsim-no-such-bucket-0/runs")
+    assert time.monotonic() - start < 10 and "\n" not in str(err.value)
