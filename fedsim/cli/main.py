@@ -1,12 +1,17 @@
 """``fedsim run CONFIG.yaml [key=value ...]`` - run a configured simulation (or each of its sweep variants).
 
 Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
-3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it)."""
+3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it);
+130 / 143 interrupted by Ctrl-C / SIGTERM (one line with the ``--resume`` command; the run keeps its checkpoints)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shlex
+import signal
 import sys
+import threading
 
 from fedsim.config import ConfigError, expand_sweep, load_tree
 from fedsim.data import DataError
@@ -94,7 +99,8 @@ def _run_command(args: argparse.Namespace) -> int:
         return dry_run(configs)
     results = []
     for cfg in configs:
-        result = run(cfg, overwrite=args.overwrite, resume=resume, callbacks=[ProgressBar(args.quiet)])
+        with interrupts_named(cfg):
+            result = run(cfg, overwrite=args.overwrite, resume=resume, callbacks=[ProgressBar(args.quiet)])
         results.append(result)
         acc = result.summary["acc"]
         print(f"{cfg.name}: mean client accuracy {100 * acc['mean']:.2f}% (std {100 * acc['std']:.2f}, "
@@ -197,9 +203,16 @@ def main(argv: list[str] | None = None) -> int:
 
         print(markdown_table() if args.markdown else text_listing())
         return 0
+    previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
     try:
         commands = {"report": _report_command, "reproduce": _reproduce_command, "run": _run_command}
         return commands[args.command](args)
+    except Interrupted as err:
+        print(f"fedsim: {err}", file=sys.stderr)
+        return err.exit_code
+    except (KeyboardInterrupt, Terminated) as err:  # before a run folder was chosen
+        print("fedsim: interrupted", file=sys.stderr)
+        return 143 if isinstance(err, Terminated) else 130
     except RunFailed as err:
         return _fail(err, 3)
     except (ConfigError, DataError, ValueError, OSError) as err:
@@ -207,7 +220,37 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
         return _fail(err, 2, where)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         _disconnect_ray()
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so the run unwinds as on Ctrl-C (its lock released, Ray shut down)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+class Interrupted(Exception):
+    """A run stopped by Ctrl-C or SIGTERM: one line with the command that continues it; exit 130 or 143."""
+
+    def __init__(self, location: str, exit_code: int):
+        self.exit_code = exit_code
+        super().__init__(f"interrupted; continue with `fedsim run --resume {shlex.quote(location)}`")
+
+
+@contextlib.contextmanager
+def interrupts_named(cfg):
+    """Ctrl-C or SIGTERM during ``cfg``'s run become one line naming how to continue it (the run keeps its
+    checkpoints: the rounds since the last one are redone)."""
+    from fedsim import storage
+
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated) as err:
+        raise Interrupted(storage.join(cfg.out_dir, cfg.name), 143 if isinstance(err, Terminated) else 130) from None
 
 
 def _fail(err: Exception, code: int, where: str = "") -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,6 +37,10 @@ def connect_ray(cfg: RunConfig) -> None:
         return
     private_token()
     quiet = {"log_to_driver": True, "configure_logging": True, "logging_level": "warning"}
+    # ray.init installs a C-level SIGTERM handler that dumps a trace and aborts (exit 134); a handler the caller
+    # set (the CLI's: SIGTERM unwinds the run like Ctrl-C) is put back.
+    main = threading.current_thread() is threading.main_thread()
+    on_term = signal.getsignal(signal.SIGTERM) if main else None
     try:
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
@@ -45,6 +51,8 @@ def connect_ray(cfg: RunConfig) -> None:
         # address="local": always a fresh local instance, never a stray cluster left behind by `ray start`.
         ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
     finally:
+        if callable(on_term):
+            signal.signal(signal.SIGTERM, on_term)
         private_token()
 
 

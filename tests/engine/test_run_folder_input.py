@@ -101,3 +101,27 @@ def test_the_ray_token_is_made_private(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
     private_token()
     assert folder.stat().st_mode & 0o777 == 0o700 and token.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_ctrl_c_and_sigterm_say_how_to_continue_in_one_line(tmp_path, sig, code):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    config = tmp_path / "long.yaml"
+    config.write_text(yaml.safe_dump(synthetic_tree(tmp_path, "long", train__rounds=200, engine__workers=1)))
+    proc = subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", "run", str(config), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rows, deadline = tmp_path / "long" / "rounds.jsonl", time.time() + 240
+    while not (rows.exists() and rows.read_text().count("\n") >= 1):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
+    assert f"fedsim: interrupted; continue with `fedsim run --resume {tmp_path / 'long'}`" in err
+    assert "Traceback" not in err
