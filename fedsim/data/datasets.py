@@ -108,6 +108,17 @@ def content_digest(*arrays: np.ndarray | None) -> str:
 # Readers: each turns one on-disk format into Arrays.
 
 
+def _rgb8(img: Image.Image) -> np.ndarray:
+    """(H, W, 3) uint8 pixels. Pillow's RGB conversion clips 16-bit greyscale to 255 (a 16-bit PNG becomes almost
+    all white): those are scaled from their 0..65535 range; 32-bit integer or float images are refused."""
+    if img.mode.startswith("I;16"):
+        grey = np.rint(np.asarray(img, dtype=np.float64) * (255.0 / 65535.0)).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=-1)
+    if img.mode in ("I", "F"):
+        raise ValueError(f"a {img.mode}-mode (32-bit) image; save it as 8- or 16-bit")
+    return np.asarray(img.convert("RGB"))
+
+
 def _decode_images(source: Path, members: list[str], read: Callable[[str], bytes]) -> np.ndarray:
     """Decode images to one (N, H, W, 3) uint8 array.
 
@@ -118,7 +129,7 @@ def _decode_images(source: Path, members: list[str], read: Callable[[str], bytes
     for i, member in enumerate(members):
         try:
             with Image.open(io.BytesIO(read(member))) as img:
-                pixels = np.asarray(img.convert("RGB"))
+                pixels = _rgb8(img)
         except Image.DecompressionBombError as e:  # tiny file, billions of pixels: refused before decoding
             raise DataError(f"data.root: {source}/{member} is too large to decode ({e}); remove it") from None
         except (OSError, ValueError, zipfile.BadZipFile) as e:  # UnidentifiedImageError is OSError
