@@ -16,6 +16,7 @@ import yaml
 from fedsim import atomic, storage
 from fedsim.config import ConfigError, RunConfig, changed_settings, load_tree, validate
 from fedsim.core import checkpoint
+from fedsim.core.results import JSONL_RESULTS, ResultsDamaged, read_results
 from fedsim.data import ArrayDataset, DataError, Partition
 from fedsim.engine import runlock
 from fedsim.engine.failures import describe_failure
@@ -27,7 +28,6 @@ DATASET_FILE = "dataset.json"
 CONFIG_FILE = "config.yaml"
 # What a new run starts without: the files of a run replaced by --overwrite.
 RESULT_FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json")
-JSONL_RESULTS = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")  # appended each round, truncated on resume
 
 
 def load_run_config(run_dir: str | Path, overrides: list[str] = (), trust_plugins: bool = False) -> RunConfig:
@@ -53,41 +53,6 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = (), trust_plugin
                           "accepts train.rounds, logging.* and engine settings other than threads_per_worker and "
                           "memory_format; start a new run with another name instead")
     return cfg
-
-
-class ResultsDamaged(ConfigError):
-    """A result file of a run folder holds a line that is not a row: resume would lose what follows it."""
-
-
-def read_results(path: Path) -> list[dict]:
-    """A run's own result rows (metrics.jsonl, rounds.jsonl, comm.jsonl), for a resume that rewrites the file:
-    only a torn *last* line (a crash mid-write: no newline after it) is dropped; any other line that is not a row
-    with a round is a one-line error naming file and line, so no row is lost without account."""
-    if not path.exists():
-        return []
-    lines = path.read_text().split("\n")
-    torn = lines.pop()  # what follows the last newline: nothing, or a line a crash cut short (its round is redone)
-    rows = [_result_row(path, number, line) for number, line in enumerate(lines, start=1)]
-    try:
-        last = json.loads(torn) if torn.strip() else None
-    except json.JSONDecodeError:
-        last = None
-    return rows + ([last] if _is_row(last) else [])
-
-
-def _is_row(row: object) -> bool:
-    return isinstance(row, dict) and type(row.get("round")) is int and row["round"] >= 1
-
-
-def _result_row(path: Path, number: int, line: str) -> dict:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError:
-        row = None
-    if not _is_row(row):
-        raise ResultsDamaged(f"{path}:{number}: not a result row ({line[:60]!r}); resume rewrites this file and would "
-                             "lose the rows after it: restore the file from a backup, or start a new run")
-    return row
 
 
 def _refuse_folder_code(run_dir: str | Path, tree: dict, overrides: list[str]) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from fedsim import atomic
 from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys
+from fedsim.core.results import JSONL_RESULTS, read_results
 from fedsim.engine.driver import Callback, Run
-from fedsim.engine.runfolder import JSONL_RESULTS, read_results
 from fedsim.metrics.summary import summarize
 
 

@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import yaml
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from fedsim import strict_yaml
 from fedsim.config import result_settings
 from fedsim.core.protocol import ACCURACIES, logged_keys
+from fedsim.core.results import read_results
 from fedsim.metrics.confidence import Estimate, mean_ci
-from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.summary import summarize
 
 MB = 1e6
@@ -47,17 +47,40 @@ class Run:
 
 
 def _read(path: Path, load: Callable[[str], Any]) -> dict:
-    return (load(path.read_text()) or {}) if path.exists() else {}
+    """A run folder's JSON or YAML file as a mapping ({} when absent); anything else is a one-line error."""
+    if not path.exists():
+        return {}
+    try:
+        value = load(path.read_text()) or {}
+    except (ValueError, UnicodeDecodeError) as err:  # json's and strict_yaml's errors are ValueErrors
+        raise ValueError(f"{path}: unreadable ({str(err).splitlines()[0]}); restore it or leave it out") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: holds a {type(value).__name__}, not a mapping; restore it or leave it out")
+    return value
+
+
+def _checked_records(path: Path) -> list[dict]:
+    """metrics.jsonl's rows, each a client record with a round, a client and accuracies in [0, 1]: a torn last
+    line is the run still writing (left out); anything else is a one-line error naming file and line."""
+    records = read_results(path)
+    for number, rec in enumerate(records, start=1):
+        bad = [k for k in ACCURACIES if k in rec and not (isinstance(rec[k], (int, float)) and not isinstance(rec[k], bool)
+                                                           and 0 <= rec[k] <= 1)]
+        if type(rec.get("client")) is not int or bad:
+            raise ValueError(f"{path}:{number}: not a client record ({'its ' + bad[0] if bad else 'no client'} is "
+                             f"{rec.get(bad[0]) if bad else rec.get('client')!r}); restore the file from the run")
+    return records
 
 
 def load_run(run_dir: Path) -> Run:
     """Read a run folder; curves come from metrics.jsonl so every statistic is computed by `summarize`,
-    also for runs written before it reported p10/worst10/jain, and for runs still in progress."""
-    records = read_jsonl(run_dir / "metrics.jsonl")
+    also for runs written before it reported p10/worst10/jain, and for runs still in progress. Every file is
+    checked as it is read: a damaged one is a one-line error, never a wrong table."""
+    records = _checked_records(run_dir / "metrics.jsonl")
     if not records:
         raise ValueError(f"{run_dir}: no client metrics (metrics.jsonl missing or empty: not a run folder, or no "
                          "evaluation round has finished yet)")
-    summary, config = _read(run_dir / "summary.json", json.loads), _read(run_dir / "config.yaml", yaml.safe_load)
+    summary, config = _read(run_dir / "summary.json", json.loads), _read(run_dir / "config.yaml", strict_yaml.load)
     per_round: dict[str, dict[int, list[float]]] = {}
     for rec in records:
         for kind in ACCURACIES:
@@ -66,7 +89,7 @@ def load_run(run_dir: Path) -> Run:
     last = max(rec["round"] for rec in records)
     final = [rec for rec in records if rec["round"] == last]
     logged = {key: [rec[key] for rec in final if rec.get(key) is not None] for key in logged_keys(final)}
-    rows = read_jsonl(run_dir / "rounds.jsonl")
+    rows = read_results(run_dir / "rounds.jsonl")
     # Older runs lack summary["comm"] and bytes_down; fall back to the per-round rows, else None.
     comm = summary.get("comm") or {d: sum(r[d] for r in rows if d in r) if any(d in r for r in rows) else None
                                    for d in DIRECTIONS}

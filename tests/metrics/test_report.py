@@ -91,3 +91,36 @@ def test_what_a_users_module_logged_gets_its_own_table(tmp_path):
     text = md.read_text()
     assert "## Logged by the modules" in text
     assert "| own | val_margin | 2 | 0.3 | 0.1 | 0.2 |" in text  # the last round's two clients: 0.2 and 0.4
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda lines: lines[:2] + ["null"] + lines[2:], ":3: not a result row"),
+    (lambda lines: lines[:1] + ['{"client": 0, "acc": 0.5}'] + lines[1:], ":2: not a result row"),
+    (lambda lines: [lines[0].replace('"acc": 0.5', '"acc": "0.5"')] + lines[1:], ":1: not a client record"),
+    (lambda lines: [lines[0][:25]] + lines[1:], ":1: not a result row"),  # cut mid-file
+    (lambda lines: [lines[0].replace('"acc": 0.5', '"acc": NaN')] + lines[1:], ":1: not a client record"),
+    (lambda lines: [lines[0].replace('"acc": 0.5', '"acc": 1e300')] + lines[1:], ":1: not a client record"),
+])
+def test_report_refuses_damaged_rows_with_one_line(tmp_path, capsys, damage, message):
+    from fedsim.cli.main import main
+
+    run = make_run(tmp_path, "hurt", "fedavg", [[0.5, 0.7], [0.6, 0.8]])
+    path = run / "metrics.jsonl"
+    path.write_text("\n".join(damage(path.read_text().splitlines())) + "\n")
+    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and "metrics.jsonl" in err
+
+
+@pytest.mark.parametrize("config", ["a: !!python/object/apply:os.system ['true']\n",
+                                    "l0: &l0 [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(  # an alias bomb: 9^10 values
+                                        f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)),
+                                    "- just\n- a list\n"])
+def test_report_reads_config_yaml_strictly(tmp_path, capsys, config):
+    from fedsim.cli.main import main
+
+    run = make_run(tmp_path, "odd", "fedavg", [[0.5, 0.7]])
+    (run / "config.yaml").write_text(config)
+    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "config.yaml" in err
