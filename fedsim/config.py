@@ -513,16 +513,31 @@ def validate(tree: dict[str, Any]) -> RunConfig:
         raise ConfigError(_format_error(err)) from None
 
 
+RUN_SECTIONS = {"algorithm", "data", "model", "train", "eval", "sweep"}  # what a config sets to describe a run
+
+
+def refuse_defaults_only(path: str | Path, tree: dict[str, Any]) -> None:
+    """A valid config that sets none of the sections describing a run would train every default (a whole
+    CIFAR-10 run): most likely the wrong file. Checked after validation, so a bad value is named first."""
+    if not tree.keys() & RUN_SECTIONS:
+        raise ConfigError(f"{path}: sets none of {', '.join(sorted(RUN_SECTIONS))}, so it would run every default "
+                          "(a whole CIFAR-10 training); name at least the data and the method")
+
+
 def load_tree(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found; pass the path of a YAML file such as experiments/quickstart.yaml")
     try:
-        tree = strict_yaml.load(path.read_text()) or {}
+        tree = strict_yaml.load(path.read_text())
     except strict_yaml.YamlError as err:
         raise ConfigError(f"{path}: not valid YAML ({err}); fix the syntax") from None
+    if tree is None:
+        raise ConfigError(f"{path}: the file is empty; a config names at least its data and method (start from "
+                          "experiments/quickstart.yaml)")
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (data:, model:, train:, ...)")
+
     tree.setdefault("name", path.stem)
     if isinstance(tree.get("algorithm"), str):  # so that `algorithm.mu=...` overrides keep the name
         tree["algorithm"] = {"name": tree["algorithm"]}

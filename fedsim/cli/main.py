@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-from fedsim.config import ConfigError, expand_sweep, load_tree
+from fedsim.config import ConfigError, expand_sweep, load_tree, refuse_defaults_only
 from fedsim.data import DataError
 from fedsim.errors import RunFailed
 
@@ -90,7 +90,9 @@ def _run_command(args: argparse.Namespace) -> int:
         overrides = ([args.config] if args.config else []) + args.overrides
         configs, resume = [load_run_config(args.resume, overrides, args.trust_plugins)], True
     elif args.config:
-        configs, resume = expand_sweep(load_tree(args.config, args.overrides)), False
+        tree = load_tree(args.config, args.overrides)
+        configs, resume = expand_sweep(tree), False
+        refuse_defaults_only(args.config, tree)
     else:
         raise ConfigError("fedsim run: give a CONFIG.yaml, or --resume RUN_DIR")
     if args.dry_run:

@@ -172,3 +172,13 @@ def test_gpus_requested_but_none_exist(tmp_path, data_root):
     assert lines and "engine.gpus_per_worker: 2 workers x 0.5 need 1 GPU, the Ray cluster has 0" in lines[0]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "runs" / "victim").exists()
+
+
+@pytest.mark.parametrize("text, fragment", [("", "the file is empty"), ("# only a comment\n", "the file is empty"),
+                                            ("name: x\nout_dir: runs\n", "sets none of algorithm, data, eval")])
+def test_a_config_that_describes_no_run_is_refused_before_any_work(tmp_path, capsys, text, fragment):
+    config = tmp_path / "blank.yaml"
+    config.write_text(text)
+    assert main(["run", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err and not (tmp_path / "runs").exists()
