@@ -286,14 +286,16 @@ class ClientRuntime:
             self.slots[name][client] = vector
 
     # -- persistence (checkpoints are written by the owner; personal state never reaches the server) --
-    def save_state(self, target: str, full: bool = True) -> None:
+    def save_state(self, target: str, full: bool = True) -> str:
         """Write this worker's clients to ``target`` (a local path, or a URI in the run's object store): all of
-        them, or (``full=False``) those changed since the checkpoint it last wrote or loaded."""
+        them, or (``full=False``) those changed since the checkpoint it last wrote or loaded. Returns the file's
+        digest, which the checkpoint's state.json records."""
         with storage.local_output(target) as path:
-            write_worker_state(path, self.slots if full else {name: dict(store.changed_items())
-                                                              for name, store in self.slots.items()})
+            digest = write_worker_state(path, self.slots if full else {name: dict(store.changed_items())
+                                                                       for name, store in self.slots.items()})
         for store in self.slots.values():
             store.mark_saved()
+        return digest
 
     def load_state(self, ckpt: str | None) -> None:
         """Restore this worker's clients from a checkpoint (None: the round-0 state; a URI is downloaded)."""

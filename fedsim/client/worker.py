@@ -43,8 +43,8 @@ class Worker:
     def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
         return self.runtime.evaluate(broadcast, clients, round_idx)
 
-    def save_state(self, target: str, full: bool = True) -> None:
-        self.runtime.save_state(target, full)
+    def save_state(self, target: str, full: bool = True) -> str:
+        return self.runtime.save_state(target, full)
 
     def load_state(self, ckpt: str | None) -> None:
         self.runtime.load_state(ckpt)

@@ -27,6 +27,7 @@ checkpoint, resume falls back to the newest intact one.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -79,9 +80,18 @@ def staging_dir(run_dir: Path, round_idx: int) -> Path:
     return path
 
 
-def write_worker_state(path: Path, slots: Mapping[str, VectorStore | Mapping[int, np.ndarray]]) -> None:
+def file_digest(path: Path) -> str:
+    """sha256 of a checkpoint file, recorded in its state.json and checked before a resume uses it."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_worker_state(path: Path, slots: Mapping[str, VectorStore | Mapping[int, np.ndarray]]) -> str:
     """An ``.npz`` of ``<slot>.<client>`` arrays, as ``np.savez`` writes it, but one row read at a time: a store
-    that spilled to disk then pages its rows in and out as it goes instead of all at once."""
+    that spilled to disk then pages its rows in and out as it goes instead of all at once. Returns its digest."""
     with open(path, "wb") as f:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name, store in slots.items():
@@ -90,6 +100,7 @@ def write_worker_state(path: Path, slots: Mapping[str, VectorStore | Mapping[int
                         np.lib.format.write_array(member, vector, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
+    return file_digest(path)
 
 
 def worker_vectors(ckpt: Path, clients: set[int]) -> Iterator[tuple[str, int, np.ndarray]]:
@@ -180,8 +191,10 @@ def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict,
             np.savez(f, **server_state)
             f.flush()
             os.fsync(f.fileno())
+    own = {name: file_digest(staging / name) for name in ("global.npy", "server.npz") if (staging / name).exists()}
     state = {"round": round_idx, "global_size": int(global_vector.size),
-             "workers": sorted(p.name for p in staging.glob("worker-*.npz")), **meta}
+             "workers": sorted(p.name for p in staging.glob("worker-*.npz")), **meta,
+             "digests": {**meta.get("digests", {}), **own}}
     (staging / "state.json").write_text(json.dumps(state))
     _fsync_file(staging / "state.json")
     _fsync_dir(staging)
@@ -244,6 +257,8 @@ def _files_intact(ckpt: Path) -> bool:
         state = json.loads((ckpt / "state.json").read_text())
         if type(state["round"]) is not int or state["round"] != round_of(ckpt):  # a state.json moved or edited
             return False
+        if any(file_digest(ckpt / name) != digest for name, digest in state.get("digests", {}).items()):
+            return False  # a file changed after it was written (a flipped byte, an edited shard)
         weights = np.load(ckpt / "global.npy", allow_pickle=False)
         if weights.dtype != np.float32 or weights.ndim != 1 or weights.size != state["global_size"]:
             return False
@@ -329,10 +344,14 @@ def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict, 
         return str(commit(Path(staging), round_idx, global_vector, meta, server_state))
     ckpt_dir, name = storage.parent_and_name(staging)
     store = storage.Store(ckpt_dir)
-    store.write_bytes(f"{name}/global.npy", _npy_bytes(np.save, global_vector))
+    files = {"global.npy": _npy_bytes(np.save, global_vector)}
     if server_state:
-        store.write_bytes(f"{name}/server.npz", _npy_bytes(np.savez, **server_state))
-    state = {"round": round_idx, "global_size": int(global_vector.size), "workers": sorted(workers), **meta}
+        files["server.npz"] = _npy_bytes(np.savez, **server_state)
+    for file, data in files.items():
+        store.write_bytes(f"{name}/{file}", data)
+    own = {file: hashlib.sha256(data).hexdigest() for file, data in files.items()}
+    state = {"round": round_idx, "global_size": int(global_vector.size), "workers": sorted(workers), **meta,
+             "digests": {**meta.get("digests", {}), **own}}
     store.write_bytes(f"{name}/state.json", json.dumps(state).encode())
     store.write_bytes("latest", name.encode())  # last: the checkpoint is complete once this names it
     _prune_store(store, round_idx)

@@ -110,7 +110,11 @@ class RunFolder:
         self._refuse_changed_data(data)
         ckpt = checkpoint.latest(self.local)
         self._check_results(0 if ckpt is None else int(checkpoint.round_of(ckpt)))
-        return Partition.load(self.local / "partition.npz"), ckpt
+        partition = Partition.load(self.local / "partition.npz")
+        if partition.num_clients != self.cfg.data.num_clients:
+            raise DataError(f"{self.local / 'partition.npz'}: holds {partition.num_clients} clients, the run's config "
+                            f"{self.cfg.data.num_clients}; restore the file from a backup, or start a new run")
+        return partition, ckpt
 
     def _check_results(self, done: int) -> None:
         """The result files agree with the checkpoint resume continues from: every row readable, a row in
@@ -128,8 +132,14 @@ class RunFolder:
 
     @staticmethod
     def check_checkpoint(ckpt: Path | None, plan: RunPlan) -> None:
-        if ckpt is not None:
-            checkpoint.read_state(ckpt, plan.fingerprint, plan.model.layouts["shared"].size)
+        """The checkpoint was trained on this run's partition (its state.json records the partition's digest)."""
+        if ckpt is None:
+            return
+        state, _, _ = checkpoint.read_state(ckpt, plan.fingerprint, plan.model.layouts["shared"].size)
+        if state.get("partition", plan.partition_digest) != plan.partition_digest:
+            raise checkpoint.CheckpointError(
+                f"{ckpt.parent.parent / 'partition.npz'}: not the partition this run's checkpoints were trained on "
+                "(its clients or their samples changed); restore it from a backup, or start a new run")
 
     def _refuse_changed_data(self, data: ArrayDataset) -> None:
         """The partition stored in the run folder indexes the data set as it was: same counts with other

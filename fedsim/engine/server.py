@@ -214,11 +214,12 @@ class Server:
         names = [f"worker-{i}.npz" for i in range(len(self.workers))]
         bases = checkpoint.next_bases(self.last_chain, self.cfg.engine.full_checkpoint_every)
         try:
-            self._get_watching([w.save_state.remote(storage.join(staging, name), not bases)
-                                for w, name in zip(self.workers, names)])
+            digests = self._get_watching([w.save_state.remote(storage.join(staging, name), not bases)
+                                          for w, name in zip(self.workers, names)])
         except RayActorError:
             return RolledBack(round_idx, self._recover())
-        meta = {"fingerprint": self.plan.fingerprint, "recoveries": self.recoveries, **checkpoint.new_links(bases)}
+        meta = {"fingerprint": self.plan.fingerprint, "partition": self.plan.partition_digest,
+                "recoveries": self.recoveries, "digests": dict(zip(names, digests)), **checkpoint.new_links(bases)}
         server_state = {name: v for name, v in self.state.items() if name != WEIGHTS}
         self.last_checkpoint = checkpoint.finish(staging, round_idx, self.state[WEIGHTS], meta, names, server_state)
         self.last_chain = checkpoint.links_of(meta, storage.parent_and_name(self.last_checkpoint)[1])

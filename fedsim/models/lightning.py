@@ -117,16 +117,15 @@ def split_keys(module: pl.LightningModule, model: ModelConfig) -> KeyParts:
     """The body/head split of the module's network, and its BatchNorm keys."""
     net = network_of(module)
     keys = list(net.state_dict())
-    if model.head is not None:
-        prefixes = _submodule_prefixes(net, model.head, "model.head")
-    elif isinstance(net, SplitNet):
+    if model.head is None and isinstance(net, SplitNet):  # a fedsim model: K_P is structural
         try:
-            prefixes = net.head_prefixes(model.personal_layers)
+            head = net.split_keys(model.personal_layers)[1]
         except ValueError as err:
             raise ConfigError(str(err)) from None
     else:
-        prefixes = _default_head(net, type(module).__name__, model.personal_layers)
-    head = [k for k in keys if prefixes and k.startswith(prefixes)]
+        prefixes = (_submodule_prefixes(net, model.head, "model.head") if model.head is not None
+                    else _default_head(net, type(module).__name__, model.personal_layers))
+        head = [k for k in keys if prefixes and k.startswith(prefixes)]
     batchnorm = {f"{name}.{key}" if name else key for name, m in net.named_modules()
                  if isinstance(m, nn.modules.batchnorm._BatchNorm) for key in m.state_dict()}
     return KeyParts(tuple(k for k in keys if k not in head), tuple(head), frozenset(batchnorm))

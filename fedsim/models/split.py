@@ -53,3 +53,11 @@ class SplitNet(nn.Module):
         return ("classifier.",) + tuple(
             f"blocks.{i}." for i in range(first_personal_block, len(self.blocks))
         )
+
+    def split_keys(self, personal_layers: int) -> tuple[list[str], list[str]]:
+        """(base keys, head keys) over the full state dict (parameters *and* buffers)."""
+        prefixes = self.head_prefixes(personal_layers)
+        base, head = [], []
+        for key in self.state_dict():
+            (head if key.startswith(prefixes) and prefixes else base).append(key)
+        return base, head

@@ -10,6 +10,7 @@ This module imports no torch: the server's process receives the plan too."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -145,6 +146,16 @@ class RunPlan:
         if finetune and self.cfg.eval.finetune_lr is not None:
             return self.cfg.eval.finetune_lr
         return getattr(self.cfg.train, part).lr_at(round_idx, self.cfg.train.rounds)
+
+    @cached_property
+    def partition_digest(self) -> str:
+        """Which clients hold which samples (and label maps): recorded in every checkpoint, so a resume over an
+        edited partition.npz (a client dropped, two swapped) is refused instead of training other data."""
+        h = hashlib.sha256(str(len(self.clients)).encode())
+        for c in self.clients:
+            for part in (c.train, c.test, c.label_map):
+                h.update(b"-" if part is None else np.ascontiguousarray(part, np.int64).tobytes() + b"|")
+        return h.hexdigest()[:16]
 
     def for_workers(self) -> RunPlan:
         """The plan a worker receives: without the clients' data, which each worker gets beside it for its own

@@ -125,3 +125,27 @@ def test_ctrl_c_and_sigterm_say_how_to_continue_in_one_line(tmp_path, sig, code)
     assert proc.returncode == code, err[-2000:]
     assert f"fedsim: interrupted; continue with `fedsim run --resume {tmp_path / 'long'}`" in err
     assert "Traceback" not in err
+
+
+def test_a_flipped_byte_in_a_checkpoint_file_makes_it_not_intact(finished, tmp_path):
+    run_dir = copy_of(finished, tmp_path)
+    for name in ("global.npy", "worker-0.npz"):
+        target = copy_of(finished, tmp_path / name) if name != "global.npy" else run_dir
+        path = target / "checkpoints" / "round-0004" / name
+        data = bytearray(path.read_bytes())
+        data[-3] ^= 0x01  # one mantissa bit of the last value, or a byte of the shard
+        path.write_bytes(bytes(data))
+        assert checkpoint.latest(target).name == "round-0003", name
+        state = json.loads((target / "checkpoints" / "round-0004" / "state.json").read_text())
+        assert set(state["digests"]) >= {"global.npy", "worker-0.npz", "worker-1.npz"}
+
+
+def test_an_edited_partition_is_refused_on_resume(finished, tmp_path, capsys):
+    from fedsim.data import Partition
+
+    run_dir = copy_of(finished, tmp_path)
+    part = Partition.load(run_dir / "partition.npz")
+    swapped = (part.train[1], part.train[0], *part.train[2:])  # two clients swapped
+    Partition(swapped, part.test, part.label_maps).save(run_dir / "partition.npz")
+    assert resume(run_dir, "train.rounds=5") == 2
+    assert "not the partition this run's checkpoints were trained on" in capsys.readouterr().err
