@@ -8,6 +8,7 @@ data sets (synthetic) are rebuilt in memory from their seed instead.
 from __future__ import annotations
 
 import hashlib
+import dataclasses
 import io
 import json
 import math
@@ -424,8 +425,14 @@ def _open_cache(name: str, folder: Path, spec: _Spec) -> ArrayDataset | None:
         and len(train_x) == len(train_y) and len(test_x) == len(test_y)
         and (not groups or (len(groups[0]) == len(train_y) and len(groups[1]) == len(test_y)))
         and len(dataset.mean) == len(dataset.std) == channels
+        and all(len(y) == 0 or (0 <= int(y.min()) and int(y.max()) < len(dataset.classes)) for y in (train_y, test_y))
     )
-    return dataset if consistent else None
+    return dataset if consistent else None  # labels out of range, like any damage, rebuild the cache
+
+
+def recomputed_digest(data: ArrayDataset) -> str:
+    """The content hash of what training reads, from the arrays themselves (not a cache's record of it)."""
+    return content_digest(*(getattr(data, a) for a in _ARRAYS + _GROUPS if getattr(data, a) is not None))
 
 
 def _build_cache(folder: Path, source: Path, read: Callable[[Path], Arrays], spec: _Spec) -> None:
@@ -477,7 +484,8 @@ def _user_dataset(name: str, root: str | Path | None, options: dict) -> ArrayDat
     if not isinstance(dataset, ArrayDataset):
         raise DataError(f"data.dataset: {name!r} returned a {type(dataset).__name__}; return a "
                         "fedsim.data.ArrayDataset")
-    return dataset
+    # A resumed run compares the data with what it started on: a user's data set gets its content hash too.
+    return dataset if dataset.digest else dataclasses.replace(dataset, digest=recomputed_digest(dataset))
 
 
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False,

@@ -18,6 +18,7 @@ from fedsim.config import ConfigError, RunConfig, changed_settings, load_tree, v
 from fedsim.core import checkpoint
 from fedsim.core.results import JSONL_RESULTS, ResultsDamaged, read_results
 from fedsim.data import ArrayDataset, DataError, Partition
+from fedsim.data.datasets import recomputed_digest
 from fedsim.engine import runlock
 from fedsim.engine.failures import describe_failure
 from fedsim.errors import RunFailed
@@ -151,9 +152,12 @@ class RunFolder:
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise DataError(f"data.root: {self.local / DATASET_FILE} is unreadable ({err}); restore it from a "
                             "backup") from None
-        if started_with != data.digest:
+        if not started_with:
+            return  # started on a user's data set before those had a content hash
+        now = recomputed_digest(data)  # a cache changed in place keeps its old recorded digest: hash the arrays
+        if started_with != now:
             raise DataError(f"data.root: the {data.name} data changed since this run started (content {started_with}, "
-                            f"now {data.digest}); restore the original files, or start a new run")
+                            f"now {now}); restore the original files, or start a new run")
 
     # -- while the run holds it ------------------------------------------------------------------
     @contextmanager

@@ -149,3 +149,20 @@ def test_an_edited_partition_is_refused_on_resume(finished, tmp_path, capsys):
     Partition(swapped, part.test, part.label_maps).save(run_dir / "partition.npz")
     assert resume(run_dir, "train.rounds=5") == 2
     assert "not the partition this run's checkpoints were trained on" in capsys.readouterr().err
+
+
+def test_data_changed_in_place_under_its_old_digest_is_refused(finished, tmp_path):
+    import dataclasses
+
+    from fedsim.data import DataError
+    from fedsim.plan.build import load_inputs
+
+    run_dir = copy_of(finished, tmp_path)
+    cfg = load_run_config(run_dir)
+    data = load_inputs(cfg).data
+    labels = data.train_y.copy()
+    labels[0] = (labels[0] + 1) % len(data.classes)  # one label edited; the cache still records the old digest
+    tampered = dataclasses.replace(data, train_y=labels)
+    with pytest.raises(DataError, match="data changed since this run started"):
+        RunFolder(cfg).open_for_resume(tampered)
+    RunFolder(cfg).open_for_resume(data)  # the data it started on passes
