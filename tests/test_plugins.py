@@ -115,3 +115,12 @@ def test_resume_never_imports_code_its_run_folder_names_unless_trusted(tmp_path,
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "ran").exists()  # nothing of it ran
     assert load_run_config(run, ["data.dataset=marker_mod:load"]).data.dataset == "marker_mod:load"  # the user's own
     assert load_run_config(run, trust_plugins=True).data.dataset == "marker_mod:load"
+
+
+def test_a_client_module_from_the_standard_library_fails_before_any_work(tmp_path):
+    from conftest import lightning_tree
+
+    from fedsim.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.client: 'os:system' names the Python standard library"):
+        load_inputs(validate(lightning_tree(tmp_path, "TwoPartModule", model__client="os:system")))
