@@ -293,7 +293,8 @@ class WandbConfig(_Section):
     mode: Literal["disabled", "offline", "online"] = "disabled"
     project: str = "fedsim"
     entity: str | None = None
-    group: str | None = Field(None, description="W&B group; default: the config's name (a sweep's variants share it)")
+    group: str | None = Field(None, description="W&B group; default: the run's name without its seed (the seeds of a "
+                              "sweep variant share it, so W&B averages seeds, never methods)")
     tags: list[str] = Field(default_factory=list)
     run_id: str | None = Field(None, description="W&B run id; set to continue the same W&B run on --resume")
     per_client_limit: int = Field(100, ge=0, description="clients logged as their own curve (all go into the final table)")
@@ -537,7 +538,6 @@ def load_tree(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
                           "experiments/quickstart.yaml)")
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (data:, model:, train:, ...)")
-
     tree.setdefault("name", path.stem)
     if isinstance(tree.get("algorithm"), str):  # so that `algorithm.mu=...` overrides keep the name
         tree["algorithm"] = {"name": tree["algorithm"]}
@@ -560,8 +560,10 @@ def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
         variant = {k: v for k, v in tree.items() if k != "sweep"}
         for key, value in zip(keys, values):
             set_dotted(variant, key, value)
-        variant["name"] = "-".join([base.name, *(re.sub(r"[^A-Za-z0-9_.-]+", "_", _label(v)) for v in values)])
-        if base.logging.wandb.group is None:  # the variants of one config form one W&B group, named after it
-            set_dotted(variant, "logging.wandb.group", base.name)
+        labels = [re.sub(r"[^A-Za-z0-9_.-]+", "_", _label(v)) for v in values]
+        variant["name"] = "-".join([base.name, *labels])
+        if base.logging.wandb.group is None:  # a variant's seeds form one W&B group (averaged there), methods never
+            set_dotted(variant, "logging.wandb.group",
+                       "-".join([base.name, *(label for key, label in zip(keys, labels) if key != "seed")]))
         runs.append(validate(variant))
     return runs

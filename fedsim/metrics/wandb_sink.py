@@ -31,6 +31,13 @@ def _has_api_key() -> bool:
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
+def fairness(row: dict) -> dict[str, float]:
+    """The across-client statistics of each accuracy under ``fairness/``, in the CLI's units: percent, and
+    Jain's index as it is (1 = every client equal)."""
+    return {f"fairness/{key}_{stat}": value if stat == "jain" else 100 * value
+            for key in ACCURACIES for stat, value in row.get(key, {}).items()}
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -74,7 +81,8 @@ class WandbLogger(Callback):
             return
         data = {"round": row["round"], "comm/bytes_up": row["bytes_up"], "comm/bytes_down": row["bytes_down"],
                 "round_seconds": row["seconds"]}
-        for key in (*ACCURACIES, *logged_keys(records)):  # fedsim's accuracies, then the module's self.log values
+        data |= fairness(row)
+        for key in logged_keys(records):  # the module's own self.log values, in its units
             for stat, value in row.get(key, {}).items():
                 data[f"{key}/{stat}"] = value
         # Loss curves beside the accuracies: training loss of the clients trained this round, test loss of all.
@@ -105,9 +113,8 @@ class WandbLogger(Callback):
             table = wandb.Table(columns=["client", "acc"], data=[[int(c), a] for c, a in accs.items()])
             self.run.log({"final/client_acc_hist": wandb.Histogram(list(accs.values())),
                           "final/client_acc_table": table})
-            for key in ACCURACIES:
-                for stat, value in summary.get(key, {}).items():
-                    self.run.summary[f"final/{key}/{stat}"] = value
+            for name, value in fairness(summary).items():
+                self.run.summary[name.replace("fairness/", "final/", 1)] = value
             artifact = wandb.Artifact(f"{summary['name']}-summary", type="run-summary")
             for name in ARTIFACT_FILES:
                 if (run_dir / name).exists():

@@ -67,7 +67,7 @@ def test_wandb_offline_run_has_a_curve_per_client_and_syncs(tmp_path, data_root,
     [log] = list(offline.glob("run-*.wandb"))
     history = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
                for r in wandb_records(log) if r.WhichOneof("record_type") == "history"]
-    per_round = [h for h in history if "acc/mean" in h]
+    per_round = [h for h in history if "fairness/acc_mean" in h]
     assert [h["round"] for h in per_round] == [1, 2]
     for h in per_round:  # loss curves beside the accuracies
         assert h["loss/train_mean"] > 0 and h["loss/test_mean"] > 0
@@ -107,7 +107,7 @@ def test_resumed_run_continues_its_wandb_run_without_logging_a_round_twice(tmp_p
     runs = sorted((second.run_dir / "wandb").glob("offline-run-*"))  # named offline-run-<start time>-<id>
     saved_id = json.loads((second.run_dir / "wandb_run.json").read_text())["id"]
     assert len(runs) == 2 and {wandb_record(p, "run").run_id for p in runs} == {saved_id}
-    logged = [[h["round"] for h in wandb_history(p) if "acc/mean" in h] for p in runs]
+    logged = [[h["round"] for h in wandb_history(p) if "fairness/acc_mean" in h] for p in runs]
     assert logged == [[1, 2], [3]]  # round 2 was redone after the resume, but W&B had it already
     assert wandb_record(runs[0], "run").run_group == "wbr"  # group: the config's name
 
@@ -126,11 +126,13 @@ def test_failed_run_is_marked_failed_in_wandb(tmp_path, data_root, local_ray):
     assert wandb_record(offline, "exit").exit_code == 1
 
 
-def test_sweep_variants_share_one_wandb_group_named_after_the_config():
+def test_a_sweep_variants_seeds_share_a_wandb_group_and_methods_never_do():
     from fedsim.config import expand_sweep
 
-    variants = expand_sweep({"name": "quick", "sweep": {"algorithm": ["fedavg", "fedper"]}})
-    assert [(v.name, v.logging.wandb.group) for v in variants] == [("quick-fedavg", "quick"), ("quick-fedper", "quick")]
+    variants = expand_sweep({"name": "quick", "sweep": {"algorithm": ["fedavg", "fedper"], "seed": [0, 1]}})
+    assert [(v.name, v.logging.wandb.group) for v in variants] == [
+        ("quick-fedavg-0", "quick-fedavg"), ("quick-fedavg-1", "quick-fedavg"),  # seeds average together ...
+        ("quick-fedper-0", "quick-fedper"), ("quick-fedper-1", "quick-fedper")]  # ... methods never
     chosen = expand_sweep({"name": "quick", "logging": {"wandb": {"group": "mine"}}, "sweep": {"seed": [1, 2]}})
     assert {v.logging.wandb.group for v in chosen} == {"mine"}
 
@@ -150,5 +152,5 @@ def test_a_users_self_log_values_reach_wandb_beside_the_accuracies(tmp_path, mon
     sink.on_round_end(None, RoundResult(1, [0, 1, 2], [], records, [{"bytes_up": 1, "bytes_down": 2}], 1.0))
     sink.run.finish()
     [offline] = list((tmp_path / "wandb").glob("offline-run-*"))
-    [row] = [h for h in wandb_history(offline) if "acc/mean" in h]
+    [row] = [h for h in wandb_history(offline) if "fairness/acc_mean" in h]
     assert row["val_margin/mean"] == pytest.approx(0.2) and row["val_margin/min"] == 0.1 and "val_margin/jain" in row
