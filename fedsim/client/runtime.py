@@ -88,7 +88,7 @@ class ClientRuntime:
         made = module_optimizers(module, params, {"body": cfg.train.body, "head": cfg.train.head})
         _, *wrapped = self.fabric.setup(module, *made.optimizers)  # the module learns its Fabric and optimizers
         train = OptimizerSet(made.optimizers, made.schedulers, wrapped, optimizer_parts(made.optimizers, module, keys))
-        self.own_optimizers = overrides(module, "configure_optimizers")  # else fedsim's, from train.body / head
+        self.own_optimizers = plan.model.own_optimizers  # the driver's reading of the module; else train.body / head
         own, listed = self._callbacks(module)
         self.loop = LocalLoop(module, self.fabric, {"train": train, "finetune": self._finetune_set(module, keys, train)},
                               keys, [*own, *listed], plan.num_classes, listed, cfg.model.precision,
