@@ -12,6 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
@@ -304,6 +305,61 @@ class LoggingConfig(_Section):
     wandb: WandbConfig = WandbConfig()
 
 
+class Distribution(_Section):
+    """A sweep value drawn at random, as Ray Tune's search spaces: exactly one of ``uniform: [lo, hi]``,
+    ``loguniform: [lo, hi]``, ``randint: [lo, hi]`` (hi excluded) or ``choice: [a, b, ...]``."""
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    randint: tuple[int, int] | None = None
+    choice: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Distribution":
+        given = [name for name in DISTRIBUTIONS if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(DISTRIBUTIONS)} (got {', '.join(given) or 'none'})")
+        kind, bounds = given[0], getattr(self, given[0])
+        if kind == "choice" and not bounds:
+            raise ValueError("choice: give at least one value")
+        if kind != "choice" and not bounds[0] < bounds[1]:
+            raise ValueError(f"{kind}: [lo, hi] needs lo < hi (got {list(bounds)})")
+        if kind == "loguniform" and bounds[0] <= 0:
+            raise ValueError(f"loguniform: lo must be above 0 (got {bounds[0]})")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in DISTRIBUTIONS if getattr(self, name) is not None)
+
+    def draw(self, rng) -> Any:
+        """One value from ``rng`` (a numpy Generator); floats kept to 6 significant digits, so the value a run
+        trains with is the one its name shows."""
+        kind, bounds = self.kind, getattr(self, self.kind)
+        if kind == "choice":
+            return bounds[int(rng.integers(len(bounds)))]
+        if kind == "randint":
+            return int(rng.integers(bounds[0], bounds[1]))
+        value = (math.exp(rng.uniform(math.log(bounds[0]), math.log(bounds[1]))) if kind == "loguniform"
+                 else rng.uniform(bounds[0], bounds[1]))
+        return float(f"{value:.6g}")
+
+
+DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
+
+
+class SearchConfig(_Section):
+    """How ``fedsim sweep`` searches ``sweep:``: how many random samples, and Ray Tune's scheduler."""
+    samples: int = Field(1, ge=1, description="Tune's num_samples: the grid crossed with this many draws of the "
+                         "sweep's distributions (each draw shared by the grid's seeds and methods: a paired comparison)")
+    scheduler: Literal["fifo", "asha"] = Field("fifo", description="fifo: every trial runs to the end; asha: Tune's "
+                                               "ASHA stops trials whose search.metric trails at a milestone round")
+    metric: str | None = Field(None, description="per-round metric ASHA compares, e.g. fairness/acc_p10 (the names "
+                               "are W&B's; `fedsim sweep --dry-run` lists them)")
+    mode: Literal["max", "min"] = "max"
+    grace_rounds: int = Field(1, ge=1, description="ASHA: no trial is stopped before this round")
+    reduction_factor: float = Field(3.0, gt=1, description="ASHA: keep 1/reduction_factor of the trials at each milestone")
+
+
 class AlgorithmConfig(BaseModel):
     """``algorithm: fedprox`` or ``algorithm: {name: fedprox, mu: 0.01}``; the method's own parameters are
     validated by its ``Params`` (see ``fedsim algorithms``)."""
@@ -344,7 +400,28 @@ class RunConfig(_Section):
     eval: EvalConfig = EvalConfig()
     engine: EngineConfig = EngineConfig()
     logging: LoggingConfig = LoggingConfig()
-    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="dotted key -> values; one run per combination")
+    sweep: dict[str, list[Any] | Distribution] = Field(
+        default_factory=dict, description="dotted key -> a list of values (a grid: one run per combination) or a "
+        "distribution ({uniform|loguniform|randint: [lo, hi]} or {choice: [...]}, drawn search.samples times)")
+    search: SearchConfig = SearchConfig()
+
+    @field_validator("sweep", mode="before")
+    @classmethod
+    def _values_or_distributions(cls, sweep: Any) -> Any:
+        if not isinstance(sweep, dict):
+            return sweep
+        checked = {}
+        for key, values in sweep.items():
+            if isinstance(values, dict):
+                try:
+                    values = Distribution.model_validate(values)
+                except ValidationError as err:
+                    raise ValueError(f"sweep.{key}: {_format_error(err)}") from None
+            elif not isinstance(values, list):
+                raise ValueError(f"sweep.{key}: give a list of values or a distribution ({{uniform: [lo, hi]}}, "
+                                 f"{{loguniform: [lo, hi]}}, {{randint: [lo, hi]}}, {{choice: [...]}}), got {values!r}")
+            checked[key] = values
+        return checked
 
     @field_validator("name")
     @classmethod
@@ -391,7 +468,7 @@ class RunConfig(_Section):
 # -- which settings change what a run computes ----------------------------------------------------
 # Where a run writes, how it logs and its sweep never change its results; of the engine settings only these
 # do (they change floating-point results in the last bits). Everything else does.
-NOT_RESULTS = ("name", "out_dir", "sweep", "logging")
+NOT_RESULTS = ("name", "out_dir", "sweep", "search", "logging")
 ENGINE_RESULTS = ("threads_per_worker", "memory_format")
 
 
@@ -549,21 +626,52 @@ def _label(value: Any) -> str:
     return str(value["name"]) if isinstance(value, dict) and "name" in value else str(value)
 
 
+SWEEP_STREAM = 0x5EE9  # the sweep's draws: a stream of their own, apart from every random choice of a run
+
+
 def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
-    """One validated config per combination of ``sweep`` values, each with its own run name."""
+    """One validated config per run of the sweep: every combination of the listed values (the grid), crossed
+    with ``search.samples`` draws of the distributions, each with its own run name (its values in order)."""
     base = validate(tree)  # validate once as written so errors name the user's keys
     if not base.sweep:
         return [base]
-    keys = list(base.sweep)
+    grid = {k: v for k, v in base.sweep.items() if isinstance(v, list)}
+    drawn = {k: v for k, v in base.sweep.items() if isinstance(v, Distribution)}
+    _refuse_empty_search(grid, drawn, base.search.samples)
     runs = []
-    for values in itertools.product(*(base.sweep[k] for k in keys)):
-        variant = {k: v for k, v in tree.items() if k != "sweep"}
-        for key, value in zip(keys, values):
-            set_dotted(variant, key, value)
-        labels = [re.sub(r"[^A-Za-z0-9_.-]+", "_", _label(v)) for v in values]
-        variant["name"] = "-".join([base.name, *labels])
-        if base.logging.wandb.group is None:  # a variant's seeds form one W&B group (averaged there), methods never
-            set_dotted(variant, "logging.wandb.group",
-                       "-".join([base.name, *(label for key, label in zip(keys, labels) if key != "seed")]))
-        runs.append(validate(variant))
+    for sample in range(base.search.samples if drawn else 1):
+        rng = np.random.default_rng([base.seed, SWEEP_STREAM, sample])
+        draws = {key: dist.draw(rng) for key, dist in drawn.items()}
+        for values in itertools.product(*grid.values()):
+            chosen = {**dict(zip(grid, values)), **draws}
+            runs.append(_variant(tree, base, [(key, chosen[key]) for key in base.sweep]))
+    names = [run.name for run in runs]
+    if len(set(names)) < len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise ConfigError(f"search.samples: two draws gave the same values ({twice}); widen the distributions or "
+                          "lower search.samples")
     return runs
+
+
+def _refuse_empty_search(grid: dict[str, list], drawn: dict[str, Distribution], samples: int) -> None:
+    for key, values in grid.items():
+        if not values:
+            raise ConfigError(f"sweep.{key}: an empty list gives no runs; list at least one value, or remove the key")
+    if samples > 1 and not drawn:
+        raise ConfigError(f"search.samples: {samples} samples of a sweep without distributions would repeat the same "
+                          "runs (a run is deterministic); add a distribution ({uniform: [lo, hi]}, ...) or list seeds "
+                          "under sweep.seed")
+
+
+def _variant(tree: dict[str, Any], base: RunConfig, chosen: list[tuple[str, Any]]) -> RunConfig:
+    variant = {k: v for k, v in tree.items() if k not in ("sweep", "search")}
+    for key, value in chosen:
+        set_dotted(variant, key, value)
+    labels = [(key, re.sub(r"[^A-Za-z0-9_.-]+", "_", _label(value))) for key, value in chosen]
+    variant["name"] = "-".join([base.name, *(label for _, label in labels)])
+    if base.logging.wandb.group is None:  # a variant's seeds form one W&B group (averaged there), methods never
+        set_dotted(variant, "logging.wandb.group", "-".join([base.name, *(label for key, label in labels if key != "seed")]))
+    try:
+        return validate(variant)
+    except ConfigError as err:
+        raise ConfigError(f"sweep: {err} (in the run {variant['name']})") from None

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ray.util.placement_group import PlacementGroup
+
 from fedsim.client.worker import spawn_worker
 from fedsim.config import RunConfig
 from fedsim.engine.driver import Callback, Checkpointer
@@ -34,10 +36,12 @@ def standard_callbacks(cfg: RunConfig) -> list[Callback]:
     return [*callbacks, Checkpointer()]
 
 
-def run(cfg: RunConfig, overwrite: bool = False, resume: bool = False, callbacks: Sequence[Callback] = ()) -> RunResult:
+def run(cfg: RunConfig, overwrite: bool = False, resume: bool = False, callbacks: Sequence[Callback] = (),
+        reserved: PlacementGroup | None = None) -> RunResult:
     """Run (or with ``resume``, continue) a simulation; ``callbacks`` are told of it after the standard ones.
+    ``reserved``: the placement group (one bundle per worker) a caller such as a Tune trial holds for it.
     Bad input raises ConfigError/DataError/CheckpointError before anything is written; a failure once the
     run is under way raises RunFailed (with the resume command)."""
-    session = run_session(cfg, spawn_worker, [*standard_callbacks(cfg), *callbacks], overwrite, resume)
+    session = run_session(cfg, spawn_worker, [*standard_callbacks(cfg), *callbacks], overwrite, resume, reserved)
     folder = session.folder
     return RunResult(cfg.name, folder.location if folder.remote else folder.local, session.summary)

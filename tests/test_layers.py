@@ -9,7 +9,8 @@ import fedsim
 
 PACKAGE = Path(fedsim.__file__).resolve().parent
 # Bottom to top. A file imports files of its own layer or of layers below it.
-LAYERS = ("core", "data", "models", "algorithms", "plan", "client", "engine", "metrics", "simulate", "reproduce", "cli")
+LAYERS = ("core", "data", "models", "algorithms", "plan", "client", "engine", "metrics", "simulate", "sweep", "reproduce",
+          "cli")
 # The top-level helpers sit with the core: settings, errors, files and storage, used by every layer.
 BASE = {"__init__", "config", "errors", "atomic", "plugins", "strict_yaml", "storage"}
 # The one arrow that runs back up: validating a config checks the method's own typed parameters.

@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="plots and a Markdown table from run folders")
     report.add_argument("runs", nargs="+", help="run folders or their URIs, e.g. runs/quickstart-fedavg s3://BUCKET/runs/quickstart-fedper")
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
+    _sweep_parser(sub)
     _reproduce_parser(sub)
     algorithms = sub.add_parser("algorithms", help="every method with its parameters and what it does")
     algorithms.add_argument("--markdown", action="store_true", help="the table of docs/algorithms.md")
@@ -41,6 +42,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 RUNS_DEFAULT = "runs/reproduce"
+
+
+def _sweep_parser(sub) -> None:
+    sweep = sub.add_parser("sweep", help="run a config's sweep variants (and seeds) at once as Ray Tune trials")
+    sweep.add_argument("config", help="YAML file with a sweep: section, e.g. experiments/quickstart.yaml")
+    sweep.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every variant")
+    sweep.add_argument("--max-concurrent", type=_positive, metavar="N",
+                       help="at most N trials at once (default: as many as the cluster has room for)")
+    sweep.add_argument("--dry-run", action="store_true", help="validate, list each variant with its status and "
+                       "resources and the metrics a scheduler can use; starts no Ray")
 
 
 def _reproduce_parser(sub) -> None:
@@ -58,6 +69,8 @@ def _reproduce_parser(sub) -> None:
     rep.add_argument("--figures", help="figures and per-paper results (default: reproduction/ beside the report)")
     rep.add_argument("--report-only", action="store_true", help="run nothing; report from the runs that exist")
     rep.add_argument("--dry-run", action="store_true", help="validate every run's config and list what would run")
+    rep.add_argument("--max-concurrent", type=_positive, metavar="N", help="run N runs at once as Ray Tune trials on "
+                     "the current Ray cluster (default: one after another in this process)")
 
 
 def _positive(text: str) -> int:
@@ -113,6 +126,45 @@ def _run_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep_command(args: argparse.Namespace) -> int:
+    from fedsim.config import validate
+
+    tree = load_tree(args.config, args.overrides)
+    configs = expand_sweep(tree)
+    refuse_defaults_only(args.config, tree)
+    base = validate(tree)
+    if args.dry_run:
+        return _sweep_dry_run(configs, base)
+    from fedsim.sweep.executor import Sweep, results_table, run_sweep, write_results
+
+    sweep = Sweep(base.name, configs, base.search)
+    outcomes = run_sweep(sweep, args.max_concurrent)
+    print(results_table(outcomes))
+    print(write_results(sweep, outcomes))
+    failed = [o.name for o in outcomes if o.state == "failed"]
+    if failed:
+        command = shlex.join(["fedsim", "sweep", args.config, *args.overrides])
+        print(f"fedsim: error: {len(failed)} of {len(outcomes)} trials failed ({', '.join(failed)}; causes above); "
+              f"fix them and run `{command}` again (finished trials are not retrained)", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _sweep_dry_run(configs: list, base) -> int:
+    from fedsim.metrics.series import metric_names
+    from fedsim.sweep.executor import trial_bundles
+    from fedsim.sweep.runs import status
+
+    print(f"{len(configs)} trials; scheduler {base.search.scheduler}"
+          + (f" on {base.search.metric} ({base.search.mode})" if base.search.scheduler == "asha" else ""))
+    for cfg in configs:
+        bundles = trial_bundles(cfg)
+        each = ", ".join(f"{v:g} {k}" for k, v in bundles[0].items())
+        print(f"{cfg.name}: {status(cfg)}; {len(bundles)} workers x ({each})")
+    print("per-round metrics a scheduler can compare (search.metric): " + ", ".join(metric_names(configs[0])))
+    return 0
+
+
 def _reproduce_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -127,7 +179,7 @@ def _reproduce_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _reproduce_dry_run(planned, args.seeds)
     if not args.report_only:
-        execute(planned)
+        execute(planned, max_concurrent=args.max_concurrent, name=f"{args.paper}-{args.scale}")
     report = Path(args.report).resolve()
     figures = Path(args.figures).resolve() if args.figures else report.parent / "reproduction"
     command = " ".join(["fedsim reproduce", args.paper, f"--scale {args.scale}", f"--seeds {args.seeds}",
@@ -145,7 +197,7 @@ def _reproduce_command(args: argparse.Namespace) -> int:
 def _reproduce_dry_run(planned: list, seeds: int) -> int:
     """Each run of the first seed built and estimated (the other seeds are the same work), then every run's status."""
     from fedsim.engine.estimate import estimate
-    from fedsim.reproduce.runner import status
+    from fedsim.sweep.runs import status
 
     print(f"{'run (seed 0; x' + str(seeds) + ' seeds)':<44} {'model':<13} {'rounds':>6} {'sampled':>7} {'epochs':>6} "
           f"{'train sample-steps':>18} {'fine-tune':>12}")
@@ -156,7 +208,7 @@ def _reproduce_dry_run(planned: list, seeds: int) -> int:
         print(f"{item.config.name:<44} {e.model:<13} {e.rounds:>6} {e.sampled_per_round:>7} {e.epochs_per_round:>6} "
               f"{e.train_sample_steps:>18,} {e.finetune_sample_steps:>12,}")
     print(f"all {len(planned)} runs: {seeds * sum(work.values()):,} sample-steps (training and fine-tuning)")
-    states = [(item, status(item)) for item in planned]
+    states = [(item, status(item.config)) for item in planned]
     for item, state in states:
         print(f"{item.config.name}: {state}")
     print(_time_left(states, work))
@@ -191,14 +243,17 @@ def _report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+OVERRIDABLE = ("run", "sweep", "reproduce")  # the commands that take key=value overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     # Overrides may follow flags (`run cfg.yaml --quiet train.rounds=3`), which argparse leaves unparsed.
     args, extra = parser.parse_known_args(argv)
-    stray = [e for e in extra if e.startswith("-") or "=" not in e or args.command not in ("run", "reproduce")]
+    stray = [e for e in extra if e.startswith("-") or "=" not in e or args.command not in OVERRIDABLE]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
-    if args.command in ("run", "reproduce"):
+    if args.command in OVERRIDABLE:
         args.overrides += extra
     if args.command == "algorithms":
         from fedsim.algorithms.catalog import markdown_table, text_listing
@@ -207,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
     try:
-        commands = {"report": _report_command, "reproduce": _reproduce_command, "run": _run_command}
+        commands = {"report": _report_command, "reproduce": _reproduce_command, "run": _run_command,
+                    "sweep": _sweep_command}
         return commands[args.command](args)
     except Interrupted as err:
         print(f"fedsim: {err}", file=sys.stderr)

@@ -41,9 +41,11 @@ class Partition:
         """Summary for logs and run metadata; plain Python types so it serialises to JSON."""
         sizes = np.array([len(t) for t in self.train])
 
+        def counts(y: np.ndarray, parts: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+            return [np.bincount(self.labels(i, y, p), minlength=num_classes) for i, p in enumerate(parts)]
+
         def held(y: np.ndarray, parts: tuple[np.ndarray, ...]) -> list[list[int]]:
-            return [np.flatnonzero(np.bincount(self.labels(i, y, p), minlength=num_classes)).tolist()
-                    for i, p in enumerate(parts)]
+            return [np.flatnonzero(c).tolist() for c in counts(y, parts)]
 
         return {
             "num_clients": self.num_clients,
@@ -52,6 +54,7 @@ class Partition:
             "test_sizes": [len(t) for t in self.test],
             "classes_per_client": held(train_y, self.train),
             "test_classes_per_client": held(test_y, self.test),
+            "train_class_counts": [c.tolist() for c in counts(train_y, self.train)],  # W&B's partition table
             "size_mean": float(sizes.mean()),
             "size_std": float(sizes.std()),
             "size_min": int(sizes.min()),

@@ -9,6 +9,7 @@ or a divergence (the run stops).
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,10 @@ class RollBack(Exception):
         self.to_round = to_round
 
 
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 @dataclass
 class Run:
     """What callbacks see of a run in progress."""
@@ -41,6 +46,7 @@ class Run:
     resume: bool
     server: Any  # the server actor's handle
     started: float = field(default_factory=time.perf_counter)
+    started_at: str = field(default_factory=utc_now)  # wall clock, for summary.json
     workers: list[dict] = field(default_factory=list)  # each worker's device, filled when the run ends
     extras: dict[str, Any] = field(default_factory=dict)  # what callbacks add to summary.json (W&B's location)
     summary: dict | None = None  # summary.json's content once written (by the JSONL logger)

@@ -2,6 +2,7 @@
 the workers' resources, hold the run folder, start the server and workers, and drive the rounds."""
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fedsim.config import ConfigError, RunConfig
@@ -30,9 +32,10 @@ WorkerSpawn = Callable[[ray.ObjectRef, dict, Any, float, float], Any]
 """``spawn(plan_ref, clients, bundle, cpus, gpus)``: one worker actor (``fedsim.client.worker.spawn_worker``)."""
 
 
-def connect_ray(cfg: RunConfig) -> None:
-    """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers. The Ray token
-    file is kept private before Ray starts and after (Ray writes a new one with the process's umask)."""
+def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
+    """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers (or for
+    ``cpus``: what several runs at once need). The Ray token file is kept private before Ray starts and after
+    (Ray writes a new one with the process's umask)."""
     if ray.is_initialized():
         return
     private_token()
@@ -46,7 +49,8 @@ def connect_ray(cfg: RunConfig) -> None:
             ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
             return
         engine = cfg.engine
-        cpus = max(os.cpu_count() or 1, int(engine.workers * engine.cpus_per_worker + 0.999))
+        need = engine.workers * engine.cpus_per_worker if cpus is None else cpus
+        cpus = max(os.cpu_count() or 1, math.ceil(need - 1e-9))
         # The dashboard stays on loopback unless a user binds it elsewhere on purpose.
         # address="local": always a fresh local instance, never a stray cluster left behind by `ray start`.
         ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
@@ -113,10 +117,11 @@ def start_engine(plan: RunPlan, refs: tuple[ray.ObjectRef, ray.ObjectRef], spawn
 
 
 def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback], overwrite: bool = False,
-                resume: bool = False) -> Run:
+                resume: bool = False, reserved: PlacementGroup | None = None) -> Run:
     """Run (or with ``resume``, continue) a simulation, telling ``callbacks`` as it goes; ``spawn(plan, clients,
-    bundle)`` starts one worker actor. Bad input raises ConfigError/DataError/CheckpointError before anything is
-    written; a failure once the run is under way raises RunFailed (with the resume command)."""
+    bundle)`` starts one worker actor. ``reserved``: a placement group the caller holds with one bundle per worker
+    (a Ray Tune trial's), used instead of reserving one. Bad input raises ConfigError/DataError/CheckpointError
+    before anything is written; a failure once the run is under way raises RunFailed (with the resume command)."""
     inputs = load_inputs(cfg)  # every input is checked before Ray starts or a file is written
     folder = RunFolder(cfg)
     try:
@@ -129,7 +134,7 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
         connect_ray(cfg)
         if not os.environ.get("RAY_ADDRESS"):
             check_resources(cfg)  # a Ray started here has no autoscaler: what it lacks now, it lacks for good
-        group = placement.reserve(cfg, plan.workers)
+        group = reserved or placement.reserve(cfg, plan.workers)
         try:
             if not folder.remote:
                 placement.check_shared(folder.local.parent, placement.nodes_of(group), cfg.engine.round_timeout_s)
@@ -150,7 +155,8 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
                                             f"{shlex.quote(str(folder.location))}`") from None
                     raise RunFailed(describe_failure(err), folder.location) from err
         finally:
-            placement.release(group)
+            if reserved is None:
+                placement.release(group)
     finally:
         folder.close()
 

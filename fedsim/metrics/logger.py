@@ -17,7 +17,7 @@ from pathlib import Path
 from fedsim import atomic
 from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys
 from fedsim.core.results import JSONL_RESULTS, read_results
-from fedsim.engine.driver import Callback, Run
+from fedsim.engine.driver import Callback, Run, utc_now
 from fedsim.metrics.summary import summarize
 
 
@@ -119,5 +119,6 @@ class JsonlLogger(Callback):
             summary[key] = summarize([r[key] for r in records if r.get(key) is not None])
         comm = read_jsonl(self.run_dir / "comm.jsonl")
         summary.update(comm={"bytes_down": sum(c["bytes_down"] for c in comm), "bytes_up": sum(c["bytes_up"] for c in comm)},
-                       wall_seconds=time.perf_counter() - run.started, workers=run.workers, **run.extras)
+                       wall_seconds=time.perf_counter() - run.started, workers=run.workers,
+                       started_at=run.started_at, finished_at=utc_now(), **run.extras)  # of the invocation that finished it
         return summary

@@ -1,5 +1,8 @@
-"""Weights & Biases logging, a callback of the driver loop: summary curves (accuracies and losses), one
-accuracy curve per client, final histogram, artifact.
+"""Weights & Biases logging, a callback of the driver loop: the partition at start (a table of every client's
+class counts), per round the ``fairness/`` statistics, loss and communication curves, a user module's
+``self.log`` values, one curve per client and a table of that round's clients; at the end one chart of every
+client's accuracy over the rounds (a line series built from the table of every round), the final client
+table and histogram, and the run folder's summary files as an artifact.
 
 Never needs a server: ``mode: offline`` writes ``RUN/wandb/offline-run-*`` for a later
 ``wandb sync``; ``online`` without an API key falls back to offline and says how to sync.
@@ -16,9 +19,11 @@ from pathlib import Path
 
 from fedsim import storage
 from fedsim.config import WandbConfig
-from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys
+from fedsim.core.protocol import RoundResult
+from fedsim.core.results import read_results
 from fedsim.engine.driver import Callback, Run
 from fedsim.metrics.logger import round_row
+from fedsim.metrics.series import evaluated, fairness, round_metrics
 
 ARTIFACT_FILES = ("summary.json", "rounds.csv", "rounds.jsonl", "partition_stats.json", "config.yaml")
 STATE_FILE = "wandb_run.json"
@@ -29,13 +34,6 @@ def _has_api_key() -> bool:
         return True
     netrc = Path.home() / ".netrc"
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
-
-
-def fairness(row: dict) -> dict[str, float]:
-    """The across-client statistics of each accuracy under ``fairness/``, in the CLI's units: percent, and
-    Jain's index as it is (1 = every client equal)."""
-    return {f"fairness/{key}_{stat}": value if stat == "jain" else 100 * value
-            for key in ACCURACIES for stat, value in row.get(key, {}).items()}
 
 
 def _mean(values: list[float]) -> float:
@@ -69,8 +67,28 @@ class WandbLogger(Callback):
         self.run.define_metric("*", step_metric="round")
         self.mode = mode
         self.logged_through = saved.get("logged_through", 0)
+        self.classes = self._log_partition(run_dir, first=done == 0 and not saved)
+        self.bytes_total = sum(r["bytes_up"] + r["bytes_down"] for r in read_results(run_dir / "rounds.jsonl")
+                               if r["round"] <= done)
         self._save_state()
         run.extras["wandb"] = self.describe(run_dir, run.folder.location)
+
+    def _log_partition(self, run_dir: Path, first: bool) -> list[int]:
+        """The partition once, at the start of a run: every client's class counts as a table, and the spread of
+        client sizes and of classes held. Returns each client's number of classes (the client tables' column)."""
+        import wandb
+
+        stats = json.loads((run_dir / "partition_stats.json").read_text())
+        classes = [len(held) for held in stats["classes_per_client"]]
+        if first and "train_class_counts" in stats:  # a run folder written before fedsim counted classes has none
+            counts = stats["train_class_counts"]
+            columns = ["client", "n_train", "n_test", "classes", *(f"class_{c}" for c in range(len(counts[0])))]
+            rows = [[client, n, t, k, *row] for client, (n, t, k, row) in
+                    enumerate(zip(stats["train_sizes"], stats["test_sizes"], classes, counts))]
+            self.run.log({"partition/clients": wandb.Table(columns=columns, data=rows),
+                          "partition/train_sizes": wandb.Histogram(stats["train_sizes"]),
+                          "partition/classes_per_client": wandb.Histogram(classes), "round": 0})
+        return classes
 
     def _save_state(self) -> None:
         self.state_path.write_text(json.dumps({"id": self.run.id, "logged_through": self.logged_through}))
@@ -79,28 +97,41 @@ class WandbLogger(Callback):
         row, records = round_row(result), result.records
         if row["round"] <= self.logged_through:  # redone after a rollback or a resume: W&B has it already
             return
-        data = {"round": row["round"], "comm/bytes_up": row["bytes_up"], "comm/bytes_down": row["bytes_down"],
-                "round_seconds": row["seconds"]}
-        data |= fairness(row)
-        for key in logged_keys(records):  # the module's own self.log values, in its units
-            for stat, value in row.get(key, {}).items():
-                data[f"{key}/{stat}"] = value
-        # Loss curves beside the accuracies: training loss of the clients trained this round, test loss of all.
+        data = round_metrics(row) | self._losses(records)
+        self.bytes_total += row["bytes_up"] + row["bytes_down"]
+        data["comm/bytes_total"] = self.bytes_total
+        # One key per client gives one curve per client in the W&B UI; beyond the limit, the tables carry every client.
+        for r in records[: self.per_client_limit]:
+            data[f"client_acc/{r['client']:05d}"] = r["acc"]
+            if "acc_personalized" in r:
+                data[f"client_acc_personalized/{r['client']:05d}"] = r["acc_personalized"]
+        if evaluated(row):
+            data["clients/round_table"] = self._client_table([{**r, "round": row["round"]} for r in records])
+        self.run.log(data)
+        self.logged_through = row["round"]
+        self._save_state()
+
+    @staticmethod
+    def _losses(records: list[dict]) -> dict[str, float]:
+        """Loss curves beside the accuracies: training loss of the clients trained this round, test loss of all."""
+        data = {}
         train_losses = [r["train_loss"] for r in records if r.get("train_loss") is not None]
         if train_losses:
             data["loss/train_mean"] = _mean(train_losses)
         for key, name in (("loss", "loss/test_mean"), ("loss_personalized", "loss/test_personalized_mean")):
             if records and key in records[0]:
                 data[name] = _mean([r[key] for r in records])
-        # One key per client gives one curve per client in the W&B UI; beyond the limit, the table at
-        # the end carries every client.
-        for r in records[: self.per_client_limit]:
-            data[f"client_acc/{r['client']:05d}"] = r["acc"]
-            if "acc_personalized" in r:
-                data[f"client_acc_personalized/{r['client']:05d}"] = r["acc_personalized"]
-        self.run.log(data)
-        self.logged_through = row["round"]
-        self._save_state()
+        return data
+
+    def _client_table(self, records: list[dict]):
+        """Client, round, size, classes held, accuracies (percent) and times sampled: one row per client and round."""
+        import wandb
+
+        columns = ["client", "round", "n_train", "classes", "acc", "acc_personalized", "times_sampled"]
+        rows = [[r["client"], r["round"], r["n_train"], self.classes[r["client"]], 100 * r["acc"],
+                 100 * r["acc_personalized"] if "acc_personalized" in r else None, r.get("times_sampled")]
+                for r in records]
+        return wandb.Table(columns=columns, data=rows)
 
     def on_run_end(self, run: Run, error: BaseException | None) -> None:
         import wandb
@@ -109,10 +140,12 @@ class WandbLogger(Callback):
             return
         summary, run_dir = run.summary, run.run_dir
         if summary:
-            accs = summary["per_client_acc"]
-            table = wandb.Table(columns=["client", "acc"], data=[[int(c), a] for c, a in accs.items()])
-            self.run.log({"final/client_acc_hist": wandb.Histogram(list(accs.values())),
-                          "final/client_acc_table": table})
+            history = read_results(run_dir / "metrics.jsonl")  # every round, across resumes
+            final = max(r["round"] for r in history)
+            self.run.log({"clients/accuracy_table": self._client_table(history), **self._every_client(history),
+                          "final/client_table": self._client_table([r for r in history if r["round"] == final]),
+                          "final/client_acc_hist": wandb.Histogram([100 * r["acc"] for r in history
+                                                                    if r["round"] == final])})
             for name, value in fairness(summary).items():
                 self.run.summary[name.replace("fairness/", "final/", 1)] = value
             artifact = wandb.Artifact(f"{summary['name']}-summary", type="run-summary")
@@ -121,6 +154,25 @@ class WandbLogger(Callback):
                     artifact.add_file(str(run_dir / name))
             self.run.log_artifact(artifact)
         self.run.finish(exit_code=0 if summary else 1)  # no summary: the run failed, and W&B marks it failed
+
+    def _every_client(self, history: list[dict]) -> dict:
+        """One chart of every client's accuracy over the rounds (up to logging.wandb.per_client_limit lines;
+        clients/accuracy_table holds them all)."""
+        import wandb
+
+        rounds = sorted({r["round"] for r in history})
+        charts = {}
+        for key, title in (("acc", "accuracy"), ("acc_personalized", "personalized accuracy")):
+            if key not in history[0]:
+                continue
+            by_client: dict[int, dict[int, float]] = {}
+            for r in history:
+                by_client.setdefault(r["client"], {})[r["round"]] = 100 * r[key]
+            clients = sorted(by_client)[: self.per_client_limit]
+            charts[f"clients/{key}_chart"] = wandb.plot.line_series(
+                xs=rounds, ys=[[by_client[c].get(t) for t in rounds] for c in clients],
+                keys=[f"client {c}" for c in clients], title=f"every client's {title} (%)", xname="round")
+        return charts
 
     def describe(self, run_dir: Path, location: str) -> dict:
         """Where the W&B run lives, for the run summary (and the CLI's sync hint). ``location``: where the

@@ -3,20 +3,16 @@ interrupted ones continue from their checkpoint, runs whose settings changed sta
 from __future__ import annotations
 
 import copy
-import fcntl
 import json
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-import yaml
-
-from fedsim.config import (ConfigError, RunConfig, changed_settings, load_tree, merge_trees, parse_overrides,
-                           set_dotted, validate)
+from fedsim.config import ConfigError, RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
 from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.logger import read_jsonl
 from fedsim.reproduce.claims import Claim, Paper
+from fedsim.sweep.runs import claimed, status
 
 # The base configs ship inside the package (a built wheel carries them), so an installed fedsim reproduces the
 # papers from any folder.
@@ -85,42 +81,19 @@ def configure(base: dict, overrides: dict[str, Any | Callable[[dict], Any]]) -> 
     return tree
 
 
-def status(run: PlannedRun) -> str:
-    """finished | resumable | changed | new - what bringing this run to completion takes."""
-    folder = run.folder
-    if not (folder / "config.yaml").exists():
-        return "new"
-    stored = validate({**yaml.safe_load((folder / "config.yaml").read_text()),
-                       "name": run.config.name, "out_dir": run.config.out_dir}).model_dump()
-    wanted = run.config.model_dump()
-    if changed_settings(stored, wanted):
-        return "changed"
-    if stored["train"]["rounds"] != wanted["train"]["rounds"]:
-        return "resumable"  # a constant-lr run that is extended (the engine accepts that)
-    return "finished" if (folder / "summary.json").exists() else "resumable"
+def execute(planned: list[PlannedRun], say: Callable[[str], None] = print, max_concurrent: int | None = None,
+            name: str = "reproduce") -> None:
+    """Bring every planned run to completion, one line per run; runs another process is training are left to it.
+    ``max_concurrent``: that many runs at once as trials of one Ray Tune sweep (``name``), on the current cluster."""
+    if max_concurrent is not None:
+        from fedsim.config import SearchConfig
+        from fedsim.sweep.executor import Sweep, run_sweep
 
-
-@contextmanager
-def claimed(run: PlannedRun) -> Iterator[bool]:
-    """Whether this process may work on ``run``: an exclusive lock per run lets several ``fedsim reproduce``
-    processes share one runs folder, each run trained by one of them. The operating system frees the lock when
-    its process ends, so a crashed process never leaves a run blocked."""
-    locks = Path(run.config.out_dir) / ".locks"  # beside the run folders: a run started again replaces its folder
-    locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{run.config.name}.lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-
-
-def execute(planned: list[PlannedRun], say: Callable[[str], None] = print) -> None:
-    """Bring every planned run to completion, one line per run; runs another process is training are left to it."""
+        run_sweep(Sweep(name, [item.config for item in planned], SearchConfig()), max_concurrent, say)
+        return
     for i, item in enumerate(planned, 1):
         where = f"[{i}/{len(planned)}] {item.config.name}"
-        with claimed(item) as mine:
+        with claimed(item.config) as mine:
             if mine:
                 _complete(item, where, say)
             else:
@@ -130,7 +103,7 @@ def execute(planned: list[PlannedRun], say: Callable[[str], None] = print) -> No
 def _complete(item: PlannedRun, where: str, say: Callable[[str], None]) -> None:
     from fedsim.simulate import run
 
-    state = status(item)  # read under the lock: another process may have just finished it
+    state = status(item.config)  # read under the lock: another process may have just finished it
     if state == "finished":
         say(f"{where}: finished, skipped")
         return

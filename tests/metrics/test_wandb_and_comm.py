@@ -1,6 +1,5 @@
 """W&B offline logging read back from the .wandb file; communication accounting from real payloads."""
 import json
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -13,28 +12,7 @@ from fedsim.models import build_model
 from fedsim.config import validate
 from fedsim.simulate import run
 from fedsim.core.protocol import serialized_size
-
-
-def wandb_records(path: Path):
-    """Minimal reader of W&B's append-only log (LevelDB-style 32 KiB blocks of protobuf Records)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    pos, block, buf = 7, 32768, b""
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
-        if left < 7 or (length == 0 and kind == 0):
-            pos += left
-            continue
-        buf += data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST fragment
-            rec = pb.Record()
-            rec.ParseFromString(buf)
-            buf = b""
-            yield rec
+from fedsim.metrics.wandb_files import history as wandb_history, record as wandb_record, table as wandb_table
 
 
 def config(tmp_path, data_root, name, algorithm, **extra):
@@ -48,25 +26,12 @@ def config(tmp_path, data_root, name, algorithm, **extra):
     })
 
 
-def wandb_history(offline: Path) -> list[dict]:
-    [log] = list(offline.glob("run-*.wandb"))
-    return [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
-            for r in wandb_records(log) if r.WhichOneof("record_type") == "history"]
-
-
-def wandb_record(offline: Path, kind: str):
-    [log] = list(offline.glob("run-*.wandb"))
-    return next(getattr(r, kind) for r in wandb_records(log) if r.WhichOneof("record_type") == kind)
-
-
 def test_wandb_offline_run_has_a_curve_per_client_and_syncs(tmp_path, data_root, local_ray):
     cfg = config(tmp_path, data_root, "wb", "fedper",
                  logging={"wandb": {"mode": "offline", "project": "fedsim-test", "group": "g", "tags": ["t"]}})
     res = run(cfg)
     [offline] = list((res.run_dir / "wandb").glob("offline-run-*"))
-    [log] = list(offline.glob("run-*.wandb"))
-    history = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
-               for r in wandb_records(log) if r.WhichOneof("record_type") == "history"]
+    history = wandb_history(offline)
     per_round = [h for h in history if "fairness/acc_mean" in h]
     assert [h["round"] for h in per_round] == [1, 2]
     for h in per_round:  # loss curves beside the accuracies
@@ -77,9 +42,36 @@ def test_wandb_offline_run_has_a_curve_per_client_and_syncs(tmp_path, data_root,
     final = json.loads((res.run_dir / "summary.json").read_text())
     assert per_round[-1]["client_acc/00003"] == final["per_client_acc"]["3"]
     assert any(h.get("final/client_acc_hist/_type") == "histogram" for h in history)
+    _check_dashboard_tables(offline, history, res.run_dir)
     dry = subprocess.run([sys.executable, "-m", "wandb", "sync", "--dry-run", str(offline)],
                          capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0, dry.stderr
+
+
+def _check_dashboard_tables(offline: Path, history: list[dict], run_dir: Path) -> None:
+    """The partition at start, each round's client table, the table of every round behind the one chart of every
+    client, and the fairness section in percent, all equal to what the run folder holds."""
+    stats = json.loads((run_dir / "partition_stats.json").read_text())
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    [start] = [h for h in history if "partition/clients/_type" in h]
+    assert start["round"] == 0
+    partition = wandb_table(offline, start, "partition/clients")
+    assert [sum(v for k, v in row.items() if k.startswith("class_")) for row in partition] == stats["train_sizes"]
+    assert [row["classes"] for row in partition] == [len(c) for c in stats["classes_per_client"]]
+    per_round = [h for h in history if "fairness/acc_mean" in h]
+    for h, row in zip(per_round, rounds):
+        assert h["fairness/acc_mean"] == pytest.approx(100 * row["acc"]["mean"]) and h["fairness/acc_jain"] == row["acc"]["jain"]
+        clients = wandb_table(offline, h, "clients/round_table")
+        expected = [m for m in metrics if m["round"] == row["round"]]
+        assert [(c["client"], c["round"], c["n_train"], c["times_sampled"]) for c in clients] == \
+            [(m["client"], m["round"], m["n_train"], m["times_sampled"]) for m in expected]
+        assert [c["acc"] for c in clients] == pytest.approx([100 * m["acc"] for m in expected])
+        assert [c["classes"] for c in clients] == [len(stats["classes_per_client"][m["client"]]) for m in expected]
+    [end] = [h for h in history if "clients/accuracy_table/_type" in h]
+    assert len(wandb_table(offline, end, "clients/accuracy_table")) == len(metrics)
+    chart = wandb_table(offline, end, "clients/acc_chart_table")  # the line series: one line per client
+    assert {row["lineKey"] for row in chart} == {f"client {c}" for c in range(5)}
 
 
 def test_communication_is_what_is_serialised_and_fedper_sends_less(tmp_path, data_root, local_ray):
@@ -147,6 +139,7 @@ def test_a_users_self_log_values_reach_wandb_beside_the_accuracies(tmp_path, mon
     sink = WandbLogger()
     sink.run = wandb.init(project="fedsim-test", dir=str(tmp_path), mode="offline")
     sink.per_client_limit, sink.state_path, sink.logged_through = 10, tmp_path / "state.json", 0
+    sink.bytes_total, sink.classes = 0, [2, 2, 2]
     records = [{"client": c, "round": 1, "n_train": 10, "n_test": 5, "loss": 1.0, "acc": 0.5, "train_loss": 0.7,
                 "times_sampled": 1, "val_margin": 0.1 * (c + 1)} for c in range(3)]
     sink.on_round_end(None, RoundResult(1, [0, 1, 2], [], records, [{"bytes_up": 1, "bytes_down": 2}], 1.0))

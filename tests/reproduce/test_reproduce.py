@@ -12,7 +12,8 @@ from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import greater
 from fedsim.reproduce.report import (FAILS, HOLDS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, _claim_section,
                                      _test_result, claim_verdict, headline_block)
-from fedsim.reproduce.runner import claimed, execute, folder_keys, plan, run_trees
+from fedsim.reproduce.runner import execute, folder_keys, plan, run_trees
+from fedsim.sweep.runs import claimed
 from fedsim.metrics.confidence import mean_ci, t975
 
 # A few images per client and one short round: minutes for the whole claim on 2 cores.
@@ -154,12 +155,12 @@ def test_a_run_another_process_holds_is_left_to_it(tmp_path, data_root):
     paper = PAPERS["fedper"]
     [first, *_] = plan(paper, (paper.claim("k4"),), "cpu", 1, tmp_path, [f"data.root={data_root}", *TINY])
     said = []
-    with claimed(first) as mine:  # this process stands in for another `fedsim reproduce` training the run
+    with claimed(first.config) as mine:  # this process stands in for another `fedsim reproduce` training the run
         assert mine
         execute([first], say=said.append)
     assert said == [f"[1/1] {first.config.name}: another process is running it, skipped"]
     assert not first.folder.exists()
-    with claimed(first) as mine:  # the lock dies with its holder
+    with claimed(first.config) as mine:  # the lock dies with its holder
         assert mine
 
 

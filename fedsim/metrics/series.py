@@ -1,0 +1,40 @@
+"""The per-round numbers a dashboard plots, under one set of names: W&B's charts and a Ray Tune trial's results
+(so the metric a sweep's scheduler compares is a chart the user can open). Built from a round's row of
+``rounds.jsonl``, so a resumed run replays its earlier rounds under the same names."""
+from __future__ import annotations
+
+from fedsim.config import RunConfig
+from fedsim.core.protocol import ACCURACIES, RECORD_KEYS
+
+STATS = ("mean", "std", "min", "max", "p10", "worst10_mean", "jain")  # fedsim.metrics.summarize's statistics
+ROUND_KEYS = {"comm/bytes_up": "bytes_up", "comm/bytes_down": "bytes_down", "round_seconds": "seconds"}
+NOT_LOGGED = {"round", "seconds", "sampled", "evaluated", "dropped", "bytes_up", "bytes_down"}
+
+
+def fairness(row: dict) -> dict[str, float]:
+    """The across-client statistics of each accuracy under ``fairness/``, in the CLI's units: percent, and
+    Jain's index as it is (1 = every client equal)."""
+    return {f"fairness/{key}_{stat}": value if stat == "jain" else 100 * value
+            for key in ACCURACIES for stat, value in row.get(key, {}).items()}
+
+
+def round_metrics(row: dict) -> dict[str, float]:
+    """A round's row as named series: traffic and time every round; on evaluated rounds the fairness
+    statistics and a user module's ``self.log`` values (``name/mean``, ..., in the module's units)."""
+    data = {"round": row["round"], **{name: row[key] for name, key in ROUND_KEYS.items()}} | fairness(row)
+    for key, stats in row.items():
+        if key not in NOT_LOGGED and key not in ACCURACIES and key not in RECORD_KEYS and isinstance(stats, dict):
+            data |= {f"{key}/{stat}": value for stat, value in stats.items()}
+    return data
+
+
+def evaluated(row: dict) -> bool:
+    """Whether the round scored its clients (every train.eval_every rounds and the last)."""
+    return "acc" in row
+
+
+def metric_names(cfg: RunConfig) -> list[str]:
+    """The series every evaluated round of a run of ``cfg`` reports (a user module's own values come on top,
+    known only once it logs them)."""
+    accuracies = ["acc", *(["acc_personalized"] if cfg.eval.finetune_epochs else [])]
+    return [*ROUND_KEYS, *(f"fairness/{key}_{stat}" for key in accuracies for stat in STATS)]

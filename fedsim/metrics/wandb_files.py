@@ -1,0 +1,59 @@
+"""An offline W&B run read back from its folder (``RUN/wandb/offline-run-*``), without W&B's server: the history
+rows it logged and the tables it saved. What the dashboard page's charts are drawn from (``docs/dashboard.py``)
+and what the tests check W&B received."""
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+BLOCK = 32768  # W&B's log is LevelDB-style: 32 KiB blocks of fragments, each a protobuf Record when joined
+FULL, LAST = 1, 4
+
+
+def records(log: Path) -> Iterator:
+    """Every Record of a ``run-*.wandb`` file, in order."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = log.read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{log}: not a W&B run log")
+    pos, buf = 7, b""
+    while pos + 7 <= len(data):
+        left = BLOCK - pos % BLOCK
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length == 0 and kind == 0):
+            pos += left
+            continue
+        buf += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (FULL, LAST):
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            buf = b""
+            yield rec
+
+
+def log_of(offline: Path) -> Path:
+    [log] = list(Path(offline).glob("run-*.wandb"))
+    return log
+
+
+def history(offline: Path) -> list[dict]:
+    """Each ``wandb.log`` call's values by key (nested keys joined with '/')."""
+    return [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+            for r in records(log_of(offline)) if r.WhichOneof("record_type") == "history"]
+
+
+def record(offline: Path, kind: str):
+    """The first record of ``kind`` (run, exit, ...)."""
+    return next(getattr(r, kind) for r in records(log_of(offline)) if r.WhichOneof("record_type") == kind)
+
+
+def table(offline: Path, row: dict, key: str) -> list[dict]:
+    """The rows of the table a history ``row`` logged under ``key`` (the row holds its file's path)."""
+    if row.get(f"{key}/_type") != "table-file":
+        raise KeyError(f"{key}: the history row logged no table there")
+    data = json.loads((Path(offline) / "files" / row[f"{key}/path"]).read_text())
+    return [dict(zip(data["columns"], row)) for row in data["data"]]

@@ -1,0 +1,272 @@
+"""Many runs at once on the current Ray cluster through Ray Tune: each run is one trial with a placement group of
+one bundle per worker (trials share a cluster's GPUs by fraction), at most ``max_concurrent`` at a time, under
+Tune's FIFO or ASHA scheduler.
+
+A sweep is resumable by running it again: every run's own folder says whether it is finished (its trial only
+replays it), interrupted (resumed from its checkpoint) or new; ``sweep.json`` in the sweep's folder remembers
+the runs the scheduler stopped, so they stay stopped. Each run is claimed with a per-run lock for the whole
+sweep, so two processes sharing a runs folder never train one run twice."""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedsim import storage
+from fedsim.config import ConfigError, RunConfig, SearchConfig, validate
+from fedsim.engine.placement import worker_bundle
+from fedsim.engine.session import connect_ray
+from fedsim.metrics.series import metric_names
+from fedsim.sweep.runs import claimed, location, status
+from fedsim.sweep.trial import FINISHED, TrialFailed, TrialRun, train
+
+LEDGER = "sweep.json"
+VERBS = {"run": "running", "resume": "resuming from its checkpoint", "overwrite": "its settings changed; running it again",
+         "replay": "done before, replaying its rounds"}
+
+
+@dataclass
+class Outcome:
+    """How a run of the sweep ended: finished, stopped (by the scheduler, at ``round``), failed (``cause``), or
+    skipped (another process holds it)."""
+    name: str
+    state: str
+    round: int | None = None
+    cause: str = ""
+    summary: dict | None = None
+
+
+class Sweep:
+    """The runs of one sweep, their folder (``out_dir/_sweeps/NAME``) and how Tune searches them."""
+
+    def __init__(self, name: str, configs: Sequence[RunConfig], search: SearchConfig):
+        self.name, self.search = name, search
+        self.id = f"{name}-{hashlib.sha256(' '.join(c.name for c in configs).encode()).hexdigest()[:8]}"
+        self.configs = [_tagged(cfg, f"sweep:{self.id}") for cfg in configs]
+        self.folder = storage.join(configs[0].out_dir, "_sweeps", name)
+
+    def check(self) -> None:
+        """Before any trial: the scheduler's metric is one every run reports."""
+        if self.search.scheduler == "fifo":
+            return
+        if self.search.metric is None:
+            raise ConfigError("search.metric: ASHA needs the per-round metric it compares, e.g. fairness/acc_p10")
+        for cfg in self.configs:
+            names = metric_names(cfg)
+            if self.search.metric not in names:
+                raise ConfigError(f"search.metric: {cfg.name} never reports {self.search.metric!r}; choose one of "
+                                  f"{', '.join(names)}")
+
+    def ledger(self) -> dict:
+        store = storage.Store(self.folder)
+        if not store.exists(LEDGER):
+            return {}
+        try:
+            return json.loads(store.read_bytes(LEDGER))["stopped"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"{storage.join(self.folder, LEDGER)}: damaged ({err}); remove it to run the stopped "
+                              "trials again") from None
+
+    def remember_stopped(self, stopped: dict) -> None:
+        storage.Store(self.folder).write_bytes(LEDGER, json.dumps({"sweep": self.id, "stopped": stopped}, indent=1).encode())
+
+
+def _tagged(cfg: RunConfig, tag: str) -> RunConfig:
+    """W&B users find a sweep's runs by a tag (the run's results never depend on logging settings)."""
+    tree = cfg.model_dump()
+    tree["logging"]["wandb"]["tags"] = [*tree["logging"]["wandb"]["tags"], tag]
+    return validate(tree)
+
+
+def trial_bundles(cfg: RunConfig) -> list[dict[str, float]]:
+    bundle = worker_bundle(cfg)
+    if not bundle:
+        raise ConfigError(f"engine.cpus_per_worker: {cfg.name}'s workers ask for no resources, so Tune cannot place "
+                          "its trial; give engine.cpus_per_worker (or engine.gpus_per_worker) above 0")
+    return [bundle] * min(cfg.engine.workers, cfg.data.num_clients)
+
+
+def _need(cfg: RunConfig) -> dict[str, float]:
+    bundles = trial_bundles(cfg)
+    return {key: sum(b.get(key, 0.0) for b in bundles) for key in ("CPU", "GPU")}
+
+
+def connect(configs: Sequence[RunConfig], max_concurrent: int | None) -> None:
+    """Attach to RAY_ADDRESS, or start a local Ray with room (logical CPUs) for ``max_concurrent`` trials at once;
+    then refuse a ``max_concurrent`` the cluster can never place, before any trial starts."""
+    needs = sorted((_need(cfg) for cfg in configs), key=lambda n: (n["GPU"], n["CPU"]), reverse=True)
+    at_once = min(max_concurrent or 1, len(configs))
+    connect_ray(configs[0], cpus=sum(n["CPU"] for n in needs[:at_once]))
+    import ray
+
+    have = ray.cluster_resources()
+    for key in ("CPU", "GPU"):
+        one, wanted = needs[0][key], sum(n[key] for n in needs[:at_once])
+        if one > have.get(key, 0) + 1e-9:
+            raise ConfigError(f"engine.workers: a trial needs {one:g} {key}, the Ray cluster has {have.get(key, 0):g}; "
+                              f"lower engine.workers or engine.{'gpus' if key == 'GPU' else 'cpus'}_per_worker")
+        if wanted > have.get(key, 0) + 1e-9:
+            fit = sum(1 for i in range(len(needs)) if sum(n[key] for n in needs[:i + 1]) <= have.get(key, 0) + 1e-9)
+            raise ConfigError(f"--max-concurrent: {at_once} trials at once need {wanted:g} {key}, the Ray cluster has "
+                              f"{have.get(key, 0):g}; use --max-concurrent {max(fit, 1)} or fewer")
+
+
+def _actions(configs: Sequence[RunConfig], stopped: dict, stack: ExitStack,
+             say: Callable[[str], None]) -> tuple[dict[str, TrialRun], list[Outcome]]:
+    """Claim every run (held until the sweep ends) and decide what its trial does."""
+    runs, skipped = {}, []
+    for cfg in configs:
+        if not stack.enter_context(claimed(cfg)):
+            say(f"{cfg.name}: another process is running it, skipped")
+            skipped.append(Outcome(cfg.name, "skipped", cause="another process holds it"))
+            continue
+        state = status(cfg)
+        action = {"finished": "replay", "resumable": "resume", "changed": "overwrite", "new": "run"}[state]
+        if cfg.name in stopped and state == "resumable":
+            action = "replay"
+        runs[cfg.name] = TrialRun(cfg, action)
+    return runs, skipped
+
+
+def run_sweep(sweep: Sweep, max_concurrent: int | None = None, say: Callable[[str], None] = print) -> list[Outcome]:
+    """Bring every run of ``sweep`` to completion (or to the scheduler's stop) through Ray Tune; one line per
+    trial as it starts and ends. Returns each run's outcome, in the sweep's order."""
+    from ray import tune
+
+    sweep.check()
+    connect(sweep.configs, max_concurrent)
+    stopped = sweep.ledger()
+    with ExitStack() as stack:
+        runs, outcomes = _actions(sweep.configs, stopped, stack, say)
+        if runs:
+            progress = _Progress(sweep, runs, stopped, say)
+            tuner = tune.Tuner(
+                tune.with_resources(tune.with_parameters(train, runs=runs),
+                                    lambda params: _resources(runs[params["run"]].config)),
+                param_space={"run": tune.grid_search(list(runs))},
+                tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, scheduler=_scheduler(sweep, runs),
+                                            trial_name_creator=lambda t: t.config["run"],
+                                            trial_dirname_creator=lambda t: t.config["run"]),
+                run_config=tune.RunConfig(name=sweep.id, storage_path=_tune_storage(sweep), verbose=0,
+                                          callbacks=[progress], failure_config=tune.FailureConfig(max_failures=0)))
+            tuner.fit()
+            outcomes += progress.outcomes.values()
+    order = {cfg.name: i for i, cfg in enumerate(sweep.configs)}
+    return sorted(outcomes, key=lambda o: order[o.name])
+
+
+def _resources(cfg: RunConfig):
+    from ray import tune
+
+    # An empty head bundle: the trial's own process (the run's driver) waits on its workers and takes no CPU, as
+    # `fedsim run`'s does; PACK keeps a trial's workers on as few nodes as possible.
+    return tune.PlacementGroupFactory([{}, *trial_bundles(cfg)], strategy="PACK")
+
+
+def _scheduler(sweep: Sweep, runs: dict[str, TrialRun]):
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    search = sweep.search
+    if search.scheduler == "fifo":
+        return FIFOScheduler()
+    return ASHAScheduler(time_attr="round", metric=search.metric, mode=search.mode, grace_period=search.grace_rounds,
+                         reduction_factor=search.reduction_factor,
+                         max_t=max(item.config.train.rounds for item in runs.values()))
+
+
+def _tune_storage(sweep: Sweep) -> str:
+    """Tune's own experiment files: in the sweep's folder when it is local, else Tune's default (~/ray_results)."""
+    if storage.is_uri(sweep.folder):
+        return str(Path("~/ray_results").expanduser())
+    return str(Path(sweep.folder, "tune").resolve())
+
+
+class _Progress:
+    """A Tune callback (built lazily: ray.tune is imported only by a sweep): one line per trial start and end,
+    and the outcome of each."""
+
+    def __new__(cls, *args, **kwargs):
+        from ray.tune import Callback
+
+        class Progress(Callback):
+            def __init__(self, sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Callable[[str], None]):
+                self.sweep, self.runs, self.stopped, self.say = sweep, runs, stopped, say
+                self.outcomes: dict[str, Outcome] = {}
+
+            def on_trial_start(self, iteration, trials, trial, **info):
+                name = trial.config["run"]
+                self.say(f"{name}: {VERBS[self.runs[name].action]}")
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                name, last = trial.config["run"], trial.last_result or {}
+                if last.get(FINISHED):
+                    self.outcomes[name] = Outcome(name, "finished", last.get("round"), summary=_summary(self.runs[name]))
+                    self.say(f"{name}: finished ({_scores(last)})")
+                    return
+                self.outcomes[name] = Outcome(name, "stopped", last.get("round"))
+                if name not in self.stopped:
+                    self.stopped[name] = {"round": last.get("round"), self.sweep.search.metric: last.get(self.sweep.search.metric)}
+                    self.sweep.remember_stopped(self.stopped)
+                self.say(f"{name}: stopped by ASHA at round {last.get('round')} ({self.sweep.search.metric} "
+                         f"{last.get(self.sweep.search.metric)})")
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                name = trial.config["run"]
+                cause = _cause(trial)
+                self.outcomes[name] = Outcome(name, "failed", (trial.last_result or {}).get("round"), cause=cause)
+                self.say(f"{name}: failed: {cause}")
+
+        return Progress(*args, **kwargs)
+
+
+def _summary(item: TrialRun) -> dict | None:
+    store = storage.Store(location(item.config))
+    return json.loads(store.read_bytes("summary.json")) if store.exists("summary.json") else None
+
+
+def _scores(last: dict) -> str:
+    shown = [f"{label} {last[key]:.2f}%" for key, label in (("final/acc_mean", "initial"),
+                                                            ("final/acc_personalized_mean", "personalized"))
+             if key in last]
+    return ", ".join(shown)
+
+
+def _cause(trial) -> str:
+    """The trial's own one-line cause: TrialFailed's message, else the error's type and first line."""
+    err = trial.get_pickled_error()
+    while getattr(err, "cause", None) is not None:  # Ray's RayTaskError around the trial's exception
+        err = err.cause
+    if isinstance(err, TrialFailed):
+        return str(err)
+    if err is None:
+        return "the trial ended with an error (see Tune's error.txt in the sweep's folder)"
+    first = next((line for line in str(err).splitlines() if line.strip()), "")
+    return f"{type(err).__name__}: {first}"
+
+
+def results_table(outcomes: Sequence[Outcome]) -> str:
+    """Markdown: each run's outcome and, where finished, its clients' accuracies (percent) and time."""
+    def pct(stats: dict | None, key: str) -> str:
+        return f"{100 * stats[key]:.2f}" if stats else "-"
+
+    lines = ["| run | outcome | initial mean | std | min | personalized mean | std | min | wall s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for o in outcomes:
+        s = o.summary or {}
+        a, p = s.get("acc"), s.get("acc_personalized")
+        state = {"stopped": f"stopped at round {o.round}", "failed": f"failed: {o.cause}",
+                 "skipped": f"skipped: {o.cause}"}.get(o.state, o.state)
+        wall = f"{s['wall_seconds']:.1f}" if "wall_seconds" in s else "-"
+        lines.append(f"| {o.name} | {state} | {pct(a, 'mean')} | {pct(a, 'std')} | {pct(a, 'min')} | "
+                     f"{pct(p, 'mean')} | {pct(p, 'std')} | {pct(p, 'min')} | {wall} |")
+    return "\n".join(lines)
+
+
+def write_results(sweep: Sweep, outcomes: Sequence[Outcome]) -> str:
+    """``results.md`` in the sweep's folder; returns where it is."""
+    text = f"# Sweep {sweep.id}\n\n{results_table(outcomes)}\n"
+    storage.Store(sweep.folder).write_bytes("results.md", text.encode())
+    return storage.join(sweep.folder, "results.md")

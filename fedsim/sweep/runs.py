@@ -1,0 +1,72 @@
+"""What bringing one run to completion takes, read from its folder (finished, resumable, changed or new), and the
+lock that lets several processes share one runs folder with each run trained by one of them."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fedsim import storage, strict_yaml
+from fedsim.config import ConfigError, RunConfig, changed_settings, validate
+from fedsim.plugins import plugin_settings
+
+CONFIG_FILE, SUMMARY_FILE = "config.yaml", "summary.json"
+STATES = ("finished", "resumable", "changed", "new")
+
+
+def location(cfg: RunConfig) -> str:
+    return storage.join(cfg.out_dir, cfg.name)
+
+
+def status(cfg: RunConfig) -> str:
+    """finished | resumable | changed | new: what the run folder ``cfg`` names holds against ``cfg``. The folder's
+    config is input: read with the strict loader, and a plug-in it names that ``cfg`` does not is a change
+    (never imported)."""
+    where = location(cfg)
+    store = storage.Store(where)
+    if not store.exists(CONFIG_FILE):
+        return "new"
+    try:
+        tree = strict_yaml.load(store.read_bytes(CONFIG_FILE).decode())
+    except (strict_yaml.YamlError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{storage.join(where, CONFIG_FILE)}: not a fedsim config ({err}); remove the run folder "
+                          "to run it again") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{storage.join(where, CONFIG_FILE)}: not a fedsim config; remove the run folder to run it again")
+    wanted = cfg.model_dump()
+    if plugin_settings(tree) != plugin_settings(wanted):
+        return "changed"
+    try:
+        stored = validate({**tree, "name": cfg.name, "out_dir": cfg.out_dir}).model_dump()
+    except ConfigError as err:
+        raise ConfigError(f"{storage.join(where, CONFIG_FILE)}: {err}; remove the run folder to run it again") from None
+    if changed_settings(stored, wanted):
+        return "changed"
+    if stored["train"]["rounds"] != wanted["train"]["rounds"]:
+        return "resumable"  # a constant-lr run that is extended (the engine accepts that)
+    return "finished" if store.exists(SUMMARY_FILE) else "resumable"
+
+
+def _locks_folder(cfg: RunConfig) -> Path:
+    """Beside the run folders for a local out_dir (a run started again replaces its folder, never its lock);
+    for a bucket, a folder of this machine named for it (the lock guards the processes of one machine)."""
+    if not storage.is_uri(cfg.out_dir):
+        return Path(cfg.out_dir) / ".locks"
+    return Path("~/.cache/fedsim/locks").expanduser() / hashlib.sha256(cfg.out_dir.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def claimed(cfg: RunConfig) -> Iterator[bool]:
+    """Whether this process may work on the run ``cfg`` names: an exclusive lock per run. The operating system
+    frees the lock when its process ends, so a crashed process never leaves a run blocked."""
+    locks = _locks_folder(cfg)
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{cfg.name}.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True

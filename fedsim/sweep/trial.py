@@ -1,0 +1,91 @@
+"""One Ray Tune trial: one fedsim run, in the placement group Tune reserved for it (one bundle per worker).
+
+The trial reports each evaluated round to Tune under the dashboard's names (``fedsim.metrics.series``), so a
+scheduler (ASHA) compares what the user sees in W&B; a resumed run first replays the rounds before its
+checkpoint from ``rounds.jsonl``, and a run that is already done replays all of them, so the scheduler sees
+every trial's whole history whatever the sweep's process went through."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedsim import storage
+from fedsim.config import ConfigError, RunConfig
+from fedsim.core.results import read_results
+from fedsim.data import DataError
+from fedsim.engine.driver import Callback, Run
+from fedsim.errors import RunFailed
+from fedsim.metrics.logger import round_row
+from fedsim.metrics.series import evaluated, fairness, round_metrics
+
+ACTIONS = ("run", "resume", "overwrite", "replay")
+FINISHED = "finished"  # the key of a trial's last result when its run is complete
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    """A run of the sweep and what its trial does: run it new, resume it, run it again over a folder whose
+    settings changed (overwrite), or replay a folder that is done (finished, or stopped by the scheduler)."""
+    config: RunConfig
+    action: str
+
+
+class TrialFailed(Exception):
+    """A trial's run stopped on bad input or a run-time failure: its one-line cause, for the sweep's table."""
+
+
+def report(metrics: dict) -> None:
+    from ray import tune
+
+    tune.report(metrics)
+
+
+class TuneReporter(Callback):
+    """Each evaluated round to Tune; on resume, the rounds before the checkpoint first (from rounds.jsonl)."""
+
+    def __init__(self) -> None:
+        self.last: dict = {}  # the last round reported
+
+    def on_run_start(self, run: Run, done: int) -> None:
+        self.replay([row for row in read_results(run.run_dir / "rounds.jsonl") if row["round"] <= done])
+
+    def on_round_end(self, run: Run, result) -> None:
+        self.replay([round_row(result)])
+
+    def replay(self, rows: list[dict]) -> None:
+        for row in filter(evaluated, rows):
+            self.last = round_metrics(row)
+            report(self.last)
+
+    def report_final(self, summary: dict) -> None:
+        """The last round again with the final statistics (``final/``, as W&B's summary) and the mark of a run
+        that is complete: a trial whose last result lacks it was stopped by the scheduler."""
+        final = {name.replace("fairness/", "final/", 1): value for name, value in fairness(summary).items()}
+        report({**self.last, **final, FINISHED: True})
+
+
+def train(params: dict, runs: dict[str, TrialRun]) -> None:
+    """Tune's function trainable: ``params["run"]`` names the run."""
+    import ray
+
+    from fedsim.simulate import run
+
+    item, reporter = runs[params["run"]], TuneReporter()
+    if item.action == "replay":
+        _replay_folder(item.config, reporter)
+        return
+    try:
+        result = run(item.config, overwrite=item.action == "overwrite", resume=item.action == "resume",
+                     callbacks=[reporter], reserved=ray.util.get_current_placement_group())
+    except (ConfigError, DataError, RunFailed, OSError, ValueError) as err:
+        raise TrialFailed(str(err).splitlines()[0]) from None
+    reporter.report_final(result.summary)
+
+
+def _replay_folder(cfg: RunConfig, reporter: TuneReporter) -> None:
+    with storage.local_folder(storage.join(cfg.out_dir, cfg.name), skip="checkpoints") as folder:
+        reporter.replay(read_results(Path(folder) / "rounds.jsonl"))
+        summary = Path(folder) / "summary.json"
+        if summary.exists():
+            reporter.report_final(json.loads(summary.read_text()))
