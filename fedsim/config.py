@@ -548,7 +548,11 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             value = strict_yaml.load(raw)
         except strict_yaml.YamlError as err:
             raise ConfigError(f"override {key.strip()}: {err}") from None
-        set_dotted(tree, key.strip(), value)
+        key = key.strip()
+        if key.startswith("sweep.") and len(key) > len("sweep."):  # a sweep's keys are dotted settings themselves
+            tree.setdefault("sweep", {})[key[len("sweep."):]] = value
+        else:
+            set_dotted(tree, key, value)
     return tree
 
 

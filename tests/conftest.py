@@ -351,3 +351,23 @@ def lightning_runtime(tmp_path, client: str, algorithm: str = "fedper", **over):
 
     plan = plan_for(validate(lightning_tree(tmp_path, client, algorithm, **over)))
     return ClientRuntime(plan, dict(enumerate(plan.clients)))
+
+
+def cli_env(**extra: str) -> dict:
+    """The environment of a `fedsim` subprocess: tests/ importable (user_plugins), W&B off unless asked."""
+    return {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "WANDB_MODE": "disabled",
+            **extra}
+
+
+def fedsim_cli(*args: str, timeout: float = 600, **popen) -> subprocess.CompletedProcess:
+    """`python -m fedsim.cli.main ARGS` to completion, output captured."""
+    return subprocess.run([sys.executable, "-m", "fedsim.cli.main", *args], env=popen.pop("env", cli_env()),
+                          capture_output=True, text=True, timeout=timeout, **popen)
+
+
+def write_yaml(path: Path, tree: dict) -> Path:
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(tree))
+    return path

@@ -111,7 +111,7 @@ def connect(configs: Sequence[RunConfig], max_concurrent: int | None) -> None:
         if wanted > have.get(key, 0) + 1e-9:
             fit = sum(1 for i in range(len(needs)) if sum(n[key] for n in needs[:i + 1]) <= have.get(key, 0) + 1e-9)
             raise ConfigError(f"--max-concurrent: {at_once} trials at once need {wanted:g} {key}, the Ray cluster has "
-                              f"{have.get(key, 0):g}; use --max-concurrent {max(fit, 1)} or fewer")
+                              f"{have.get(key, 0):g}; use --max-concurrent {max(fit, 1)}")
 
 
 def _actions(configs: Sequence[RunConfig], stopped: dict, stack: ExitStack,
@@ -236,7 +236,11 @@ def _scores(last: dict) -> str:
 
 def _cause(trial) -> str:
     """The trial's own one-line cause: TrialFailed's message, else the error's type and first line."""
-    err = trial.get_pickled_error()
+    err = None
+    if trial.pickled_error_file and Path(trial.pickled_error_file).exists():  # written by Tune before callbacks run
+        from ray import cloudpickle
+
+        err = cloudpickle.loads(Path(trial.pickled_error_file).read_bytes())
     while getattr(err, "cause", None) is not None:  # Ray's RayTaskError around the trial's exception
         err = err.cause
     if isinstance(err, TrialFailed):

@@ -42,10 +42,13 @@ def report(metrics: dict) -> None:
 
 
 class TuneReporter(Callback):
-    """Each evaluated round to Tune; on resume, the rounds before the checkpoint first (from rounds.jsonl)."""
+    """Each evaluated round to Tune; on resume, the rounds before the checkpoint first (from rounds.jsonl). The last
+    round is reported once the run is complete (``report_final``): a scheduler that stops a trial at its last
+    round (ASHA at max_t) then never cuts a run short of its summary."""
 
-    def __init__(self) -> None:
-        self.last: dict = {}  # the last round reported
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.last: dict = {}  # the last evaluated round
 
     def on_run_start(self, run: Run, done: int) -> None:
         self.replay([row for row in read_results(run.run_dir / "rounds.jsonl") if row["round"] <= done])
@@ -56,11 +59,12 @@ class TuneReporter(Callback):
     def replay(self, rows: list[dict]) -> None:
         for row in filter(evaluated, rows):
             self.last = round_metrics(row)
-            report(self.last)
+            if row["round"] < self.rounds:
+                report(self.last)
 
     def report_final(self, summary: dict) -> None:
-        """The last round again with the final statistics (``final/``, as W&B's summary) and the mark of a run
-        that is complete: a trial whose last result lacks it was stopped by the scheduler."""
+        """The last round with the final statistics (``final/``, as W&B's summary) and the mark of a run that is
+        complete: a trial whose last result lacks it was stopped by the scheduler."""
         final = {name.replace("fairness/", "final/", 1): value for name, value in fairness(summary).items()}
         report({**self.last, **final, FINISHED: True})
 
@@ -71,7 +75,8 @@ def train(params: dict, runs: dict[str, TrialRun]) -> None:
 
     from fedsim.simulate import run
 
-    item, reporter = runs[params["run"]], TuneReporter()
+    item = runs[params["run"]]
+    reporter = TuneReporter(item.config.train.rounds)
     if item.action == "replay":
         _replay_folder(item.config, reporter)
         return

@@ -1,0 +1,143 @@
+"""`fedsim sweep`: a config's variants as Ray Tune trials on a local Ray - at once, each equal to the same variant
+run alone, a failing trial named with its cause while the others go on, resumable after the sweep's process is
+killed (finished trials never retrained), ASHA's stops remembered, bad input refused before any trial."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import cli_env, fedsim_cli, lightning_tree, read_jsonl, synthetic_tree, write_yaml
+from fedsim.cli.main import main
+from fedsim.config import expand_sweep
+
+
+def _lines(proc: subprocess.CompletedProcess | str, suffix: str) -> list[str]:
+    text = proc if isinstance(proc, str) else proc.stdout
+    return [line for line in text.splitlines() if line.endswith(suffix) or f": {suffix}" in line]
+
+
+def test_two_variants_run_at_once_each_equals_its_run_alone_and_a_failing_one_is_named(tmp_path):
+    tree = lightning_tree(tmp_path, "TwoPartModule", sweep={"model.client": ["user_plugins:TwoPartModule",
+                                                                             "user_plugins:Broken"]})
+    config = write_yaml(tmp_path / "lm.yaml", tree)
+    good, broken = (cfg.name for cfg in expand_sweep(tree))
+    proc = fedsim_cli("sweep", str(config), "--max-concurrent", "2")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    events = [line for line in proc.stdout.splitlines() if line.startswith(("lm-", f"{good}:", f"{broken}:"))
+              and not line.startswith("| ")]
+    starts = [i for i, line in enumerate(events) if line.endswith(": running")]
+    ends = [i for i, line in enumerate(events) if ": finished" in line or ": failed" in line]
+    assert len(starts) == 2 and max(starts) < min(ends), events  # both trials were running before either ended
+    [failed] = [line for line in events if ": failed" in line]
+    assert failed.startswith(f"{broken}: failed: ") and "Broken.training_step raised ValueError: boom" in failed
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("fedsim: error:")]
+    assert len(errors) == 1 and "1 of 2 trials failed" in errors[0] and broken in errors[0]
+    table = (tmp_path / "_sweeps" / "lm" / "results.md").read_text()
+    assert f"| {good} | finished |" in table and f"| {broken} | failed: " in table
+
+    alone = fedsim_cli("run", str(config), "sweep.model.client=[user_plugins:TwoPartModule]", "--quiet",
+                       f"out_dir={tmp_path / 'alone'}")
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert read_jsonl(tmp_path / "alone" / good / "metrics.jsonl") == read_jsonl(tmp_path / good / "metrics.jsonl")
+
+
+def _wait_for(path, proc, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+def test_a_killed_sweep_rerun_replays_finished_trials_resumes_the_rest_and_keeps_ashas_stops(tmp_path):
+    tree = synthetic_tree(tmp_path, "ks", **{"train.eval_every": 1, "engine.checkpoint_every": 1},
+                          sweep={"algorithm": ["fedavg", "fedper", "fedprox"]},
+                          search={"scheduler": "asha", "metric": "fairness/acc_mean", "grace_rounds": 2,
+                                  "reduction_factor": 2})
+    config = write_yaml(tmp_path / "ks.yaml", tree)
+    fedavg, fedper, fedprox = (tmp_path / cfg.name for cfg in expand_sweep(tree))
+    command = [sys.executable, "-m", "fedsim.cli.main", "sweep", str(config), "--max-concurrent", "1"]
+    proc = subprocess.Popen(command, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        _wait_for(fedper / "checkpoints" / "latest", proc)  # one trial at a time: fedavg is done by then
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the sweep's process and its local Ray
+        first_output = proc.communicate()[0]
+    assert (fedavg / "summary.json").exists(), first_output[-4000:]
+    finished_at = json.loads((fedavg / "summary.json").read_text())["finished_at"]
+    assert not (fedper / "summary.json").exists()
+
+    rerun = fedsim_cli("sweep", str(config), "--max-concurrent", "1")
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert f"{fedavg.name}: done before, replaying its rounds" in rerun.stdout
+    assert json.loads((fedavg / "summary.json").read_text())["finished_at"] == finished_at  # never retrained
+    assert f"{fedper.name}: resuming from its checkpoint" in rerun.stdout, first_output[-2000:]
+    assert [r["round"] for r in read_jsonl(fedper / "rounds.jsonl")] == [1, 2, 3, 4]
+    # fedprox trails the two before it at ASHA's milestone (round 2) and is stopped there; the sweep remembers it.
+    stopped = json.loads((tmp_path / "_sweeps" / "ks" / "sweep.json").read_text())["stopped"]
+    assert list(stopped) == [fedprox.name] and stopped[fedprox.name]["round"] == 2
+    assert f"| {fedprox.name} | stopped at round 2 |" in rerun.stdout
+    assert not (fedprox / "summary.json").exists()
+
+
+def test_a_run_asha_stopped_stays_stopped_and_a_finished_one_is_replayed(tmp_path):
+    from contextlib import ExitStack
+
+    from fedsim.sweep.executor import _actions
+
+    configs = expand_sweep(synthetic_tree(tmp_path, "st", sweep={"algorithm": ["fedavg", "fedper", "fedprox"]}))
+    for cfg, files in zip(configs, (["config.yaml", "summary.json"], ["config.yaml"], ["config.yaml"])):
+        for name in files:
+            write_yaml(tmp_path / cfg.name / name, cfg.model_dump() if name == "config.yaml" else {})
+    with ExitStack() as stack:
+        runs, skipped = _actions(configs, {configs[1].name: {"round": 2}}, stack, print)
+    assert [runs[c.name].action for c in configs] == ["replay", "replay", "resume"] and not skipped
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"sweep": {"train.lrr": [0.1]}}, "sweep: train.lrr: Extra inputs are not permitted"),
+    ({"sweep": {"algorithm": []}}, "sweep.algorithm: an empty list gives no runs"),
+    ({"sweep": {"seed": [1, 2]}, "search": {"samples": 3}}, "search.samples: 3 samples of a sweep without distributions"),
+    ({"sweep": {"seed": [1]}, "search": {"scheduler": "asha", "metric": "fairness/acc_personalized_p10"},
+      "eval": {"finetune_epochs": 0}}, "search.metric: t-1 never reports 'fairness/acc_personalized_p10'"),
+])
+def test_bad_sweeps_are_one_line_exit_2_before_any_trial(tmp_path, capsys, over, message):
+    tree = synthetic_tree(tmp_path, **over)
+    assert main(["sweep", str(write_yaml(tmp_path / "bad.yaml", tree))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "_sweeps").exists()
+
+
+def test_max_concurrent_beyond_the_clusters_gpus_is_refused_before_any_trial(tmp_path):
+    import ray
+
+    from fedsim.config import ConfigError
+    from fedsim.sweep.executor import Sweep, run_sweep
+
+    configs = expand_sweep(synthetic_tree(tmp_path, "g", **{"engine.gpus_per_worker": 0.5}, sweep={"seed": [1, 2]}))
+    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False, logging_level="warning")
+    try:
+        with pytest.raises(ConfigError, match=r"--max-concurrent: 2 trials at once need 2 GPU, the Ray cluster has 1; "
+                                              r"use --max-concurrent 1$"):
+            run_sweep(Sweep("g", configs, configs[0].search), max_concurrent=2)
+    finally:
+        ray.shutdown()
+    assert not any((tmp_path / cfg.name).exists() for cfg in configs)
+
+
+def test_random_search_draws_from_the_seed_and_pairs_the_grid():
+    tree = {"name": "r", "seed": 5, "sweep": {"algorithm": ["fedavg", "fedper"],
+                                              "train.body.lr": {"loguniform": [1e-3, 1e-1]}},
+            "search": {"samples": 3}}
+    first, again = expand_sweep(tree), expand_sweep(tree)
+    assert [c.name for c in first] == [c.name for c in again] and len(first) == 6
+    lrs = [c.train.body.lr for c in first]
+    assert lrs[0::2] == lrs[1::2] and len(set(lrs)) == 3 and all(1e-3 <= lr <= 1e-1 for lr in lrs)
+    assert first[0].name == f"r-fedavg-{lrs[0]}" and first[0].logging.wandb.group == f"r-fedavg-{lrs[0]}"
+    assert [c.train.body.lr for c in expand_sweep({**tree, "seed": 6})] != lrs
