@@ -205,3 +205,40 @@ def test_job_on_a_cluster_without_shared_disk_checkpoints_to_s3_resumes_and_matc
     assert len(runs) == 2 and all(run.endswith(f"-{wandb_id}") for run in runs), runs
     assert all(f"wandb/{run}/run-{wandb_id}.wandb" in stored for run in runs)
     assert not [name for name, data in stored.items() if api_key.encode() in data]  # the key stayed in the env
+
+
+def test_a_sweep_on_the_two_node_cluster_runs_its_two_trials_on_different_nodes(tmp_path, data_root):
+    """Each trial's placement group packs its workers onto one node: two trials that each fill a node run at once,
+    one per node (that a trial equals its run alone is tests/sweep's; that a run across nodes equals a local one,
+    the test above)."""
+    from conftest import synthetic_tree, write_yaml
+
+    env = {**cluster_env(data_root), "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    tree = synthetic_tree(tmp_path, "nodes", **{"train.rounds": 2}, sweep={"algorithm": ["fedavg", "fedper"]})
+    config = write_yaml(tmp_path / "nodes.yaml", tree)
+    head_dir, second_dir = (Path(tempfile.mkdtemp(prefix=f"fs{n}-", dir="/tmp")) for n in (3, 4))
+    gcs = free_port()
+    head = _node("--head", f"--port={gcs}", "--num-cpus=2", "--include-dashboard=false",
+                 f"--temp-dir={head_dir / 'ray'}", env=env, cwd=head_dir)
+    second = None
+    try:
+        _wait_for_nodes(f"127.0.0.1:{gcs}", 1, env)
+        second = _node(f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={second_dir / 'ray'}", env=env,
+                       cwd=second_dir)
+        _wait_for_nodes(f"127.0.0.1:{gcs}", 2, env)
+        proc = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "sweep", str(config), "--max-concurrent", "2"],
+                              env={**env, "RAY_ADDRESS": f"127.0.0.1:{gcs}"}, cwd=REPO, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    finally:
+        for node in (second, head):
+            if node is not None:
+                stop_process_group(node)
+        pointer = Path("/tmp/ray/ray_current_cluster")
+        if pointer.exists() and pointer.read_text().strip().endswith(f":{gcs}"):
+            pointer.unlink()
+        shutil.rmtree(head_dir, ignore_errors=True)
+        shutil.rmtree(second_dir, ignore_errors=True)
+    nodes = [{w["node"] for w in json.loads((tmp_path / f"nodes-{m}" / "summary.json").read_text())["workers"]}
+             for m in ("fedavg", "fedper")]
+    assert all(len(n) == 1 for n in nodes) and nodes[0] != nodes[1], nodes
