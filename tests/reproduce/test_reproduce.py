@@ -178,3 +178,17 @@ def test_a_runs_time_counts_its_rounds_across_resumes_and_the_dry_run_extrapolat
     states = [(SimpleNamespace(key="a", folder=done), "finished"), (SimpleNamespace(key="b", folder=left), "new")]
     line = _time_left(states, {"a": 100_000, "b": 360_000})
     assert line.startswith("left: 1 runs, 360,000 sample-steps; about 0.1 h at the 2,000 sample-steps/s")
+
+
+def test_max_concurrent_hands_every_planned_run_to_one_tune_sweep(tmp_path, data_root, monkeypatch):
+    import fedsim.sweep.executor as executor
+
+    paper = PAPERS["fedper"]
+    planned = plan(paper, (paper.claim("k4"),), "cpu", 2, tmp_path, [f"data.root={data_root}", *TINY])
+    handed = []
+    monkeypatch.setattr(executor, "run_sweep", lambda sweep, n, say: handed.append((sweep, n)))
+    execute(planned, max_concurrent=3, name="fedper-cpu")
+    [(sweep, n)] = handed
+    assert n == 3 and sweep.name == "fedper-cpu" and sweep.search.scheduler == "fifo"
+    assert [cfg.name for cfg in sweep.configs] == [item.config.name for item in planned]
+    assert sweep.folder == str(tmp_path / "_sweeps" / "fedper-cpu")

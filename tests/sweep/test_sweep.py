@@ -13,6 +13,7 @@ import pytest
 from conftest import cli_env, fedsim_cli, lightning_tree, read_jsonl, synthetic_tree, write_yaml
 from fedsim.cli.main import main
 from fedsim.config import expand_sweep
+from fedsim.metrics.wandb_files import record as wandb_record
 
 
 def _lines(proc: subprocess.CompletedProcess | str, suffix: str) -> list[str]:
@@ -22,10 +23,11 @@ def _lines(proc: subprocess.CompletedProcess | str, suffix: str) -> list[str]:
 
 def test_two_variants_run_at_once_each_equals_its_run_alone_and_a_failing_one_is_named(tmp_path):
     tree = lightning_tree(tmp_path, "TwoPartModule", sweep={"model.client": ["user_plugins:TwoPartModule",
-                                                                             "user_plugins:Broken"]})
+                                                                             "user_plugins:Broken"]},
+                          **{"logging.wandb.mode": "offline"})
     config = write_yaml(tmp_path / "lm.yaml", tree)
     good, broken = (cfg.name for cfg in expand_sweep(tree))
-    proc = fedsim_cli("sweep", str(config), "--max-concurrent", "2")
+    proc = fedsim_cli("sweep", str(config), "--max-concurrent", "2", env=cli_env(WANDB_MODE="offline"))
     assert proc.returncode == 3, proc.stderr[-3000:]
     events = [line for line in proc.stdout.splitlines() if line.startswith(("lm-", f"{good}:", f"{broken}:"))
               and not line.startswith("| ")]
@@ -39,8 +41,13 @@ def test_two_variants_run_at_once_each_equals_its_run_alone_and_a_failing_one_is
     table = (tmp_path / "_sweeps" / "lm" / "results.md").read_text()
     assert f"| {good} | finished |" in table and f"| {broken} | failed: " in table
 
+    # W&B: the variant's own group (no method averaged with another) and the sweep's tag.
+    [offline] = (tmp_path / good / "wandb").glob("offline-run-*")
+    run_record = wandb_record(offline, "run")
+    assert run_record.run_group == good and any(tag.startswith("sweep:lm-") for tag in run_record.tags)
+
     alone = fedsim_cli("run", str(config), "sweep.model.client=[user_plugins:TwoPartModule]", "--quiet",
-                       f"out_dir={tmp_path / 'alone'}")
+                       "logging.wandb.mode=disabled", f"out_dir={tmp_path / 'alone'}")
     assert alone.returncode == 0, alone.stderr[-2000:]
     assert read_jsonl(tmp_path / "alone" / good / "metrics.jsonl") == read_jsonl(tmp_path / good / "metrics.jsonl")
 
