@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedsim.metrics.wandb_files import history, record, table  # noqa: E402
 
@@ -43,6 +44,7 @@ def fairness_chart(runs: list[dict], out: Path) -> Path:
         ax.plot(rounds, [h["fairness/acc_mean"] for h in run["rounds"]], color=colour, label=f"{run['name']} mean")
         ax.plot(rounds, [h["fairness/acc_p10"] for h in run["rounds"]], color=colour, ls="--", label=f"{run['name']} p10")
     ax.set(xlabel="round", ylabel="client accuracy (%)", title="fairness/acc_mean (solid) and fairness/acc_p10 (dashed)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     return _save(fig, out / "dashboard-fairness.png")
 

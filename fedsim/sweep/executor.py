@@ -178,9 +178,10 @@ def _scheduler(sweep: Sweep, runs: dict[str, TrialRun]):
 
 
 def _tune_storage(sweep: Sweep) -> str:
-    """Tune's own experiment files: in the sweep's folder when it is local, else Tune's default (~/ray_results)."""
+    """Tune's own experiment files, beside the sweep's table: in its bucket when out_dir is one (Tune writes URIs
+    through pyarrow, as fedsim does), so every node of a cluster reaches them."""
     if storage.is_uri(sweep.folder):
-        return str(Path("~/ray_results").expanduser())
+        return storage.join(sweep.folder, "tune")
     return str(Path(sweep.folder, "tune").resolve())
 
 

@@ -43,6 +43,11 @@ def test_wandb_offline_run_has_a_curve_per_client_and_syncs(tmp_path, data_root,
     assert per_round[-1]["client_acc/00003"] == final["per_client_acc"]["3"]
     assert any(h.get("final/client_acc_hist/_type") == "histogram" for h in history)
     _check_dashboard_tables(offline, history, res.run_dir)
+    drawn = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "docs" / "dashboard.py"), str(res.run_dir),
+                            "--out", str(tmp_path / "charts")], capture_output=True, text=True, timeout=120)
+    assert drawn.returncode == 0, drawn.stderr  # docs/dashboard.md's charts, drawn from what W&B received
+    assert sorted(p.name for p in (tmp_path / "charts").iterdir()) == [
+        "dashboard-every-client.png", "dashboard-fairness.png", "dashboard-partition.png"]
     dry = subprocess.run([sys.executable, "-m", "wandb", "sync", "--dry-run", str(offline)],
                          capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0, dry.stderr
