@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -96,16 +97,22 @@ def _need(cfg: RunConfig) -> dict[str, float]:
 
 def connect(configs: Sequence[RunConfig], max_concurrent: int | None) -> None:
     """Attach to RAY_ADDRESS, or start a local Ray with room (logical CPUs) for ``max_concurrent`` trials at once;
-    then refuse a ``max_concurrent`` the cluster can never place, before any trial starts."""
+    then refuse what the cluster can never place, before any trial starts. A local Ray can never grow: a trial it
+    cannot hold, or ``max_concurrent`` trials, is refused. An attached cluster may grow (its autoscaler adds
+    nodes while a trial waits, as for ``fedsim run``): only an explicit ``max_concurrent`` beyond what it holds
+    now is refused."""
     needs = sorted((_need(cfg) for cfg in configs), key=lambda n: (n["GPU"], n["CPU"]), reverse=True)
     at_once = min(max_concurrent or 1, len(configs))
+    attached = bool(os.environ.get("RAY_ADDRESS"))
     connect_ray(configs[0], cpus=sum(n["CPU"] for n in needs[:at_once]))
     import ray
 
+    if attached and max_concurrent is None:
+        return
     have = ray.cluster_resources()
     for key in ("CPU", "GPU"):
         one, wanted = needs[0][key], sum(n[key] for n in needs[:at_once])
-        if one > have.get(key, 0) + 1e-9:
+        if one > have.get(key, 0) + 1e-9 and not attached:
             raise ConfigError(f"engine.workers: a trial needs {one:g} {key}, the Ray cluster has {have.get(key, 0):g}; "
                               f"lower engine.workers or engine.{'gpus' if key == 'GPU' else 'cpus'}_per_worker")
         if wanted > have.get(key, 0) + 1e-9:

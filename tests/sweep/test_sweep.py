@@ -14,6 +14,7 @@ from conftest import cli_env, fedsim_cli, lightning_tree, read_jsonl, synthetic_
 from fedsim.cli.main import main
 from fedsim.config import expand_sweep
 from fedsim.metrics.wandb_files import record as wandb_record
+from fedsim.sweep.runs import claimed
 
 
 def _lines(proc: subprocess.CompletedProcess | str, suffix: str) -> list[str]:
@@ -61,7 +62,7 @@ def _wait_for(path, proc, timeout: float = 300) -> None:
 
 
 def test_a_killed_sweep_rerun_replays_finished_trials_resumes_the_rest_and_keeps_ashas_stops(tmp_path):
-    tree = synthetic_tree(tmp_path, "ks", **{"train.eval_every": 1, "engine.checkpoint_every": 1},
+    tree = synthetic_tree(tmp_path, "ks", **{"train.eval_every": 1, "engine.checkpoint_every": 1, "engine.workers": 1},
                           sweep={"algorithm": ["fedavg", "fedper", "fedprox"]},
                           search={"scheduler": "asha", "metric": "fairness/acc_mean", "grace_rounds": 2,
                                   "reduction_factor": 2})
@@ -92,7 +93,7 @@ def test_a_killed_sweep_rerun_replays_finished_trials_resumes_the_rest_and_keeps
     assert not (fedprox / "summary.json").exists()
 
 
-def test_a_run_asha_stopped_stays_stopped_and_a_finished_one_is_replayed(tmp_path):
+def test_a_run_asha_stopped_stays_stopped_a_finished_one_is_replayed_and_a_claimed_one_skipped(tmp_path):
     from contextlib import ExitStack
 
     from fedsim.sweep.executor import _actions
@@ -104,6 +105,11 @@ def test_a_run_asha_stopped_stays_stopped_and_a_finished_one_is_replayed(tmp_pat
     with ExitStack() as stack:
         runs, skipped = _actions(configs, {configs[1].name: {"round": 2}}, stack, print)
     assert [runs[c.name].action for c in configs] == ["replay", "replay", "resume"] and not skipped
+    with claimed(configs[2]):  # this process stands in for another sweep (or reproduce) training that run
+        with ExitStack() as stack:
+            runs, skipped = _actions(configs, {}, stack, print)
+    assert list(runs) == [configs[0].name, configs[1].name] and runs[configs[1].name].action == "resume"
+    assert [(o.name, o.state) for o in skipped] == [(configs[2].name, "skipped")]
 
 
 @pytest.mark.parametrize("over, message", [
