@@ -13,7 +13,6 @@ from fedsim.config import ConfigError, RunConfig, changed_settings, validate
 from fedsim.plugins import plugin_settings
 
 CONFIG_FILE, SUMMARY_FILE = "config.yaml", "summary.json"
-STATES = ("finished", "resumable", "changed", "new")
 
 
 def location(cfg: RunConfig) -> str:

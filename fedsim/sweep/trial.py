@@ -19,7 +19,6 @@ from fedsim.errors import RunFailed
 from fedsim.metrics.logger import round_row
 from fedsim.metrics.series import evaluated, fairness, round_metrics
 
-ACTIONS = ("run", "resume", "overwrite", "replay")
 FINISHED = "finished"  # the key of a trial's last result when its run is complete
 
 
