@@ -1,4 +1,5 @@
-"""``fedsim run CONFIG.yaml [key=value ...]`` - run a configured simulation (or each of its sweep variants).
+"""``fedsim run CONFIG.yaml [key=value ...]`` - run a configured simulation (or each of its sweep variants, one
+after another); ``fedsim sweep`` runs the variants at once as Ray Tune trials; ``report``, ``reproduce``, ``algorithms``.
 
 Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
 3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it);
