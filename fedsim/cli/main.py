@@ -133,7 +133,7 @@ def _sweep_command(args: argparse.Namespace) -> int:
     tree = load_tree(args.config, args.overrides)
     configs = expand_sweep(tree)
     refuse_defaults_only(args.config, tree)
-    base = validate(tree)
+    base = validate(tree)  # the config as written: its name and search section (a variant carries neither)
     if args.dry_run:
         return _sweep_dry_run(configs, base)
     from fedsim.sweep.executor import Sweep, results_table, run_sweep, write_results

@@ -84,6 +84,19 @@ def _wait_for_nodes(address: str, count: int, env: dict) -> None:
     raise AssertionError(f"cluster at {address} never reached {count} nodes")
 
 
+def _stop_cluster(nodes, gcs: int, folders) -> None:
+    """Stop the nodes (those started), forget the head, remove the nodes' folders."""
+    for node in nodes:
+        if node is not None:
+            stop_process_group(node)
+    # `ray start` records the head for later `ray.init()` calls; do not leave a pointer to a dead cluster.
+    pointer = Path("/tmp/ray/ray_current_cluster")
+    if pointer.exists() and pointer.read_text().strip().endswith(f":{gcs}"):
+        pointer.unlink()
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _rows(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
@@ -178,15 +191,7 @@ def test_job_on_a_cluster_without_shared_disk_checkpoints_to_s3_resumes_and_matc
                                     runtime_env=runtime_env)
         assert cluster.wait(second_job) == "succeeded", cluster.logs(second_job)
     finally:
-        for proc in (second, head):
-            if proc is not None:
-                stop_process_group(proc)
-        # `ray start` records the head for later `ray.init()` calls; do not leave a pointer to a dead cluster.
-        pointer = Path("/tmp/ray/ray_current_cluster")
-        if pointer.exists() and pointer.read_text().strip().endswith(f":{gcs}"):
-            pointer.unlink()
-        shutil.rmtree(head_dir, ignore_errors=True)
-        shutil.rmtree(second_dir, ignore_errors=True)
+        _stop_cluster((second, head), gcs, (head_dir, second_dir))
 
     stored = s3_objects(s3, "runs/quickstart-fedper/")
     local_run = tmp_path / "local" / "quickstart-fedper"
@@ -231,14 +236,7 @@ def test_a_sweep_on_the_two_node_cluster_runs_its_two_trials_on_different_nodes(
                               timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     finally:
-        for node in (second, head):
-            if node is not None:
-                stop_process_group(node)
-        pointer = Path("/tmp/ray/ray_current_cluster")
-        if pointer.exists() and pointer.read_text().strip().endswith(f":{gcs}"):
-            pointer.unlink()
-        shutil.rmtree(head_dir, ignore_errors=True)
-        shutil.rmtree(second_dir, ignore_errors=True)
+        _stop_cluster((second, head), gcs, (head_dir, second_dir))
     nodes = [{w["node"] for w in json.loads((tmp_path / f"nodes-{m}" / "summary.json").read_text())["workers"]}
              for m in ("fedavg", "fedper")]
     assert all(len(n) == 1 for n in nodes) and nodes[0] != nodes[1], nodes
