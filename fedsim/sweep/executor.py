@@ -204,6 +204,12 @@ class _Progress:
                 self.sweep, self.runs, self.stopped, self.say = sweep, runs, stopped, say
                 self.outcomes: dict[str, Outcome] = {}
 
+            def __getstate__(self) -> dict:
+                # Tune pickles its callbacks into the experiment state for Tuner.restore, which fedsim never uses
+                # (the run folders are a sweep's state). The printer stays out: once a Ray worker logs, Ray swaps
+                # builtins.print for its tqdm-safe one, and the original `print` no longer pickles by name.
+                return {**self.__dict__, "say": None}
+
             def on_trial_start(self, iteration, trials, trial, **info):
                 name = trial.config["run"]
                 self.say(f"{name}: {VERBS[self.runs[name].action]}")
