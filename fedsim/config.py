@@ -299,6 +299,67 @@ class WandbConfig(_Section):
     tags: list[str] = Field(default_factory=list)
     run_id: str | None = Field(None, description="W&B run id; set to continue the same W&B run on --resume")
     per_client_limit: int = Field(100, ge=0, description="clients logged as their own curve (all go into the final table)")
+    x_axis: Literal["round", "sim_time"] = Field("round", description="the charts' x-axis: the round, or simulated "
+                                                  "seconds on the virtual clock (needs system.devices)")
+
+
+class DevicesConfig(_Section):
+    """Each client's device: a preset drawn from the seed, or a CSV trace (``client,speed,up_mbps,down_mbps`` and
+    an optional ``class`` column; one row per client)."""
+    preset: Literal["uniform", "lognormal", "mobile"] = Field(
+        "uniform", description="uniform: every device the median one; lognormal: speed and bandwidths spread by "
+        "sigma (classes slow/medium/fast by speed tercile); mobile: a stylized mix of high-end (25%, 4x), "
+        "mid-range (50%, 1x) and low-end (25%, 0.25x) devices")
+    trace: str | None = Field(None, description="CSV file of per-client devices (replaces the preset)")
+    speed: float = Field(100.0, gt=0, description="samples per second (forward and backward) of the median device")
+    up_mbps: float = Field(5.0, gt=0, description="upload bandwidth of the median device, megabits per second")
+    down_mbps: float = Field(20.0, gt=0, description="download bandwidth of the median device, megabits per second")
+    sigma: float = Field(0.5, ge=0, description="lognormal: standard deviation of log speed and log bandwidth")
+
+
+class AvailabilityConfig(_Section):
+    pattern: Literal["always", "diurnal", "trace"] = Field(
+        "always", description="diurnal: each client is on for on_fraction of every period_s, at a phase drawn from "
+        "the seed; trace: the intervals of a CSV file (client,start_s,end_s), repeated every period_s")
+    period_s: float = Field(86400.0, gt=0, description="length of the availability cycle in simulated seconds")
+    on_fraction: float = Field(0.5, gt=0, le=1, description="diurnal: share of each period a client can be selected")
+    trace: str | None = Field(None, description="pattern trace: CSV file of availability intervals")
+
+    @model_validator(mode="after")
+    def _trace_with_its_file(self) -> "AvailabilityConfig":
+        if (self.pattern == "trace") != (self.trace is not None):
+            raise ValueError("system.availability: pattern trace and a trace file go together; set both "
+                             "(pattern: trace, trace: FILE.csv) or neither")
+        return self
+
+
+class SystemConfig(_Section):
+    """System heterogeneity on a virtual clock. Off (devices null) by default: an ideal federation where every
+    sampled client reports and rounds take no simulated time."""
+    devices: DevicesConfig | None = Field(None, description="null: no clock; else each client's compute speed and "
+                                          "bandwidth, which give its simulated time per round")
+    availability: AvailabilityConfig = AvailabilityConfig()
+    dropout: float = Field(0.0, ge=0, lt=1, description="probability that a selected client drops out mid-round")
+    deadline_s: float | None = Field(None, gt=0, description="a round closes this many simulated seconds after it "
+                                     "starts; later reports are discarded (null: it waits for every reporting client)")
+    over_selection: float = Field(0.0, ge=0, le=10, description="select this share more clients than "
+                                  "max(1, round(f x N)); the round closes once that many have reported")
+    target_accuracy: list[float] = Field(default_factory=list, description="mean accuracies (0-1) whose first "
+                                         "simulated time summary.json reports as time_to_accuracy")
+
+    @model_validator(mode="after")
+    def _a_clock_for_timed_settings(self) -> "SystemConfig":
+        if self.devices is None:
+            timed = {"availability": self.availability.pattern != "always", "dropout": self.dropout > 0,
+                     "deadline_s": self.deadline_s is not None, "over_selection": self.over_selection > 0,
+                     "target_accuracy": bool(self.target_accuracy)}
+            for key, used in timed.items():
+                if used:
+                    raise ValueError(f"system.{key}: needs the virtual clock; set system.devices (e.g. "
+                                     "system.devices.preset=uniform)")
+        if any(not 0 < target <= 1 for target in self.target_accuracy):
+            raise ValueError("system.target_accuracy: give accuracies between 0 and 1 (e.g. [0.5, 0.7])")
+        return self
 
 
 class LoggingConfig(_Section):
@@ -399,6 +460,7 @@ class RunConfig(_Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     engine: EngineConfig = EngineConfig()
+    system: SystemConfig = SystemConfig()
     logging: LoggingConfig = LoggingConfig()
     sweep: dict[str, list[Any] | Distribution] = Field(
         default_factory=dict, description="dotted key -> a list of values (a grid: one run per combination) or a "
@@ -462,6 +524,9 @@ class RunConfig(_Section):
             raise ValueError(_format_error(err, prefix="algorithm")) from None
         # Stored with defaults filled in, so config.yaml and checkpoints say exactly what ran.
         self.algorithm.__pydantic_extra__ = params.model_dump(by_alias=True)
+        if self.logging.wandb.x_axis == "sim_time" and self.system.devices is None:
+            raise ValueError("logging.wandb.x_axis: sim_time needs the virtual clock; set system.devices (e.g. "
+                             "system.devices.preset=uniform) or x_axis=round")
         return self
 
 
@@ -490,6 +555,7 @@ def _flat_partition(data: dict) -> dict:
 
 
 # model.* keys added after checkpoints were first written: at their defaults they leave a fingerprint as it was.
+SYSTEM_OFF = SystemConfig().model_dump()
 LATER_MODEL_DEFAULTS = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric"}
 
 
@@ -499,6 +565,8 @@ def _resume_settings(cfg_dict: dict) -> dict:
     settings = result_settings(cfg_dict)
     settings["data"] = _flat_partition(settings["data"])
     settings["model"] = {k: v for k, v in settings["model"].items() if LATER_MODEL_DEFAULTS.get(k, ...) != v}
+    if settings["system"] == SYSTEM_OFF:  # added later: an ideal federation keeps the fingerprint it had
+        del settings["system"]
     stepped = any(settings["train"][part]["schedule"] != "constant" for part in ("body", "head"))
     settings["train"] = {k: v for k, v in settings["train"].items() if k != "rounds" or stepped}
     return settings

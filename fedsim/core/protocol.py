@@ -81,6 +81,7 @@ class RoundResult:
     records: list[dict] = field(default_factory=list)
     comm: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    timing: dict = field(default_factory=dict)  # on the virtual clock: the round's simulated time and who took part
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from fedsim.config import RunConfig
-from fedsim.core.protocol import payload_bytes, serialized_size
 from fedsim.plan import RunPlan, steps_per_epoch
 from fedsim.plan.build import build_plan, load_inputs
 
@@ -84,9 +81,7 @@ def estimate(cfg: RunConfig) -> WorkEstimate:
     train_samples, train_steps = _training_work(plan, epochs)
     evaluation_rounds, finetune_samples, finetune_steps, scored = _evaluation_work(plan)
     sampled = len(plan.sampled(1))
-    # As the server and workers account traffic: the broadcast's pickled size, a float32 vector per upload.
-    down = sum(serialized_size(np.zeros(shared, np.float32)) for _ in algorithm.broadcast)
-    up = sum(payload_bytes(shared) for _ in algorithm.uploads)
+    down, up = plan.traffic_per_client
     return WorkEstimate(
         name=cfg.name, model=cfg.model.name if not cfg.model.client else plan.model.client, client=plan.model.client,
         optimizers=plan.model.optimizers, own_optimizers=plan.model.own_optimizers, parameters=plan.model.parameters, model_bytes=plan.model.state_bytes,

@@ -146,8 +146,8 @@ class Server:
 
     def _round(self, round_idx: int) -> RoundOutcome:
         start = time.perf_counter()
-        sampled = self.plan.sampled(round_idx)
-        plan = self._sum_plan(sampled)
+        sampled = self.plan.sampled(round_idx)  # on the virtual clock, possibly nobody (all dropped or late)
+        plan = self._sum_plan(sampled) if sampled else None
         calls = [self.workers[w].train_and_sum.remote(self.broadcast_ref, cs, round_idx, plan)
                  for w, cs in self._by_worker(sampled, self.plan.train_steps).items()]
         partials: list[WorkerPartial] = self._get_watching(calls)
@@ -167,7 +167,9 @@ class Server:
         records = self._evaluate(round_idx, {r.client: r for r in kept}) if self.plan.evaluates(round_idx) else []
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.bytes_down, "bytes_up": r.bytes_up}
                 for r in kept]
-        return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start)
+        timing = self.plan.timing(round_idx)
+        return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start,
+                           timing=timing.row() if timing else {})
 
     def _sum_plan(self, sampled: list[int]) -> SumPlan:
         """Per upload, the fixed-point scale for this round's exact sums: from the server's current value of

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from fedsim import atomic
+from fedsim.config import RunConfig
 from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys
 from fedsim.core.results import JSONL_RESULTS, read_results
 from fedsim.engine.driver import Callback, Run, utc_now
@@ -40,7 +41,7 @@ def round_row(result: RoundResult) -> dict:
            "evaluated": len(records),  # the eval.clients cohort, or everyone
            "dropped": result.dropped,
            "bytes_down": sum(c["bytes_down"] for c in result.comm),
-           "bytes_up": sum(c["bytes_up"] for c in result.comm)}
+           "bytes_up": sum(c["bytes_up"] for c in result.comm), **result.timing}
     for key in ACCURACIES:
         if records and key in records[0]:
             row[key] = summarize([r[key] for r in records])
@@ -117,8 +118,46 @@ class JsonlLogger(Callback):
                 summary[f"per_client_{key}"] = per_client
         for key in logged_keys(records):
             summary[key] = summarize([r[key] for r in records if r.get(key) is not None])
+        rounds = read_jsonl(self.run_dir / "rounds.jsonl")
+        summary["best_round"] = best_rounds(rounds)
+        if run.plan.system is not None:
+            summary["system"] = system_summary(cfg, rounds, records, run.plan.system.devices.kind)
         comm = read_jsonl(self.run_dir / "comm.jsonl")
         summary.update(comm={"bytes_down": sum(c["bytes_down"] for c in comm), "bytes_up": sum(c["bytes_up"] for c in comm)},
                        wall_seconds=time.perf_counter() - run.started, workers=run.workers,
                        started_at=run.started_at, finished_at=utc_now(), **run.extras)  # of the invocation that finished it
         return summary
+
+
+def best_rounds(rounds: list[dict]) -> dict[str, dict]:
+    """Per accuracy, the evaluation round with the highest mean across clients (the first on a tie) and its
+    statistics: what PFLlib and the FedBABU authors report, beside the final round fedsim reports first."""
+    best = {}
+    for key in ACCURACIES:
+        scored = [r for r in rounds if key in r]
+        if scored:
+            top = max(scored, key=lambda r: (r[key]["mean"], -r["round"]))
+            best[key] = {"round": top["round"], **top[key]}
+    return best
+
+
+def system_summary(cfg: RunConfig, rounds: list[dict], records: list[dict], kinds: tuple[str, ...]) -> dict:
+    """The virtual clock's totals, time to each system.target_accuracy, and the final round's accuracies by
+    device class and by how often a client took part."""
+    out = {"sim_seconds": rounds[-1]["sim_time_s"] if rounds else 0.0,
+           "dropouts": sum(len(r["dropouts"]) for r in rounds), "late": sum(len(r["late"]) for r in rounds),
+           "empty_rounds": sum(r["sampled"] == 0 for r in rounds),
+           "time_to_accuracy": {key: {str(t): next((r["sim_time_s"] for r in rounds if key in r and r[key]["mean"] >= t),
+                                                   None) for t in cfg.system.target_accuracy}
+                                for key in ACCURACIES if rounds and any(key in r for r in rounds)}}
+    taken = sorted(r.get("times_sampled", 0) for r in records)
+    median = taken[len(taken) // 2] if taken else 0
+    groups = {"device": lambda r: kinds[r["client"]],
+              "participation": lambda r: "never" if r["times_sampled"] == 0 else
+              ("at_most_median" if r["times_sampled"] <= median else "above_median")}
+    for name, group_of in groups.items():
+        out[f"by_{name}"] = {key: {group: summarize([r[key] for r in records if group_of(r) == group])
+                                   for group in sorted({group_of(r) for r in records})}
+                             for key in ACCURACIES if records and key in records[0]}
+    out["participation_median"] = median
+    return out

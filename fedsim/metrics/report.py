@@ -37,6 +37,8 @@ class Run:
     seed: int | None = None
     settings: str = ""  # every setting that changes results except the seed: runs that share it are seeds of one
     logged: dict[str, list[float]] = field(default_factory=dict)  # a user module's self.log values, last round
+    sim_time: dict[int, float] = field(default_factory=dict)  # round -> simulated seconds at its end (system.devices)
+    system: dict = field(default_factory=dict)  # summary.json's system block: totals, fairness by device class
 
     def curve(self, kind: str) -> tuple[list[int], list[dict[str, float]]]:
         rounds = sorted(self.per_round[kind])
@@ -97,7 +99,8 @@ def load_run(run_dir: Path) -> Run:
                rounds=summary.get("rounds", max(r["round"] for r in rows + records)), finished=bool(summary),
                wall_seconds=summary.get("wall_seconds"), per_round=per_round,
                comm={d: comm.get(d) for d in DIRECTIONS}, seed=config.get("seed"), settings=_settings(config),
-               logged=logged)
+               logged=logged, sim_time={r["round"]: r["sim_time_s"] for r in rows if "sim_time_s" in r},
+               system=summary.get("system", {}))
 
 
 def _settings(config: dict) -> str:
@@ -238,6 +241,36 @@ def _communication_png(runs: list[Run], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _time_png(runs: list[Run], path: Path) -> None:
+    """Mean client accuracy against simulated time: what a straggler or a dropout costs, which rounds hide."""
+    fig = Figure(figsize=(8, 4.4), layout="constrained")
+    ax = fig.subplots()
+    for i, run in enumerate(runs):
+        for kind, style in zip(ACCURACIES, ("-", "--")):
+            rounds = [r for r in sorted(run.per_round.get(kind, {})) if r in run.sim_time]
+            if rounds:
+                mean = [100 * float(np.mean(run.per_round[kind][r])) for r in rounds]
+                ax.plot([run.sim_time[r] for r in rounds], mean, style, marker="o", markersize=3, color=f"C{i % 10}",
+                        label=f"{run.name} ({ACCURACIES[kind]})")
+    ax.set(xlabel="simulated time (s)", ylabel="mean client accuracy (%)", ylim=(0, 100),
+           title="Mean client accuracy against simulated time")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    fig.savefig(path, dpi=110)
+
+
+def _device_table(runs: list[Run]) -> list[str]:
+    """Final-round accuracy by device class and by participation, from each run's summary."""
+    lines = ["| run | accuracy | by | group | clients' mean % | p10 % | min % |", "|" + "---|" * 7]
+    for run in runs:
+        for by in ("device", "participation"):
+            for kind, groups in run.system.get(f"by_{by}", {}).items():
+                for group, s in groups.items():
+                    lines.append(f"| {run.name} | {ACCURACIES[kind]} | {by} | {group} | {100 * s['mean']:.2f} | "
+                                 f"{100 * s['p10']:.2f} | {100 * s['min']:.2f} |")
+    return lines
+
+
 def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value / scale, spec)
 
@@ -285,7 +318,8 @@ def _saving_lines(runs: list[Run]) -> list[str]:
 
 def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     """Write fairness_<run>.png per run, comparison.png, final_distribution.png, communication.png (when runs
-    recorded bytes) and report.md into out_dir; return the written paths."""
+    recorded bytes), sim_time.png (when runs ran on the virtual clock) and report.md into out_dir; return the
+    written paths."""
     if not run_dirs:
         raise ValueError("write_report needs at least one run folder")
     runs = [load_run(Path(d)) for d in run_dirs]
@@ -317,6 +351,14 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     if with_comm:
         md += ["## Communication", "", *_saving_lines(with_comm), "",
                f"![communication]({save(_communication_png, 'communication.png', with_comm)})", ""]
+    timed = [run for run in runs if run.sim_time]
+    if timed:
+        totals = [f"{run.name}: {run.system.get('sim_seconds', max(run.sim_time.values())):.0f} s simulated, "
+                  f"{run.system.get('dropouts', '-')} dropouts, {run.system.get('late', '-')} late reports"
+                  for run in timed]
+        md += ["## On the virtual clock", "", "; ".join(totals) + ".", "",
+               f"![accuracy against simulated time]({save(_time_png, 'sim_time.png', timed)})", "",
+               *_device_table(timed), ""]
     md += ["## Per run", ""]
     for run in runs:
         png = save(_fairness_png, f"fairness_{_slug(run.name)}.png", run)

@@ -8,6 +8,7 @@ from fedsim.core.protocol import ACCURACIES, RECORD_KEYS
 
 STATS = ("mean", "std", "min", "max", "p10", "worst10_mean", "jain")  # fedsim.metrics.summarize's statistics
 ROUND_KEYS = {"comm/bytes_up": "bytes_up", "comm/bytes_down": "bytes_down", "round_seconds": "seconds"}
+CLOCK_KEYS = {"sim/time_s": "sim_time_s", "sim/round_seconds": "sim_seconds", "sim/selected": "selected"}  # system.devices
 NOT_LOGGED = {"round", "seconds", "sampled", "evaluated", "dropped", "bytes_up", "bytes_down"}
 
 
@@ -19,9 +20,10 @@ def fairness(row: dict) -> dict[str, float]:
 
 
 def round_metrics(row: dict) -> dict[str, float]:
-    """A round's row as named series: traffic and time every round; on evaluated rounds the fairness
+    """A round's row as named series: traffic and time every round (and simulated time on the virtual clock); on evaluated rounds the fairness
     statistics and a user module's ``self.log`` values (``name/mean``, ..., in the module's units)."""
     data = {"round": row["round"], **{name: row[key] for name, key in ROUND_KEYS.items()}} | fairness(row)
+    data |= {name: row[key] for name, key in CLOCK_KEYS.items() if key in row}
     for key, stats in row.items():
         if key not in NOT_LOGGED and key not in ACCURACIES and key not in RECORD_KEYS and isinstance(stats, dict):
             data |= {f"{key}/{stat}": value for stat, value in stats.items()}
@@ -37,4 +39,5 @@ def metric_names(cfg: RunConfig) -> list[str]:
     """The series every evaluated round of a run of ``cfg`` reports (a user module's own values come on top,
     known only once it logs them)."""
     accuracies = ["acc", *(["acc_personalized"] if cfg.eval.finetune_epochs else [])]
-    return [*ROUND_KEYS, *(f"fairness/{key}_{stat}" for key in accuracies for stat in STATS)]
+    clock = [*CLOCK_KEYS] if cfg.system.devices is not None else []
+    return [*ROUND_KEYS, *clock, *(f"fairness/{key}_{stat}" for key in accuracies for stat in STATS)]

@@ -27,6 +27,7 @@ from fedsim.metrics.series import evaluated, fairness, round_metrics
 
 ARTIFACT_FILES = ("summary.json", "rounds.csv", "rounds.jsonl", "partition_stats.json", "config.yaml")
 STATE_FILE = "wandb_run.json"
+X_AXES = {"round": "round", "sim_time": "sim/time_s"}  # logging.wandb.x_axis -> the step metric of every chart
 
 
 def _has_api_key() -> bool:
@@ -64,9 +65,11 @@ class WandbLogger(Callback):
                               dir=str(run_dir.resolve()), mode=mode, id=wcfg.run_id or saved.get("id"),
                               resume="allow" if resume else None, reinit="finish_previous")
         self.run.define_metric("round")
-        self.run.define_metric("*", step_metric="round")
+        self.run.define_metric(X_AXES[wcfg.x_axis])
+        self.run.define_metric("*", step_metric=X_AXES[wcfg.x_axis])
         self.mode = mode
         self.logged_through = saved.get("logged_through", 0)
+        self.clock = cfg.system.devices is not None  # the run has simulated time to log
         self.classes = self._log_partition(run_dir, first=done == 0 and not saved)
         self.bytes_total = sum(r["bytes_up"] + r["bytes_down"] for r in read_results(run_dir / "rounds.jsonl")
                                if r["round"] <= done)
@@ -87,7 +90,8 @@ class WandbLogger(Callback):
                     enumerate(zip(stats["train_sizes"], stats["test_sizes"], classes, counts))]
             self.run.log({"partition/clients": wandb.Table(columns=columns, data=rows),
                           "partition/train_sizes": wandb.Histogram(stats["train_sizes"]),
-                          "partition/classes_per_client": wandb.Histogram(classes), "round": 0})
+                          "partition/classes_per_client": wandb.Histogram(classes), "round": 0,
+                          **({"sim/time_s": 0.0} if self.clock else {})})
         return classes
 
     def _save_state(self) -> None:

@@ -18,6 +18,7 @@ from fedsim.models.lightning import (build_client, describe_optimizers, module_o
                                      overrides, part_parameters, split_keys)
 from fedsim.models.state import layout_of, load_arrays, pack
 from fedsim.plan import ModelPlan, RunPlan
+from fedsim.plan.system import build_system
 
 
 def initial_client(cfg: RunConfig, algorithm: Algorithm, num_classes: int,
@@ -117,4 +118,5 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
     maps = part.label_maps
     clients = tuple(ClientData(part.train[c], part.test[c], None if maps is None else maps[c])
                     for c in range(part.num_clients))
-    return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape)
+    return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
+                   system=build_system(cfg.system, cfg.seed, part.num_clients))

@@ -1,0 +1,103 @@
+"""Runs on the virtual clock through the engine: an ideal device population changes nothing, heterogeneous ones
+are bit-identical for any number of workers and after a resume, and the run folder and summary say who took part
+and when (tests/plan/test_system.py checks the clock itself)."""
+import json
+
+import numpy as np
+import pytest
+from conftest import (cli_env, fedsim_cli, in_process_server, read_jsonl, round_records, six_client_run,
+                      synthetic_tree, write_yaml)
+
+ROUNDS = 3
+HETEROGENEOUS = {"devices": {"preset": "lognormal", "sigma": 1.0}, "dropout": 0.25, "over_selection": 0.5,
+                 "deadline_s": 3.0, "availability": {"pattern": "diurnal", "period_s": 20.0, "on_fraction": 0.7}}
+
+
+def _rounds(monkeypatch, cfg, rounds=ROUNDS, ckpt=None, first=1):
+    server = in_process_server(monkeypatch, cfg)
+    server.restore(ckpt)
+    return server, [server.round(r) for r in range(first, rounds + 1)]
+
+
+def test_uniform_devices_without_dropout_give_todays_results_bit_for_bit(tmp_path, data_root, monkeypatch):
+    _, ideal = _rounds(monkeypatch, six_client_run(tmp_path, data_root, "fedper", 2, ROUNDS, eval_every=1))
+    clocked_cfg = six_client_run(tmp_path, data_root, "fedper", 2, ROUNDS, eval_every=1,
+                                 system={"devices": {"preset": "uniform"}})
+    server, clocked = _rounds(monkeypatch, clocked_cfg)
+    assert round_records(clocked) == round_records(ideal)
+    assert all(not o.timing for o in ideal)
+    assert [o.timing["selected"] for o in clocked] == [3] * ROUNDS and all(o.timing["sim_seconds"] > 0 for o in clocked)
+    assert clocked_cfg.model_dump()["system"]["devices"] and server.plan.fingerprint != in_process_server(
+        monkeypatch, six_client_run(tmp_path, data_root, "fedper", 2, ROUNDS)).plan.fingerprint
+
+
+@pytest.mark.parametrize("algorithm", ["fedper", "scaffold", "ditto"])
+def test_devices_dropouts_and_deadlines_are_bit_identical_on_one_two_and_three_workers(tmp_path, data_root,
+                                                                                        monkeypatch, algorithm):
+    results = []
+    for workers in (1, 2, 3):
+        server, outcomes = _rounds(monkeypatch, six_client_run(tmp_path, data_root, algorithm, workers, ROUNDS,
+                                                               eval_every=1, system=HETEROGENEOUS))
+        results.append((round_records(outcomes), [o.timing for o in outcomes], server.state))
+    (one, t1, s1), (two, t2, s2), (three, t3, s3) = results
+    assert one == two == three and t1 == t2 == t3
+    assert all(np.array_equal(s1[k], s[k]) for s in (s2, s3) for k in s1)
+    taking_part = [o[1] for o in one]
+    assert any(len(p) < 3 for p in taking_part), taking_part  # the system settings did bite
+    times = [r["times_sampled"] for r in one[-1][2]]
+    assert sum(times) == sum(len(p) for p in taking_part)  # participation counts who trained, not who was selected
+
+
+def test_a_resumed_heterogeneous_run_equals_an_undisturbed_one(tmp_path, data_root, monkeypatch):
+    cfg = six_client_run(tmp_path, data_root, "fedper", 2, ROUNDS, eval_every=1, system=HETEROGENEOUS)
+    _, straight = _rounds(monkeypatch, cfg)
+    first, head = _rounds(monkeypatch, cfg, rounds=1)
+    ckpt = first.checkpoint(str(tmp_path / "run"), 1)
+    resumed = six_client_run(tmp_path, data_root, "fedper", 3, ROUNDS, eval_every=1, system=HETEROGENEOUS)
+    _, tail = _rounds(monkeypatch, resumed, ckpt=ckpt, first=2)
+    assert round_records(head + tail) == round_records(straight)
+    assert [o.timing for o in head + tail] == [o.timing for o in straight]
+
+
+def test_a_clocked_run_writes_simulated_time_participation_and_fairness_by_device(tmp_path):
+    tree = synthetic_tree(tmp_path, "clock", **{"train.eval_every": 1, "logging.wandb.mode": "offline",
+                                                "logging.wandb.x_axis": "sim_time"},
+                          system={"devices": {"preset": "mobile"}, "dropout": 0.2, "target_accuracy": [0.05, 1.0]})
+    out = fedsim_cli("run", str(write_yaml(tmp_path / "clock.yaml", tree)), "--quiet", env=cli_env(WANDB_MODE="offline"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "clock"
+    rows = read_jsonl(run / "rounds.jsonl")
+    ends = [r["sim_time_s"] for r in rows]
+    assert ends == sorted(ends) and all(r["sim_start_s"] + r["sim_seconds"] == pytest.approx(r["sim_time_s"]) for r in rows)
+    summary = json.loads((run / "summary.json").read_text())
+    system = summary["system"]
+    assert system["sim_seconds"] == ends[-1] and system["dropouts"] == sum(len(r["dropouts"]) for r in rows)
+    reached = system["time_to_accuracy"]["acc"]
+    assert reached["0.05"] in ends and reached["1.0"] is None
+    kinds = {"high-end", "mid-range", "low-end"}
+    assert set(system["by_device"]["acc"]) <= kinds and set(system["by_participation"]["acc"])
+    best = summary["best_round"]["acc"]
+    assert best["mean"] == max(r["acc"]["mean"] for r in rows) and best["round"] in range(1, 5)
+    from fedsim.metrics.wandb_files import history
+
+    [offline] = (run / "wandb").glob("offline-run-*")
+    logged = history(offline)
+    assert [h["sim/time_s"] for h in logged if "fairness/acc_mean" in h] == ends
+    report = fedsim_cli("report", str(run), "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## On the virtual clock" in text and (tmp_path / "report" / "sim_time.png").stat().st_size > 10_000
+    assert f"{ends[-1]:.0f} s simulated" in text and "| clock | initial | device |" in text
+
+
+@pytest.mark.parametrize("over, message", [
+    (["system.devices.speed=-2"], "system.devices.speed: Input should be greater than 0"),
+    (["system.dropout=0.5"], "system.dropout: needs the virtual clock"),
+    (["system.devices.preset=uniform", "system.over_selection=-1"], "system.over_selection: Input should be"),
+    (["system.devices.trace=/nonexistent/devices.csv"], "system.devices.trace: cannot read /nonexistent/devices.csv"),
+    (["logging.wandb.x_axis=sim_time"], "logging.wandb.x_axis: sim_time needs the virtual clock"),
+])
+def test_hostile_system_settings_are_one_line_exit_2(tmp_path, over, message):
+    config = write_yaml(tmp_path / "bad.yaml", synthetic_tree(tmp_path, "bad"))
+    out = fedsim_cli("run", str(config), "--dry-run", *over)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
