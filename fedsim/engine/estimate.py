@@ -40,6 +40,7 @@ class WorkEstimate:
     workers: int
     cpus_per_worker: float
     gpus_per_worker: float
+    clock: dict | None = None  # on the virtual clock: simulated seconds, selected and taking part per round
 
     @property
     def train_sample_steps_per_round(self) -> float:
@@ -90,7 +91,18 @@ def estimate(cfg: RunConfig) -> WorkEstimate:
         finetune_sample_steps=finetune_samples, finetune_sgd_steps=finetune_steps,
         evaluation_rounds=evaluation_rounds, scored_test_images=scored,
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
-        workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker)
+        workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
+        clock=_clock(plan))
+
+
+def _clock(plan: RunPlan) -> dict | None:
+    """The virtual clock over the whole run (it depends on nothing a run computes, so a dry run knows it)."""
+    if plan.clock is None:
+        return None
+    rounds = [plan.clock.round(r) for r in range(1, plan.cfg.train.rounds + 1)]
+    return {"sim_seconds": rounds[-1].end_s, "selected": sum(len(t.selected) for t in rounds) / len(rounds),
+            "participants": sum(len(t.participants) for t in rounds) / len(rounds),
+            "dropouts": sum(len(t.dropouts) for t in rounds), "late": sum(len(t.late) for t in rounds)}
 
 
 def _mb(value: int) -> str:
@@ -104,7 +116,8 @@ def describe(e: WorkEstimate) -> str:
         f"{e.name}: ok (dry run: nothing started, nothing written)",
         f"  model        {e.model}: {e.parameters:,} parameters, {_mb(e.model_bytes)}; server holds "
         f"{e.shared_values:,} values",
-        f"  clients      {e.clients}, {e.sampled_per_round} sampled per round, {e.rounds} rounds x "
+        f"  clients      {e.clients}, {e.sampled_per_round} {'took part in round 1' if e.clock else 'sampled per round'}, "
+        f"{e.rounds} rounds x "
         f"{e.epochs_per_round} epochs",
         f"  training     {e.train_sample_steps:,} sample-steps ({e.train_sample_steps_per_round:,.0f} per round), "
         f"{e.train_sgd_steps:,} SGD steps",
@@ -113,7 +126,11 @@ def describe(e: WorkEstimate) -> str:
         f"  client       {e.client}, optimizers "
         + ("from its configure_optimizers (train.body / train.head give only the round schedule)" if e.own_optimizers
            else "from train.body / train.head") + "".join(f"\n                 {line}" for line in e.optimizers),
-        f"  traffic      per round {_mb(e.bytes_down_per_round)} down, {_mb(e.bytes_up_per_round)} up",
+        f"  traffic      per round {_mb(e.bytes_down_per_round)} down, {_mb(e.bytes_up_per_round)} up"
+        + (" (round 1's participants)" if e.clock else ""),
+        *([f"  clock        {e.rounds} rounds in {e.clock['sim_seconds']:,.0f} s simulated; per round "
+           f"{e.clock['selected']:.1f} selected, {e.clock['participants']:.1f} took part (in all "
+           f"{e.clock['dropouts']} dropouts, {e.clock['late']} late reports)"] if e.clock else []),
         f"  workers      {e.workers} x ({e.cpus_per_worker:g} CPU{gpus}): {e.workers * e.cpus_per_worker:g} CPU"
         + (f", {e.workers * e.gpus_per_worker:g} GPU" if e.gpus_per_worker else "") + " in all",
     ])

@@ -72,6 +72,8 @@ class Availability:
             position = np.mod(t / self.period_s + self.phase, 1.0)
             wait = np.where(position < self.on_fraction, 0.0, 1.0 - position) * self.period_s
             return t + float(wait.min())
+        if self.available(t, len(self.intervals)).any():
+            return t
         cycle, at = divmod(t, self.period_s)
         starts = np.concatenate([spans[:, 0] for spans in self.intervals])
         ahead = starts[starts >= at]

@@ -101,3 +101,15 @@ def test_hostile_system_settings_are_one_line_exit_2(tmp_path, over, message):
     config = write_yaml(tmp_path / "bad.yaml", synthetic_tree(tmp_path, "bad"))
     out = fedsim_cli("run", str(config), "--dry-run", *over)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_an_edited_device_trace_changes_the_fingerprint_a_resume_checks(tmp_path, data_root):
+    from conftest import plan_for
+
+    trace = tmp_path / "devices.csv"
+    fingerprints = []
+    for speed in (50, 60):
+        trace.write_text("client,speed,up_mbps,down_mbps\n" + "".join(f"{c},{speed},5,20\n" for c in range(6)))
+        cfg = six_client_run(tmp_path, data_root, "fedper", 2, system={"devices": {"trace": str(trace)}})
+        fingerprints.append(plan_for(cfg).fingerprint)
+    assert fingerprints[0] != fingerprints[1]

@@ -113,10 +113,19 @@ def test_an_availability_trace_repeats_every_period_and_hostile_ones_are_refused
     rows = "".join(f"{c},{(c % 4) * 10},{(c % 4) * 10 + 10}\n" for c in range(N))
     trace = _csv(tmp_path, "on.csv", "client,start_s,end_s\n" + rows)
     c = clock(availability={"pattern": "trace", "trace": trace, "period_s": 40.0})
+    previous_end = 0.0
     for r in range(1, 40):
         t = c.round(r)
         quarter = int(t.start_s % 40 // 10)
         assert all(s % 4 == quarter for s in t.selected)
+        assert t.start_s == previous_end  # someone is always on: no round waits
+        previous_end = t.end_s
+    gaps = _csv(tmp_path, "gaps.csv", "client,start_s,end_s\n" + "".join(f"{c},{30 + c % 2},35\n" for c in range(N)))
+    waiting = clock(availability={"pattern": "trace", "trace": gaps, "period_s": 40.0})
+    first, second, third = (waiting.round(r) for r in (1, 2, 3))  # each lasts 3.2 s
+    assert first.start_s == 30.0 and all(s % 2 == 0 for s in first.selected)  # waits for the first on: the even ones
+    assert second.start_s == first.end_s < 35.0  # everyone is on now
+    assert second.end_s > 35.0 and third.start_s == 70.0  # nobody on after 35 s: the next cycle's 30 s
     for body, message in [("client,start_s,end_s\n0,5,50\n", "[5, 50) is not an interval within one"),
                           ("client,start_s,end_s\n0,5,1\n", "is not an interval"),
                           ("client,start_s,end_s\n0,0,10\n", "gives client 1 no interval"),
