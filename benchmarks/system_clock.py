@@ -34,7 +34,8 @@ EVERYTHING = {"devices": {"preset": "mobile"}, "dropout": 0.1, "over_selection":
 
 def clock_microseconds(num_clients: int, rounds: int = 200) -> float:
     cfg = SystemConfig.model_validate(EVERYTHING)
-    clock = Clock(build_system(cfg, 0, num_clients), 0, 0.1, np.full(num_clients, 500.0), 460_000, 460_000)
+    clock = Clock(build_system(cfg, 0, num_clients), 0, 0.1, np.full(num_clients, 500.0), 460_000, 460_000,
+                  np.ones(num_clients, bool))
     started = time.perf_counter()
     clock.round(rounds)
     return (time.perf_counter() - started) / rounds * 1e6

@@ -255,12 +255,17 @@ class EvalConfig(_Section):
         "at most 1.0) of the clients, drawn once from the seed and scored every evaluation round; null: all. "
         "Every client is scored at the final round")
     full_every: int | None = Field(None, ge=1, description="with a cohort, also score every client each this many rounds")
+    unseen: int | float | None = Field(
+        None, gt=0, description="clients held out of training (a count, or a fraction with a point), drawn once "
+        "from the seed: never sampled, scored every evaluation round (personalized after fine-tuning, as FedBABU's "
+        "and FederatedScope's generalization protocol); summary.json reports them apart from the others")
 
     @model_validator(mode="after")
     def _fraction_at_most_one(self) -> "EvalConfig":
-        if isinstance(self.clients, float) and self.clients > 1:
-            raise ValueError(f"eval.clients: a fraction must be at most 1.0, got {self.clients}; give a count as "
-                             "an integer")
+        for key in ("clients", "unseen"):
+            value = getattr(self, key)
+            if isinstance(value, float) and value > 1:
+                raise ValueError(f"eval.{key}: a fraction must be at most 1.0, got {value}; give a count as an integer")
         return self
 
 

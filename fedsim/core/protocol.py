@@ -17,7 +17,7 @@ WEIGHTS = "weights"  # the upload / server-state entry holding the shared model 
 ACCURACIES = {"acc": "initial", "acc_personalized": "personalized"}
 # The columns of a per-client record (metrics.jsonl) fedsim itself writes; any other is a user module's self.log.
 RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "loss", "acc", "loss_personalized", "acc_personalized",
-                         "train_loss", "times_sampled"})
+                         "train_loss", "times_sampled", "unseen"})
 
 
 def logged_keys(records: list[dict]) -> list[str]:

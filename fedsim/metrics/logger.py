@@ -118,6 +118,11 @@ class JsonlLogger(Callback):
                 summary[f"per_client_{key}"] = per_client
         for key in logged_keys(records):
             summary[key] = summarize([r[key] for r in records if r.get(key) is not None])
+        if cfg.eval.unseen is not None:  # the generalization protocol: held-out clients apart from the others
+            for group, chosen in (("seen", [r for r in records if not r.get("unseen")]),
+                                  ("unseen", [r for r in records if r.get("unseen")])):
+                summary[group] = {key: summarize([r[key] for r in chosen]) for key in ACCURACIES
+                                  if chosen and key in chosen[0]} | {"clients": len(chosen)}
         rounds = read_jsonl(self.run_dir / "rounds.jsonl")
         summary["best_round"] = best_rounds(rounds)
         if run.plan.system is not None:

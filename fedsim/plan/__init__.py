@@ -19,16 +19,32 @@ from functools import cached_property
 import numpy as np
 
 from fedsim.algorithms.base import Algorithm
-from fedsim.config import RunConfig, resume_fingerprint
+from fedsim.config import ConfigError, RunConfig, resume_fingerprint
 from fedsim.core.layout import KeyParts, Layout
 from fedsim.core.protocol import ClientData, payload_bytes, serialized_size
 from fedsim.plan.system import Clock, RoundTime, SystemModel
 
 
-def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float) -> list[int]:
-    """max(1, round(f * N)) distinct clients, drawn from (seed, round) only."""
-    count = max(1, round(fraction * num_clients))
+def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
+                   pool: np.ndarray | None = None) -> list[int]:
+    """max(1, round(f * N)) distinct clients, drawn from (seed, round) only; with ``pool`` (the clients that may
+    train, eval.unseen held out) f of the pool, from it. Drawing from the whole range or from a pool holding all
+    of it gives the same clients."""
+    candidates = num_clients if pool is None else pool
+    count = max(1, round(fraction * (num_clients if pool is None else len(pool))))
     rng = np.random.default_rng([seed, round_idx, 0x5A3])
+    return sorted(int(c) for c in rng.choice(candidates, size=count, replace=False))
+
+
+def held_out_clients(seed: int, num_clients: int, unseen: int | float | None) -> list[int]:
+    """eval.unseen: the clients that never train, drawn once from the seed alone."""
+    if unseen is None:
+        return []
+    count = unseen if isinstance(unseen, int) else round(unseen * num_clients)
+    if not 1 <= count < num_clients:
+        raise ConfigError(f"eval.unseen: {unseen} holds out {count} of the {num_clients} clients; hold out at least "
+                          "one and leave at least one to train")
+    rng = np.random.default_rng([seed, 0x0B5E])
     return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
 
 
@@ -83,6 +99,7 @@ class RunPlan:
     num_classes: int
     input_shape: tuple[int, int, int]
     system: SystemModel | None = None  # devices and availability (system.devices set): the virtual clock's inputs
+    unseen: frozenset[int] = frozenset()  # eval.unseen: the clients held out of training (scored only)
 
     # -- clients ---------------------------------------------------------------------------------
     @property
@@ -131,12 +148,17 @@ class RunPlan:
                 sum(payload_bytes(shared) for _ in self.algorithm.uploads))
 
     # -- the schedule ----------------------------------------------------------------------------
+    @cached_property
+    def training_pool(self) -> np.ndarray | None:
+        """The clients that may train, when some are held out (None: all of them)."""
+        return np.array([c for c in range(self.num_clients) if c not in self.unseen]) if self.unseen else None
+
     def sampled(self, round_idx: int) -> list[int]:
         """The clients that train in ``round_idx``: f x N drawn from (seed, round), or on the virtual clock
         those that report before the round closes."""
         if self.clock is not None:
             return list(self.clock.round(round_idx).participants)
-        return sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction)
+        return sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction, self.training_pool)
 
     @cached_property
     def clock(self) -> Clock | None:
@@ -145,8 +167,10 @@ class RunPlan:
             return None
         epochs = self.algorithm.epochs_per_round(self.cfg.train.local_epochs)
         down, up = self.traffic_per_client
+        trainable = np.ones(self.num_clients, bool)
+        trainable[list(self.unseen)] = False
         return Clock(self.system, self.cfg.seed, self.cfg.train.fraction,
-                     np.array(self.train_sizes, float) * epochs, down, up)
+                     np.array(self.train_sizes, float) * epochs, down, up, trainable)
 
     def timing(self, round_idx: int) -> RoundTime | None:
         return None if self.clock is None else self.clock.round(round_idx)

@@ -17,7 +17,7 @@ from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
 from fedsim.models.lightning import (build_client, describe_optimizers, module_optimizers, network_of, optimizer_parts,
                                      overrides, part_parameters, split_keys)
 from fedsim.models.state import layout_of, load_arrays, pack
-from fedsim.plan import ModelPlan, RunPlan
+from fedsim.plan import ModelPlan, RunPlan, held_out_clients
 from fedsim.plan.system import build_system
 
 
@@ -119,4 +119,5 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
     clients = tuple(ClientData(part.train[c], part.test[c], None if maps is None else maps[c])
                     for c in range(part.num_clients))
     return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
-                   system=build_system(cfg.system, cfg.seed, part.num_clients))
+                   system=build_system(cfg.system, cfg.seed, part.num_clients),
+                   unseen=frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval.unseen)))

@@ -64,18 +64,18 @@ class Availability:
         at = math.fmod(t, self.period_s)
         return np.array([bool(((spans[:, 0] <= at) & (at < spans[:, 1])).any()) for spans in self.intervals])
 
-    def next_on(self, t: float) -> float:
-        """The first time at or after ``t`` that some client is available."""
+    def next_on(self, t: float, among: np.ndarray) -> float:
+        """The first time at or after ``t`` that some client of ``among`` (a mask) is available."""
         if self.pattern == "always":
             return t
         if self.pattern == "diurnal":
-            position = np.mod(t / self.period_s + self.phase, 1.0)
+            position = np.mod(t / self.period_s + self.phase[among], 1.0)
             wait = np.where(position < self.on_fraction, 0.0, 1.0 - position) * self.period_s
             return t + float(wait.min())
-        if self.available(t, len(self.intervals)).any():
+        if (self.available(t, len(self.intervals)) & among).any():
             return t
         cycle, at = divmod(t, self.period_s)
-        starts = np.concatenate([spans[:, 0] for spans in self.intervals])
+        starts = np.concatenate([spans[:, 0] for spans, chosen in zip(self.intervals, among) if chosen])
         ahead = starts[starts >= at]
         return cycle * self.period_s + (float(ahead.min()) if ahead.size else self.period_s + float(starts.min()))
 
@@ -128,6 +128,7 @@ class Clock:
     work: np.ndarray  # per client: samples x epochs of one round
     bytes_down: int
     bytes_up: int
+    trainable: np.ndarray  # per client: may it be selected (False: held out by eval.unseen)
     rounds: list[RoundTime] = field(default_factory=list)
 
     @property
@@ -147,9 +148,9 @@ class Clock:
 
     def _next(self, round_idx: int, start: float) -> RoundTime:
         cfg = self.system.cfg
-        start = self.system.availability.next_on(start)
-        pool = np.flatnonzero(self.system.availability.available(start, self.num_clients))
-        target = max(1, round(self.fraction * self.num_clients))
+        start = self.system.availability.next_on(start, self.trainable)
+        pool = np.flatnonzero(self.system.availability.available(start, self.num_clients) & self.trainable)
+        target = max(1, round(self.fraction * int(self.trainable.sum())))
         count = min(len(pool), math.ceil(target * (1 + cfg.over_selection) - 1e-9))  # 10 x 1.3 is 13, not 14
         rng = np.random.default_rng([self.seed, round_idx, SELECTION_STREAM])
         selected = np.sort(rng.choice(pool, size=count, replace=False))

@@ -61,7 +61,7 @@ def test_a_resumed_heterogeneous_run_equals_an_undisturbed_one(tmp_path, data_ro
 
 def test_a_clocked_run_writes_simulated_time_participation_and_fairness_by_device(tmp_path):
     tree = synthetic_tree(tmp_path, "clock", **{"train.eval_every": 1, "logging.wandb.mode": "offline",
-                                                "logging.wandb.x_axis": "sim_time"},
+                                                "logging.wandb.x_axis": "sim_time", "eval.unseen": 2},
                           system={"devices": {"preset": "mobile"}, "dropout": 0.2, "target_accuracy": [0.05, 1.0]})
     out = fedsim_cli("run", str(write_yaml(tmp_path / "clock.yaml", tree)), "--quiet", env=cli_env(WANDB_MODE="offline"))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -76,6 +76,10 @@ def test_a_clocked_run_writes_simulated_time_participation_and_fairness_by_devic
     assert reached["0.05"] in ends and reached["1.0"] is None
     kinds = {"high-end", "mid-range", "low-end"}
     assert set(system["by_device"]["acc"]) <= kinds and set(system["by_participation"]["acc"])
+    assert summary["unseen"]["clients"] == 2 and summary["seen"]["clients"] == 6
+    held_out = {r["client"] for r in read_jsonl(run / "metrics.jsonl") if r.get("unseen")}
+    assert len(held_out) == 2 and all(r["times_sampled"] == 0 for r in read_jsonl(run / "metrics.jsonl")
+                                      if r["client"] in held_out)
     best = summary["best_round"]["acc"]
     assert best["mean"] == max(r["acc"]["mean"] for r in rows) and best["round"] in range(1, 5)
     from fedsim.metrics.wandb_files import history
@@ -96,6 +100,8 @@ def test_a_clocked_run_writes_simulated_time_participation_and_fairness_by_devic
     (["system.devices.preset=uniform", "system.over_selection=-1"], "system.over_selection: Input should be"),
     (["system.devices.trace=/nonexistent/devices.csv"], "system.devices.trace: cannot read /nonexistent/devices.csv"),
     (["logging.wandb.x_axis=sim_time"], "logging.wandb.x_axis: sim_time needs the virtual clock"),
+    (["eval.unseen=8"], "eval.unseen: 8 holds out 8 of the 8 clients"),
+    (["eval.unseen=1.5"], "eval.unseen: a fraction must be at most 1.0"),
 ])
 def test_hostile_system_settings_are_one_line_exit_2(tmp_path, over, message):
     config = write_yaml(tmp_path / "bad.yaml", synthetic_tree(tmp_path, "bad"))
@@ -113,3 +119,19 @@ def test_an_edited_device_trace_changes_the_fingerprint_a_resume_checks(tmp_path
         cfg = six_client_run(tmp_path, data_root, "fedper", 2, system={"devices": {"trace": str(trace)}})
         fingerprints.append(plan_for(cfg).fingerprint)
     assert fingerprints[0] != fingerprints[1]
+
+
+def test_unseen_clients_never_train_and_the_rest_is_bit_identical_on_one_two_and_three_workers(tmp_path, data_root,
+                                                                                               monkeypatch):
+    runs = []
+    for workers, system in ((1, None), (2, None), (3, None), (2, HETEROGENEOUS), (3, HETEROGENEOUS)):
+        cfg = six_client_run(tmp_path, data_root, "fedper", workers, ROUNDS, eval_every=1, system=system)
+        cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"unseen": 2})})
+        server, outcomes = _rounds(monkeypatch, cfg)
+        runs.append(round_records(outcomes))
+        unseen = server.plan.unseen
+        assert len(unseen) == 2 and not any(unseen & set(o.sampled) for o in outcomes)
+        assert {r["client"] for o in outcomes for r in o.records if r.get("unseen")} == unseen
+        if system is None:
+            assert all(len(o.sampled) == 2 for o in outcomes)  # f = 0.5 of the 4 clients that train
+    assert runs[0] == runs[1] == runs[2] and runs[3] == runs[4]
