@@ -351,6 +351,15 @@ class SystemConfig(_Section):
                                   "max(1, round(f x N)); the round closes once that many have reported")
     target_accuracy: list[float] = Field(default_factory=list, description="mean accuracies (0-1) whose first "
                                          "simulated time summary.json reports as time_to_accuracy")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: rounds of selected clients; async: FedBuff's buffered asynchronous aggregation "
+        "(clients train at once against the model they received; every async_buffer reports the server steps)")
+    async_buffer: int = Field(10, ge=1, description="async: reports per server step (FedBuff's K)")
+    concurrency: int | None = Field(None, ge=1, description="async: clients training at once (null: max(1, round(f x "
+                                    "N)), the sync cohort)")
+    server_lr: float = Field(1.0, gt=0, description="async: the server's step size on the buffered mean update")
+    staleness_exponent: float = Field(0.5, ge=0, description="async: an update s server steps stale weighs "
+                                      "(1 + s)^-exponent (FedBuff: 0.5, i.e. 1/sqrt(1 + s); 0: unweighted)")
 
     @model_validator(mode="after")
     def _a_clock_for_timed_settings(self) -> "SystemConfig":
@@ -362,6 +371,13 @@ class SystemConfig(_Section):
                 if used:
                     raise ValueError(f"system.{key}: needs the virtual clock; set system.devices (e.g. "
                                      "system.devices.preset=uniform)")
+        if self.mode == "async":
+            for key, used in {"devices": self.devices is None, "deadline_s": self.deadline_s is not None,
+                              "over_selection": self.over_selection > 0}.items():
+                if used:
+                    fix = "set system.devices (the virtual clock)" if key == "devices" else "leave it unset"
+                    raise ValueError(f"system.{key}: {'needed' if key == 'devices' else 'a sync round setting'} "
+                                     f"with system.mode=async; {fix}")
         if any(not 0 < target <= 1 for target in self.target_accuracy):
             raise ValueError("system.target_accuracy: give accuracies between 0 and 1 (e.g. [0.5, 0.7])")
         return self

@@ -115,10 +115,10 @@ class ExactSum:
         self._tensors = [self._scaled[a:b] for a, b in zip(plan.offsets, plan.offsets[1:])]
         self._quanta = torch.empty_like(self.total)
 
-    def stage(self, vector: torch.Tensor, weight: int) -> torch.Tensor:
-        """Scale ``vector`` by ``weight`` (>= 1) to quanta and return, on the device, whether every value is
-        within range (NaN and infinities are not). No host synchronisation: the caller reads all of a
-        client's uploads' answers at once."""
+    def stage(self, vector: torch.Tensor, weight: float) -> torch.Tensor:
+        """Scale ``vector`` by ``weight`` (n_j or 1, times a staleness factor in an asynchronous round) to quanta
+        and return, on the device, whether every value is within range (NaN and infinities are not). No host
+        synchronisation: the caller reads all of a client's uploads' answers at once."""
         if vector.shape != self.total.shape:  # the guard: only the shared layout may reach the server
             raise RuntimeError(f"an upload of {vector.numel()} values where the shared part has {self.total.numel()}"
                                " - refusing a payload that could hold personal weights")

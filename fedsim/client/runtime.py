@@ -240,7 +240,8 @@ class ClientRuntime:
         for client in clients:
             t = self.train_client(broadcast, client, round_idx)
             weight = {name: 1 if plan.uniform[name] else t.n_train for name in t.uploads}
-            loss, in_range = self._stage(sums, t, weight)
+            factor = plan.factors.get(client)
+            loss, in_range = self._stage(sums, t, weight if factor is None else {n: w * factor for n, w in weight.items()})
             diverged = not np.isfinite(loss)
             kept = not diverged and in_range
             if kept:
@@ -253,7 +254,7 @@ class ClientRuntime:
         return WorkerPartial(reports, {name: s.total.cpu().numpy() for name, s in sums.items()}, weights)
 
     @staticmethod
-    def _stage(sums: dict[str, ExactSum], t: Trained, weight: dict[str, int]) -> tuple[float, bool]:
+    def _stage(sums: dict[str, ExactSum], t: Trained, weight: dict[str, float]) -> tuple[float, bool]:
         """Stage every upload in its sum, then read the client's loss and whether all its uploads are within
         range: one host synchronisation per client for both."""
         staged = [sums[name].stage(vector, weight[name]) for name, vector in t.uploads.items()]

@@ -50,6 +50,9 @@ class SumPlan:
     per upload, its fixed-point scale and whether clients weigh by sample count or equally."""
     scales: dict[str, FixedPoint]
     uniform: dict[str, bool]
+    # Asynchronous rounds: per client, the staleness factor its upload is scaled by (its weight in the mean's
+    # denominator stays n_j or 1). Absent: 1, and the sums are those of a synchronous round bit for bit.
+    factors: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ from fedsim.core.aggregate import FixedPoint
 from fedsim.core.protocol import (WEIGHTS, ClientData, ClientReport, RolledBack, RoundFailed, RoundOutcome, RoundResult,
                                   SumPlan, WorkerPartial, serialized_size)
 from fedsim.plan import RunPlan, balanced_owners
+from fedsim.plan.system import RoundTime
 
 PING_TIMEOUT_S = 60
+MODEL_PREFIX = "model_at_step_"  # checkpointed server state: an older global model asynchronous clients still hold
 
 Spawn = Callable[[dict[int, ClientData], Any], Any]
 """``spawn(clients, bundle)``: a new worker actor hosting ``clients``, scheduled by ``bundle``."""
@@ -51,6 +53,7 @@ class Server:
         # Tensor boundaries in the shared vector: fixed-point scales are per tensor.
         self.tensor_offsets = plan.model.layouts["shared"].offsets
         self.state = self._initial_state()
+        self.models: dict[int, np.ndarray] = {}  # asynchronous: older global weights clients still train from
         self.broadcast_ref = self._publish()
         # Measured on owned copies: Ray hands this actor read-only views, which pickle 4 bytes differently.
         self.bytes_down = sum(serialized_size(self.state[name].copy()) for name in self.algorithm.broadcast)
@@ -146,11 +149,10 @@ class Server:
 
     def _round(self, round_idx: int) -> RoundOutcome:
         start = time.perf_counter()
+        timing = self.plan.timing(round_idx)
         sampled = self.plan.sampled(round_idx)  # on the virtual clock, possibly nobody (all dropped or late)
-        plan = self._sum_plan(sampled) if sampled else None
-        calls = [self.workers[w].train_and_sum.remote(self.broadcast_ref, cs, round_idx, plan)
-                 for w, cs in self._by_worker(sampled, self.plan.train_steps).items()]
-        partials: list[WorkerPartial] = self._get_watching(calls)
+        plan = self._sum_plan(sampled, timing) if sampled else None
+        partials: list[WorkerPartial] = self._get_watching(self._training_calls(sampled, round_idx, plan, timing))
         # In client order, so logs and the client an error names do not depend on how work was split.
         reports: list[ClientReport] = sorted((r for p in partials for r in p.reports), key=lambda r: r.client)
         diverged = [r for r in reports if r.diverged]
@@ -161,27 +163,50 @@ class Server:
             return RoundFailed(round_idx, f"client {first.client}, round {round_idx}: {what}; lower train.body.lr / "
                                "train.head.lr, or set train.on_nonfinite=drop to skip such updates")
         kept = [r for r in reports if not r.diverged]
+        previous = self.state[WEIGHTS]
         if self.shared_size and kept:
-            self._aggregate(plan, partials, len(kept))
+            self._aggregate(plan, partials, kept, timing)
+        if timing is not None and timing.versions:
+            self._keep_models(previous, timing)
         self.times_sampled[sampled] += 1
         records = self._evaluate(round_idx, {r.client: r for r in kept}) if self.plan.evaluates(round_idx) else []
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.bytes_down, "bytes_up": r.bytes_up}
                 for r in kept]
-        timing = self.plan.timing(round_idx)
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start,
                            timing=timing.row() if timing else {})
 
-    def _sum_plan(self, sampled: list[int]) -> SumPlan:
+    def _training_calls(self, sampled: list[int], round_idx: int, plan: SumPlan | None, timing: RoundTime | None) -> list:
+        """One call per worker and model: a synchronous round sends every client the current model; an
+        asynchronous step each client the model it was dispatched with (kept in ``self.models`` since)."""
+        current = round_idx - 1
+        by_model = {current: sampled}
+        if timing is not None and timing.versions:
+            by_model = {}
+            for client, version in zip(timing.participants, timing.versions):
+                by_model.setdefault(version, []).append(client)
+        calls = []
+        for version, clients in sorted(by_model.items()):
+            ref = self.broadcast_ref if version == current else ray.put({WEIGHTS: self.models[version]})
+            calls += [self.workers[w].train_and_sum.remote(ref, cs, round_idx, plan)
+                      for w, cs in self._by_worker(clients, self.plan.train_steps).items()]
+        return calls
+
+    def _sum_plan(self, sampled: list[int], timing: RoundTime | None) -> SumPlan:
         """Per upload, the fixed-point scale for this round's exact sums: from the server's current value of
-        that upload (the global weights for ``weights``) and the sampled clients' total weight."""
+        that upload (the global weights for ``weights``) and the sampled clients' total weight; in an
+        asynchronous step, each client's staleness factor (1 + s)^-system.staleness_exponent."""
         scales, uniform = {}, {}
         for name, weighting in self.algorithm.uploads.items():
             uniform[name] = (weighting or self.cfg.train.weighting) == "uniform"
             total = len(sampled) if uniform[name] else sum(self.plan.train_sizes[c] for c in sampled)
             scales[name] = FixedPoint.plan(self.state.get(name, self.state[WEIGHTS]), self.tensor_offsets, total)
-        return SumPlan(scales, uniform)
+        if timing is None or not timing.versions:
+            return SumPlan(scales, uniform)
+        exponent = self.cfg.system.staleness_exponent
+        return SumPlan(scales, uniform, {c: (1 + s) ** -exponent for c, s in zip(timing.participants, timing.staleness())})
 
-    def _aggregate(self, plan: SumPlan, partials: list[WorkerPartial], kept: int) -> None:
+    def _aggregate(self, plan: SumPlan, partials: list[WorkerPartial], kept: list[ClientReport],
+                   timing: RoundTime | None) -> None:
         """Add the workers' exact partial sums (any order gives the same integers), turn them into means,
         and let the algorithm's server hook make the next global state of them."""
         means = {}
@@ -190,8 +215,31 @@ class Server:
             for partial in partials:  # integer sums: exact, and the same in any order
                 total += partial.sums[name]
             means[name] = scale.mean(total, sum(p.weights[name] for p in partials))
-        self.algorithm.server_update(self.state, means, kept, self.num_clients)
+        if plan.factors:
+            means[WEIGHTS] = self._buffered_step(plan, means[WEIGHTS], kept, timing)
+        self.algorithm.server_update(self.state, means, len(kept), self.num_clients)
         self.broadcast_ref = self._publish()
+
+    def _buffered_step(self, plan: SumPlan, mean: np.ndarray, kept: list[ClientReport], timing: RoundTime) -> np.ndarray:
+        """FedBuff's server step (Nguyen et al. 2022, Algorithm 1): x_r = x_(r-1) + server_lr x
+        sum_j a_j s_j (x_j - x_(v_j)) / sum_j a_j, a_j = n_j (or 1), s_j the staleness factor. The workers summed
+        sum_j a_j s_j x_j / sum_j a_j exactly; the models the clients started from are the server's own, so it
+        subtracts their weighted mean itself (float64, in client order: the same for any number of workers)."""
+        version = dict(zip(timing.participants, timing.versions))
+        weight = {r.client: 1 if plan.uniform[WEIGHTS] else r.n_train for r in kept}
+        total = sum(weight.values())
+        started_from = np.zeros(self.shared_size, np.float64)
+        for r in kept:
+            started_from += (weight[r.client] * plan.factors[r.client] / total) * self._model(version[r.client], timing)
+        return self.state[WEIGHTS] + self.cfg.system.server_lr * (mean - started_from)
+
+    def _model(self, version: int, timing: RoundTime) -> np.ndarray:
+        return self.state[WEIGHTS] if version == timing.round - 1 else self.models[version]
+
+    def _keep_models(self, previous: np.ndarray, timing: RoundTime) -> None:
+        """After an asynchronous step: keep the older models that clients still training hold, drop the rest."""
+        held = {**self.models, timing.round - 1: previous}
+        self.models = {v: held[v] for v in timing.live_versions}
 
     def _evaluate(self, round_idx: int, trained: dict[int, ClientReport]) -> list[dict]:
         """Every scored client's record; one trained this round also carries its training loss and what its
@@ -225,6 +273,7 @@ class Server:
         meta = {"fingerprint": self.plan.fingerprint, "partition": self.plan.partition_digest,
                 "recoveries": self.recoveries, "digests": dict(zip(names, digests)), **checkpoint.new_links(bases)}
         server_state = {name: v for name, v in self.state.items() if name != WEIGHTS}
+        server_state |= {f"{MODEL_PREFIX}{version}": model for version, model in self.models.items()}
         self.last_checkpoint = checkpoint.finish(staging, round_idx, self.state[WEIGHTS], meta, names, server_state)
         self.last_chain = checkpoint.links_of(meta, storage.parent_and_name(self.last_checkpoint)[1])
         return self.last_checkpoint
@@ -240,12 +289,15 @@ class Server:
 
     def _restore(self, ckpt: str | None) -> int:
         if ckpt is None:
-            round_idx, self.state, self.last_chain = 0, self._initial_state(), []
+            round_idx, self.state, self.last_chain, self.models = 0, self._initial_state(), [], {}
         else:
             with storage.local_folder(ckpt) as local:
                 state, global_vector, server_state = checkpoint.read_state(local, self.plan.fingerprint, self.shared_size)
             round_idx = int(state["round"])
-            self.state = {WEIGHTS: global_vector, **server_state}
+            self.models = {int(name[len(MODEL_PREFIX):]): v for name, v in server_state.items()
+                           if name.startswith(MODEL_PREFIX)}
+            self.state = {WEIGHTS: global_vector,
+                          **{name: v for name, v in server_state.items() if not name.startswith(MODEL_PREFIX)}}
             self.last_chain = checkpoint.links_of(state, storage.parent_and_name(ckpt)[1])
         self._get_from_each([w.load_state.remote(ckpt) for w in self.workers])
         self.broadcast_ref = self._publish()

@@ -22,7 +22,7 @@ from fedsim.algorithms.base import Algorithm
 from fedsim.config import ConfigError, RunConfig, resume_fingerprint
 from fedsim.core.layout import KeyParts, Layout
 from fedsim.core.protocol import ClientData, payload_bytes, serialized_size
-from fedsim.plan.system import Clock, RoundTime, SystemModel
+from fedsim.plan.system import AsyncClock, Clock, RoundTime, SystemModel
 
 
 def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
@@ -169,8 +169,13 @@ class RunPlan:
         down, up = self.traffic_per_client
         trainable = np.ones(self.num_clients, bool)
         trainable[list(self.unseen)] = False
-        return Clock(self.system, self.cfg.seed, self.cfg.train.fraction,
-                     np.array(self.train_sizes, float) * epochs, down, up, trainable)
+        timing = (self.system, self.cfg.seed, self.cfg.train.fraction, np.array(self.train_sizes, float) * epochs,
+                  down, up, trainable)
+        system = self.cfg.system
+        if system.mode == "sync":
+            return Clock(*timing)
+        cohort = max(1, round(self.cfg.train.fraction * int(trainable.sum())))
+        return AsyncClock(*timing, concurrency=system.concurrency or cohort, buffer=system.async_buffer)
 
     def timing(self, round_idx: int) -> RoundTime | None:
         return None if self.clock is None else self.clock.round(round_idx)

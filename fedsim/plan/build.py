@@ -9,10 +9,10 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from fedsim.algorithms import Algorithm, build_algorithm
+from fedsim.algorithms import ALGORITHMS, Algorithm, build_algorithm
 from fedsim.config import ConfigError, RunConfig
 from fedsim.core.layout import KeyParts
-from fedsim.core.protocol import ClientData
+from fedsim.core.protocol import WEIGHTS, ClientData
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
 from fedsim.models.lightning import (build_client, describe_optimizers, module_optimizers, network_of, optimizer_parts,
                                      overrides, part_parameters, split_keys)
@@ -112,12 +112,38 @@ def load_inputs(cfg: RunConfig) -> Inputs:
     return Inputs(data, partition, algorithm, model)
 
 
+def check_asynchronous(cfg: RunConfig, algorithm: Algorithm, trainable: int) -> None:
+    """system.mode=async applies FedBuff's step to the global weights: a method must send and receive only them
+    and leave the server's update as the plain average; the buffer and the clients at once must fit the clients
+    that train (a client reports at most once per step)."""
+    if cfg.system.mode != "async":
+        return
+    plain = (algorithm.broadcast == (WEIGHTS,) and set(algorithm.uploads) == {WEIGHTS} and not algorithm.server_slots
+             and type(algorithm).server_update is Algorithm.server_update)
+    if not plain:
+        raise ConfigError(f"system.mode: async applies FedBuff's step to the weights alone; {algorithm.name} also "
+                          "sends or keeps server state of its own (or its own server update); use a method of the "
+                          f"FedAvg family ({', '.join(asynchronous_methods())}) or mode sync")
+    for key in ("async_buffer", "concurrency"):
+        value = getattr(cfg.system, key)
+        if value is not None and value > trainable:
+            raise ConfigError(f"system.{key}: {value} is more than the {trainable} clients that train; at most "
+                              f"{trainable}")
+
+
+def asynchronous_methods() -> list[str]:
+    return sorted(name for name, cls in ALGORITHMS.items()
+                  if cls.broadcast == (WEIGHTS,) and set(cls.uploads) == {WEIGHTS} and not cls.server_slots
+                  and cls.server_update is Algorithm.server_update)
+
+
 def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = None) -> RunPlan:
     """The run's plan over ``partition`` (a resumed run's own; default: the one the inputs drew)."""
     part = partition or inputs.partition
     maps = part.label_maps
     clients = tuple(ClientData(part.train[c], part.test[c], None if maps is None else maps[c])
                     for c in range(part.num_clients))
+    unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval.unseen))
+    check_asynchronous(cfg, inputs.algorithm, part.num_clients - len(unseen))
     return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
-                   system=build_system(cfg.system, cfg.seed, part.num_clients),
-                   unseen=frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval.unseen)))
+                   system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen)
