@@ -14,7 +14,7 @@ as a user would. The trial survives when the final metrics.jsonl and summary's p
 accuracies equal the reference run's.
 
 Progress is kept in STATE (JSON), so an interrupted soak continues where it stopped:
-    python benchmarks/chaos.py --trials 100 --work /tmp/fedsim-chaos
+    python benchmarks/chaos.py --trials 100 --work /tmp/fedsim-chaos [--system async]
 prints `survived S / run N` and exits 0 only when every trial survived.
 """
 from __future__ import annotations
@@ -51,6 +51,10 @@ CONFIG = {
     "eval": {"finetune_epochs": 1},
     "engine": {"workers": 2, "checkpoint_every": 1, "round_timeout_s": 120, "heartbeat_timeout_s": 10},
 }
+# --system async: the same run as FedBuff on a heterogeneous clock (docs/system.md): stale updates, dropouts,
+# and older models the server must carry through every checkpoint.
+SYSTEMS = {"ideal": {}, "async": {"system": {"devices": {"preset": "lognormal", "sigma": 1.0}, "dropout": 0.2,
+                                             "mode": "async", "async_buffer": 2, "concurrency": 4}}}
 
 
 def _env() -> dict[str, str]:
@@ -171,10 +175,10 @@ def per_client_metrics(run_dir: Path) -> tuple[list[dict], dict]:
     return rows, summary.get("per_client_acc", {})
 
 
-def trial(k: int, fault: str, delay: float, disk: Path, reference: tuple) -> dict:
+def trial(k: int, fault: str, delay: float, disk: Path, reference: tuple, config: dict) -> dict:
     run_dir = disk / f"trial-{k}"
     cfg_path = disk / f"trial-{k}.yaml"
-    cfg_path.write_text(yaml.safe_dump({**CONFIG, "name": run_dir.name, "out_dir": str(disk)}))
+    cfg_path.write_text(yaml.safe_dump({**config, "name": run_dir.name, "out_dir": str(disk)}))
     proc = fedsim("run", str(cfg_path), "--overwrite")
     time.sleep(delay)
     done = inject(fault, proc, disk) if proc.poll() is None else "run ended before the fault"
@@ -202,16 +206,22 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--work", type=Path, default=Path("/tmp/fedsim-chaos"), help="state and run folders")
     parser.add_argument("--seed", type=int, default=0, help="draws the faults and their moments")
+    parser.add_argument("--system", choices=SYSTEMS, default="ideal", help="ideal: the plain run; async: FedBuff "
+                        "on a heterogeneous virtual clock")
     args = parser.parse_args()
+    config = {**CONFIG, **SYSTEMS[args.system]}
     args.work.mkdir(parents=True, exist_ok=True)
     state_path = args.work / "state.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() else {"trials": []}
+    state = json.loads(state_path.read_text()) if state_path.exists() else {"trials": [], "system": args.system}
+    if state.get("system", "ideal") != args.system:
+        print(f"{state_path} holds a soak of --system {state.get('system', 'ideal')}; give another --work")
+        return 2
     with small_disk(args.work / "disk") as can_fill:
         disk = args.work / "disk"
         reference_dir = args.work / "reference"
         if not (reference_dir / "summary.json").is_file():
             shutil.rmtree(reference_dir, ignore_errors=True)
-            (args.work / "reference.yaml").write_text(yaml.safe_dump({**CONFIG, "name": "reference",
+            (args.work / "reference.yaml").write_text(yaml.safe_dump({**config, "name": "reference",
                                                                       "out_dir": str(args.work)}))
             started = time.time()
             code, last = finish(fedsim("run", str(args.work / "reference.yaml")))
@@ -227,7 +237,7 @@ def main() -> int:
             rng = random.Random(args.seed * 1_000_003 + k)
             fault, delay = rng.choice(faults), rng.uniform(0, state["reference_s"])
             random.seed(rng.random())  # which worker is hit
-            log = trial(k, fault, delay, disk, reference)
+            log = trial(k, fault, delay, disk, reference, config)
             state["trials"].append(log)
             state_path.write_text(json.dumps(state, indent=1))
             print(json.dumps(log), flush=True)

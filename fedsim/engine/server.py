@@ -52,6 +52,9 @@ class Server:
         self.initial_global = plan.model.initial["shared"]
         # Tensor boundaries in the shared vector: fixed-point scales are per tensor.
         self.tensor_offsets = plan.model.layouts["shared"].offsets
+        self.statistics = np.zeros(self.tensor_offsets[-1], bool)  # where the shared vector holds buffers
+        for key, _, start, end in plan.model.layouts["shared"].spans():
+            self.statistics[start:end] = key in plan.model.buffers
         self.state = self._initial_state()
         self.models: dict[int, np.ndarray] = {}  # asynchronous: older global weights clients still train from
         self.broadcast_ref = self._publish()
@@ -231,7 +234,13 @@ class Server:
         started_from = np.zeros(self.shared_size, np.float64)
         for r in kept:
             started_from += (weight[r.client] * plan.factors[r.client] / total) * self._model(version[r.client], timing)
-        return self.state[WEIGHTS] + self.cfg.system.server_lr * (mean - started_from)
+        stepped = self.state[WEIGHTS] + self.cfg.system.server_lr * (mean - started_from)
+        # Statistics (BatchNorm's running means and variances) are not parameters to step: a difference of stale
+        # variances can go negative (the first stragglers run scored NaN). They take the reports' staleness-
+        # weighted mean, sum_j a_j s_j x_j / sum_j a_j s_j, a convex combination like FedAvg's.
+        statistics = self.statistics
+        stepped[statistics] = mean[statistics] * (total / sum(weight[r.client] * plan.factors[r.client] for r in kept))
+        return stepped
 
     def _model(self, version: int, timing: RoundTime) -> np.ndarray:
         return self.state[WEIGHTS] if version == timing.round - 1 else self.models[version]

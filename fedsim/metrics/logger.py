@@ -14,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from fedsim import atomic
 from fedsim.config import RunConfig
 from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys
@@ -165,4 +167,8 @@ def system_summary(cfg: RunConfig, rounds: list[dict], records: list[dict], kind
                                    for group in sorted({group_of(r) for r in records})}
                              for key in ACCURACIES if records and key in records[0]}
     out["participation_median"] = median
+    stale = [(c, s) for r in rounds for c, s in zip(r["participants"], r.get("staleness", ()))]
+    if stale:  # asynchronous: how many server steps old each client's updates were
+        out["staleness"] = summarize([s for _, s in stale])
+        out["per_client_staleness"] = {c: float(np.mean([s for k, s in stale if k == c])) for c in sorted({c for c, _ in stale})}
     return out

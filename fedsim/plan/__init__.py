@@ -88,6 +88,7 @@ class ModelPlan:
     client: str  # the client module: model.client, or the built-in FedClient around model.name
     optimizers: tuple[str, ...]  # its optimizers' param groups with the parts they train (``--dry-run`` prints them)
     own_optimizers: bool  # from the module's configure_optimizers (else fedsim's, from train.body / train.head)
+    buffers: frozenset[str] = frozenset()  # state-dict keys that are statistics, not parameters (BatchNorm's)
 
 
 @dataclass(frozen=True, eq=False)

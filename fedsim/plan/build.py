@@ -65,7 +65,8 @@ def build_model_plan(cfg: RunConfig, algorithm: Algorithm, num_classes: int, inp
                      state_bytes=sum(t.numel() * t.element_size() for t in net.state_dict().values()),
                      client=cfg.model.client or f"FedClient({cfg.model.name})",
                      optimizers=tuple(checked_optimizers(cfg, module, keys)),
-                     own_optimizers=overrides(module, "configure_optimizers"))
+                     own_optimizers=overrides(module, "configure_optimizers"),
+                     buffers=frozenset(key for key, _ in net.named_buffers()))
 
 
 def checked_optimizers(cfg: RunConfig, module: pl.LightningModule, keys: KeyParts) -> list[str]:

@@ -106,7 +106,8 @@ class RoundTime:
     def row(self) -> dict:
         """The round's columns in rounds.jsonl."""
         row = {"sim_start_s": self.start_s, "sim_seconds": self.seconds, "sim_time_s": self.end_s,
-               "selected": len(self.selected), "dropouts": list(self.dropouts), "late": list(self.late)}
+               "selected": len(self.selected), "participants": list(self.participants),
+               "dropouts": list(self.dropouts), "late": list(self.late)}
         return row | ({"staleness": list(self.staleness())} if self.versions else {})
 
 
