@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import ray
 
+from fedsim.cli.main import main as fedsim
 from fedsim.config import SystemConfig, expand_sweep, load_tree
 from fedsim.metrics.logger import read_jsonl
 from fedsim.plan.system import Clock, build_system
-from fedsim.simulate import run
 
 REPO = Path(__file__).resolve().parent.parent
 EVERYTHING = {"devices": {"preset": "mobile"}, "dropout": 0.1, "over_selection": 0.3, "deadline_s": 30.0,
@@ -45,11 +44,13 @@ def round_seconds(out_dir: Path, rounds: int, clocked: bool) -> tuple[float, lis
     overrides = ["sweep.algorithm=[fedper]", f"train.rounds={rounds}", f"out_dir={out_dir}"]
     if clocked:
         overrides.append("system.devices.preset=lognormal")
-    [cfg] = expand_sweep(load_tree(REPO / "experiments" / "quickstart.yaml", overrides))
-    result = run(cfg, overwrite=True)
-    ray.shutdown()
-    rows = read_jsonl(Path(result.run_dir) / "rounds.jsonl")
-    return statistics.median(r["seconds"] for r in rows[1:]), read_jsonl(Path(result.run_dir) / "metrics.jsonl")
+    config = REPO / "experiments" / "quickstart.yaml"
+    [cfg] = expand_sweep(load_tree(config, overrides))
+    if fedsim(["run", str(config), "--quiet", "--overwrite", *overrides]) != 0:
+        raise SystemExit(f"fedsim run {' '.join(overrides)} failed")
+    run_dir = out_dir / cfg.name
+    rows = read_jsonl(run_dir / "rounds.jsonl")
+    return statistics.median(r["seconds"] for r in rows[1:]), read_jsonl(run_dir / "metrics.jsonl")
 
 
 def main() -> None:
