@@ -410,6 +410,16 @@ def test_readme_algorithm_table_is_generated_from_the_code():
     assert markdown_table() in docs, "docs/algorithms.md's table is stale: paste `fedsim algorithms --markdown`"
 
 
+def test_fedsim_algorithms_lists_every_system_key_with_its_default():
+    from fedsim.algorithms.catalog import text_listing
+    from fedsim.config import SystemConfig
+
+    listing = text_listing()
+    assert "system.async_buffer = 10  async: reports per server step" in listing
+    assert "system.devices.preset = 'uniform'" in listing and "system.availability.on_fraction = 0.5" in listing
+    assert all(f"system.{key} = " in listing for key in SystemConfig.model_fields if key != "availability")
+
+
 def test_every_experiment_config_validates():
     from fedsim.config import expand_sweep, load_tree
 
