@@ -19,4 +19,4 @@ demo: install
 	$(VENV)/bin/fedsim run experiments/quickstart.yaml --overwrite
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25  # the slowest tests, to keep the suite short
