@@ -577,6 +577,7 @@ def _flat_partition(data: dict) -> dict:
 
 # model.* keys added after checkpoints were first written: at their defaults they leave a fingerprint as it was.
 SYSTEM_OFF = SystemConfig().model_dump()
+LATER_EVAL_DEFAULTS = {"unseen": None}  # eval.* keys added later: at their defaults, a fingerprint stays as it was
 LATER_MODEL_DEFAULTS = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric"}
 
 
@@ -586,6 +587,7 @@ def _resume_settings(cfg_dict: dict) -> dict:
     settings = result_settings(cfg_dict)
     settings["data"] = _flat_partition(settings["data"])
     settings["model"] = {k: v for k, v in settings["model"].items() if LATER_MODEL_DEFAULTS.get(k, ...) != v}
+    settings["eval"] = {k: v for k, v in settings["eval"].items() if LATER_EVAL_DEFAULTS.get(k, ...) != v}
     if settings["system"] == SYSTEM_OFF:  # added later: an ideal federation keeps the fingerprint it had
         del settings["system"]
     stepped = any(settings["train"][part]["schedule"] != "constant" for part in ("body", "head"))
