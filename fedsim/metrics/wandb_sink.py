@@ -64,8 +64,8 @@ class WandbLogger(Callback):
                               job_type=cfg.algorithm.name, tags=wcfg.tags, name=cfg.name, config=cfg.model_dump(),
                               dir=str(run_dir.resolve()), mode=mode, id=wcfg.run_id or saved.get("id"),
                               resume="allow" if resume else None, reinit="finish_previous")
-        self.run.define_metric("round")
-        self.run.define_metric(X_AXES[wcfg.x_axis])
+        for axis in dict.fromkeys(("round", X_AXES[wcfg.x_axis])):  # the round always, and the chosen x-axis
+            self.run.define_metric(axis)
         self.run.define_metric("*", step_metric=X_AXES[wcfg.x_axis])
         self.mode = mode
         self.logged_through = saved.get("logged_through", 0)
