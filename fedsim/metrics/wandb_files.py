@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,8 +41,27 @@ def log_of(offline: Path) -> Path:
     return log
 
 
+def wait_until_written(offline: Path, timeout: float = 30.0) -> bool:
+    """Wait for the run's exit record in its log: ``run.finish()`` returns before W&B's service process has
+    written the file (measured: 2 of 8 offline runs' logs held only their 7-byte header just after ``finish``,
+    and were complete 2 s later). Returns whether it was written within ``timeout`` seconds."""
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if any(r.WhichOneof("record_type") == "exit" for r in records(log_of(offline))):
+                return True
+        except (ValueError, DecodeError):  # not there yet, or a record still being written
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
 def history(offline: Path) -> list[dict]:
-    """Each ``wandb.log`` call's values by key (nested keys joined with '/')."""
+    """Each ``wandb.log`` call's values by key (nested keys joined with '/'), once the run's log is written."""
+    wait_until_written(offline)
     return [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
             for r in records(log_of(offline)) if r.WhichOneof("record_type") == "history"]
 

@@ -24,6 +24,7 @@ from fedsim.core.results import read_results
 from fedsim.engine.driver import Callback, Run
 from fedsim.metrics.logger import round_row
 from fedsim.metrics.series import evaluated, fairness, round_metrics
+from fedsim.metrics.wandb_files import wait_until_written
 
 ARTIFACT_FILES = ("summary.json", "rounds.csv", "rounds.jsonl", "partition_stats.json", "config.yaml")
 STATE_FILE = "wandb_run.json"
@@ -157,7 +158,12 @@ class WandbLogger(Callback):
                 if (run_dir / name).exists():
                     artifact.add_file(str(run_dir / name))
             self.run.log_artifact(artifact)
+        offline = Path(self.run.dir).parent  # RUN/wandb/offline-run-* (or run-* online): the log W&B writes
         self.run.finish(exit_code=0 if summary else 1)  # no summary: the run failed, and W&B marks it failed
+        # The run folder is published (to a bucket, say) right after this: with W&B's log complete, not a header.
+        if not wait_until_written(offline):
+            print(f"fedsim: W&B had not finished writing {offline} after 30 s; the run folder is published without "
+                  "waiting for it", file=sys.stderr)
 
     def _every_client(self, history: list[dict]) -> dict:
         """One chart of every client's accuracy over the rounds (up to logging.wandb.per_client_limit lines;
