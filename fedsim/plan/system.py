@@ -27,8 +27,7 @@ import numpy as np
 from fedsim.config import AvailabilityConfig, ConfigError, DevicesConfig, SystemConfig
 
 # The stylized mobile mix: (class, share of clients, speed and bandwidth relative to the median device).
-# Not a measured population: a three-tier spread of about 16x between the ends, as device traces show
-# (FedScale's AI-benchmark profiles span more than an order of magnitude).
+# Not a measured population: an assumed three-tier spread of 16x between the ends; give a trace for real devices.
 MOBILE_MIX = (("high-end", 0.25, 4.0), ("mid-range", 0.5, 1.0), ("low-end", 0.25, 0.25))
 SPEED_TERCILES = ("slow", "medium", "fast")
 BITS_PER_MEGABIT = 1e6
