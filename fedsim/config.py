@@ -293,6 +293,16 @@ class EngineConfig(_Section):
     wait_for_resources_s: float = Field(600.0, ge=0, description="on a cluster: how long to wait for the autoscaler "
                                         "to add nodes for the workers (a local run fails at once when it is short)")
     dashboard: bool = Field(False, description="start Ray's dashboard (bound to 127.0.0.1) for local runs")
+    pack: int | Literal["auto"] = Field(1, description="clients a worker trains at once as one batched computation "
+                                        "(1: one after another; auto: sized by measuring the worker's device); any "
+                                        "size >= 2 gives the same results (docs/packed.md)")
+
+    @field_validator("pack")
+    @classmethod
+    def _pack_size(cls, value: int | str) -> int | str:
+        if value != "auto" and value < 1:
+            raise ValueError(f"{value} is not a pack size; give 1 (off), a number of clients >= 2, or auto")
+        return value
 
 
 class WandbConfig(_Section):
@@ -562,6 +572,8 @@ def result_settings(cfg_dict: dict) -> dict:
     """The settings of a resolved config (``RunConfig.model_dump()``) that change what the run computes."""
     settings = {k: v for k, v in cfg_dict.items() if k not in NOT_RESULTS}
     settings["engine"] = {k: v for k, v in settings["engine"].items() if k in ENGINE_RESULTS}
+    # Packed training changes the last bits (other kernels); its pack size never does (docs/packed.md).
+    settings["engine"]["packed"] = cfg_dict["engine"].get("pack", 1) != 1
     return settings
 
 
@@ -588,6 +600,8 @@ def _resume_settings(cfg_dict: dict) -> dict:
     settings["data"] = _flat_partition(settings["data"])
     settings["model"] = {k: v for k, v in settings["model"].items() if LATER_MODEL_DEFAULTS.get(k, ...) != v}
     settings["eval"] = {k: v for k, v in settings["eval"].items() if LATER_EVAL_DEFAULTS.get(k, ...) != v}
+    if not settings["engine"]["packed"]:  # added later: an unpacked run keeps the fingerprint it had
+        del settings["engine"]["packed"]
     if settings["system"] == SYSTEM_OFF:  # added later: an ideal federation keeps the fingerprint it had
         del settings["system"]
     stepped = any(settings["train"][part]["schedule"] != "constant" for part in ("body", "head"))

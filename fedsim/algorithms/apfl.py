@@ -24,6 +24,7 @@ class APFL(PartialSharing):
     name, train, share = "apfl", "full", "full"
     Params = APFLParams
     client_slots = {"personal_model": "full", "alpha": 1}
+    packable = False  # its mixed forward runs the module itself (ctx.net) and learns alpha after every step
 
     def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         import torch

@@ -58,6 +58,9 @@ class Algorithm:
     server_slots: ClassVar[tuple[str, ...]] = ()
     # What the server sends to the clients each round (entries of its state).
     broadcast: ClassVar[tuple[str, ...]] = (WEIGHTS,)
+    # Whether the client hook uses only ClientContext's primitives, with penalties from ctx.proximal / ctx.linear
+    # and no per-step callback: then engine.pack can train several clients as one batched computation.
+    packable: ClassVar[bool] = False
 
     def __init__(self, params: BaseModel | None = None, batchnorm: BatchNormMode | None = None):
         self.params = params if params is not None else self.Params()
@@ -107,6 +110,7 @@ class Algorithm:
 
 class PartialSharing(Algorithm):
     """The common family, stated by two words: ``train`` (what local SGD updates) and ``share``."""
+    packable = True
 
     def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         ctx.load()

@@ -23,6 +23,31 @@ Penalty = Callable[[], torch.Tensor]
 StepCallback = Callable[[torch.Tensor, torch.Tensor], None]
 
 
+class Proximal:
+    """coef/2 ||w - anchor||^2 over some parameters: called, it is a penalty on the live parameters it was made
+    with; packed training (engine.pack) reads ``coef`` and ``anchors`` and applies it to every client of a pack."""
+
+    def __init__(self, coef: float, live: dict[str, torch.Tensor]):
+        self.coef = coef
+        self.live = live
+        self.anchors = {k: p.detach().clone() for k, p in live.items()}
+
+    def __call__(self) -> torch.Tensor:
+        return self.coef / 2 * sum(((self.live[k] - a) ** 2).sum() for k, a in self.anchors.items())
+
+
+class LinearTerm:
+    """<coefs, w> over some parameters: adds ``coefs`` to their gradients (SCAFFOLD's correction); called, a penalty
+    on the live parameters; packed training reads ``coefs``."""
+
+    def __init__(self, coefs: dict[str, torch.Tensor], live: dict[str, torch.Tensor]):
+        self.coefs = coefs
+        self.live = live
+
+    def __call__(self) -> torch.Tensor:
+        return sum((self.live[k] * c).sum() for k, c in self.coefs.items())
+
+
 class DeviceLayout(Protocol):
     """A layout (``shared``, ``personal``, ``full``) bound to the worker's model on its device."""
     keys: tuple[str, ...]
@@ -56,6 +81,9 @@ class RuntimePort(Protocol):
     def initial(self, layout: str) -> np.ndarray:
         """The round-0 value of a layout (every client starts from the same model)."""
 
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """The client's trainable tensors by state-dict key, as the loss sees them (penalties are built on them)."""
+
     def stored(self, slot: str, client: int) -> np.ndarray | None:
         """A client's value of a per-client state slot as kept after its last successful round, or None."""
 
@@ -82,13 +110,18 @@ class ClientContext:
         self.round = round_idx
         self.broadcast = broadcast
         self.generator = generator  # all of this client's randomness in this round
-        self.net = runtime.net
         self.local_epochs = runtime.local_epochs
         self.uploads: dict[str, torch.Tensor] = {}  # on the worker's device
         self.slots: dict[str, np.ndarray] = {}  # staged per-client state, kept if the round succeeds
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- the model -------------------------------------------------------------------------------
+    @property
+    def net(self) -> nn.Module:
+        """The network the client trains in, for a hook that needs the module itself (APFL's mixed forward). A
+        packed client has none of its own: such a method declares ``packable = False``."""
+        return self._rt.net
+
     @property
     def full_keys(self) -> tuple[str, ...]:
         return self._rt.layouts["full"].keys
@@ -145,19 +178,18 @@ class ClientContext:
     def proximal(self, coef: float, keys: Iterable[str] | None = None) -> Penalty | None:
         """coef/2 ||w - w_now||^2 over the parameters among ``keys`` (default: the shared ones), anchored at
         their current values. None when it would be zero, so coef = 0 is plain SGD bit for bit."""
-        params = dict(self.net.named_parameters())
+        params = self._rt.parameters()
         wanted = self._rt.layouts["shared"].keys if keys is None else keys
-        pairs = [(params[k], params[k].detach().clone()) for k in wanted if k in params]
-        if coef <= 0 or not pairs:
+        live = {k: params[k] for k in wanted if k in params}
+        if coef <= 0 or not live:
             return None
-        return lambda: coef / 2 * sum(((p - a) ** 2).sum() for p, a in pairs)
+        return Proximal(coef, live)
 
-    def linear(self, coefs: np.ndarray) -> Penalty:
+    def linear(self, coefs: np.ndarray) -> LinearTerm:
         """<coefs, w> over the shared parameters: adds ``coefs`` to every gradient (SCAFFOLD's correction)."""
-        params = dict(self.net.named_parameters())
+        params = self._rt.parameters()
         named = self.tensors("shared", coefs)
-        pairs = [(params[k], named[k]) for k in named if k in params]
-        return lambda: sum((p * c).sum() for p, c in pairs)
+        return LinearTerm({k: c for k, c in named.items() if k in params}, {k: params[k] for k in named if k in params})
 
     def sgd(self, parts: frozenset[str], epochs: int, penalty: Penalty | None = None,
             after_step: StepCallback | None = None) -> list[torch.Tensor]:

@@ -48,7 +48,13 @@ class BoundLayout(Layout):
     @classmethod
     def bind(cls, layout: Layout, model: nn.Module, device: torch.device) -> BoundLayout:
         state = model.state_dict(keep_vars=True)
-        targets = tuple(state[key].detach() for key in layout.keys)
+        return cls.over(layout, {key: state[key].detach() for key in layout.keys}, device, model)
+
+    @classmethod
+    def over(cls, layout: Layout, tensors: dict[str, torch.Tensor], device: torch.device,
+             model: nn.Module | None = None) -> BoundLayout:
+        """The layout bound to ``tensors`` (by key): a model's own, or a packed client's."""
+        targets = tuple(tensors[key] for key in layout.keys)
         by_dtype: dict[torch.dtype, list[int]] = {}
         for i, t in enumerate(targets):
             by_dtype.setdefault(t.dtype, []).append(i)

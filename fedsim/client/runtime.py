@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
@@ -21,12 +23,14 @@ from fedsim.algorithms import PARTS
 from fedsim.algorithms.context import ClientContext, Penalty, StepCallback
 from fedsim.client.device import make_cuda_deterministic
 from fedsim.client.loop import FedsimFabric, LocalLoop, OptimizerSet
+from fedsim.client.packed import Hyper, PackedClient, PackedTrainer, TrainRequest, in_lockstep
+from fedsim.client.packsize import choose_pack_size
 from fedsim.client.resident import BoundLayout, ExactSum, host_vector, to_device
 from fedsim.config import CallbackSpec, OptimConfig
 from fedsim.core.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
 from fedsim.core.protocol import ClientData, ClientReport, SumPlan, WorkerPartial, payload_bytes
 from fedsim.core.store import StateMemory, VectorStore
-from fedsim.data import ArrayDataset, load_dataset, random_crop_flip, to_float
+from fedsim.data import ArrayDataset, load_dataset, shuffled_batches, to_float
 from fedsim.errors import UserCodeError
 from fedsim.models.lightning import (config_optimizers, module_optimizers, network_of, optimizer_parts,
                                      overrides, part_parameters)
@@ -97,9 +101,15 @@ class ClientRuntime:
         self.layouts = {name: BoundLayout.bind(layout, self.net, self.device)
                         for name, layout in plan.model.layouts.items()}
         self.layouts["full"].load(plan.model.initial["full"])
+        self.parameter_keys = frozenset(key for key, _ in self.net.named_parameters())
+        self.part_of = {**dict.fromkeys(keys.body, "body"), **dict.fromkeys(keys.head, "head")}
+        self.pack_size, _ = plan.packing
+        self.trainer = None if self.pack_size == 1 else PackedTrainer(self.net, self.layouts["full"].keys,
+                                                                      self.parameter_keys, self.channels_last)
         self.slots = self._empty_slots()
         self._held: tuple[np.ndarray, int] | None = None  # (broadcast weights in the model, their tensors' version)
         self._resident: tuple[np.ndarray, torch.Tensor] | None = None  # (broadcast weights, their copy on the device)
+        self._auto_pack: int | None = None
 
     def _finetune_set(self, module: pl.LightningModule, keys, train: OptimizerSet) -> OptimizerSet:
         """Evaluation fine-tuning's optimizers: a module's own (each update starts them afresh anyway), or for
@@ -150,6 +160,9 @@ class ClientRuntime:
     # -- the port a client hook works through ----------------------------------------------------
     def initial(self, layout: str) -> np.ndarray:
         return self.plan.model.initial[layout]
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        return dict(self.net.named_parameters())
 
     def stored(self, slot: str, client: int) -> np.ndarray | None:
         store = self.slots[slot]
@@ -220,10 +233,7 @@ class ClientRuntime:
         batch = (self.cfg.eval.finetune_batch_size if finetune else None) or self.cfg.train.batch_size
 
         def epoch_batches():
-            order = to_device(torch.randperm(len(y), generator=generator), self.device)
-            for start in range(0, len(y), batch):
-                idx = order[start:start + batch]
-                yield (random_crop_flip(x[idx], generator) if self.augment else x[idx]), y[idx]
+            return shuffled_batches(x, y, generator, batch, self.augment)
 
         return self.loop.fit(epoch_batches, epochs, parts, self._group_settings(round_idx, finetune), penalty, after_step,
                              "finetune" if finetune else "train")
@@ -237,8 +247,7 @@ class ClientRuntime:
         sums = {name: ExactSum(scale, self.device) for name, scale in plan.scales.items()}
         weights = dict.fromkeys(plan.scales, 0)
         reports = []
-        for client in clients:
-            t = self.train_client(broadcast, client, round_idx)
+        for client, t in zip(clients, self._train_all(broadcast, clients, round_idx)):
             weight = {name: 1 if plan.uniform[name] else t.n_train for name in t.uploads}
             factor = plan.factors.get(client)
             loss, in_range = self._stage(sums, t, weight if factor is None else {n: w * factor for n, w in weight.items()})
@@ -267,19 +276,72 @@ class ClientRuntime:
         """The serialised size of the uploads, from their lengths (nothing is pickled per client)."""
         return sum(payload_bytes(v.numel()) for v in t.uploads.values())
 
+    def _train_all(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> Iterator[Trained]:
+        """Each client's round, in order: one after another, or (engine.pack) a pack at a time."""
+        if self.trainer is None:
+            yield from (self.train_client(broadcast, client, round_idx) for client in clients)
+            return
+        size = self.pack_size if self.pack_size != "auto" else self.auto_pack_size()
+        for start in range(0, len(clients), size):
+            yield from self.train_pack(broadcast, clients[start:start + size], round_idx)
+
+    def train_pack(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[Trained]:
+        """The algorithm's client hook for each of ``clients``, their local training packed (fedsim.client.packed)."""
+        self.loop.where = f" (clients {clients[0]}..{clients[-1]}, round {round_idx}, packed training)"
+
+        def hook(client: int) -> Callable[[Any], Trained]:
+            def run(thread) -> Trained:
+                port = PackedClient(self, thread, self.plan.model.initial["full"])
+                ctx = ClientContext(port, client, round_idx, broadcast, client_generator(self.cfg.seed, round_idx, client))
+                return self._trained(ctx, self.algorithm.client_update(ctx), {})
+            return run
+
+        return in_lockstep([hook(client) for client in clients], self._serve_training)
+
+    def _serve_training(self, requests: list[TrainRequest]) -> list[list[torch.Tensor]]:
+        """Local training for every parked client of a pack, those asking for the same update together."""
+        losses: dict[int, list[torch.Tensor]] = {}
+        by_kind: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_kind.setdefault(r.kind, []).append(i)
+        for (parts, _, round_idx, finetune), members in by_kind.items():
+            trained = [k for k in self.layouts["full"].keys if k in self.parameter_keys and self.part_of[k] in parts]
+            hyper = {k: self._hyper(self.part_of[k], round_idx, finetune) for k in trained}
+            batch = (self.cfg.eval.finetune_batch_size if finetune else None) or self.cfg.train.batch_size
+            got = self.trainer.fit([requests[i] for i in members], trained, hyper, batch, self.augment)
+            losses |= dict(zip(members, got))
+        return [losses[i] for i in range(len(requests))]
+
+    def _hyper(self, part: str, round_idx: int, finetune: bool) -> Hyper:
+        """fedsim's own SGD settings of ``part`` in a local update (what sequential training's optimizers use)."""
+        if finetune:
+            e = self.cfg.eval
+            return Hyper(self.plan.lr(part, round_idx, True), e.finetune_momentum, e.finetune_weight_decay)
+        o = getattr(self.cfg.train, part)
+        return Hyper(self.plan.lr(part, round_idx), o.momentum, o.weight_decay)
+
+    def auto_pack_size(self) -> int:
+        """engine.pack: auto -- measured once on this worker's device (fedsim.client.packsize); never changes
+        results, since any pack size >= 2 computes the same."""
+        if self._auto_pack is None:
+            self._auto_pack = choose_pack_size(self, self.cfg.engine.gpus_per_worker)
+        return self._auto_pack
+
     def train_client(self, broadcast: dict[str, np.ndarray], client: int, round_idx: int) -> Trained:
         """The algorithm's client hook for one client: its loss, its uploads (on the device) and the per-client
         state it staged, none of it kept yet (``keep`` does that for a client whose round counts)."""
         self._working_on(client, round_idx, "training")
         ctx = ClientContext(self, client, round_idx, broadcast, client_generator(self.cfg.seed, round_idx, client))
-        losses = self.algorithm.client_update(ctx)
+        return self._trained(ctx, self.algorithm.client_update(ctx), self.loop.logged.collect())
+
+    def _trained(self, ctx: ClientContext, losses: list[torch.Tensor], logged: dict[str, float]) -> Trained:
         if set(ctx.uploads) != set(self.algorithm.uploads):
-            raise RuntimeError(f"algorithm {self.algorithm.name}: client {client} uploaded {sorted(ctx.uploads)}, "
+            raise RuntimeError(f"algorithm {self.algorithm.name}: client {ctx.client} uploaded {sorted(ctx.uploads)}, "
                                f"it declares {sorted(self.algorithm.uploads)}")
         # The mean stays on the device: the caller reads it with the range test. A client whose loss is not
         # finite keeps nothing of its round; the server decides stop or drop.
-        return Trained(len(self.client_data[client].train), torch.stack(losses).mean(), ctx.uploads, ctx.slots,
-                       self.loop.logged.collect())
+        return Trained(len(self.client_data[ctx.client].train), torch.stack(losses).mean(), ctx.uploads, ctx.slots,
+                       logged)
 
     def keep(self, client: int, trained: Trained) -> None:
         """The client's round counts: its staged per-client state becomes its state."""

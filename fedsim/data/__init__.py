@@ -3,7 +3,7 @@
 from fedsim.data.datasets import ArrayDataset, load_dataset, resolve_root
 from fedsim.data.errors import DataError
 from fedsim.data.partition import Partition, make_partition
-from fedsim.data.transforms import random_crop_flip, to_float
+from fedsim.data.transforms import random_crop_flip, shuffled_batches, to_float
 
 __all__ = [
     "ArrayDataset",
@@ -13,5 +13,6 @@ __all__ = [
     "make_partition",
     "random_crop_flip",
     "resolve_root",
+    "shuffled_batches",
     "to_float",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -50,3 +50,13 @@ def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int =
     batch = torch.arange(b, device=x.device)[:, None, None, None]
     chan = torch.arange(c, device=x.device)[None, :, None, None]
     return padded[batch, chan, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+def shuffled_batches(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator, batch: int,
+                     augment: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch of a client's training batches: a fresh order from ``generator``, then per batch its augmentation
+    draws, in that order (so a client's batches are the same however its training is scheduled)."""
+    order = to_device(torch.randperm(len(y), generator=generator), x.device)
+    for start in range(0, len(y), batch):
+        idx = order[start:start + batch]
+        yield (random_crop_flip(x[idx], generator) if augment else x[idx]), y[idx]

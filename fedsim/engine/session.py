@@ -6,6 +6,7 @@ import math
 import os
 import shlex
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -131,6 +132,9 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
             folder.refuse_existing(overwrite)
         plan = build_plan(cfg, inputs, partition)
         folder.check_checkpoint(ckpt, plan)
+        _, notice = plan.packing
+        if notice:
+            print(notice, file=sys.stderr, flush=True)
         connect_ray(cfg)
         if not os.environ.get("RAY_ADDRESS"):
             check_resources(cfg)  # a Ray started here has no autoscaler: what it lacks now, it lacks for good

@@ -89,6 +89,7 @@ class ModelPlan:
     optimizers: tuple[str, ...]  # its optimizers' param groups with the parts they train (``--dry-run`` prints them)
     own_optimizers: bool  # from the module's configure_optimizers (else fedsim's, from train.body / train.head)
     buffers: frozenset[str] = frozenset()  # state-dict keys that are statistics, not parameters (BatchNorm's)
+    unpackable: str | None = None  # why the client module cannot be trained packed (engine.pack), or None
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,6 +119,19 @@ class RunPlan:
     @cached_property
     def train_steps(self) -> list[int]:
         return [steps_per_epoch(n, self.cfg.train.batch_size) for n in self.train_sizes]
+
+    @cached_property
+    def packing(self) -> tuple[int | str, str | None]:
+        """(clients a worker trains at once, 1 = one after another, or "auto"; the one-line notice when
+        engine.pack asks for packing that this method or module cannot have)."""
+        wanted = self.cfg.engine.pack
+        if wanted == 1:
+            return 1, None
+        why = self.model.unpackable if self.algorithm.packable else (
+            f"{self.algorithm.name}'s client hook needs the module itself (packable = False)")
+        if why:
+            return 1, f"engine.pack: {wanted} not used, clients train one after another: {why}"
+        return wanted, None
 
     @property
     def workers(self) -> int:

@@ -14,8 +14,9 @@ from fedsim.config import ConfigError, RunConfig
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import WEIGHTS, ClientData
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
-from fedsim.models.lightning import (build_client, describe_optimizers, module_optimizers, network_of, optimizer_parts,
-                                     overrides, part_parameters, split_keys)
+from fedsim.models.lightning import (FedClient, build_client, describe_optimizers, module_optimizers, network_of,
+                                     optimizer_parts, overrides, part_parameters, split_keys)
+from fedsim.models.packed import packable
 from fedsim.models.state import layout_of, load_arrays, pack
 from fedsim.plan import ModelPlan, RunPlan, held_out_clients
 from fedsim.plan.system import build_system
@@ -66,7 +67,21 @@ def build_model_plan(cfg: RunConfig, algorithm: Algorithm, num_classes: int, inp
                      client=cfg.model.client or f"FedClient({cfg.model.name})",
                      optimizers=tuple(checked_optimizers(cfg, module, keys)),
                      own_optimizers=overrides(module, "configure_optimizers"),
-                     buffers=frozenset(key for key, _ in net.named_buffers()))
+                     buffers=frozenset(key for key, _ in net.named_buffers()),
+                     unpackable=unpackable(cfg, module, net))
+
+
+def unpackable(cfg: RunConfig, module: pl.LightningModule, net: torch.nn.Module) -> str | None:
+    """Why this client module cannot be trained packed (engine.pack), or None. Packed training computes fedsim's
+    own objective with fedsim's own SGD, so only the built-in FedClient as it is, on a network with a packed form."""
+    m = cfg.model
+    if type(module) is not FedClient:
+        return f"model.client {type(module).__name__} has a training_step of its own"
+    if m.callbacks or m.client_loop != "fabric" or m.precision != "32":
+        return "model.callbacks, model.client_loop: trainer and mixed precision need the Lightning loop"
+    if "adam" in (cfg.train.body.optimizer, cfg.train.head.optimizer):
+        return "packed training steps SGD; train.body / train.head use adam"
+    return packable(net)
 
 
 def checked_optimizers(cfg: RunConfig, module: pl.LightningModule, keys: KeyParts) -> list[str]:

@@ -1,0 +1,321 @@
+"""Packed training (engine.pack): a worker trains several of its clients at once as one batched computation.
+
+Each client of a pack runs its algorithm's own client hook, unchanged, on a :class:`PackedClient`: a
+:class:`~fedsim.algorithms.context.RuntimePort` whose model is the client's own tensors. The hooks run in
+lockstep (:func:`in_lockstep`): each runs until it asks for local training, and once every hook of the pack has
+asked (or finished), :class:`PackedTrainer` trains all the asking clients together -- every client with its own
+data order and augmentation draws (its own generator, drawn in the order of sequential training), its own
+optimizer state, BatchNorm statistics and penalty -- over the layers of ``fedsim.models.packed``.
+
+What a client computes does not depend on its pack-mates or its place in the pack (a lone client is computed
+beside a copy of itself, never as a pack of one), so results are the same for any pack size and any number of
+workers. They differ in the last bits from sequential training, whose kernels are the ungrouped ones.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from fedsim.algorithms.context import LinearTerm, Penalty, Proximal, StepCallback
+from fedsim.client.resident import BoundLayout
+from fedsim.data import shuffled_batches
+from fedsim.errors import UserCodeError
+from fedsim.models.packed import PackedNet
+
+
+# -- hooks in lockstep --------------------------------------------------------------------------------------------
+class _Abandoned(BaseException):
+    """Raised inside a hook whose pack-mate failed: its thread ends without doing more."""
+
+
+class _Hook(threading.Thread):
+    """One client hook on a thread of its own, running only while the coordinator waits for it."""
+
+    def __init__(self, fn: Callable[[_Hook], Any]):
+        super().__init__(daemon=True)
+        self.fn = fn
+        self.resume, self.parked = threading.Semaphore(0), threading.Semaphore(0)
+        self.request: Any = None
+        self.reply: Any = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = self.abandoned = False
+
+    def run(self) -> None:
+        self.resume.acquire()
+        try:
+            self.result = self.fn(self)
+        except _Abandoned:
+            pass
+        except BaseException as err:  # handed to the coordinator, which raises it in the worker's own thread
+            self.error = err
+        finally:
+            self.done = True
+            self.parked.release()
+
+    def ask(self, request: Any) -> Any:
+        """From inside the hook: park with ``request`` until the coordinator has served it; its reply."""
+        self.request = request
+        self.parked.release()
+        self.resume.acquire()
+        if self.abandoned:
+            raise _Abandoned
+        return self.reply
+
+    def step(self) -> None:
+        """From the coordinator: let the hook run until it asks or finishes."""
+        self.resume.release()
+        self.parked.acquire()
+
+
+def in_lockstep(hooks: list[Callable[[_Hook], Any]], serve: Callable[[list[Any]], list[Any]]) -> list[Any]:
+    """Run ``hooks`` one at a time, in order, each until it asks (``hook.ask(request)``) or returns; then
+    ``serve`` all the requests at once and repeat. Deterministic: only one thread runs at any moment. A hook
+    that raises ends the others and its error is raised here."""
+    threads = [_Hook(fn) for fn in hooks]
+    for t in threads:
+        t.start()
+    live = threads
+    try:
+        while live:
+            for t in live:
+                t.step()
+            failed = next((t for t in live if t.error is not None), None)
+            if failed is not None:
+                raise failed.error
+            live = [t for t in live if not t.done]
+            if live:
+                for t, reply in zip(live, serve([t.request for t in live])):
+                    t.reply = reply
+    finally:
+        for t in threads:
+            if not t.done:
+                t.abandoned = True
+                t.resume.release()
+        for t in threads:
+            t.join()
+    return [t.result for t in threads]
+
+
+# -- a client of a pack -------------------------------------------------------------------------------------------
+@dataclass
+class TrainRequest:
+    """What a packed client's hook asked for: ``ctx.sgd`` with these arguments."""
+    client: PackedClient
+    x: torch.Tensor
+    y: torch.Tensor
+    parts: frozenset[str]
+    epochs: int
+    generator: torch.Generator
+    round_idx: int
+    penalty: Penalty | None
+    finetune: bool
+
+    @property
+    def kind(self) -> tuple:
+        return self.parts, self.epochs, self.round_idx, self.finetune
+
+
+class PackedClient:
+    """The runtime port of one client of a pack: its own copy of the model's tensors, everything else the worker's.
+    ``sgd`` parks the hook until the whole pack trains."""
+
+    def __init__(self, runtime: Any, hook: _Hook, initial_full: np.ndarray):
+        self._rt = runtime
+        self._hook = hook
+        self.device = runtime.device
+        self.local_epochs = runtime.local_epochs
+        full = runtime.layouts["full"]
+        self.state = {key: t.detach().clone() for key, t in zip(full.keys, full.targets)}
+        self.layouts = {name: BoundLayout.over(layout, self.state, self.device) for name, layout in runtime.layouts.items()}
+        self.layouts["full"].load(initial_full)
+        self._parameters = {key: self.state[key] for key in runtime.parameter_keys}
+
+    @property
+    def net(self):
+        raise UserCodeError(f"engine.pack: algorithm {self._rt.algorithm.name} reads ctx.net, which a packed client "
+                            "does not have; set packable = False on the method, or engine.pack: 1")
+
+    def initial(self, layout: str) -> np.ndarray:
+        return self._rt.initial(layout)
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        return self._parameters
+
+    def stored(self, slot: str, client: int) -> np.ndarray | None:
+        return self._rt.stored(slot, client)
+
+    def load_global(self, weights: np.ndarray) -> None:
+        self.layouts["shared"].load(weights)
+
+    def learning_rates(self, layout: str, round_idx: int) -> np.ndarray:
+        return self._rt.learning_rates(layout, round_idx)
+
+    def client_tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._rt.client_tensors(client, split)
+
+    def sgd(self, x: torch.Tensor, y: torch.Tensor, parts: frozenset[str], epochs: int, generator: torch.Generator,
+            round_idx: int, penalty: Penalty | None = None, after_step: StepCallback | None = None,
+            finetune: bool = False) -> list[torch.Tensor]:
+        if after_step is not None:
+            raise UserCodeError(f"engine.pack: algorithm {self._rt.algorithm.name} passes ctx.sgd an after_step "
+                                "callback, which packed training cannot run; set packable = False on the method, "
+                                "or engine.pack: 1")
+        return self._hook.ask(TrainRequest(self, x, y, parts, epochs, generator, round_idx, penalty, finetune))
+
+
+# -- training a pack ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Hyper:
+    """One tensor's SGD settings in a local update (torch.optim.SGD's, without dampening or Nesterov)."""
+    lr: float
+    momentum: float
+    weight_decay: float
+
+
+@dataclass
+class _Stream:
+    """A client's batches over all its epochs, drawn as sequential training draws them."""
+    request: TrainRequest
+    batch: int
+    augment: bool
+    losses: list[torch.Tensor] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        r = self.request
+        for _ in range(r.epochs):
+            yield from shuffled_batches(r.x, r.y, r.generator, self.batch, self.augment)
+
+
+class PackedTrainer:
+    """Local SGD of many clients as one batched computation over a network's packed form."""
+
+    def __init__(self, net: torch.nn.Module, keys: tuple[str, ...], parameter_keys: frozenset[str],
+                 channels_last: bool):
+        self.packed = PackedNet(net, channels_last)
+        self.keys = keys
+        self.parameter_keys = parameter_keys
+
+    def fit(self, requests: list[TrainRequest], trained: list[str], hyper: Mapping[str, Hyper], batch: int,
+            augment: bool) -> list[list[torch.Tensor]]:
+        """Train ``trained`` (keys) of every requesting client; their states are updated in place. Returns each
+        client's per-step losses (the data loss, as sequential training reports it)."""
+        with torch.no_grad():
+            stacked = {k: torch.stack([r.client.state[k] for r in requests]) for k in self.keys}
+        momentum = {k: torch.zeros_like(stacked[k]) for k in trained if hyper[k].momentum}
+        penalties = _StackedPenalties([r.penalty for r in requests], stacked)
+        streams = [_Stream(r, batch, augment) for r in requests]
+        iterators = {i: iter(s) for i, s in enumerate(streams)}
+        while iterators:
+            by_size: dict[int, list[tuple[int, tuple[torch.Tensor, torch.Tensor]]]] = {}
+            for i, it in list(iterators.items()):
+                nxt = next(it, None)
+                if nxt is None:
+                    del iterators[i]
+                else:
+                    by_size.setdefault(len(nxt[1]), []).append((i, nxt))
+            for group in by_size.values():
+                self._step(group, stacked, momentum, trained, hyper, penalties, streams, len(requests))
+        with torch.no_grad():
+            for k in self.keys:
+                for i, r in enumerate(requests):
+                    r.client.state[k].copy_(stacked[k][i])
+        return [s.losses for s in streams]
+
+    def _step(self, group: list[tuple[int, tuple[torch.Tensor, torch.Tensor]]], stacked: dict[str, torch.Tensor],
+              momentum: dict[str, torch.Tensor], trained: list[str], hyper: Mapping[str, Hyper],
+              penalties: _StackedPenalties, streams: list[_Stream], pack: int) -> None:
+        """One SGD step of the clients in ``group`` (all with a batch of the same size)."""
+        rows = [i for i, _ in group]
+        batches = [b for _, b in group]
+        n = len(rows)
+        if n == 1:  # never a pack of one: it would take other kernels than the same client among others
+            rows, batches = rows * 2, batches * 2
+        whole = rows == list(range(pack))
+        index = torch.tensor(rows, device=next(iter(stacked.values())).device)
+        state = {k: (t if whole else t.index_select(0, index)) for k, t in stacked.items()}
+        for k in trained:
+            state[k] = state[k].detach().requires_grad_(True)
+        x = torch.stack([b[0] for b in batches])
+        y = torch.stack([b[1] for b in batches])
+        logits = self.packed(x, state, training=True)
+        per_client = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                     reduction="none").view(len(rows), -1).mean(1)[:n]
+        total = per_client.sum() + penalties.value(state, index[:n])
+        grads = torch.autograd.grad(total, [state[k] for k in trained])
+        with torch.no_grad():
+            real = index[:n]
+            if not whole:  # statistics were updated in copies: write them back
+                for k, t in stacked.items():
+                    if k not in self.parameter_keys:
+                        t.index_copy_(0, real, state[k][:n])
+            for k, grad in zip(trained, grads):
+                self._sgd(stacked[k], momentum.get(k), grad[:n], hyper[k], None if whole else real)
+            for j, i in enumerate(rows[:n]):
+                streams[i].losses.append(per_client[j].detach())
+
+    @staticmethod
+    def _sgd(param: torch.Tensor, buf: torch.Tensor | None, grad: torch.Tensor, h: Hyper,
+             rows: torch.Tensor | None) -> None:
+        """torch.optim.SGD's step on ``rows`` of a stacked tensor (all of it when None); momentum buffers start at
+        zero, which gives torch's first step (the gradient itself) exactly."""
+        p = param if rows is None else param.index_select(0, rows)
+        d = grad if not h.weight_decay else grad.add(p, alpha=h.weight_decay)
+        if buf is not None:
+            b = buf if rows is None else buf.index_select(0, rows)
+            d = b.mul_(h.momentum).add_(d)
+            if rows is not None:
+                buf.index_copy_(0, rows, b)
+        p.add_(d, alpha=-h.lr)
+        if rows is not None:
+            param.index_copy_(0, rows, p)
+
+
+class _StackedPenalties:
+    """The pack's penalties (ctx.proximal's and ctx.linear's), stacked over its clients: a client without one
+    contributes zeros, which add nothing to its gradient."""
+
+    def __init__(self, penalties: list[Penalty | None], stacked: dict[str, torch.Tensor]):
+        self.terms: list[tuple[str, str, torch.Tensor, torch.Tensor]] = []  # (kind, key, coefs, anchors or values)
+        for kind in (Proximal, LinearTerm):
+            mine = [p if isinstance(p, kind) else None for p in penalties]
+            if any(mine):
+                self.terms += self._stack(kind, mine, stacked)
+        others = [p for p in penalties if p is not None and not isinstance(p, (Proximal, LinearTerm))]
+        if others:
+            raise UserCodeError(f"engine.pack: a penalty of type {type(others[0]).__name__} cannot be packed; build "
+                                "penalties with ctx.proximal / ctx.linear, or set engine.pack: 1")
+
+    @staticmethod
+    def _stack(kind: type, mine: list, stacked: dict[str, torch.Tensor]) -> list:
+        keys = next(p for p in mine if p is not None)
+        keys = list(keys.anchors if kind is Proximal else keys.coefs)
+        terms = []
+        for k in keys:
+            zeros = torch.zeros_like(stacked[k][0])
+            if kind is Proximal:
+                coefs = torch.tensor([0.0 if p is None else p.coef for p in mine], device=zeros.device)
+                values = torch.stack([zeros if p is None else p.anchors[k] for p in mine])
+            else:
+                coefs = torch.empty(0)
+                values = torch.stack([zeros if p is None else p.coefs[k] for p in mine])
+            terms.append(("proximal" if kind is Proximal else "linear", k, coefs, values))
+        return terms
+
+    def value(self, state: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor | float:
+        total: torch.Tensor | float = 0.0
+        n = len(rows)
+        for kind, k, coefs, values in self.terms:
+            w = state[k][:n]
+            v = values.index_select(0, rows)
+            if kind == "proximal":
+                total = total + (coefs.index_select(0, rows) / 2 * ((w - v) ** 2).flatten(1).sum(1)).sum()
+            else:
+                total = total + (w * v).sum()
+        return total
