@@ -304,6 +304,15 @@ class EngineConfig(_Section):
             raise ValueError(f"{value} is not a pack size; give 1 (off), a number of clients >= 2, or auto")
         return value
 
+    @model_validator(mode="after")
+    def _packed_on_one_thread(self) -> EngineConfig:
+        # Measured (MobileNet-v1, 2 threads): a multi-threaded CPU kernel splits its sums by the size of the pack, so a
+        # client's result would depend on its pack-mates, and with them on the number of workers.
+        if self.pack != 1 and self.threads_per_worker > 1 and not self.gpus_per_worker:
+            raise ValueError(f"engine.pack: packed training on a CPU needs engine.threads_per_worker: 1 (it is "
+                             f"{self.threads_per_worker}); run more workers instead, or set engine.pack: 1")
+        return self
+
 
 class WandbConfig(_Section):
     mode: Literal["disabled", "offline", "online"] = "disabled"

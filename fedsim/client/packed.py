@@ -132,7 +132,7 @@ class PackedClient:
         self.device = runtime.device
         self.local_epochs = runtime.local_epochs
         full = runtime.layouts["full"]
-        self.state = {key: t.detach().clone() for key, t in zip(full.keys, full.targets)}
+        self.state = {key: t.detach().clone(memory_format=torch.contiguous_format) for key, t in zip(full.keys, full.targets)}
         self.layouts = {name: BoundLayout.over(layout, self.state, self.device) for name, layout in runtime.layouts.items()}
         self.layouts["full"].load(initial_full)
         self._parameters = {key: self.state[key] for key in runtime.parameter_keys}
@@ -264,15 +264,17 @@ class PackedTrainer:
     def _sgd(param: torch.Tensor, buf: torch.Tensor | None, grad: torch.Tensor, h: Hyper,
              rows: torch.Tensor | None) -> None:
         """torch.optim.SGD's step on ``rows`` of a stacked tensor (all of it when None); momentum buffers start at
-        zero, which gives torch's first step (the gradient itself) exactly."""
+        zero, which gives torch's first step (the gradient itself) exactly. Every product is its own operation: a
+        fused ``add(alpha=...)`` rounds once in its vectorised loop and twice in its scalar tail, so a value's
+        result would depend on where its slot lies in the stack."""
         p = param if rows is None else param.index_select(0, rows)
-        d = grad if not h.weight_decay else grad.add(p, alpha=h.weight_decay)
+        d = grad if not h.weight_decay else grad + p * h.weight_decay
         if buf is not None:
             b = buf if rows is None else buf.index_select(0, rows)
             d = b.mul_(h.momentum).add_(d)
             if rows is not None:
                 buf.index_copy_(0, rows, b)
-        p.add_(d, alpha=-h.lr)
+        p.sub_(d * h.lr)
         if rows is not None:
             param.index_copy_(0, rows, p)
 

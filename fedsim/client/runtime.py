@@ -104,8 +104,10 @@ class ClientRuntime:
         self.parameter_keys = frozenset(key for key, _ in self.net.named_parameters())
         self.part_of = {**dict.fromkeys(keys.body, "body"), **dict.fromkeys(keys.head, "head")}
         self.pack_size, _ = plan.packing
-        self.trainer = None if self.pack_size == 1 else PackedTrainer(self.net, self.layouts["full"].keys,
-                                                                      self.parameter_keys, self.channels_last)
+        # Packed kernels on a CPU run in channels_last whatever engine.memory_format says: in the contiguous layout a
+        # client's result was measured to depend on its place in the pack (docs/packed.md).
+        self.trainer = None if self.pack_size == 1 else PackedTrainer(
+            self.net, self.layouts["full"].keys, self.parameter_keys, self.channels_last or self.device.type == "cpu")
         self.slots = self._empty_slots()
         self._held: tuple[np.ndarray, int] | None = None  # (broadcast weights in the model, their tensors' version)
         self._resident: tuple[np.ndarray, torch.Tensor] | None = None  # (broadcast weights, their copy on the device)

@@ -62,12 +62,27 @@ def _batch_norm(prefix: str, m: nn.modules.batchnorm._BatchNorm) -> Layer:
     return layer
 
 
+ALIGN = 16  # floats (64 bytes): every slot's block of a batched matmul starts at such a boundary
+
+
 def _linear(prefix: str) -> Layer:
     def layer(h: torch.Tensor, s: Tensors, training: bool) -> torch.Tensor:
         w, bias = s[prefix + "weight"], s.get(prefix + "bias")
         g, out_features, in_features = w.shape
         x = h.reshape(h.shape[0], g, in_features).transpose(0, 1)  # (G, B, in)
-        y = torch.bmm(x, w.transpose(1, 2)) if bias is None else torch.baddbmm(bias.unsqueeze(1), x, w.transpose(1, 2))
+        # One batched matmul, each slot's matrices padded with zeros to a multiple of ALIGN values: BLAS kernels
+        # round differently for differently aligned operands (measured: without the padding a slot's logits changed
+        # with its place in the pack). The bias is a weight column on a constant input, so its gradient also comes
+        # from the matmul, one product per slot: a broadcast bias's gradient is a reduction over (G, B, out) whose
+        # vectorisation changes with G.
+        ones = [x.new_ones(*x.shape[:2], 1)] if bias is not None else []
+        columns = [w] + ([bias.unsqueeze(2)] if bias is not None else [])
+        inner = in_features + len(ones)
+        pad_in, pad_out = -inner % ALIGN, -out_features % ALIGN
+        x = torch.cat([x, *ones, x.new_zeros(*x.shape[:2], pad_in)], dim=2)
+        w = torch.cat([*columns, w.new_zeros(g, out_features, pad_in)], dim=2)
+        w = torch.cat([w, w.new_zeros(g, pad_out, w.shape[2])], dim=1)
+        y = torch.bmm(x, w.transpose(1, 2))[:, :, :out_features]
         return y.transpose(0, 1).reshape(h.shape[0], g * out_features)
     return layer
 
