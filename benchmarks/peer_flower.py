@@ -59,7 +59,8 @@ def ensure_flower_venv() -> None:
                     "torchvision==0.29.1"], check=True)
 
 
-def fedsim_tree(name: str, w: dict) -> dict:
+def fedsim_tree(name: str, w: dict, engine: dict | None = None) -> dict:
+    """fedsim's config of a workload; ``engine``: engine settings over the benchmark's (e.g. pack)."""
     return {
         "name": f"bench-flower-{name}", "seed": HP["seed"], "algorithm": "fedavg", "out_dir": "/tmp/fedsim-bench-runs",
         "data": {"dataset": "cifar10", "num_clients": w["num_clients"], "partition": "iid",
@@ -70,7 +71,8 @@ def fedsim_tree(name: str, w: dict) -> dict:
                   "body": {k: HP[k] for k in ("lr", "momentum", "weight_decay")},
                   "head": {k: HP[k] for k in ("lr", "momentum", "weight_decay")}},
         "eval": {"finetune_epochs": 0},
-        "engine": {"workers": 2, "cpus_per_worker": 1, "threads_per_worker": 1, "memory_format": HP["memory_format"]},
+        "engine": {"workers": 2, "cpus_per_worker": 1, "threads_per_worker": 1, "memory_format": HP["memory_format"],
+                   **(engine or {})},
     }
 
 
@@ -126,8 +128,8 @@ def run_flower(spec: Path) -> dict:
     return result
 
 
-def fedsim_side(name: str, w: dict) -> dict:
-    r = run_fedsim(fedsim_tree(name, w))
+def fedsim_side(name: str, w: dict, engine: dict | None = None) -> dict:
+    r = run_fedsim(fedsim_tree(name, w, engine))
     # rounds.jsonl seconds: the server's sample -> dispatch -> collect -> average (+ evaluation in the last round)
     train_only = r["round_s"][:-1] if len(r["round_s"]) > 1 else r["round_s"]
     r["train_round_s"] = train_only[1:] if len(train_only) > 1 else train_only  # skip round 1 (warm-up) if we can

@@ -14,8 +14,8 @@ workers. They differ in the last bits from sequential training, whose kernels ar
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,8 @@ from torch.nn import functional as F
 
 from fedsim.algorithms.context import LinearTerm, Penalty, Proximal, StepCallback
 from fedsim.client.resident import BoundLayout
-from fedsim.data import shuffled_batches
+from fedsim.data import crop_flip, crop_flip_draws
+from fedsim.data.transforms import to_device
 from fedsim.errors import UserCodeError
 from fedsim.models.packed import PackedNet
 
@@ -179,18 +180,19 @@ class Hyper:
     weight_decay: float
 
 
-@dataclass
-class _Stream:
-    """A client's batches over all its epochs, drawn as sequential training draws them."""
-    request: TrainRequest
-    batch: int
-    augment: bool
-    losses: list[torch.Tensor] = field(default_factory=list)
+Batch = tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]  # sample indices into the pack's data, crop/flip draws
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        r = self.request
-        for _ in range(r.epochs):
-            yield from shuffled_batches(r.x, r.y, r.generator, self.batch, self.augment)
+
+def _schedule(request: TrainRequest, offset: int, batch: int, augment: bool) -> list[Batch]:
+    """A client's batches over all its epochs, drawn from its generator in the order sequential training draws
+    them (each epoch's order, then each batch's augmentation), as indices into the pack's concatenated data."""
+    out = []
+    for _ in range(request.epochs):
+        order = torch.randperm(len(request.y), generator=request.generator)
+        for start in range(0, len(order), batch):
+            idx = order[start:start + batch]
+            out.append((idx + offset, crop_flip_draws(len(idx), request.generator) if augment else None))
+    return out
 
 
 class PackedTrainer:
@@ -208,32 +210,43 @@ class PackedTrainer:
         client's per-step losses (the data loss, as sequential training reports it)."""
         with torch.no_grad():
             stacked = {k: torch.stack([r.client.state[k] for r in requests]) for k in self.keys}
+        data = (torch.cat([r.x for r in requests]), torch.cat([r.y for r in requests]))
+        offsets = np.cumsum([0, *(len(r.y) for r in requests)])
+        schedules = [_schedule(r, int(offset), batch, augment) for r, offset in zip(requests, offsets)]
         momentum = {k: torch.zeros_like(stacked[k]) for k in trained if hyper[k].momentum}
         penalties = _StackedPenalties([r.penalty for r in requests], stacked)
-        streams = [_Stream(r, batch, augment) for r in requests]
-        iterators = {i: iter(s) for i, s in enumerate(streams)}
-        while iterators:
-            by_size: dict[int, list[tuple[int, tuple[torch.Tensor, torch.Tensor]]]] = {}
-            for i, it in list(iterators.items()):
-                nxt = next(it, None)
-                if nxt is None:
-                    del iterators[i]
-                else:
-                    by_size.setdefault(len(nxt[1]), []).append((i, nxt))
-            for group in by_size.values():
-                self._step(group, stacked, momentum, trained, hyper, penalties, streams, len(requests))
+        losses: list[list[torch.Tensor]] = [[] for _ in requests]
+        for step in range(max(map(len, schedules), default=0)):
+            by_size: dict[int, list[int]] = {}
+            for i, schedule in enumerate(schedules):
+                if step < len(schedule):
+                    by_size.setdefault(len(schedule[step][0]), []).append(i)
+            for rows in by_size.values():
+                batches = [schedules[i][step] for i in rows]
+                per_client = self._step(rows, batches, data, stacked, momentum, trained, hyper, penalties,
+                                        len(requests))
+                for i, loss in zip(rows, per_client):
+                    losses[i].append(loss)
         with torch.no_grad():
             for k in self.keys:
                 for i, r in enumerate(requests):
                     r.client.state[k].copy_(stacked[k][i])
-        return [s.losses for s in streams]
+        return losses
 
-    def _step(self, group: list[tuple[int, tuple[torch.Tensor, torch.Tensor]]], stacked: dict[str, torch.Tensor],
-              momentum: dict[str, torch.Tensor], trained: list[str], hyper: Mapping[str, Hyper],
-              penalties: _StackedPenalties, streams: list[_Stream], pack: int) -> None:
-        """One SGD step of the clients in ``group`` (all with a batch of the same size)."""
-        rows = [i for i, _ in group]
-        batches = [b for _, b in group]
+    @staticmethod
+    def _inputs(batches: list[Batch], data: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batches of a step as (G, B, ...) inputs and labels: one gather and one crop/flip for the pack."""
+        x_all, y_all = data
+        idx = to_device(torch.cat([b[0] for b in batches]), x_all.device)
+        x, y = x_all.index_select(0, idx), y_all.index_select(0, idx)
+        if batches[0][1] is not None:
+            x = crop_flip(x, *(torch.cat(parts) for parts in zip(*(b[1] for b in batches))))
+        return x.view(len(batches), -1, *x.shape[1:]), y.view(len(batches), -1)
+
+    def _step(self, rows: list[int], batches: list[Batch], data: tuple[torch.Tensor, torch.Tensor],
+              stacked: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor], trained: list[str],
+              hyper: Mapping[str, Hyper], penalties: _StackedPenalties, pack: int) -> torch.Tensor:
+        """One SGD step of the clients ``rows`` (all with batches of one size); their data losses."""
         n = len(rows)
         if n == 1:  # never a pack of one: it would take other kernels than the same client among others
             rows, batches = rows * 2, batches * 2
@@ -242,8 +255,7 @@ class PackedTrainer:
         state = {k: (t if whole else t.index_select(0, index)) for k, t in stacked.items()}
         for k in trained:
             state[k] = state[k].detach().requires_grad_(True)
-        x = torch.stack([b[0] for b in batches])
-        y = torch.stack([b[1] for b in batches])
+        x, y = self._inputs(batches, data)
         logits = self.packed(x, state, training=True)
         per_client = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                      reduction="none").view(len(rows), -1).mean(1)[:n]
@@ -255,10 +267,30 @@ class PackedTrainer:
                 for k, t in stacked.items():
                     if k not in self.parameter_keys:
                         t.index_copy_(0, real, state[k][:n])
-            for k, grad in zip(trained, grads):
-                self._sgd(stacked[k], momentum.get(k), grad[:n], hyper[k], None if whole else real)
-            for j, i in enumerate(rows[:n]):
-                streams[i].losses.append(per_client[j].detach())
+            if whole:
+                self._sgd_whole(stacked, momentum, dict(zip(trained, grads)), hyper)
+            else:
+                for k, grad in zip(trained, grads):
+                    self._sgd(stacked[k], momentum.get(k), grad[:n], hyper[k], real)
+        return per_client.detach()
+
+    @staticmethod
+    def _sgd_whole(stacked: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
+                   hyper: Mapping[str, Hyper]) -> None:
+        """:meth:`_sgd` on every row, as multi-tensor (foreach) operations over the tensors that share settings."""
+        by_setting: dict[Hyper, list[str]] = {}
+        for k in grads:
+            by_setting.setdefault(hyper[k], []).append(k)
+        for h, keys in by_setting.items():
+            params, d = [stacked[k] for k in keys], [grads[k] for k in keys]
+            if h.weight_decay:
+                d = torch._foreach_add(d, torch._foreach_mul(params, h.weight_decay))
+            if h.momentum:
+                bufs = [momentum[k] for k in keys]
+                torch._foreach_mul_(bufs, h.momentum)
+                torch._foreach_add_(bufs, d)
+                d = bufs
+            torch._foreach_sub_(params, torch._foreach_mul(d, h.lr))
 
     @staticmethod
     def _sgd(param: torch.Tensor, buf: torch.Tensor | None, grad: torch.Tensor, h: Hyper,

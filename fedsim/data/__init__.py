@@ -3,12 +3,14 @@
 from fedsim.data.datasets import ArrayDataset, load_dataset, resolve_root
 from fedsim.data.errors import DataError
 from fedsim.data.partition import Partition, make_partition
-from fedsim.data.transforms import random_crop_flip, shuffled_batches, to_float
+from fedsim.data.transforms import crop_flip, crop_flip_draws, random_crop_flip, shuffled_batches, to_float
 
 __all__ = [
     "ArrayDataset",
     "DataError",
     "Partition",
+    "crop_flip",
+    "crop_flip_draws",
     "load_dataset",
     "make_partition",
     "random_crop_flip",

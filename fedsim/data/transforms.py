@@ -38,11 +38,22 @@ def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int =
     generator reproduces the batch. Zero padding happens after normalisation (pads with the
     mean colour rather than black), which is the common batched variant and trains the same.
     """
-    b, c, h, w = x.shape
+    return crop_flip(x, *crop_flip_draws(len(x), generator, padding), padding)
+
+
+def crop_flip_draws(b: int, generator: torch.Generator, padding: int = 4) -> tuple[torch.Tensor, ...]:
+    """The random part of :func:`random_crop_flip` for ``b`` images: row and column offsets and flips, on the
+    generator's device (packed training draws them per client and applies them to many clients at once)."""
     draw = {"generator": generator, "device": generator.device}
-    dy = to_device(torch.randint(0, 2 * padding + 1, (b,), **draw), x.device)
-    dx = to_device(torch.randint(0, 2 * padding + 1, (b,), **draw), x.device)
-    flip = to_device(torch.rand(b, **draw) < 0.5, x.device)
+    dy = torch.randint(0, 2 * padding + 1, (b,), **draw)
+    dx = torch.randint(0, 2 * padding + 1, (b,), **draw)
+    return dy, dx, torch.rand(b, **draw) < 0.5
+
+
+def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor, padding: int = 4) -> torch.Tensor:
+    """Crop each image of ``x`` (B, C, H, W) at its offsets after zero padding, mirrored where ``flip``."""
+    b, c, h, w = x.shape
+    dy, dx, flip = (to_device(t, x.device) for t in (dy, dx, flip))
     padded = F.pad(x, (padding, padding, padding, padding))
     rows = dy[:, None] + torch.arange(h, device=x.device)  # (B, H)
     cols = dx[:, None] + torch.arange(w, device=x.device)  # (B, W)
