@@ -1,9 +1,13 @@
 """GPU readiness on one GPU (run through benchmarks/gpu_check.sh): throughput of 4 workers at 0.25 GPU each
-against 1 worker, GPU utilisation, determinism on CUDA, and a paper-scale slice of FedBABU.
+against 1 worker, GPU utilisation, determinism on CUDA, a paper-scale slice of FedBABU, and packed training.
 
-Runs, in this order (each a real `fedsim` run through Ray, in a fresh temporary folder):
+Runs, in this order (each a real `fedsim` run through Ray, in a fresh temporary folder; --parts picks):
   quickstart x 4 workers, x 1 worker, x 4 workers again   (cnn4, CIFAR-10, FedPer)
   paper slice x 4 workers, x 1 worker                      (fedsim/reproduce/configs/paper/fedbabu_mobilenet_cifar100.yaml)
+  packed: the cross-device workload (pfl-research's clients: 50 CIFAR-10 images each, batch 10, 1 epoch, FedAvg,
+          cnn4; 100 clients of the subset, cohort 50) sequential and packed (engine.pack: auto) on 1 worker and on
+          4 workers x 0.25 GPU, and packed with engine.pack: 8 on 4 workers: client-steps/s, GPU utilisation, and
+          whether packed runs are bit-identical on CUDA for 1 and 4 workers and pack sizes auto and 8
 Throughput counts sample-steps (images x local epochs, exact from `fedsim run --dry-run`'s estimate) over
 the steady rounds: the first (start-up) and the last (evaluation) are left out. Determinism compares every
 per-client record of metrics.jsonl between the runs of one workload. The paper slice keeps the paper's
@@ -84,16 +88,18 @@ class Measured:
 def run_measured(key: str, cfg: RunConfig) -> Measured:
     import ray
 
+    from fedsim.engine.driver import Callback
     from fedsim.simulate import run
 
     m = Measured(key, cfg.engine.workers, time.time())
 
-    def on_round(row: dict, _result) -> None:
-        m.round_ends.append(time.time())
-        m.round_seconds.append(row["seconds"])
+    class EachRound(Callback):
+        def on_round_end(self, run, result) -> None:
+            m.round_ends.append(time.time())
+            m.round_seconds.append(result.seconds)
 
     try:
-        result = run(cfg, overwrite=True, on_round=on_round)
+        result = run(cfg, overwrite=True, callbacks=[EachRound()])
     finally:
         ray.shutdown()  # each run starts its own Ray, sized for its workers
     m.wall_s = time.time() - m.started
@@ -151,6 +157,31 @@ def paper_slice(out: Path, workers: int, gpu: float, rounds: int) -> RunConfig:
                      f"train.rounds={rounds}", f"train.eval_every={rounds}"])
 
 
+def crossdevice(out: Path, workers: int, gpu: float, rounds: int, pack: int | str) -> RunConfig:
+    """pfl-research's cross-device clients on the CIFAR-10 subset: 100 clients x 50 images, cohort 50."""
+    sgd = {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4}
+    tree = {"name": f"xdev-pack{pack}-w{workers}", "seed": 0, "algorithm": "fedavg", "out_dir": str(out),
+            "data": {"dataset": "cifar10", "num_clients": 100, "partition": "iid", "augment": True,
+                     "train_fraction": 1.0, "test_fraction": 1.0 if gpu else 0.2},
+            "model": {"name": "cnn4"},
+            "train": {"rounds": rounds, "local_epochs": 1, "batch_size": 10, "fraction": 0.5,
+                      "eval_every": rounds, "body": sgd, "head": sgd},
+            "eval": {"finetune_epochs": 0},
+            "engine": {"workers": workers, "gpus_per_worker": gpu, "cpus_per_worker": 1 if gpu else 0.5,
+                       "threads_per_worker": 1, "pack": pack}}
+    return validate(tree)
+
+
+def packed_report(throughput: dict) -> dict:
+    """Packed over sequential client-steps/s on 1 and 4 workers (target: >= 10 on one GPU, issue 27)."""
+    out = {}
+    for workers in (1, 4):
+        seq, packed = throughput.get(f"xdev-seq-w{workers}"), throughput.get(f"xdev-packed-w{workers}")
+        if seq and packed:
+            out[f"packed-vs-sequential-w{workers}"] = round(packed["sgd_steps_per_s"] / seq["sgd_steps_per_s"], 2)
+    return out
+
+
 def slice_report(m: Measured, cfg: RunConfig) -> dict:
     """Seconds per training round and for the final round (training + fine-tuning evaluation)."""
     train = m.round_seconds[1:-1]
@@ -177,8 +208,9 @@ def summarize(runs: dict[str, tuple[Measured, RunConfig]], sampler: GpuSampler) 
         one, four = throughput.get(f"{name}-w1"), throughput.get(f"{name}-w4")
         if one and four:
             throughput[f"{name}-speedup-4-vs-1"] = round(four["sample_steps_per_s"] / one["sample_steps_per_s"], 2)
-    pairs = [("quickstart-w4", "quickstart-w4-again"), ("quickstart-w4", "quickstart-w1"), ("paper-w4", "paper-w1")]
-    return {"throughput": throughput,
+    pairs = [("quickstart-w4", "quickstart-w4-again"), ("quickstart-w4", "quickstart-w1"), ("paper-w4", "paper-w1"),
+             ("xdev-packed-w1", "xdev-packed-w4"), ("xdev-packed-w4", "xdev-pack8-w4"), ("xdev-seq-w1", "xdev-seq-w4")]
+    return {"throughput": throughput, "packed": packed_report(throughput),
             "determinism": [same_records(runs[a][0], runs[b][0]) for a, b in pairs if a in runs and b in runs],
             "paper_slice": {k: slice_report(*runs[k]) for k in ("paper-w4", "paper-w1") if k in runs},
             "devices": {k: m.devices for k, (m, _) in runs.items()}}
@@ -189,6 +221,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cpu", action="store_true", help="no GPU: tiny rounds, to test the script itself")
     parser.add_argument("--budget-s", type=float, default=500, help="skip a run that would not end in time")
+    parser.add_argument("--parts", default="quickstart,paper,packed", help="comma-separated: quickstart, paper, packed")
     args = parser.parse_args()
     import torch
 
@@ -199,9 +232,22 @@ def main() -> None:
             "gpus_per_worker": gpu, "skipped": []}
     sampler, deadline = GpuSampler(), Deadline(args.budget_s)
     runs: dict[str, tuple[Measured, RunConfig]] = {}
-    plan = [("quickstart-w4", quickstart, 4, q_rounds, 60), ("quickstart-w1", quickstart, 1, q_rounds, 60),
-            ("quickstart-w4-again", quickstart, 4, q_rounds, 60), ("paper-w4", paper_slice, 4, p_rounds, 120),
-            ("paper-w1", paper_slice, 1, p_rounds, 150)]
+    x_rounds = 3 if args.cpu else 6
+
+    def xdev(pack):
+        return lambda out, workers, gpu, rounds: crossdevice(out, workers, gpu, rounds, pack)
+
+    plan = [("quickstart", "quickstart-w4", quickstart, 4, q_rounds, 60),
+            ("quickstart", "quickstart-w1", quickstart, 1, q_rounds, 60),
+            ("quickstart", "quickstart-w4-again", quickstart, 4, q_rounds, 60),
+            ("paper", "paper-w4", paper_slice, 4, p_rounds, 120), ("paper", "paper-w1", paper_slice, 1, p_rounds, 150),
+            ("packed", "xdev-packed-w4", xdev("auto"), 4, x_rounds, 60),
+            ("packed", "xdev-seq-w4", xdev(1), 4, x_rounds, 60),
+            ("packed", "xdev-packed-w1", xdev("auto"), 1, x_rounds, 60),
+            ("packed", "xdev-seq-w1", xdev(1), 1, x_rounds, 90),
+            ("packed", "xdev-pack8-w4", xdev(8), 4, x_rounds, 60)]
+    parts = set(args.parts.split(","))
+    plan = [(key, build, workers, rounds, needs_s) for part, key, build, workers, rounds, needs_s in plan if part in parts]
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fedsim-gpu-check-") as tmp:
         for key, build, workers, rounds, needs_s in plan:
@@ -215,6 +261,7 @@ def main() -> None:
             # Written after every run: a check stopped by its time limit still leaves what it measured.
             (args.out / "gpu_check.json").write_text(json.dumps({**head, **summarize(runs, sampler)}, indent=1))
     sampler.stop()
+    (args.out / "gpu_check.json").write_text(json.dumps({**head, **summarize(runs, sampler)}, indent=1))
     print((args.out / "gpu_check.json").read_text())
 
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU readiness check on one GPU: 4 workers x 0.25 GPU vs 1 worker (quickstart and a MobileNet paper slice),
-# GPU utilisation, determinism on CUDA, FedBABU paper-scale slice. Results: $OUT/gpu_check.json + .log.
-#   benchmarks/gpu_check.sh          on a GPU machine (273 s on an H200, install included)
-#   benchmarks/gpu_check.sh --cpu    tiny rounds on CPU workers: tests the script itself
+# GPU utilisation, determinism on CUDA, FedBABU paper-scale slice, packed training (engine.pack) against
+# sequential on the cross-device workload. Results: $OUT/gpu_check.json + .log.
+#   benchmarks/gpu_check.sh                   on a GPU machine (273 s on an H200 before the packed part, install included)
+#   benchmarks/gpu_check.sh --parts packed    the packed part alone (issue 27)
+#   benchmarks/gpu_check.sh --cpu             tiny rounds on CPU workers: tests the script itself
 # Data: FEDSIM_DATA (default .gpudata/, made by benchmarks/gpu_subset.py). A machine without ray or pydantic
 # gets them from .whl/ (made by benchmarks/gpu_wheels.sh: wheels plus ray-*-slim.tar.xz, a ray wheel without
 # its Java, RLlib, Serve, Tune, Train and dashboard web client, which fedsim never uses): unpacked into /tmp/site.
