@@ -10,10 +10,11 @@
                sequential training of the same clients (the numbers engine.pack: auto measures).
   memory       peak resident memory of one worker core training a pack of G clients (a fresh process per G), per
                packed client.
+  profile      self CPU time by operator of 50 cross-device clients, sequential and packed (--profile-pack).
 
     .venv/bin/python benchmarks/packed.py crossdevice --rounds 3 --reps 2   # ~15 min on this 2-core VM
     .venv/bin/python benchmarks/packed.py quickstart --rounds 2 --reps 2     # ~6 min
-    .venv/bin/python benchmarks/packed.py steps memory                       # ~3 min
+    .venv/bin/python benchmarks/packed.py steps memory profile               # ~5 min
 """
 from __future__ import annotations
 
@@ -72,13 +73,16 @@ def quickstart_pair(args) -> dict:
     for rep in range(args.reps):
         for name, tree in trees.items():
             r = measured(run_fedsim, tree)
-            runs[name].append({k: v for k, v in r.items() if k != "summary"} | {"acc": r["summary"]["final"]["acc"]})
+            runs[name].append({k: v for k, v in r.items() if k != "summary"} | {"acc": r["summary"]["per_client_acc"]})
             log(f"rep {rep} {name}: end to end {r['end_to_end_s']:.1f} s, rounds {[round(s, 2) for s in r['round_s']]}")
     per_round = {name: median([median(r["round_s"]) for r in rs]) for name, rs in runs.items()}
     ratio = per_round["sequential"] / per_round["packed"]
+    seq, packed = runs["sequential"][0]["acc"], runs["packed"][0]["acc"]
+    gap = max(abs(seq[c] - packed[c]) for c in seq)
     print(f"\nquickstart FedPer, {args.rounds} rounds: s/round sequential {per_round['sequential']:.2f}, packed "
-          f"{per_round['packed']:.2f}: RATIO sequential / packed {ratio:.2f}")
-    return {"runs": runs, "per_round": per_round, "ratio": ratio}
+          f"{per_round['packed']:.2f}: RATIO sequential / packed {ratio:.2f}; final per-client accuracy, packed vs "
+          f"sequential: largest difference {100 * gap:.2f} points")
+    return {"runs": runs, "per_round": per_round, "ratio": ratio, "accuracy_gap": gap}
 
 
 STEP_WORKLOADS = {
@@ -129,51 +133,84 @@ def steps(args) -> dict:
     return out
 
 
+def profile(args) -> dict:
+    """Where the time of 50 cross-device clients goes, sequential and packed (torch.profiler, self CPU time by
+    operator): the explanation of a missed CPU target."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    table = {}
+    for pack in (1, int(args.profile_pack)):
+        rt = _runtime(pack)
+        broadcast = {"weights": rt.plan.model.initial["shared"]}
+        list(rt._train_all(broadcast, list(range(50)), 1))  # warm-up
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            list(rt._train_all(broadcast, list(range(50)), 1))
+        table[pack] = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+    seq, packed = table[1], table[int(args.profile_pack)]
+    print(f"\nself CPU seconds by operator, 50 cross-device clients: sequential vs pack {args.profile_pack}")
+    print(f"  {'operator':<42}{'sequential':>11}{'packed':>9}{'ratio':>7}")
+    for op in sorted(set(seq) | set(packed), key=lambda k: -max(seq.get(k, 0), packed.get(k, 0)))[:14]:
+        a, b = seq.get(op, 0.0), packed.get(op, 0.0)
+        print(f"  {op[:42]:<42}{a:>11.3f}{b:>9.3f}{(b / a if a else float('inf')):>7.2f}")
+    print(f"  {'total':<42}{sum(seq.values()):>11.3f}{sum(packed.values()):>9.3f}")
+    return {"sequential": seq, "packed": packed}
+
+
 MEMORY_PROBE = """
-import resource, sys, json
+import sys, json
 sys.path.insert(0, {bench!r})
 from packed import _runtime
-g = int(sys.argv[1])
-rt = _runtime(g, clients=g)
+
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(field)).split()[1])
+
+
+g, pack = int(sys.argv[1]), sys.argv[2]
+rt = _runtime(pack if pack == "auto" else int(pack), clients=g)
 broadcast = {{"weights": rt.plan.model.initial["shared"]}}
-list(rt._train_all(broadcast, [0], 1))  # warm: allocator, kernels, the data cache
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+list(rt._train_all(broadcast, list(range(g)), 1))  # warm: allocator, kernels, each client's data on the device
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from the current resident size
+before = status("VmRSS")
 list(rt._train_all(broadcast, list(range(g)), 1))
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({{"g": g, "before_kb": before, "after_kb": after}}))
+print(json.dumps({{"g": g, "before_kb": before, "peak_kb": status("VmHWM")}}))
 """
 
 
 def memory(args) -> dict:
-    """Peak RSS of a fresh worker core training G clients packed (sequential for G = 1), minus its peak after one
-    client: the memory a pack adds, per packed client."""
+    """Peak resident memory a worker core adds while it trains G cross-device clients (a fresh process per G; the
+    peak reset just before, after a warm-up round of the same clients), packed as one pack or sequentially."""
     out = {}
-    for g in (1, 2, 4, 8, 16, 32):
-        pack = 1 if g == 1 else g
-        proc = subprocess.run([sys.executable, "-c", MEMORY_PROBE.format(bench=str(REPO / "benchmarks")).replace(
-            "_runtime(g, clients=g)", f"_runtime({pack!r}, clients=g)"), str(g)],
-            capture_output=True, text=True, check=True)
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
-        added = max(r["after_kb"] - r["before_kb"], 0) / 1024
-        out[g] = {**r, "added_mb": added, "per_client_mb": added / g}
-        print(f"  {'sequential' if g == 1 else f'pack {g}':<12} peak +{added:7.1f} MB  ({added / g:6.2f} MB per client)")
+    for g in (2, 8, 32):
+        for pack in ("1", str(g)):
+            proc = subprocess.run([sys.executable, "-c", MEMORY_PROBE.format(bench=str(REPO / "benchmarks")),
+                                   str(g), pack], capture_output=True, text=True, check=True)
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            added = (r["peak_kb"] - r["before_kb"]) / 1024
+            out[f"{g}-{pack}"] = {**r, "added_mb": added}
+            print(f"  {g:>3} clients {'sequential' if pack == '1' else 'one pack':<11} peak +{added:7.1f} MB "
+                  f"({added / g:6.2f} MB per client)")
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", nargs="+", choices=["crossdevice", "quickstart", "steps", "memory"])
+    ap.add_argument("what", nargs="+", choices=["crossdevice", "quickstart", "steps", "memory", "profile"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--workloads", nargs="+", default=["cifar10", "synthetic"], choices=list(STEP_WORKLOADS),
                     help="steps: whose clients")
+    ap.add_argument("--profile-pack", default="8", help="profile: the pack size set against sequential")
     ap.add_argument("--pack", default="auto", help="engine.pack of the packed side (a number or auto)")
     args = ap.parse_args()
     args.pack = args.pack if args.pack == "auto" else int(args.pack)
     results = {"args": vars(args), "machine": machine()}
     for what in args.what:
         results[what] = {"crossdevice": crossdevice, "quickstart": quickstart_pair, "steps": steps,
-                         "memory": memory}[what](args)
+                         "memory": memory, "profile": profile}[what](args)
     print(f"raw: {save('packed', results)}")
 
 

@@ -41,6 +41,7 @@ class WorkEstimate:
     cpus_per_worker: float
     gpus_per_worker: float
     clock: dict | None = None  # on the virtual clock: simulated seconds, selected and taking part per round
+    packing: tuple[int | str, str | None] = (1, None)  # engine.pack as the run will use it, and why not if it cannot
 
     @property
     def train_sample_steps_per_round(self) -> float:
@@ -92,7 +93,7 @@ def estimate(cfg: RunConfig) -> WorkEstimate:
         evaluation_rounds=evaluation_rounds, scored_test_images=scored,
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
         workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
-        clock=_clock(plan))
+        clock=_clock(plan), packing=plan.packing)
 
 
 def _clock(plan: RunPlan) -> dict | None:
@@ -133,7 +134,18 @@ def describe(e: WorkEstimate) -> str:
            f"{e.clock['dropouts']} dropouts, {e.clock['late']} late reports)"] if e.clock else []),
         f"  workers      {e.workers} x ({e.cpus_per_worker:g} CPU{gpus}): {e.workers * e.cpus_per_worker:g} CPU"
         + (f", {e.workers * e.gpus_per_worker:g} GPU" if e.gpus_per_worker else "") + " in all",
+        f"  training as  {_packing(e.packing)}",
     ])
+
+
+def _packing(packing: tuple[int | str, str | None]) -> str:
+    size, notice = packing
+    if notice:
+        return notice
+    if size == 1:
+        return "one client after another on each worker"
+    return ("packs sized by each worker on its device (engine.pack: auto)" if size == "auto"
+            else f"packs of {size} clients on each worker") + " (docs/packed.md)"
 
 
 def dry_run(configs: list[RunConfig]) -> int:

@@ -54,6 +54,10 @@ CONFIG_CASES = [
     ("bad sweep value", {"sweep": {"algorithm": ["fedavg", "nope"]}}, "unknown algorithm 'nope'"),
     ("bad dataset option", {"data.dataset": "synthetic", "data.options": {"alpah": 1}}, "data.options"),
     ("negative checkpoint interval", {"engine.checkpoint_every": -1}, "engine.checkpoint_every"),
+    ("pack of zero clients", {"engine.pack": 0}, "engine.pack: 0 is not a pack size"),
+    ("pack size as a word", {"engine.pack": "many"}, "engine.pack"),
+    ("packing on two CPU threads", {"engine.pack": "auto", "engine.threads_per_worker": 2},
+     "engine.pack: packed training on a CPU needs engine.threads_per_worker: 1"),
     ("nonfinite policy", {"train.on_nonfinite": "ignore"}, "train.on_nonfinite"),
 ]
 
