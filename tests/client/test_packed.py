@@ -14,9 +14,9 @@ PACKABLE = sorted(name for name, cls in ALGORITHMS.items() if cls.packable)
 CLIENTS = list(range(6))
 QUICK = {"fedrep": {"head_epochs": 2}}
 # docs/packed.md: after one local update, a packed client's uploads and state agree with sequential training's to
-# this fraction of the largest value of each (measured at most 8e-5 here; SCAFFOLD's control variates, a
-# difference of weights divided by K * lr, reach 4e-4).
-TOLERANCE = 2e-3
+# this fraction of the largest value of each (measured at most 2.5e-4: FedBN's personal BatchNorm statistics;
+# SCAFFOLD's control variates, a weight difference divided by K * lr, 1.4e-4; shared weights 1.3e-5).
+TOLERANCE = 1e-3
 
 
 def _round(data_root, algorithm, pack, **over):
