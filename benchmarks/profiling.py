@@ -696,7 +696,7 @@ def aggmem(args) -> None:
     server = types.SimpleNamespace(algorithm=build_algorithm(cfg), state={WEIGHTS: initial}, num_clients=10_000,
                                    _publish=lambda: None)
     tracemalloc.start()
-    Server._aggregate(server, plan, partials, args.sampled)
+    Server._aggregate(server, plan, partials, [None] * args.sampled, None)  # kept: only counted; synchronous
     peak = tracemalloc.get_traced_memory()[1]
     top = tracemalloc.take_snapshot().statistics("lineno")[:5]
     tracemalloc.stop()
