@@ -87,19 +87,21 @@ def run_case(engine: str, tree_dir: str, tree: dict) -> dict:
     out["engine"] = engine
     out["aggregate_s"] = first_aggregation(at_server)
     out["evaluate_s"] = [e["seconds"] for e in at_server if e["event"] == "evaluate"]
-    # One ray.get per round collects every worker's answer to the training call: the largest is a round's upload.
-    out["received_bytes"] = max((e["bytes"] for e in at_server if e["event"] == "received"), default=0)
+    # Round 1's training answers, all received before its aggregation (earlier calls carry no arrays).
+    first = next((i for i, e in enumerate(at_server) if e["event"] == "aggregate"), len(at_server))
+    out["received_bytes"] = sum(e["bytes"] for e in at_server[:first] if e["event"] == "received")
     out["worker_sum_s"] = sum(e["seconds"] for e in rows if e["event"] == "worker_sum")
     return out
 
 
 def first_aggregation(events: list[dict]) -> float:
-    """Round 1's aggregation seconds at the server: its first "aggregate" event, plus (old engine) the publish
-    of the new global weights right after it."""
+    """Round 1's aggregation seconds at the server: the partials folded as they arrived (today), its first
+    "aggregate" event, and the publish of the new global weights right after it (today, and the old engine)."""
     kinds = [e["event"] for e in events]
     first = kinds.index("aggregate")
+    folds = sum(e["seconds"] for e in events[:first] if e["event"] == "fold")
     publish = events[first + 1]["seconds"] if kinds[first + 1:first + 2] == ["publish"] else 0.0
-    return events[first]["seconds"] + publish
+    return folds + events[first]["seconds"] + publish
 
 
 def big_model_row(model: str, sampled: int, r: dict, mbytes: int) -> str:

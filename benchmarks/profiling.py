@@ -671,9 +671,11 @@ def fixedcost(args) -> None:
 
 # -- aggmem ----------------------------------------------------------------------------------------
 def aggmem(args) -> None:
-    """Server._aggregate (FedAvg) on W int64 partials of a model's size, under tracemalloc: the transient heap of
-    one aggregation, by line, next to the partials' own bytes. No Ray (ray.put is not run: it adds one float32
-    copy of the model to the object store, mapped into the server's process)."""
+    """The server's aggregation (FedAvg) of W int64 partials of a model's size, under tracemalloc: folding each
+    into the round's totals (``RoundSums.add``) and ``Server._aggregate`` (means and the server hook, tensor by
+    tensor); its transient heap, by line, next to the partials' own bytes. No Ray: the partials are made before
+    tracing starts (in a run they are views into the object store, released as they are folded), and nothing
+    is published (``ray.put`` writes one float32 copy into the store, whose pages the server then releases)."""
     import tracemalloc
     import types
 
@@ -681,7 +683,7 @@ def aggmem(args) -> None:
 
     from fedsim.algorithms import WEIGHTS, build_algorithm
     from fedsim.config import validate
-    from fedsim.core.aggregate import FixedPoint
+    from fedsim.core.aggregate import FixedPoint, RoundSums
     from fedsim.core.protocol import SumPlan, WorkerPartial
     from fedsim.engine.server import Server
     from fedsim.plan.build import build_model_plan
@@ -694,16 +696,19 @@ def aggmem(args) -> None:
     partials = [WorkerPartial([], {WEIGHTS: rng.integers(-2 ** 40, 2 ** 40, layout.size)}, {WEIGHTS: 3 * args.sampled})
                 for _ in range(args.workers)]
     server = types.SimpleNamespace(algorithm=build_algorithm(cfg), state={WEIGHTS: initial}, num_clients=10_000,
-                                   _publish=lambda: None)
+                                   tensor_offsets=layout.offsets)
     tracemalloc.start()
-    Server._aggregate(server, plan, partials, args.sampled)
+    sums = RoundSums(plan.scales, layout.size)
+    for partial in partials:
+        sums.add(partial.sums, partial.weights)
+    Server._aggregate(server, plan, sums, [None] * args.sampled, None)  # kept: only counted; synchronous
     peak = tracemalloc.get_traced_memory()[1]
     top = tracemalloc.take_snapshot().statistics("lineno")[:5]
     tracemalloc.stop()
     mb = 4 * layout.size / 2 ** 20
     print(f"{args.model}: model {mb:.1f} MB (float32); W = {args.workers} int64 partials {args.workers * 2 * mb:.1f} MB "
           f"(= 2 x W x model bytes); aggregation's own peak heap {peak / 2 ** 20:.1f} MB = {peak / 2 ** 20 / mb:.2f} "
-          f"model sizes; + publish (ray.put) {mb:.1f} MB")
+          f"model sizes; largest tensor {np.diff(layout.offsets).max() / layout.size:.1%} of the model")
     for stat in top:
         print("   still held after:", stat)
 

@@ -4,7 +4,10 @@ today's engine and the old one (commit dae5d9e) without changing either: after t
 imported, its aggregation is wrapped with a clock, and the server's ``ray.get`` counts the array bytes it
 receives. Each event is one JSON line appended to that file: {"pid", "event", "seconds" | "bytes"}.
 
-  server (today): Server._aggregate (add W partials, server hook, publish), Server._evaluate
+  server (today): RoundSums.add (fold one partial as it arrives), Server._aggregate (means and server hook,
+                  tensor by tensor), Server._publish, Server._evaluate; the array bytes of each answer received
+  server (commit add413d and before): Server._aggregate (add W partials, server hook, publish); the array bytes
+                  of each ray.get
   workers (today): resident.ExactSum.stage + add (the per-client exact sums, on the worker)
   driver (old engine): driver.weighted_average (the fold of K vectors) and the ray.put that publishes it
 """
@@ -51,6 +54,16 @@ def array_bytes(obj) -> int:
     return 0
 
 
+def counted_answers(fn):
+    """A generator of (index, answer) that emits each answer's array bytes as it is handed over."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        for index, answer in fn(*args, **kwargs):
+            emit("received", bytes=array_bytes(answer))
+            yield index, answer
+    return wrapper
+
+
 def count_received(ray) -> None:
     get = ray.get
 
@@ -66,7 +79,15 @@ def patch(name: str, module) -> None:
     if name == "fedsim.engine.server":
         module.Server._aggregate = timed("aggregate", module.Server._aggregate)
         module.Server._evaluate = timed("evaluate", module.Server._evaluate)
-        count_received(module.ray)
+        if hasattr(module.Server, "_as_completed"):  # answers folded one by one as they arrive
+            module.RoundSums.add = timed("fold", module.RoundSums.add)
+            module.Server._publish = timed("publish", module.Server._publish)
+            module.Server._as_completed = counted_answers(module.Server._as_completed)
+        else:
+            count_received(module.ray)
+        # ray.remote copies an actor class's (non-generator) methods when it decorates it, at import: without
+        # decorating the patched class again, the server actor would run the unpatched methods.
+        module.ServerActor = module.ray.remote(module.Server)
     elif name == "fedsim.engine.driver" and hasattr(module, "weighted_average"):  # the old engine (commit dae5d9e)
         module.weighted_average = timed("aggregate", module.weighted_average)
         module.ray.put = timed("publish", module.ray.put)

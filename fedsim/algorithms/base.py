@@ -103,8 +103,11 @@ class Algorithm:
     # -- server hook -----------------------------------------------------------------------------
     def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
                       num_clients: int) -> None:
-        """Fold the round's averaged uploads (float64) into the server state (in place).
-        By default the new global weights are the average (FedAvg / FedPer's aggregation)."""
+        """Fold the round's averaged uploads (float64) into the server state (in place), one tensor of the shared
+        layout at a time: ``state`` holds that tensor's slice of each state vector (float32; set new values by
+        assignment, ``state[name] = ...``), ``means`` its averages. The server never holds the whole model's
+        float64 means, so a hook works element by element (every method here does); called on whole vectors,
+        it gives the same values. By default the new global weights are the average (FedAvg / FedPer's)."""
         state[WEIGHTS] = means[WEIGHTS].astype(np.float32)
 
 

@@ -26,9 +26,12 @@ magnitude 2^e_t: 2^-33 of it at S = 8,192 samples, 2^-26 at S = 10^6 - below flo
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+
+from fedsim.core.pages import release_shared
 
 HEADROOM_BITS = 16  # a client's value may exceed the reference's largest by 2^16 before it is out of range
 _TOTAL_BITS = 62  # sums stay below 2^62 < 2^63
@@ -62,14 +65,35 @@ class FixedPoint:
         the same for every tensor, so a scaled vector is checked against one number."""
         return float(np.ldexp(1.0, int(np.max(self.exponent + HEADROOM_BITS - self.quantum_exponent, initial=0))))
 
-    def mean(self, total: np.ndarray, total_weight: int) -> np.ndarray:
-        """total * 2^L_t / S in float64. In place, tensor by tensor: the same operations on the same values as a
-        vectorised expression, without its three model-sized temporaries (the server's peak memory)."""
-        out = total.astype(np.float64)
-        for exponent, start, end in zip(self.quantum_exponent, self.offsets, self.offsets[1:]):
-            out[start:end] *= np.ldexp(1.0, int(exponent))
+    def mean(self, total: np.ndarray, total_weight: int, tensor: int) -> np.ndarray:
+        """Tensor ``tensor`` of total * 2^L_t / S, in float64: the server turns a round's sums into means one
+        tensor at a time and never holds a float64 copy of the whole model (its peak memory)."""
+        start, end = self.offsets[tensor], self.offsets[tensor + 1]
+        out = total[start:end].astype(np.float64)
+        out *= np.ldexp(1.0, int(self.quantum_exponent[tensor]))
         out /= total_weight
         return out
+
+
+class RoundSums:
+    """A round's exact totals at the server, per upload: each worker's partial sums are added as soon as they
+    arrive and can then be dropped, so the server never holds W partials (integer addition: the same totals
+    for any number of workers and any order of arrival)."""
+
+    CHUNK = 1 << 22  # values added, then released, at a time (32 MB of int64)
+
+    def __init__(self, uploads: Iterable[str], size: int):
+        self.totals = {name: np.zeros(size, np.int64) for name in uploads}
+        self.weights = dict.fromkeys(self.totals, 0)
+
+    def add(self, sums: dict[str, np.ndarray], weights: dict[str, int]) -> None:
+        """Add one partial; pages of it that came through Ray's object store are released as they are added."""
+        for name, total in self.totals.items():
+            for start in range(0, total.size, self.CHUNK):
+                part = sums[name][start:start + self.CHUNK]
+                total[start:start + self.CHUNK] += part
+                release_shared(part)
+            self.weights[name] += weights[name]
 
 
 class ExactSum:

@@ -9,7 +9,7 @@ This module imports no torch: the server's process is up in well under a second 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -18,9 +18,10 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from fedsim import storage
 from fedsim.core import checkpoint
-from fedsim.core.aggregate import FixedPoint
+from fedsim.core.aggregate import FixedPoint, RoundSums
+from fedsim.core.pages import release_shared
 from fedsim.core.protocol import (WEIGHTS, ClientData, ClientReport, RolledBack, RoundFailed, RoundOutcome, RoundResult,
-                                  SumPlan, WorkerPartial, serialized_size)
+                                  SumPlan, serialized_size)
 from fedsim.plan import RunPlan, balanced_owners
 from fedsim.plan.system import RoundTime
 
@@ -73,7 +74,16 @@ class Server:
 
     def _publish(self):
         """One object in Ray's store per round holding what every client receives."""
-        return ray.put({name: self.state[name] for name in self.algorithm.broadcast})
+        return self._put({name: self.state[name] for name in self.algorithm.broadcast})
+
+    @staticmethod
+    def _put(vectors: dict[str, np.ndarray]):
+        """``ray.put``, without keeping the copy: writing the object mapped its pages into this process, a
+        second model-sized copy in its memory until released (the store keeps the data)."""
+        ref = ray.put(vectors)
+        for view in ray.get(ref).values():
+            release_shared(view)
+        return ref
 
     @property
     def shared_size(self) -> int:
@@ -99,19 +109,31 @@ class Server:
         return f"worker {index} (clients {shown})"
 
     def _get_watching(self, refs: list) -> list:
-        """Like ``_get`` for a round's calls, but a worker that stops answering pings is killed after
-        engine.heartbeat_timeout_s, so its call fails now (and the round is redone on a replacement)
-        instead of after the whole round_timeout_s. Pings run in their own thread on the worker, so a
-        busy worker still answers; a frozen one (SIGSTOP, a lost machine) does not."""
-        deadline = time.monotonic() + self.cfg.engine.round_timeout_s
+        """Like ``_get`` for a round's calls, watched as ``_as_completed`` watches them; in the order of ``refs``."""
+        results = [None] * len(refs)
+        for index, result in self._as_completed(refs):
+            results[index] = result
+        return results
+
+    def _as_completed(self, refs: list) -> Iterator[tuple[int, Any]]:
+        """(index in ``refs``, result) of each call as soon as it is done, so a caller can use and drop one
+        answer before the next. A worker that stops answering pings is killed after engine.heartbeat_timeout_s,
+        so its call fails now (and the round is redone on a replacement) instead of after the whole
+        round_timeout_s. Pings run in their own thread on the worker, so a busy worker still answers; a frozen
+        one (SIGSTOP, a lost machine) does not."""
+        heartbeat, timeout = self.cfg.engine.heartbeat_timeout_s, self.cfg.engine.round_timeout_s
+        deadline, next_ping = time.monotonic() + timeout, time.monotonic() + heartbeat
+        index = {id(ref): i for i, ref in enumerate(refs)}  # ray.wait hands back the very refs it was given
         pending = list(refs)
         while pending:
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=self.cfg.engine.heartbeat_timeout_s)
-            if pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(next_ping - time.monotonic(), 0))
+            for ref in ready:
+                yield index[id(ref)], ray.get(ref)
+            if pending and time.monotonic() >= next_ping:
                 self._kill_unresponsive()
-            if pending and time.monotonic() > deadline:
-                raise GetTimeoutError(f"no answer within engine.round_timeout_s={self.cfg.engine.round_timeout_s:g}")
-        return ray.get(refs)
+                next_ping = time.monotonic() + heartbeat
+                if time.monotonic() > deadline:
+                    raise GetTimeoutError(f"no answer within engine.round_timeout_s={timeout:g}")
 
     def _kill_unresponsive(self) -> None:
         pings = {w.ping.remote(): index for index, w in enumerate(self.workers)}
@@ -155,9 +177,13 @@ class Server:
         timing = self.plan.timing(round_idx)
         sampled = self.plan.sampled(round_idx)  # on the virtual clock, possibly nobody (all dropped or late)
         plan = self._sum_plan(sampled, timing) if sampled else None
-        partials: list[WorkerPartial] = self._get_watching(self._training_calls(sampled, round_idx, plan, timing))
+        sums = RoundSums(plan.scales if plan else (), self.shared_size)
+        reports: list[ClientReport] = []
+        for _, partial in self._as_completed(self._training_calls(sampled, round_idx, plan, timing)):
+            sums.add(partial.sums, partial.weights)  # then dropped: W partials are never held at once
+            reports += partial.reports
         # In client order, so logs and the client an error names do not depend on how work was split.
-        reports: list[ClientReport] = sorted((r for p in partials for r in p.reports), key=lambda r: r.client)
+        reports.sort(key=lambda r: r.client)
         diverged = [r for r in reports if r.diverged]
         if diverged and self.cfg.train.on_nonfinite == "stop":
             first = diverged[0]
@@ -166,10 +192,13 @@ class Server:
             return RoundFailed(round_idx, f"client {first.client}, round {round_idx}: {what}; lower train.body.lr / "
                                "train.head.lr, or set train.on_nonfinite=drop to skip such updates")
         kept = [r for r in reports if not r.diverged]
-        previous = self.state[WEIGHTS]
+        asynchronous = timing is not None and bool(timing.versions)
+        previous = self.state[WEIGHTS] if asynchronous else None  # a model clients still in flight started from
         if self.shared_size and kept:
-            self._aggregate(plan, partials, kept, timing)
-        if timing is not None and timing.versions:
+            self._aggregate(plan, sums, kept, timing)
+            del sums  # two model sizes of int64, not to be held while the new state is published and evaluated
+            self.broadcast_ref = self._publish()
+        if asynchronous:
             self._keep_models(previous, timing)
         self.times_sampled[sampled] += 1
         records = self._evaluate(round_idx, {r.client: r for r in kept}) if self.plan.evaluates(round_idx) else []
@@ -189,7 +218,7 @@ class Server:
                 by_model.setdefault(version, []).append(client)
         calls = []
         for version, clients in sorted(by_model.items()):
-            ref = self.broadcast_ref if version == current else ray.put({WEIGHTS: self.models[version]})
+            ref = self.broadcast_ref if version == current else self._put({WEIGHTS: self.models[version]})
             calls += [self.workers[w].train_and_sum.remote(ref, cs, round_idx, plan)
                       for w, cs in self._by_worker(clients, self.plan.train_steps).items()]
         return calls
@@ -208,38 +237,53 @@ class Server:
         exponent = self.cfg.system.staleness_exponent
         return SumPlan(scales, uniform, {c: (1 + s) ** -exponent for c, s in zip(timing.participants, timing.staleness())})
 
-    def _aggregate(self, plan: SumPlan, partials: list[WorkerPartial], kept: list[ClientReport],
-                   timing: RoundTime | None) -> None:
-        """Add the workers' exact partial sums (any order gives the same integers), turn them into means,
-        and let the algorithm's server hook make the next global state of them."""
-        means = {}
-        for name, scale in plan.scales.items():
-            total = np.zeros_like(partials[0].sums[name])
-            for partial in partials:  # integer sums: exact, and the same in any order
-                total += partial.sums[name]
-            means[name] = scale.mean(total, sum(p.weights[name] for p in partials))
-        if plan.factors:
-            means[WEIGHTS] = self._buffered_step(plan, means[WEIGHTS], kept, timing)
-        self.algorithm.server_update(self.state, means, len(kept), self.num_clients)
-        self.broadcast_ref = self._publish()
+    def _aggregate(self, plan: SumPlan, sums: RoundSums, kept: list[ClientReport], timing: RoundTime | None) -> None:
+        """Turn the exact sums into means and let the algorithm's server hook make the next global state of
+        them, tensor by tensor: float64 means of one tensor at a time, never of the whole model. The caller
+        publishes the new state."""
+        buffered = self._buffered_terms(plan, kept, timing) if plan.factors else None
+        new = {name: np.empty_like(vector) for name, vector in self.state.items()}
+        for tensor, (start, end) in enumerate(zip(self.tensor_offsets, self.tensor_offsets[1:])):
+            means = {name: scale.mean(sums.totals[name], sums.weights[name], tensor)
+                     for name, scale in plan.scales.items()}
+            if buffered:
+                means[WEIGHTS] = self._buffered_step(means[WEIGHTS], start, end, *buffered)
+            state = {name: vector[start:end] for name, vector in self.state.items()}
+            self.algorithm.server_update(state, means, len(kept), self.num_clients)
+            for name, vector in new.items():
+                vector[start:end] = state[name]
+        for vector in self.state.values():
+            release_shared(vector)  # the round-0 state is the plan's, in Ray's object store
+        self.state = new
 
-    def _buffered_step(self, plan: SumPlan, mean: np.ndarray, kept: list[ClientReport], timing: RoundTime) -> np.ndarray:
+    def _buffered_terms(self, plan: SumPlan, kept: list[ClientReport],
+                        timing: RoundTime) -> tuple[list[tuple[float, np.ndarray]], float]:
         """FedBuff's server step (Nguyen et al. 2022, Algorithm 1): x_r = x_(r-1) + server_lr x
         sum_j a_j s_j (x_j - x_(v_j)) / sum_j a_j, a_j = n_j (or 1), s_j the staleness factor. The workers summed
         sum_j a_j s_j x_j / sum_j a_j exactly; the models the clients started from are the server's own, so it
-        subtracts their weighted mean itself (float64, in client order: the same for any number of workers)."""
+        subtracts their weighted mean itself. Here, per kept client in client order, its coefficient
+        a_j s_j / sum_j a_j and the model it started from; and the rescaling sum_j a_j / sum_j a_j s_j of the
+        statistics' mean (``_buffered_step``)."""
         version = dict(zip(timing.participants, timing.versions))
         weight = {r.client: 1 if plan.uniform[WEIGHTS] else r.n_train for r in kept}
         total = sum(weight.values())
-        started_from = np.zeros(self.shared_size, np.float64)
-        for r in kept:
-            started_from += (weight[r.client] * plan.factors[r.client] / total) * self._model(version[r.client], timing)
-        stepped = self.state[WEIGHTS] + self.cfg.system.server_lr * (mean - started_from)
+        terms = [(weight[r.client] * plan.factors[r.client] / total, self._model(version[r.client], timing))
+                 for r in kept]
+        return terms, total / sum(weight[r.client] * plan.factors[r.client] for r in kept)
+
+    def _buffered_step(self, mean: np.ndarray, start: int, end: int, terms: list[tuple[float, np.ndarray]],
+                       rescale: float) -> np.ndarray:
+        """FedBuff's step on one tensor of the weights (float64, clients in order: the same for any number of
+        workers and any tensor split, since every operation is element by element)."""
+        started_from = np.zeros(end - start, np.float64)
+        for coefficient, model in terms:
+            started_from += coefficient * model[start:end]
+        stepped = self.state[WEIGHTS][start:end] + self.cfg.system.server_lr * (mean - started_from)
         # Statistics (BatchNorm's running means and variances) are not parameters to step: a difference of stale
         # variances can go negative (the first stragglers run scored NaN). They take the reports' staleness-
         # weighted mean, sum_j a_j s_j x_j / sum_j a_j s_j, a convex combination like FedAvg's.
-        statistics = self.statistics
-        stepped[statistics] = mean[statistics] * (total / sum(weight[r.client] * plan.factors[r.client] for r in kept))
+        statistics = self.statistics[start:end]
+        stepped[statistics] = mean[statistics] * rescale
         return stepped
 
     def _model(self, version: int, timing: RoundTime) -> np.ndarray:

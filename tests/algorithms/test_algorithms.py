@@ -57,7 +57,8 @@ def globals_over(server, rounds: int) -> list[np.ndarray]:
 
 
 def spy_server_hook(server) -> list[dict]:
-    """Each round's averaged uploads and the state before the method's server hook folded them in."""
+    """What the method's server hook is handed, call by call (one per tensor): the averaged uploads and the
+    state before the hook folded them in."""
     seen, hook = [], server.algorithm.server_update
 
     def spy(state, means, sampled, num_clients):
@@ -67,6 +68,12 @@ def spy_server_hook(server) -> list[dict]:
 
     server.algorithm.server_update = spy
     return seen
+
+
+def whole(calls: list[dict]) -> dict:
+    """One round's per-tensor hook calls joined into whole vectors (the calls go in layout order)."""
+    return {part: {k: np.concatenate([c[part][k] for c in calls]) for k in calls[0][part]}
+            for part in ("before", "means")}
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -240,7 +247,7 @@ def test_fedadam_steps_by_the_normalised_average(tmp_path, monkeypatch):
     server = started(monkeypatch, tmp_path, "fedadam")
     calls = spy_server_hook(server)
     server.round(1)
-    [seen] = calls
+    seen = whole(calls)
     p, weights = server.algorithm.params, seen["before"][WEIGHTS]
     delta = seen["means"][WEIGHTS] - weights
     # First step: m = (1 - b1) D, v = (1 - b2) D^2, so each value moves by about eta (1 - b1) / sqrt(1 - b2)
@@ -257,7 +264,7 @@ def test_fedyogi_second_moment_moves_additively(tmp_path, monkeypatch):
     server.state["v"] = np.full_like(server.state["v"], 1e-6)
     calls = spy_server_hook(server)
     server.round(1)
-    [seen] = calls
+    seen = whole(calls)
     squared = (seen["means"][WEIGHTS] - seen["before"][WEIGHTS]) ** 2
     b2 = server.algorithm.params.beta2
     # Yogi: v - (1 - b2) D^2 sign(v - D^2); from a small v it grows by exactly (1 - b2) D^2 (Adam would decay it).

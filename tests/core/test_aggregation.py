@@ -97,7 +97,8 @@ def _exact_mean(groups, weights_by_client, vectors, plan):
     total = np.zeros_like(partials[0])
     for p in partials:
         total += p
-    return plan.mean(total, sum(weights_by_client[c] for g in groups for c in g))
+    weight = sum(weights_by_client[c] for g in groups for c in g)
+    return np.concatenate([plan.mean(total, weight, t) for t in range(len(plan.offsets) - 1)])
 
 
 def test_exact_sums_are_the_same_for_any_grouping_and_order_and_within_their_bound():

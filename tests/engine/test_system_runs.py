@@ -185,7 +185,8 @@ def test_fedbuffs_server_step_is_the_staleness_weighted_mean_update(tmp_path, da
     statistics = server.statistics
     assert statistics.any() and not statistics.all()
     expected[statistics] = ((30 * factors[3] * xa.astype(np.float64) + 10 * xb) / (30 * factors[3] + 10))[statistics]
-    assert np.allclose(server._buffered_step(plan, mean, kept, timing), expected, rtol=0, atol=1e-6)
+    stepped = server._buffered_step(mean, 0, size, *server._buffered_terms(plan, kept, timing))  # all one tensor
+    assert np.allclose(stepped, expected, rtol=0, atol=1e-6)
 
 
 def test_fedbuff_refuses_methods_with_server_state_and_buffers_beyond_the_clients(tmp_path, data_root):
