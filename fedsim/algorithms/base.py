@@ -61,6 +61,9 @@ class Algorithm:
     # Whether the client hook uses only ClientContext's primitives, with penalties from ctx.proximal / ctx.linear
     # and no per-step callback: then engine.pack can train several clients as one batched computation.
     packable: ClassVar[bool] = False
+    # Whether an own server_update works element by element (each value's new state from that value's means and state
+    # alone), so the server may call it one tensor at a time.
+    server_update_by_tensor: ClassVar[bool] = False
 
     def __init__(self, params: BaseModel | None = None, batchnorm: BatchNormMode | None = None):
         self.params = params if params is not None else self.Params()
@@ -103,12 +106,19 @@ class Algorithm:
     # -- server hook -----------------------------------------------------------------------------
     def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
                       num_clients: int) -> None:
-        """Fold the round's averaged uploads (float64) into the server state (in place), one tensor of the shared
-        layout at a time: ``state`` holds that tensor's slice of each state vector (float32; set new values by
-        assignment, ``state[name] = ...``), ``means`` its averages. The server never holds the whole model's
-        float64 means, so a hook works element by element (every method here does); called on whole vectors,
-        it gives the same values. By default the new global weights are the average (FedAvg / FedPer's)."""
+        """Fold the round's averaged uploads (float64) into the server state (set new values by assignment,
+        ``state[name] = ...``; ``state`` holds float32 vectors, ``means`` their averages). By default the new global
+        weights are the average (FedAvg / FedPer's aggregation). Called once on whole vectors, or, for a hook that
+        declares ``server_update_by_tensor``, once per tensor of the shared layout with that tensor's slices: then
+        the server never holds the whole model's float64 means (big models' server memory, BENCHMARKS.md)."""
         state[WEIGHTS] = means[WEIGHTS].astype(np.float32)
+
+    @classmethod
+    def server_by_tensor(cls) -> bool:
+        """Whether the server may call ``server_update`` tensor by tensor: the default hook works element by element;
+        a method's own hook only when it says so (a hook that needs a whole-model quantity, a global norm, keeps
+        getting whole vectors)."""
+        return cls.server_update is Algorithm.server_update or cls.server_update_by_tensor
 
 
 class PartialSharing(Algorithm):

@@ -18,6 +18,8 @@ class FedAdam(PartialSharing):
     Params = FedAdamParams
     server_slots = ("m", "v")
 
+    server_update_by_tensor = True  # element by element
+
     def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
                       num_clients: int) -> None:
         p = self.params

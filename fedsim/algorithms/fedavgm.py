@@ -16,6 +16,8 @@ class FedAvgM(PartialSharing):
     Params = FedAvgMParams
     server_slots = ("momentum",)
 
+    server_update_by_tensor = True  # element by element
+
     def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
                       num_clients: int) -> None:
         # m' = beta m + (w - avg); w' = w - eta m'. Written as avg - (eta - 1)(w - avg) - eta beta m, the same

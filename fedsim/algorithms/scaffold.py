@@ -43,6 +43,8 @@ class Scaffold(PartialSharing):
         ctx.upload("control", change)
         return losses
 
+    server_update_by_tensor = True  # element by element
+
     def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
                       num_clients: int) -> None:
         # w + eta_g (avg - w), written so that eta_g = 1 gives the average exactly.

@@ -32,6 +32,10 @@ Spawn = Callable[[dict[int, ClientData], Any], Any]
 """``spawn(clients, bundle)``: a new worker actor hosting ``clients``, scheduled by ``bundle``."""
 
 
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 class WorkerLost(RuntimeError):
     """A worker kept dying (or freezing) however often it was replaced: one line naming it and its clients."""
 
@@ -239,12 +243,14 @@ class Server:
 
     def _aggregate(self, plan: SumPlan, sums: RoundSums, kept: list[ClientReport], timing: RoundTime | None) -> None:
         """Turn the exact sums into means and let the algorithm's server hook make the next global state of
-        them, tensor by tensor: float64 means of one tensor at a time, never of the whole model. The caller
-        publishes the new state."""
+        them, tensor by tensor where the hook allows (``Algorithm.server_by_tensor``): float64 means of one tensor
+        at a time, never of the whole model. The caller publishes the new state."""
         buffered = self._buffered_terms(plan, kept, timing) if plan.factors else None
         new = {name: np.empty_like(vector) for name, vector in self.state.items()}
-        for tensor, (start, end) in enumerate(zip(self.tensor_offsets, self.tensor_offsets[1:])):
-            means = {name: scale.mean(sums.totals[name], sums.weights[name], tensor)
+        tensors = range(len(self.tensor_offsets) - 1)
+        for group in ([[t] for t in tensors] if self.algorithm.server_by_tensor() else [list(tensors)]):
+            start, end = self.tensor_offsets[group[0]], self.tensor_offsets[group[-1] + 1]
+            means = {name: _joined([scale.mean(sums.totals[name], sums.weights[name], t) for t in group])
                      for name, scale in plan.scales.items()}
             if buffered:
                 means[WEIGHTS] = self._buffered_step(means[WEIGHTS], start, end, *buffered)

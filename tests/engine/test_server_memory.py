@@ -13,7 +13,7 @@ from conftest import in_process_server, round_records, six_client_run
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.algorithms.base import Algorithm
-from fedsim.core.aggregate import FixedPoint, RoundSums
+from fedsim.core.aggregate import ExactSum, FixedPoint, RoundSums
 from fedsim.core.pages import release_shared
 from fedsim.core.protocol import SumPlan
 from fedsim.engine.server import Server
@@ -106,3 +106,34 @@ def test_released_pages_of_shared_memory_leave_the_process_but_keep_their_data()
     private = np.arange(1 << 20, dtype=np.float64)
     release_shared(private)  # private memory: MADV_DONTNEED would zero it; it is left alone
     assert np.array_equal(private, np.arange(1 << 20, dtype=np.float64))
+
+
+def test_a_hook_that_does_not_say_it_works_tensor_by_tensor_gets_whole_vectors():
+    """A user's server hook may need a whole-model quantity (a global norm): unless its class declares
+    server_update_by_tensor, it is called once on whole vectors, as before; the built-in hooks tensor by tensor."""
+    offsets = (0, 3, 10)
+    weights = np.arange(10, dtype=np.float32)
+    plan = SumPlan({WEIGHTS: FixedPoint.plan(weights, offsets, 1)}, {WEIGHTS: True})
+    seen = {}
+
+    class GlobalNorm(Algorithm):
+        def server_update(self, state, means, sampled, num_clients):
+            seen.setdefault(type(self).__name__, []).append(means[WEIGHTS].size)
+            state[WEIGHTS] = (means[WEIGHTS] / np.linalg.norm(means[WEIGHTS])).astype(np.float32)
+
+    class Elementwise(GlobalNorm):
+        server_update_by_tensor = True
+
+    for algorithm in (GlobalNorm(), Elementwise()):
+        exact = ExactSum(plan.scales[WEIGHTS])
+        exact.add(1, weights)
+        sums = RoundSums(plan.scales, 10)
+        sums.add({WEIGHTS: exact.total}, {WEIGHTS: 1})
+        server = types.SimpleNamespace(algorithm=algorithm, state={WEIGHTS: weights}, num_clients=2,
+                                       tensor_offsets=offsets)
+        Server._aggregate(server, plan, sums, [None] * 2, None)
+        if isinstance(algorithm, Elementwise):
+            assert seen["Elementwise"] == [3, 7]
+        else:
+            assert seen["GlobalNorm"] == [10]
+            assert np.linalg.norm(server.state[WEIGHTS]) == pytest.approx(1.0, rel=1e-6)
