@@ -59,7 +59,9 @@ class Algorithm:
     # What the server sends to the clients each round (entries of its state).
     broadcast: ClassVar[tuple[str, ...]] = (WEIGHTS,)
     # Whether the client hook uses only ClientContext's primitives, with penalties from ctx.proximal / ctx.linear
-    # and no per-step callback: then engine.pack can train several clients as one batched computation.
+    # and no per-step callback: then engine.pack can train several clients as one batched computation. Declared by
+    # the class that writes client_update or penalty (see ``packs``): a subclass that overrides either is not packed
+    # unless it says so itself.
     packable: ClassVar[bool] = False
     # Whether an own server_update works element by element (each value's new state from that value's means and state
     # alone), so the server may call it one tensor at a time.
@@ -68,6 +70,15 @@ class Algorithm:
     def __init__(self, params: BaseModel | None = None, batchnorm: BatchNormMode | None = None):
         self.params = params if params is not None else self.Params()
         self.bn_mode: BatchNormMode = batchnorm or self.batchnorm  # the run's model.batchnorm, else the method's
+
+    @classmethod
+    def packs(cls) -> bool:
+        """Whether engine.pack may train this method's clients: ``packable`` is true, and declared by every class
+        that wrote one of the hooks packed training runs (a user's subclass of a packable method inherits it only
+        if it leaves client_update and penalty alone)."""
+        writers = {next(k for k in cls.__mro__ if hook in vars(k)) for hook in ("client_update", "penalty")
+                   if any(hook in vars(k) for k in cls.__mro__)}
+        return cls.packable and all(vars(w).get("packable", False) for w in writers)
 
     @classmethod
     def summary(cls) -> str:
@@ -132,7 +143,8 @@ class PartialSharing(Algorithm):
         return losses
 
     def penalty(self, ctx: ClientContext) -> Penalty | None:
-        """An extra loss term for local training (FedProx's proximal pull); None for plain SGD."""
+        """An extra loss term for local training (FedProx's proximal pull, from ``ctx.proximal``); None for plain
+        SGD."""
         return None
 
     @property
@@ -146,6 +158,7 @@ class HeadFirst(PartialSharing):
     """The personal head alone on the received base first (``head_epochs``, a parameter of the method), then
     ``then`` trains: FedRep (the body) and FedPer's pre-fine-tuning (the full network) share this shape."""
     then: ClassVar[Part] = "full"
+    packable = True
 
     def then_epochs(self, local_epochs: int) -> int:
         return local_epochs

@@ -119,7 +119,7 @@ class ClientContext:
     @property
     def net(self) -> nn.Module:
         """The network the client trains in, for a hook that needs the module itself (APFL's mixed forward). A
-        packed client has none of its own: such a method declares ``packable = False``."""
+        packed client has none of its own, so such a method does not declare ``packable = True``."""
         return self._rt.net
 
     @property

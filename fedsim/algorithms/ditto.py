@@ -24,6 +24,7 @@ class Ditto(PartialSharing):
     name, train, share = "ditto", "full", "full"
     Params = DittoParams
     client_slots = {"personal_model": "full"}
+    packable = True  # ClientContext's primitives and penalties only
 
     def epochs_per_round(self, local_epochs: int) -> int:
         return local_epochs + (self.params.personal_epochs or local_epochs)  # global model, then personal model

@@ -26,6 +26,7 @@ class Scaffold(PartialSharing):
     uploads = {WEIGHTS: None, "control": "uniform"}
     server_slots = ("control",)
     broadcast = (WEIGHTS, "control")
+    packable = True  # ClientContext's primitives and penalties only
 
     def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         ctx.load()

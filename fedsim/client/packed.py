@@ -51,6 +51,8 @@ class _Hook(threading.Thread):
     def run(self) -> None:
         self.resume.acquire()
         try:
+            if self.abandoned:  # a pack-mate failed before this hook ever ran
+                raise _Abandoned
             self.result = self.fn(self)
         except _Abandoned:
             pass
@@ -61,7 +63,10 @@ class _Hook(threading.Thread):
             self.parked.release()
 
     def ask(self, request: Any) -> Any:
-        """From inside the hook: park with ``request`` until the coordinator has served it; its reply."""
+        """From inside the hook: park with ``request`` until the coordinator has served it; its reply. A hook ended
+        because a pack-mate failed asks nothing more (its cleanup code could otherwise park for ever)."""
+        if self.abandoned:
+            raise _Abandoned
         self.request = request
         self.parked.release()
         self.resume.acquire()
@@ -79,11 +84,12 @@ def in_lockstep(hooks: list[Callable[[_Hook], Any]], serve: Callable[[list[Any]]
     """Run ``hooks`` one at a time, in order, each until it asks (``hook.ask(request)``) or returns; then
     ``serve`` all the requests at once and repeat. Deterministic: only one thread runs at any moment. A hook
     that raises ends the others and its error is raised here."""
-    threads = [_Hook(fn) for fn in hooks]
-    for t in threads:
-        t.start()
+    threads: list[_Hook] = []
     live = threads
     try:
+        for fn in hooks:
+            threads.append(_Hook(fn))
+            threads[-1].start()
         while live:
             for t in live:
                 t.step()
@@ -95,11 +101,10 @@ def in_lockstep(hooks: list[Callable[[_Hook], Any]], serve: Callable[[list[Any]]
                 for t, reply in zip(live, serve([t.request for t in live])):
                     t.reply = reply
     finally:
-        for t in threads:
+        for t in threads:  # one at a time: an ended hook's cleanup runs alone too
             if not t.done:
                 t.abandoned = True
-                t.resume.release()
-        for t in threads:
+                t.step()
             t.join()
     return [t.result for t in threads]
 
@@ -116,11 +121,10 @@ class TrainRequest:
     generator: torch.Generator
     round_idx: int
     penalty: Penalty | None
-    finetune: bool
 
     @property
     def kind(self) -> tuple:
-        return self.parts, self.epochs, self.round_idx, self.finetune
+        return self.parts, self.epochs, self.round_idx
 
 
 class PackedClient:
@@ -141,7 +145,7 @@ class PackedClient:
     @property
     def net(self):
         raise UserCodeError(f"engine.pack: algorithm {self._rt.algorithm.name} reads ctx.net, which a packed client "
-                            "does not have; set packable = False on the method, or engine.pack: 1")
+                            "does not have; drop packable = True from the method, or set engine.pack: 1")
 
     def initial(self, layout: str) -> np.ndarray:
         return self._rt.initial(layout)
@@ -164,11 +168,11 @@ class PackedClient:
     def sgd(self, x: torch.Tensor, y: torch.Tensor, parts: frozenset[str], epochs: int, generator: torch.Generator,
             round_idx: int, penalty: Penalty | None = None, after_step: StepCallback | None = None,
             finetune: bool = False) -> list[torch.Tensor]:
-        if after_step is not None:
-            raise UserCodeError(f"engine.pack: algorithm {self._rt.algorithm.name} passes ctx.sgd an after_step "
-                                "callback, which packed training cannot run; set packable = False on the method, "
-                                "or engine.pack: 1")
-        return self._hook.ask(TrainRequest(self, x, y, parts, epochs, generator, round_idx, penalty, finetune))
+        if after_step is not None or finetune:  # a per-step callback, or evaluation's fine-tuning (never packed)
+            raise UserCodeError(f"engine.pack: algorithm {self._rt.algorithm.name} asks ctx.sgd for "
+                                f"{'an after_step callback' if after_step else 'fine-tuning'}, which packed training "
+                                "does not run; drop packable = True from the method, or set engine.pack: 1")
+        return self._hook.ask(TrainRequest(self, x, y, parts, epochs, generator, round_idx, penalty))
 
 
 # -- training a pack ----------------------------------------------------------------------------------------------
@@ -317,19 +321,22 @@ class _StackedPenalties:
 
     def __init__(self, penalties: list[Penalty | None], stacked: dict[str, torch.Tensor]):
         self.terms: list[tuple[str, str, torch.Tensor, torch.Tensor]] = []  # (kind, key, coefs, anchors or values)
-        for kind in (Proximal, LinearTerm):
-            mine = [p if isinstance(p, kind) else None for p in penalties]
-            if any(mine):
-                self.terms += self._stack(kind, mine, stacked)
-        others = [p for p in penalties if p is not None and not isinstance(p, (Proximal, LinearTerm))]
-        if others:
+        others = [p for p in penalties if p is not None and type(p) not in (Proximal, LinearTerm)]
+        if others:  # a subclass may compute something else when called: only the two known terms are stacked
             raise UserCodeError(f"engine.pack: a penalty of type {type(others[0]).__name__} cannot be packed; build "
                                 "penalties with ctx.proximal / ctx.linear, or set engine.pack: 1")
+        for kind in (Proximal, LinearTerm):
+            mine = [p if type(p) is kind else None for p in penalties]
+            if any(mine):
+                self.terms += self._stack(kind, mine, stacked)
 
     @staticmethod
     def _stack(kind: type, mine: list, stacked: dict[str, torch.Tensor]) -> list:
-        keys = next(p for p in mine if p is not None)
-        keys = list(keys.anchors if kind is Proximal else keys.coefs)
+        key_sets = {tuple(p.anchors if kind is Proximal else p.coefs) for p in mine if p is not None}
+        if len(key_sets) > 1:
+            raise UserCodeError(f"engine.pack: the clients of a pack built {kind.__name__} penalties over different "
+                                "parameters, which cannot be stacked; set engine.pack: 1")
+        keys = key_sets.pop()
         terms = []
         for k in keys:
             zeros = torch.zeros_like(stacked[k][0])

@@ -1,10 +1,12 @@
 """engine.pack: auto -- how many clients a worker trains at once, measured on the worker's own device.
 
-Doubling the pack from 2 while it pays: each size times one packed SGD step of dummy clients (the run's model,
-batch size and input shape), and the search stops at the first size that is not 5% faster per client-step than the
-best so far, that would pass the device's memory share (a GPU: its free memory times engine.gpus_per_worker), or
-whose step alone takes longer than MAX_STEP_S. Any pack size >= 2 computes the same results, so the choice changes
-speed only, never what a run computes.
+Each candidate size from 2, doubling, times one packed SGD step of dummy clients (the run's model, batch size and
+input shape). On a CPU the search keeps the fastest per client-step, stopping at the first size that is not 5%
+faster than the best so far or whose step alone takes longer than MAX_STEP_S. On a GPU it keeps the largest size
+whose peak memory fits the worker's share (MEMORY_SHARE of the device's memory times engine.gpus_per_worker): a
+choice from memory alone, the same on every run of one config on one kind of GPU, since on a GPU the claim that any
+pack size computes the same is not yet checked (benchmarks/gpu_check.sh --parts packed). On a CPU any pack size >= 2
+computes the same (tested), so there the choice changes speed only.
 """
 from __future__ import annotations
 
@@ -17,9 +19,9 @@ import torch
 from fedsim.client.packed import TrainRequest
 
 CANDIDATES = (2, 4, 8, 16, 32, 64, 128)
-GAIN = 1.05  # a larger pack must be this much faster per client-step
-MAX_STEP_S = 2.0  # a pack whose one step takes longer is not worth its latency on a worker
-MEMORY_SHARE = 0.8  # of the worker's share of a GPU's memory
+GAIN = 1.05  # a CPU: a larger pack must be this much faster per client-step
+MAX_STEP_S = 2.0  # a CPU: a pack whose one step takes longer is not worth its latency on a worker
+MEMORY_SHARE = 0.8  # a GPU: of the worker's share of the device's memory
 
 
 @dataclass
@@ -35,14 +37,14 @@ def _requests(rt: Any, size: int) -> list[TrainRequest]:
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.zeros(batch, dtype=torch.long, device=rt.device)
     return [TrainRequest(_Dummy({k: t.detach().clone() for k, t in zip(full.keys, full.targets)}), x, y,
-                         frozenset({"body", "head"}), 1, torch.Generator().manual_seed(i), 1, None, False)
+                         frozenset({"body", "head"}), 1, torch.Generator().manual_seed(i), 1, None)
             for i in range(size)]
 
 
 def _time_step(rt: Any, size: int) -> tuple[float, int]:
     """(seconds of one packed step of ``size`` clients, peak device bytes; 0 on a CPU)."""
     trained = [k for k in rt.layouts["full"].keys if k in rt.parameter_keys]
-    hyper = {k: rt._hyper(rt.part_of[k], 1, False) for k in trained}
+    hyper = {k: rt.sgd_settings(rt.part_of[k], 1) for k in trained}
     cuda = rt.device.type == "cuda"
     best = float("inf")
     for attempt in range(3):  # the first is a warm-up (allocations, kernel selection)
@@ -61,10 +63,9 @@ def _time_step(rt: Any, size: int) -> tuple[float, int]:
 
 def choose_pack_size(rt: Any, gpu_fraction: float) -> int:
     """The pack size for runtime ``rt`` (a ClientRuntime with packed training on), printed once."""
-    budget = None
-    if rt.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(rt.device)
-        budget = min(free, total * (gpu_fraction or 1.0)) * MEMORY_SHARE
+    cuda = rt.device.type == "cuda"
+    budget = torch.cuda.get_device_properties(rt.device).total_memory * (gpu_fraction or 1.0) * MEMORY_SHARE if cuda \
+        else None
     chosen, best_rate, measured = CANDIDATES[0], 0.0, []
     for size in CANDIDATES:
         try:
@@ -73,14 +74,15 @@ def choose_pack_size(rt: Any, gpu_fraction: float) -> int:
             torch.cuda.empty_cache()
             break
         rate = size / seconds
-        measured.append(f"{size}: {rate:.0f}/s")
-        if budget is not None and peak > budget:
-            break
-        if rate < best_rate * GAIN:
+        measured.append(f"{size}: {rate:.0f}/s" + (f", {peak / 2**20:.0f} MiB" if cuda else ""))
+        if cuda:
+            if peak > budget:
+                break
+            chosen = size
+            continue
+        if rate < best_rate * GAIN or seconds > MAX_STEP_S:
             break
         chosen, best_rate = size, rate
-        if seconds > MAX_STEP_S:
-            break
-    print(f"engine.pack auto: {chosen} clients at once on {rt.device} (client-steps per second by pack size: "
-          f"{', '.join(measured)})", flush=True)
+    print(f"engine.pack auto: {chosen} clients at once on {rt.device} (by pack size, client-steps per second"
+          f"{' and peak memory' if cuda else ''}: {'; '.join(measured)})", flush=True)
     return chosen

@@ -289,8 +289,6 @@ class ClientRuntime:
 
     def train_pack(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[Trained]:
         """The algorithm's client hook for each of ``clients``, their local training packed (fedsim.client.packed)."""
-        self.loop.where = f" (clients {clients[0]}..{clients[-1]}, round {round_idx}, packed training)"
-
         def hook(client: int) -> Callable[[Any], Trained]:
             def run(thread) -> Trained:
                 port = PackedClient(self, thread, self.plan.model.initial["full"])
@@ -306,19 +304,17 @@ class ClientRuntime:
         by_kind: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
             by_kind.setdefault(r.kind, []).append(i)
-        for (parts, _, round_idx, finetune), members in by_kind.items():
+        for (parts, _, round_idx), members in by_kind.items():
             trained = [k for k in self.layouts["full"].keys if k in self.parameter_keys and self.part_of[k] in parts]
-            hyper = {k: self._hyper(self.part_of[k], round_idx, finetune) for k in trained}
-            batch = (self.cfg.eval.finetune_batch_size if finetune else None) or self.cfg.train.batch_size
-            got = self.trainer.fit([requests[i] for i in members], trained, hyper, batch, self.augment)
+            hyper = {k: self.sgd_settings(self.part_of[k], round_idx) for k in trained}
+            got = self.trainer.fit([requests[i] for i in members], trained, hyper, self.cfg.train.batch_size,
+                                   self.augment)
             losses |= dict(zip(members, got))
         return [losses[i] for i in range(len(requests))]
 
-    def _hyper(self, part: str, round_idx: int, finetune: bool) -> Hyper:
-        """fedsim's own SGD settings of ``part`` in a local update (what sequential training's optimizers use)."""
-        if finetune:
-            e = self.cfg.eval
-            return Hyper(self.plan.lr(part, round_idx, True), e.finetune_momentum, e.finetune_weight_decay)
+    def sgd_settings(self, part: str, round_idx: int) -> Hyper:
+        """fedsim's own SGD settings of ``part`` in a local update of ``round_idx`` (what sequential training's
+        optimizers use)."""
         o = getattr(self.cfg.train, part)
         return Hyper(self.plan.lr(part, round_idx), o.momentum, o.weight_decay)
 

@@ -113,6 +113,8 @@ def _basic_block(prefix: str, m: BasicBlock) -> Layer:
 def translate(module: nn.Module, prefix: str = "") -> Layer:
     """The packed form of ``module`` (its state-dict keys under ``prefix``), or :class:`Unpackable`."""
     if isinstance(module, SplitNet):
+        if type(module).forward is not SplitNet.forward or type(module).features is not SplitNet.features:
+            raise Unpackable(f"{type(module).__name__} has a forward of its own")
         return _sequence([translate(module.stem, "stem."),
                           *(translate(b, f"blocks.{i}.") for i, b in enumerate(module.blocks)),
                           translate(module.classifier, "classifier.")])
@@ -151,7 +153,7 @@ class PackedNet:
         return out.reshape(b, g, -1).transpose(0, 1)
 
 
-def packable(net: nn.Module) -> str | None:
+def why_unpackable(net: nn.Module) -> str | None:
     """None if ``net`` has a packed form, else why not (one line)."""
     try:
         translate(net)

@@ -127,8 +127,8 @@ class RunPlan:
         wanted = self.cfg.engine.pack
         if wanted == 1:
             return 1, None
-        why = self.model.unpackable if self.algorithm.packable else (
-            f"{self.algorithm.name}'s client hook needs the module itself (packable = False)")
+        why = self.model.unpackable if self.algorithm.packs() else (
+            f"{self.algorithm.name}'s client hook does not declare packable = True (docs/packed.md)")
         if why:
             return 1, f"engine.pack: {wanted} not used, clients train one after another: {why}"
         return wanted, None

@@ -16,7 +16,7 @@ from fedsim.core.protocol import WEIGHTS, ClientData
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
 from fedsim.models.lightning import (FedClient, build_client, describe_optimizers, module_optimizers, network_of,
                                      optimizer_parts, overrides, part_parameters, split_keys)
-from fedsim.models.packed import packable
+from fedsim.models.packed import why_unpackable
 from fedsim.models.state import layout_of, load_arrays, pack
 from fedsim.plan import ModelPlan, RunPlan, held_out_clients
 from fedsim.plan.system import build_system
@@ -77,11 +77,11 @@ def unpackable(cfg: RunConfig, module: pl.LightningModule, net: torch.nn.Module)
     m = cfg.model
     if type(module) is not FedClient:
         return f"model.client {type(module).__name__} has a training_step of its own"
-    if m.callbacks or m.client_loop != "fabric" or m.precision != "32":
+    if m.callbacks or m.client_loop != "fabric" or m.precision not in ("32", "32-true"):
         return "model.callbacks, model.client_loop: trainer and mixed precision need the Lightning loop"
     if "adam" in (cfg.train.body.optimizer, cfg.train.head.optimizer):
         return "packed training steps SGD; train.body / train.head use adam"
-    return packable(net)
+    return why_unpackable(net)
 
 
 def checked_optimizers(cfg: RunConfig, module: pl.LightningModule, keys: KeyParts) -> list[str]:

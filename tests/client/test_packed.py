@@ -8,9 +8,9 @@ from conftest import client_runtime, in_process_server, round_records, six_clien
 from torch import nn
 
 from fedsim.algorithms import ALGORITHMS
-from fedsim.models.packed import PackedNet, Unpackable, packable
+from fedsim.models.packed import PackedNet, Unpackable, why_unpackable
 
-PACKABLE = sorted(name for name, cls in ALGORITHMS.items() if cls.packable)
+PACKABLE = sorted(name for name, cls in ALGORITHMS.items() if cls.packs())
 CLIENTS = list(range(6))
 QUICK = {"fedrep": {"head_epochs": 2}}
 # docs/packed.md: after one local update, a packed client's uploads and state agree with sequential training's to
@@ -110,8 +110,8 @@ def test_methods_and_modules_without_a_packed_form_train_sequentially_and_say_wh
 
 
 def test_layers_without_a_packed_form_are_named():
-    assert packable(nn.Sequential(nn.Linear(4, 4), nn.ReLU())) is None
-    assert "Dropout" in packable(nn.Sequential(nn.Linear(4, 4), nn.Dropout()))
+    assert why_unpackable(nn.Sequential(nn.Linear(4, 4), nn.ReLU())) is None
+    assert "Dropout" in why_unpackable(nn.Sequential(nn.Linear(4, 4), nn.Dropout()))
     with pytest.raises(Unpackable, match="1: LSTM"):
         PackedNet(nn.Sequential(nn.Linear(4, 4), nn.LSTM(4, 4)))
 
@@ -174,4 +174,75 @@ def test_auto_measures_and_prints_the_pack_size(data_root, capsys):
     size = rt.auto_pack_size()
     assert size >= 2 and rt.auto_pack_size() == size
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith(f"engine.pack auto: {size} clients at once on cpu") and "2: " in line
+    assert line.startswith(f"engine.pack auto: {size} clients at once on cpu") and "; 4: " in line
+
+
+def test_a_subclass_that_writes_its_own_hook_is_packed_only_if_it_says_so():
+    from fedsim.algorithms.fedavg import FedAvg
+    from fedsim.algorithms.fedprox import FedProx
+
+    class SameHooks(FedProx):
+        name = "same_hooks"
+
+    class OwnPenalty(FedProx):
+        name = "own_penalty"
+
+        def penalty(self, ctx):
+            return None
+
+    class DeclaredPenalty(OwnPenalty):
+        packable = True
+
+        def penalty(self, ctx):
+            return None
+
+    assert FedAvg.packs() and SameHooks.packs() and DeclaredPenalty.packs()
+    assert not OwnPenalty.packs() and not ALGORITHMS["apfl"].packs()
+
+
+def test_a_splitnet_with_a_forward_of_its_own_is_not_packed():
+    from fedsim.models.split import SplitNet
+
+    class Scaled(SplitNet):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    net = Scaled(nn.Flatten(), [nn.Sequential(nn.Linear(4, 4), nn.ReLU())], nn.Linear(4, 2))
+    assert why_unpackable(net) == "Scaled has a forward of its own"
+
+
+def test_lockstep_serves_every_request_together_and_ends_cleanly_when_a_hook_fails():
+    from fedsim.client.packed import in_lockstep
+
+    served = []
+
+    def serve(requests):
+        served.append(sorted(requests))
+        return [r * 10 for r in requests]
+
+    def hook(i, asks):
+        def run(thread):
+            return [thread.ask(i + k) for k in range(asks)]
+        return run
+
+    assert in_lockstep([hook(0, 2), hook(100, 1), hook(200, 2)], serve) == [[0, 10], [1000], [2000, 2010]]
+    assert served == [[0, 100, 200], [1, 201]]
+
+    cleanups = []
+
+    def failing(thread):
+        thread.ask(1)
+        raise ValueError("boom")
+
+    def asks_again_in_cleanup(thread):
+        try:
+            thread.ask(2)
+            thread.ask(3)
+        finally:
+            cleanups.append("ran")
+            with pytest.raises(BaseException):
+                thread.ask(4)  # an ended hook asks nothing more: no hang
+
+    with pytest.raises(ValueError, match="boom"):
+        in_lockstep([failing, asks_again_in_cleanup, hook(0, 1)], serve)
+    assert cleanups == ["ran"]
