@@ -237,7 +237,9 @@ class RunPlan:
     @cached_property
     def fingerprint(self) -> str:
         """What a checkpoint must match to continue this run (with the devices and availability a trace gave)."""
-        settings = resume_fingerprint(self.cfg.model_dump())
+        computed = self.cfg.model_dump()
+        computed["engine"]["pack"] = self.packing[0]  # a run that cannot pack trains as an unpacked one does
+        settings = resume_fingerprint(computed)
         if self.system is None:
             return settings
         return hashlib.sha256(f"{settings}|{self.system.digest}".encode()).hexdigest()[:16]

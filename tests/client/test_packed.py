@@ -93,6 +93,9 @@ def test_the_pack_size_leaves_the_fingerprint_packing_changes_it(tmp_path, data_
     unpacked = six_client_run(tmp_path, data_root, "fedper", 2).model_dump()
     del unpacked["engine"]["pack"]  # a config written before engine.pack keeps its fingerprint
     assert resume_fingerprint(unpacked) == prints[1]
+    from conftest import plan_for  # a run that asks for packing but cannot pack is fingerprinted as it trains
+    fallen_back = plan_for(six_client_run(tmp_path, data_root, "apfl", 2, pack=4)).fingerprint
+    assert fallen_back == plan_for(six_client_run(tmp_path, data_root, "apfl", 2)).fingerprint
 
 
 def test_methods_and_modules_without_a_packed_form_train_sequentially_and_say_why(tmp_path, data_root):
