@@ -122,7 +122,7 @@ def steps(args) -> dict:
             for g, rt in runtimes.items():
                 broadcast = {"weights": rt.plan.model.initial["shared"]}
                 start = time.perf_counter()
-                list(rt._train_all(broadcast, list(range(50)), 1))
+                list(rt.train_clients(broadcast, list(range(50)), 1))
                 seconds[g].append(time.perf_counter() - start)
         client_steps = sum(rt.plan.train_steps[c] for c in range(50))
         rates = {g: client_steps / min(s) for g, s in seconds.items()}
@@ -143,9 +143,9 @@ def profile(args) -> dict:
     for pack in (1, int(args.profile_pack)):
         rt = _runtime(pack)
         broadcast = {"weights": rt.plan.model.initial["shared"]}
-        list(rt._train_all(broadcast, list(range(50)), 1))  # warm-up
+        list(rt.train_clients(broadcast, list(range(50)), 1))  # warm-up
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            list(rt._train_all(broadcast, list(range(50)), 1))
+            list(rt.train_clients(broadcast, list(range(50)), 1))
         table[pack] = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
     seq, packed = table[1], table[int(args.profile_pack)]
     print(f"\nself CPU seconds by operator, 50 cross-device clients: sequential vs pack {args.profile_pack}")
@@ -171,11 +171,11 @@ def status(field):
 g, pack = int(sys.argv[1]), sys.argv[2]
 rt = _runtime(pack if pack == "auto" else int(pack), clients=g)
 broadcast = {{"weights": rt.plan.model.initial["shared"]}}
-list(rt._train_all(broadcast, list(range(g)), 1))  # warm: allocator, kernels, each client's data on the device
+list(rt.train_clients(broadcast, list(range(g)), 1))  # warm: allocator, kernels, each client's data on the device
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak (VmHWM) starts again from the current resident size
 before = status("VmRSS")
-list(rt._train_all(broadcast, list(range(g)), 1))
+list(rt.train_clients(broadcast, list(range(g)), 1))
 print(json.dumps({{"g": g, "before_kb": before, "peak_kb": status("VmHWM")}}))
 """
 

@@ -249,7 +249,7 @@ class ClientRuntime:
         sums = {name: ExactSum(scale, self.device) for name, scale in plan.scales.items()}
         weights = dict.fromkeys(plan.scales, 0)
         reports = []
-        for client, t in zip(clients, self._train_all(broadcast, clients, round_idx)):
+        for client, t in zip(clients, self.train_clients(broadcast, clients, round_idx)):
             weight = {name: 1 if plan.uniform[name] else t.n_train for name in t.uploads}
             factor = plan.factors.get(client)
             loss, in_range = self._stage(sums, t, weight if factor is None else {n: w * factor for n, w in weight.items()})
@@ -278,7 +278,7 @@ class ClientRuntime:
         """The serialised size of the uploads, from their lengths (nothing is pickled per client)."""
         return sum(payload_bytes(v.numel()) for v in t.uploads.values())
 
-    def _train_all(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> Iterator[Trained]:
+    def train_clients(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> Iterator[Trained]:
         """Each client's round, in order: one after another, or (engine.pack) a pack at a time."""
         if self.trainer is None:
             yield from (self.train_client(broadcast, client, round_idx) for client in clients)

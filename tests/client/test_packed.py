@@ -24,7 +24,7 @@ def _round(data_root, algorithm, pack, **over):
                         engine__pack=pack, eval__finetune_epochs=0, **over)
     broadcast = {"weights": rt.plan.model.initial["shared"]}
     broadcast |= {name: np.full_like(broadcast["weights"], 1e-3) for name in rt.algorithm.server_slots}
-    return list(rt._train_all(broadcast, CLIENTS, 1))
+    return list(rt.train_clients(broadcast, CLIENTS, 1))
 
 
 def _vectors(t) -> dict[str, np.ndarray]:
