@@ -24,8 +24,8 @@ from torch.nn import functional as F
 
 from fedsim.algorithms.context import LinearTerm, Penalty, Proximal, StepCallback
 from fedsim.client.resident import BoundLayout
-from fedsim.data import crop_flip, crop_flip_draws
-from fedsim.data.transforms import to_device
+from fedsim.data import crop_flip
+from fedsim.data.transforms import epoch_draws, to_device
 from fedsim.errors import UserCodeError
 from fedsim.models.packed import PackedNet
 
@@ -188,15 +188,10 @@ Batch = tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]  # sample indices i
 
 
 def _schedule(request: TrainRequest, offset: int, batch: int, augment: bool) -> list[Batch]:
-    """A client's batches over all its epochs, drawn from its generator in the order sequential training draws
-    them (each epoch's order, then each batch's augmentation), as indices into the pack's concatenated data."""
-    out = []
-    for _ in range(request.epochs):
-        order = torch.randperm(len(request.y), generator=request.generator)
-        for start in range(0, len(order), batch):
-            idx = order[start:start + batch]
-            out.append((idx + offset, crop_flip_draws(len(idx), request.generator) if augment else None))
-    return out
+    """A client's batches over all its epochs, drawn as sequential training draws them (:func:`epoch_draws`), as
+    indices into the pack's concatenated data."""
+    return [(idx + offset, draws) for _ in range(request.epochs)
+            for idx, draws in epoch_draws(len(request.y), request.generator, batch, augment)]
 
 
 class PackedTrainer:
@@ -271,48 +266,45 @@ class PackedTrainer:
                 for k, t in stacked.items():
                     if k not in self.parameter_keys:
                         t.index_copy_(0, real, state[k][:n])
-            if whole:
-                self._sgd_whole(stacked, momentum, dict(zip(trained, grads)), hyper)
-            else:
-                for k, grad in zip(trained, grads):
-                    self._sgd(stacked[k], momentum.get(k), grad[:n], hyper[k], real)
+            self._sgd(stacked, momentum, {k: g[:n] for k, g in zip(trained, grads)}, hyper, None if whole else real)
         return per_client.detach()
 
     @staticmethod
-    def _sgd_whole(stacked: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
-                   hyper: Mapping[str, Hyper]) -> None:
-        """:meth:`_sgd` on every row, as multi-tensor (foreach) operations over the tensors that share settings."""
+    def _sgd(stacked: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
+             hyper: Mapping[str, Hyper], rows: torch.Tensor | None) -> None:
+        """torch.optim.SGD's step on ``rows`` of the stacked tensors (every row when None), as multi-tensor (foreach)
+        operations over the tensors that share settings. Momentum buffers start at zero, which gives torch's first
+        step (the gradient itself) exactly. Every product is its own operation: a fused ``add(alpha=...)`` rounds
+        once in its vectorised loop and twice in its scalar tail, so a value's result would depend on where its
+        slot lies in the stack."""
         by_setting: dict[Hyper, list[str]] = {}
         for k in grads:
             by_setting.setdefault(hyper[k], []).append(k)
         for h, keys in by_setting.items():
-            params, d = [stacked[k] for k in keys], [grads[k] for k in keys]
+            params = [_rows(stacked[k], rows) for k in keys]
+            d = [grads[k] for k in keys]
             if h.weight_decay:
                 d = torch._foreach_add(d, torch._foreach_mul(params, h.weight_decay))
             if h.momentum:
-                bufs = [momentum[k] for k in keys]
+                bufs = [_rows(momentum[k], rows) for k in keys]
                 torch._foreach_mul_(bufs, h.momentum)
                 torch._foreach_add_(bufs, d)
                 d = bufs
+                _write_rows([momentum[k] for k in keys], bufs, rows)
             torch._foreach_sub_(params, torch._foreach_mul(d, h.lr))
+            _write_rows([stacked[k] for k in keys], params, rows)
 
-    @staticmethod
-    def _sgd(param: torch.Tensor, buf: torch.Tensor | None, grad: torch.Tensor, h: Hyper,
-             rows: torch.Tensor | None) -> None:
-        """torch.optim.SGD's step on ``rows`` of a stacked tensor (all of it when None); momentum buffers start at
-        zero, which gives torch's first step (the gradient itself) exactly. Every product is its own operation: a
-        fused ``add(alpha=...)`` rounds once in its vectorised loop and twice in its scalar tail, so a value's
-        result would depend on where its slot lies in the stack."""
-        p = param if rows is None else param.index_select(0, rows)
-        d = grad if not h.weight_decay else grad + p * h.weight_decay
-        if buf is not None:
-            b = buf if rows is None else buf.index_select(0, rows)
-            d = b.mul_(h.momentum).add_(d)
-            if rows is not None:
-                buf.index_copy_(0, rows, b)
-        p.sub_(d * h.lr)
-        if rows is not None:
-            param.index_copy_(0, rows, p)
+
+def _rows(t: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """The stacked tensor itself (every row), or a copy of ``rows`` of it."""
+    return t if rows is None else t.index_select(0, rows)
+
+
+def _write_rows(targets: list[torch.Tensor], values: list[torch.Tensor], rows: torch.Tensor | None) -> None:
+    """Put copies taken by :func:`_rows` back (nothing to do when they were the tensors themselves)."""
+    if rows is not None:
+        for t, v in zip(targets, values):
+            t.index_copy_(0, rows, v)
 
 
 class _StackedPenalties:

@@ -63,11 +63,20 @@ def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.T
     return padded[batch, chan, rows[:, None, :, None], cols[:, None, None, :]]
 
 
+def epoch_draws(n: int, generator: torch.Generator, batch: int,
+                augment: bool) -> Iterator[tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]]:
+    """One epoch of a client's random draws, in the order training makes them: the epoch's order of its ``n``
+    samples, then per batch its sample indices and (``augment``) crop/flip draws. Lazy, so the draws of a batch
+    come when it is asked for; sequential and packed training (fedsim.client.packed) both read these."""
+    order = torch.randperm(n, generator=generator)
+    for start in range(0, n, batch):
+        idx = order[start:start + batch]
+        yield idx, crop_flip_draws(len(idx), generator) if augment else None
+
+
 def shuffled_batches(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator, batch: int,
                      augment: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """One epoch of a client's training batches: a fresh order from ``generator``, then per batch its augmentation
-    draws, in that order (so a client's batches are the same however its training is scheduled)."""
-    order = to_device(torch.randperm(len(y), generator=generator), x.device)
-    for start in range(0, len(y), batch):
-        idx = order[start:start + batch]
-        yield (random_crop_flip(x[idx], generator) if augment else x[idx]), y[idx]
+    """One epoch of a client's training batches, drawn by :func:`epoch_draws`."""
+    for idx, draws in epoch_draws(len(y), generator, batch, augment):
+        idx = to_device(idx, x.device)
+        yield (x[idx] if draws is None else crop_flip(x[idx], *draws)), y[idx]
