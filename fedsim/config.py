@@ -402,6 +402,20 @@ class SystemConfig(_Section):
         return self
 
 
+class ServerConfig(_Section):
+    """How the server combines a round's replies, for any method of the FedAvg family (its server hook gets the
+    rule's values where it would get the weighted means). Any rule but mean has the server see every reply."""
+    aggregator: Literal["mean", "median", "trimmed_mean", "krum"] = Field(
+        "mean", description="mean: the exact weighted mean (summed on the workers); median / trimmed_mean: per "
+        "coordinate (Yin et al. 2018); krum: the reply closest to its neighbours, or the mean of krum_select of them "
+        "(Multi-Krum, Blanchard et al. 2017). Robust rules weigh clients equally")
+    trim_fraction: float = Field(0.1, ge=0, lt=0.5, description="trimmed_mean: the share of largest and of smallest "
+                                 "values dropped per coordinate (beta)")
+    byzantine: int = Field(1, ge=0, description="krum: the faulty clients tolerated (f); needs more than 2f + 2 "
+                           "replies a round")
+    krum_select: int = Field(1, ge=1, description="krum: replies averaged (Multi-Krum's m; 1 is Krum)")
+
+
 class LoggingConfig(_Section):
     wandb: WandbConfig = WandbConfig()
 
@@ -501,6 +515,7 @@ class RunConfig(_Section):
     eval: EvalConfig = EvalConfig()
     engine: EngineConfig = EngineConfig()
     system: SystemConfig = SystemConfig()
+    server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()
     sweep: dict[str, list[Any] | Distribution] = Field(
         default_factory=dict, description="dotted key -> a list of values (a grid: one run per combination) or a "
@@ -561,9 +576,12 @@ class RunConfig(_Section):
         try:
             params = method.Params.model_validate(self.algorithm.params)
         except ValidationError as err:
-            raise ValueError(_format_error(err, prefix="algorithm")) from None
+            raise ValueError(f"{self.algorithm.name}: {_format_error(err, prefix='algorithm')}") from None
         # Stored with defaults filled in, so config.yaml and checkpoints say exactly what ran.
         self.algorithm.__pydantic_extra__ = params.model_dump(by_alias=True)
+        if self.server.aggregator != "mean" and method.aggregation == "replies":
+            raise ValueError(f"server.aggregator: {self.algorithm.name} combines its clients' replies itself; robust "
+                             "rules replace the mean of the FedAvg family's methods; leave server.aggregator: mean")
         if self.logging.wandb.x_axis == "sim_time" and self.system.devices is None:
             raise ValueError("logging.wandb.x_axis: sim_time needs the virtual clock; set system.devices (e.g. "
                              "system.devices.preset=uniform) or x_axis=round")
@@ -598,6 +616,7 @@ def _flat_partition(data: dict) -> dict:
 
 # model.* keys added after checkpoints were first written: at their defaults they leave a fingerprint as it was.
 SYSTEM_OFF = SystemConfig().model_dump()
+SERVER_MEAN = ServerConfig().model_dump()
 LATER_EVAL_DEFAULTS = {"unseen": None}  # eval.* keys added later: at their defaults, a fingerprint stays as it was
 LATER_MODEL_DEFAULTS = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric"}
 
@@ -613,6 +632,8 @@ def _resume_settings(cfg_dict: dict) -> dict:
         del settings["engine"]["packed"]
     if settings["system"] == SYSTEM_OFF:  # added later: an ideal federation keeps the fingerprint it had
         del settings["system"]
+    if settings.get("server") == SERVER_MEAN:  # added later: the exact mean keeps the fingerprint it had
+        del settings["server"]
     stepped = any(settings["train"][part]["schedule"] != "constant" for part in ("body", "head"))
     settings["train"] = {k: v for k, v in settings["train"].items() if k != "rounds" or stepped}
     return settings

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from fedsim.core.layout import KeyParts
-from fedsim.core.protocol import WEIGHTS
+from fedsim.core.protocol import WEIGHTS, Reply
 
 if TYPE_CHECKING:
     import torch
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 Part = Literal["full", "body", "head", "none"]
 BatchNormMode = Literal["averaged", "personal", "batch_stats"]
 Weighting = Literal["samples", "uniform"]
+Aggregation = Literal["sums", "replies"]
+Group = tuple[list[int], dict[str, np.ndarray]]  # clients, and what each of them receives
 
 PARTS: dict[str, frozenset[str]] = {
     "full": frozenset({"body", "head"}),
@@ -63,6 +65,15 @@ class Algorithm:
     # the class that writes client_update or penalty (see ``packs``): a subclass that overrides either is not packed
     # unless it says so itself.
     packable: ClassVar[bool] = False
+    # How the server receives a round's uploads. "sums": each worker sums its clients' weighted uploads exactly (fixed
+    # point) and server_update gets the means; a method's uploads are vectors the size of the shared weights.
+    # "replies": every kept client's uploads reach the server, which hands them to server_replies in client order
+    # (methods that weigh one client's upload against another's: FedAMP, FedFomo, IFCA; uploads of any size). The
+    # server then holds one copy of every upload of the round.
+    aggregation: ClassVar[Aggregation] = "sums"
+    # Why the method's client hook trains with an objective of its own on the network's forward (pFedMe's inner
+    # problem, FedRoD's balanced loss), bypassing a LightningModule's training_step; None: it trains through ctx.sgd.
+    own_objective: ClassVar[str | None] = None
     # Whether an own server_update works element by element (each value's new state from that value's means and state
     # alone), so the server may call it one tensor at a time.
     server_update_by_tensor: ClassVar[bool] = False
@@ -83,6 +94,10 @@ class Algorithm:
     @classmethod
     def summary(cls) -> str:
         return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+    def check_run(self, num_clients: int, per_round: int) -> None:
+        """Refuse parameters the run's population cannot have (a cluster count above the client count): raise
+        ValueError with the one-line reason, naming the parameter; the config check prefixes the method."""
 
     # -- what is shared --------------------------------------------------------------------------
     def shared_keys(self, keys: KeyParts) -> set[str]:
@@ -123,6 +138,30 @@ class Algorithm:
         declares ``server_update_by_tensor``, once per tensor of the shared layout with that tensor's slices: then
         the server never holds the whole model's float64 means (big models' server memory, BENCHMARKS.md)."""
         state[WEIGHTS] = means[WEIGHTS].astype(np.float32)
+
+    def server_state(self, initial: np.ndarray, num_clients: int, seed: int) -> dict[str, np.ndarray]:
+        """The server's round-0 state from the round-0 shared weights: the weights and every ``server_slots`` entry
+        at zero. A method that keeps more (IFCA's cluster models, FedAMP's per-client models) adds it here: any
+        shapes, drawn from ``seed`` alone, checkpointed with the run."""
+        return {WEIGHTS: initial, **{name: np.zeros_like(initial) for name in self.server_slots}}
+
+    def broadcast_groups(self, state: dict[str, np.ndarray], clients: list[int], training: bool) -> list[Group]:
+        """What each of ``clients`` receives before training (``training``) or scoring, as groups of clients that
+        receive the same vectors. By default one group: the ``broadcast`` entries of the state. A method that sends
+        each client (or each cluster) its own aggregate returns a group per client (or cluster); the server puts
+        each group's vectors in Ray's object store once."""
+        return [(list(clients), {name: state[name] for name in self.broadcast})]
+
+    @classmethod
+    def broadcasts_by_group(cls) -> bool:
+        """Whether clients may receive different vectors (an own ``broadcast_groups``)."""
+        return cls.broadcast_groups is not Algorithm.broadcast_groups
+
+    def server_replies(self, state: dict[str, np.ndarray], replies: list[Reply], num_clients: int) -> None:
+        """Under ``aggregation = "replies"``: fold the round's kept replies (in client order) into the server state,
+        setting new values by assignment. Replies come in client order whatever worker trained them, so a hook that
+        works through them in order is the same for any number of workers."""
+        raise NotImplementedError(f"{self.name}: aggregation = 'replies' needs a server_replies hook")
 
     @classmethod
     def server_by_tensor(cls) -> bool:

@@ -10,7 +10,7 @@ runtime (``fedsim.client.runtime.ClientRuntime``) implements; algorithms never s
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -74,6 +74,7 @@ class DeviceLayout(Protocol):
 class RuntimePort(Protocol):
     """What a worker's runtime offers a client hook."""
     net: nn.Module  # the one network every client of the worker trains in turn
+    output_layer: nn.Linear  # its head's last linear layer
     device: torch.device  # where it trains; uploads stay there and are summed there
     local_epochs: int
     layouts: Mapping[str, DeviceLayout]
@@ -101,6 +102,15 @@ class RuntimePort(Protocol):
     def client_tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """A client's ``train`` or ``test`` images and labels on the model's device."""
 
+    def score(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """(mean loss, accuracy) of the model as it is on (x, y), in evaluation mode."""
+
+    def batches(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of training batches, drawn as ``sgd`` draws them."""
+
+    def part_lr(self, part: str, round_idx: int) -> float:
+        """fedsim's training learning rate of ``part`` (body or head) in ``round_idx``."""
+
 
 class ClientContext:
     def __init__(self, runtime: RuntimePort, client: int, round_idx: int, broadcast: dict[str, np.ndarray],
@@ -126,10 +136,11 @@ class ClientContext:
     def full_keys(self) -> tuple[str, ...]:
         return self._rt.layouts["full"].keys
 
-    def load(self) -> None:
-        """The received global weights and this client's personal part. The global part is copied in only
-        if the model does not hold it already: scoring many clients swaps only their personal parts."""
-        self._rt.load_global(self.broadcast[WEIGHTS])
+    def load(self, weights: np.ndarray | None = None) -> None:
+        """The received global weights (or ``weights``: one of several models a method received, IFCA's cluster
+        model) and this client's personal part. The global part is copied in only if the model does not hold it
+        already: scoring many clients swaps only their personal parts."""
+        self._rt.load_global(self.broadcast[WEIGHTS] if weights is None else weights)
         self.unpack("personal", self.slot("personal", default=self._rt.initial("personal")))
 
     def unpack(self, layout: str, vector: np.ndarray | torch.Tensor) -> None:
@@ -196,6 +207,36 @@ class ClientContext:
         """``epochs`` of local training of ``parts`` on this client's data; returns the per-step losses."""
         x, y = self.data()
         return self._rt.sgd(x, y, parts, epochs, self.generator, self.round, penalty=penalty, after_step=after_step)
+
+    # -- for a method with an objective of its own (Algorithm.own_objective): its own steps on the network ----------
+    def batches(self, epochs: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``epochs`` passes of training batches over this client's data, drawn from its generator exactly as
+        ``sgd`` draws them (order, crops, flips)."""
+        x, y = self.data()
+        for _ in range(epochs):
+            yield from self._rt.batches(x, y, self.generator)
+
+    def lr(self, part: str) -> float:
+        """This round's learning rate of ``part`` ("body" or "head"): train.<part>.lr on its schedule."""
+        return self._rt.part_lr(part, self.round)
+
+    def score(self, x: torch.Tensor | None = None, y: torch.Tensor | None = None) -> tuple[float, float]:
+        """(mean loss, accuracy) of the network as it is, in evaluation mode, on (x, y) (default: the client's
+        training data): IFCA's choice of cluster, FedFomo's weighing of other clients' models."""
+        if x is None:
+            x, y = self.data()
+        return self._rt.score(x, y)
+
+    def features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the representation entering the output layer, flattened; the logits) of one forward pass: FedRoD's
+        and FedProto's heads work on the representation."""
+        seen: list[torch.Tensor] = []
+        handle = self._rt.output_layer.register_forward_hook(lambda _, inputs, __: seen.append(inputs[0]))
+        try:
+            logits = self.net(x)
+        finally:
+            handle.remove()
+        return seen[-1].flatten(1), logits
 
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This client's training images and labels on the model's device."""

@@ -144,8 +144,20 @@ class PackedClient:
 
     @property
     def net(self):
-        raise UserCodeError(f"engine.pack: algorithm {self._rt.algorithm.name} reads ctx.net, which a packed client "
-                            "does not have; drop packable = True from the method, or set engine.pack: 1")
+        raise self._unpacked("reads ctx.net")
+
+    def score(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        raise self._unpacked("scores its model (ctx.score)")
+
+    def batches(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator):
+        raise self._unpacked("steps its own batches (ctx.batches)")
+
+    def part_lr(self, part: str, round_idx: int) -> float:
+        return self._rt.part_lr(part, round_idx)
+
+    def _unpacked(self, what: str) -> UserCodeError:
+        return UserCodeError(f"engine.pack: algorithm {self._rt.algorithm.name} {what}, which a packed client cannot; "
+                             "drop packable = True from the method, or set engine.pack: 1")
 
     def initial(self, layout: str) -> np.ndarray:
         return self._rt.initial(layout)

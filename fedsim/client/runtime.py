@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -28,12 +29,13 @@ from fedsim.client.packsize import choose_pack_size
 from fedsim.client.resident import BoundLayout, ExactSum, host_vector, to_device
 from fedsim.config import CallbackSpec, OptimConfig
 from fedsim.core.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
-from fedsim.core.protocol import ClientData, ClientReport, SumPlan, WorkerPartial, payload_bytes
+from fedsim.core.protocol import ClientData, ClientReport, Reply, SumPlan, WorkerPartial, WorkerReplies, payload_bytes
 from fedsim.core.store import StateMemory, VectorStore
 from fedsim.data import ArrayDataset, load_dataset, shuffled_batches, to_float
 from fedsim.errors import UserCodeError
 from fedsim.models.lightning import (config_optimizers, module_optimizers, network_of, optimizer_parts,
                                      overrides, part_parameters)
+from fedsim.models.state import output_layer
 from fedsim.plan import RunPlan
 from fedsim.plan.build import initial_client
 from fedsim.plugins import load_plugin
@@ -192,6 +194,23 @@ class ClientRuntime:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, to_device(torch.as_tensor(labels), self.device)
 
+    def score(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """(mean loss, accuracy) of the model as it is on (x, y), in evaluation mode."""
+        loss, acc, _ = self.loop.score(x, y, len(y) if self.algorithm.bn_mode == "batch_stats" else EVAL_BATCH, "")
+        return loss, acc
+
+    @cached_property
+    def output_layer(self) -> torch.nn.Linear:
+        return output_layer(self.net, self.plan.model.keys.head)
+
+    def part_lr(self, part: str, round_idx: int) -> float:
+        return self.plan.lr(part, round_idx)
+
+    def batches(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator):
+        """One epoch of training batches of (x, y), as ``sgd`` draws them (order, crops and flips from
+        ``generator``)."""
+        return shuffled_batches(x, y, generator, self.cfg.train.batch_size, self.augment)
+
     def learning_rates(self, layout: str, round_idx: int) -> np.ndarray:
         params = dict(self.net.named_parameters())
         train = self.loop.sets["train"]
@@ -264,6 +283,23 @@ class ClientRuntime:
                                         diverged=not kept, out_of_range=not kept and not diverged, logged=t.logged))
         return WorkerPartial(reports, {name: s.total.cpu().numpy() for name, s in sums.items()}, weights)
 
+    def train_and_reply(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> WorkerReplies:
+        """Train ``clients`` and hand back each kept client's uploads (a server that sees replies: robust rules,
+        methods that weigh one client against another). A client whose loss or any upload is not finite keeps
+        nothing and is reported diverged."""
+        reports, replies = [], []
+        for client, t in zip(clients, self.train_clients(broadcast, clients, round_idx)):
+            finite = [torch.isfinite(v).all() for v in t.uploads.values()]
+            loss, fits = torch.stack([t.loss.double(), torch.stack(finite).all().double() if finite else
+                                      torch.ones((), dtype=torch.float64, device=t.loss.device)]).tolist()
+            kept = bool(np.isfinite(loss)) and bool(fits)
+            if kept:
+                self.keep(client, t)
+                replies.append(Reply(client, t.n_train, {name: v.cpu().numpy() for name, v in t.uploads.items()}))
+            reports.append(ClientReport(client, t.n_train, loss, self._bytes_up(t) if kept else 0, diverged=not kept,
+                                        out_of_range=not kept and bool(np.isfinite(loss)), logged=t.logged))
+        return WorkerReplies(reports, replies)
+
     @staticmethod
     def _stage(sums: dict[str, ExactSum], t: Trained, weight: dict[str, float]) -> tuple[float, bool]:
         """Stage every upload in its sum, then read the client's loss and whether all its uploads are within
@@ -276,7 +312,7 @@ class ClientRuntime:
     @staticmethod
     def _bytes_up(t: Trained) -> int:
         """The serialised size of the uploads, from their lengths (nothing is pickled per client)."""
-        return sum(payload_bytes(v.numel()) for v in t.uploads.values())
+        return sum(payload_bytes(v.numel()) for v in t.uploads.values())  # float32 vectors
 
     def train_clients(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> Iterator[Trained]:
         """Each client's round, in order: one after another, or (engine.pack) a pack at a time."""

@@ -11,7 +11,7 @@ import numpy as np
 import ray
 
 from fedsim.config import ConfigError
-from fedsim.core.protocol import ClientData, SumPlan, WorkerPartial
+from fedsim.core.protocol import ClientData, SumPlan, WorkerPartial, WorkerReplies
 from fedsim.errors import UserCodeError
 from fedsim.plan import RunPlan
 
@@ -39,6 +39,9 @@ class Worker:
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
                       plan: SumPlan) -> WorkerPartial:
         return self.runtime.train_and_sum(broadcast, clients, round_idx, plan)
+
+    def train_and_reply(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> WorkerReplies:
+        return self.runtime.train_and_reply(broadcast, clients, round_idx)
 
     def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
         return self.runtime.evaluate(broadcast, clients, round_idx)

@@ -76,6 +76,32 @@ class WorkerPartial:
 
 
 @dataclass(frozen=True)
+class Reply:
+    """One kept client's round as a server that sees replies gets it: its uploads as float32 host arrays."""
+    client: int
+    n_train: int
+    uploads: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class WorkerReplies:
+    """One worker's share of a round whose server sees replies: its clients' reports and each kept client's
+    uploads, in the order it trained them."""
+    reports: list[ClientReport]
+    replies: list[Reply]
+
+
+def arrays_bytes(vectors: dict[str, np.ndarray]) -> int:
+    """The serialised size of a message of arrays (a broadcast), from their shapes and types alone."""
+    return sum(_array_bytes(v.shape, v.dtype.str) for v in vectors.values())
+
+
+@functools.lru_cache(maxsize=256)
+def _array_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    return serialized_size(np.zeros(shape, dtype))
+
+
+@dataclass(frozen=True)
 class RoundResult:
     """A completed round: who trained, per-client evaluation records (on evaluation rounds) and traffic."""
     round: int

@@ -20,8 +20,9 @@ from fedsim import storage
 from fedsim.core import checkpoint
 from fedsim.core.aggregate import FixedPoint, RoundSums
 from fedsim.core.pages import release_shared
-from fedsim.core.protocol import (WEIGHTS, ClientData, ClientReport, RolledBack, RoundFailed, RoundOutcome, RoundResult,
-                                  SumPlan, serialized_size)
+from fedsim.core.protocol import (WEIGHTS, ClientData, ClientReport, Reply, RolledBack, RoundFailed, RoundOutcome,
+                                  RoundResult, SumPlan, arrays_bytes)
+from fedsim.core.robust import robust_means
 from fedsim.plan import RunPlan, balanced_owners
 from fedsim.plan.system import RoundTime
 
@@ -63,8 +64,8 @@ class Server:
         self.state = self._initial_state()
         self.models: dict[int, np.ndarray] = {}  # asynchronous: older global weights clients still train from
         self.broadcast_ref = self._publish()
-        # Measured on owned copies: Ray hands this actor read-only views, which pickle 4 bytes differently.
-        self.bytes_down = sum(serialized_size(self.state[name].copy()) for name in self.algorithm.broadcast)
+        self.bytes_down = arrays_bytes({name: self.state[name] for name in self.algorithm.broadcast})
+        self.received: dict[int, int] = {}  # client -> bytes of the broadcast it received this round
         self.times_sampled = np.zeros(self.num_clients, np.int64)
         self.last_checkpoint: str | None = None
         self.last_chain: list[list[str]] = []  # the last checkpoint's bases and itself: what the next delta builds on
@@ -73,12 +74,19 @@ class Server:
         self.unresponsive: set[int] = set()  # workers killed for not answering pings, named if the run gives up
 
     def _initial_state(self) -> dict[str, np.ndarray]:
-        zeros = np.zeros_like(self.initial_global)
-        return {WEIGHTS: self.initial_global, **{name: zeros.copy() for name in self.algorithm.server_slots}}
+        return self.algorithm.server_state(self.initial_global, self.num_clients, self.cfg.seed)
 
     def _publish(self):
         """One object in Ray's store per round holding what every client receives."""
         return self._put({name: self.state[name] for name in self.algorithm.broadcast})
+
+    def _messages(self, clients: list[int], training: bool) -> list[tuple[list[int], Any, int]]:
+        """(clients, the broadcast they receive in Ray's store, its size in bytes) per group: the round's one
+        broadcast, or for a method that sends groups (``Algorithm.broadcast_groups``) one object per group."""
+        if not self.algorithm.broadcasts_by_group():
+            return [(clients, self.broadcast_ref, self.bytes_down)]
+        groups = self.algorithm.broadcast_groups(self.state, clients, training)
+        return [(members, self._put(vectors), arrays_bytes(vectors)) for members, vectors in groups if members]
 
     @staticmethod
     def _put(vectors: dict[str, np.ndarray]):
@@ -180,11 +188,16 @@ class Server:
         start = time.perf_counter()
         timing = self.plan.timing(round_idx)
         sampled = self.plan.sampled(round_idx)  # on the virtual clock, possibly nobody (all dropped or late)
-        plan = self._sum_plan(sampled, timing) if sampled else None
+        replying = self.plan.sees_replies
+        plan = self._sum_plan(sampled, timing) if sampled and not replying else None
         sums = RoundSums(plan.scales if plan else (), self.shared_size)
         reports: list[ClientReport] = []
+        replies: list[Reply] = []
         for _, partial in self._as_completed(self._training_calls(sampled, round_idx, plan, timing)):
-            sums.add(partial.sums, partial.weights)  # then dropped: W partials are never held at once
+            if replying:
+                replies += partial.replies
+            else:
+                sums.add(partial.sums, partial.weights)  # then dropped: W partials are never held at once
             reports += partial.reports
         # In client order, so logs and the client an error names do not depend on how work was split.
         reports.sort(key=lambda r: r.client)
@@ -196,9 +209,19 @@ class Server:
             return RoundFailed(round_idx, f"client {first.client}, round {round_idx}: {what}; lower train.body.lr / "
                                "train.head.lr, or set train.on_nonfinite=drop to skip such updates")
         kept = [r for r in reports if not r.diverged]
+        fewest = self.plan.fewest_replies
+        if replying and kept and len(kept) < fewest:
+            s = self.cfg.server
+            return RoundFailed(round_idx, f"server.aggregator: {s.aggregator} with server.byzantine={s.byzantine} needs "
+                               f"{fewest} replies a round, round {round_idx} kept {len(kept)}; lower server.byzantine "
+                               "or sample more clients (train.fraction)")
         asynchronous = timing is not None and bool(timing.versions)
         previous = self.state[WEIGHTS] if asynchronous else None  # a model clients still in flight started from
-        if self.shared_size and kept:
+        if replying and kept:
+            self._fold_replies(sorted(replies, key=lambda r: r.client))
+            del replies  # a model size per client
+            self.broadcast_ref = self._publish()
+        elif self.shared_size and kept:
             self._aggregate(plan, sums, kept, timing)
             del sums  # two model sizes of int64, not to be held while the new state is published and evaluated
             self.broadcast_ref = self._publish()
@@ -206,7 +229,7 @@ class Server:
             self._keep_models(previous, timing)
         self.times_sampled[sampled] += 1
         records = self._evaluate(round_idx, {r.client: r for r in kept}) if self.plan.evaluates(round_idx) else []
-        comm = [{"round": round_idx, "client": r.client, "bytes_down": self.bytes_down, "bytes_up": r.bytes_up}
+        comm = [{"round": round_idx, "client": r.client, "bytes_down": self.received[r.client], "bytes_up": r.bytes_up}
                 for r in kept]
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start,
                            timing=timing.row() if timing else {})
@@ -220,11 +243,16 @@ class Server:
             by_model = {}
             for client, version in zip(timing.participants, timing.versions):
                 by_model.setdefault(version, []).append(client)
-        calls = []
+        calls, self.received = [], {}
         for version, clients in sorted(by_model.items()):
-            ref = self.broadcast_ref if version == current else self._put({WEIGHTS: self.models[version]})
-            calls += [self.workers[w].train_and_sum.remote(ref, cs, round_idx, plan)
-                      for w, cs in self._by_worker(clients, self.plan.train_steps).items()]
+            older = {WEIGHTS: self.models[version]} if version != current else None
+            messages = self._messages(clients, True) if older is None else [(clients, self._put(older), self.bytes_down)]
+            for members, ref, size in messages:
+                self.received |= dict.fromkeys(members, size)
+                for w, cs in self._by_worker(members, self.plan.train_steps).items():
+                    worker = self.workers[w]
+                    calls.append(worker.train_and_reply.remote(ref, cs, round_idx) if self.plan.sees_replies
+                                 else worker.train_and_sum.remote(ref, cs, round_idx, plan))
         return calls
 
     def _sum_plan(self, sampled: list[int], timing: RoundTime | None) -> SumPlan:
@@ -261,6 +289,22 @@ class Server:
         for vector in self.state.values():
             release_shared(vector)  # the round-0 state is the plan's, in Ray's object store
         self.state = new
+
+    def _fold_replies(self, replies: list[Reply]) -> None:
+        """The new server state from the round's kept replies (in client order): the method's own hook, or a robust
+        rule (server.aggregator) in place of the mean, handed to its server_update on whole vectors."""
+        state = dict(self.state)
+        if self.algorithm.aggregation == "replies":
+            self.algorithm.server_replies(state, replies, self.num_clients)
+        else:
+            s = self.cfg.server
+            uploads = {name: [r.uploads[name] for r in replies] for name in self.algorithm.uploads}
+            means = robust_means(s.aggregator, s.trim_fraction, s.byzantine, s.krum_select, uploads, WEIGHTS)
+            self.algorithm.server_update(state, means, len(replies), self.num_clients)
+        for name, vector in self.state.items():
+            if state.get(name) is not vector:
+                release_shared(vector)  # the round-0 state is the plan's, in Ray's object store
+        self.state = state
 
     def _buffered_terms(self, plan: SumPlan, kept: list[ClientReport],
                         timing: RoundTime) -> tuple[list[tuple[float, np.ndarray]], float]:
@@ -303,8 +347,9 @@ class Server:
     def _evaluate(self, round_idx: int, trained: dict[int, ClientReport]) -> list[dict]:
         """Every scored client's record; one trained this round also carries its training loss and what its
         module logged while training (``self.log``)."""
-        groups = self._by_worker(self.plan.scored(round_idx), self.plan.test_sizes)
-        calls = [self.workers[w].evaluate.remote(self.broadcast_ref, cs, round_idx) for w, cs in groups.items()]
+        calls = [self.workers[w].evaluate.remote(ref, cs, round_idx)
+                 for members, ref, _ in self._messages(self.plan.scored(round_idx), False)
+                 for w, cs in self._by_worker(members, self.plan.test_sizes).items()]
         records = sorted((r for batch in self._get_watching(calls) for r in batch), key=lambda r: r["client"])
         for r in records:
             report = trained.get(r["client"])
@@ -355,14 +400,26 @@ class Server:
             round_idx = int(state["round"])
             self.models = {int(name[len(MODEL_PREFIX):]): v for name, v in server_state.items()
                            if name.startswith(MODEL_PREFIX)}
-            self.state = {WEIGHTS: global_vector,
-                          **{name: v for name, v in server_state.items() if not name.startswith(MODEL_PREFIX)}}
+            self.state = self._checked_state(ckpt, {WEIGHTS: global_vector, **{
+                name: v for name, v in server_state.items() if not name.startswith(MODEL_PREFIX)}})
             self.last_chain = checkpoint.links_of(state, storage.parent_and_name(ckpt)[1])
         self._get_from_each([w.load_state.remote(ckpt) for w in self.workers])
         self.broadcast_ref = self._publish()
         self.times_sampled = self._times_sampled_until(round_idx)
         self.last_checkpoint = ckpt
         return round_idx
+
+    def _checked_state(self, ckpt: str, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A checkpoint's server state, refused unless it holds exactly the entries, shapes and types this method's
+        server starts with (a checkpoint is input: an edited server.npz must not change what the run computes)."""
+        expected = {name: (v.shape, v.dtype) for name, v in self._initial_state().items()}
+        found = {name: (v.shape, v.dtype) for name, v in state.items()}
+        if found != expected:
+            wrong = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))[0]
+            raise checkpoint.CheckpointError(f"{ckpt}: server state {wrong!r} is {found.get(wrong, 'missing')}, this "
+                                             f"run's server holds {expected.get(wrong, 'no such entry')}; resume with "
+                                             "the run's own config, or delete the checkpoint")
+        return state
 
     def _times_sampled_until(self, round_idx: int) -> np.ndarray:
         counts = np.zeros(self.num_clients, np.int64)

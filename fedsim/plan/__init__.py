@@ -22,6 +22,7 @@ from fedsim.algorithms.base import Algorithm
 from fedsim.config import ConfigError, RunConfig, resume_fingerprint
 from fedsim.core.layout import KeyParts, Layout
 from fedsim.core.protocol import ClientData, payload_bytes, serialized_size
+from fedsim.core.robust import fewest_replies
 from fedsim.plan.system import AsyncClock, Clock, RoundTime, SystemModel
 
 
@@ -132,6 +133,17 @@ class RunPlan:
         if why:
             return 1, f"engine.pack: {wanted} not used, clients train one after another: {why}"
         return wanted, None
+
+    @property
+    def sees_replies(self) -> bool:
+        """Whether the server receives every kept client's uploads (a method that aggregates replies itself, or a
+        robust rule in place of the mean) instead of exact sums from the workers."""
+        return self.algorithm.aggregation == "replies" or self.cfg.server.aggregator != "mean"
+
+    @property
+    def fewest_replies(self) -> int:
+        """The fewest kept replies a round's aggregation is defined for (Krum: 2f + 3)."""
+        return fewest_replies(self.cfg.server.aggregator, self.cfg.server.byzantine)
 
     @property
     def workers(self) -> int:

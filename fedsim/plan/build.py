@@ -128,18 +128,26 @@ def load_inputs(cfg: RunConfig) -> Inputs:
     return Inputs(data, partition, algorithm, model)
 
 
+def _plain(cls: type[Algorithm]) -> bool:
+    """Whether a method sends and receives the weights alone and its server takes their plain average."""
+    return (cls.broadcast == (WEIGHTS,) and set(cls.uploads) == {WEIGHTS} and not cls.server_slots
+            and cls.server_update is Algorithm.server_update and cls.aggregation == "sums"
+            and not cls.broadcasts_by_group() and cls.server_state is Algorithm.server_state)
+
+
 def check_asynchronous(cfg: RunConfig, algorithm: Algorithm, trainable: int) -> None:
     """system.mode=async applies FedBuff's step to the global weights: a method must send and receive only them
     and leave the server's update as the plain average; the buffer and the clients at once must fit the clients
     that train (a client reports at most once per step)."""
     if cfg.system.mode != "async":
         return
-    plain = (algorithm.broadcast == (WEIGHTS,) and set(algorithm.uploads) == {WEIGHTS} and not algorithm.server_slots
-             and type(algorithm).server_update is Algorithm.server_update)
-    if not plain:
+    if not _plain(type(algorithm)):
         raise ConfigError(f"system.mode: async applies FedBuff's step to the weights alone; {algorithm.name} also "
                           "sends or keeps server state of its own (or its own server update); use a method of the "
                           f"FedAvg family ({', '.join(asynchronous_methods())}) or mode sync")
+    if cfg.server.aggregator != "mean":
+        raise ConfigError(f"server.aggregator: {cfg.server.aggregator} needs the round's replies together; FedBuff's "
+                          "steps (system.mode=async) take the mean; use mode sync or aggregator mean")
     for key in ("async_buffer", "concurrency"):
         value = getattr(cfg.system, key)
         if value is not None and value > trainable:
@@ -148,9 +156,35 @@ def check_asynchronous(cfg: RunConfig, algorithm: Algorithm, trainable: int) -> 
 
 
 def asynchronous_methods() -> list[str]:
-    return sorted(name for name, cls in ALGORITHMS.items()
-                  if cls.broadcast == (WEIGHTS,) and set(cls.uploads) == {WEIGHTS} and not cls.server_slots
-                  and cls.server_update is Algorithm.server_update)
+    return sorted(name for name, cls in ALGORITHMS.items() if _plain(cls))
+
+
+def check_population(cfg: RunConfig, algorithm: Algorithm, trainable: int) -> None:
+    """What a method's parameters and the server's rule ask of the run's population: IFCA's clusters, Krum's
+    replies per round (counted at f x N; dropped or late clients can still leave a round short, which then
+    fails naming the fix)."""
+    per_round = max(1, round(cfg.train.fraction * trainable))
+    try:
+        algorithm.check_run(trainable, per_round)
+    except ValueError as err:
+        raise ConfigError(f"{algorithm.name}: {err}") from None
+    s = cfg.server
+    if s.aggregator == "krum" and per_round < 2 * s.byzantine + 3:
+        raise ConfigError(f"server.byzantine: krum with f={s.byzantine} needs at least {2 * s.byzantine + 3} clients a "
+                          f"round, this run samples {per_round}; lower server.byzantine or raise train.fraction")
+    if s.aggregator == "krum" and s.krum_select > per_round - s.byzantine:
+        raise ConfigError(f"server.krum_select: {s.krum_select} is more than the {per_round - s.byzantine} replies "
+                          f"Multi-Krum may average (clients a round {per_round} - server.byzantine {s.byzantine})")
+
+
+def check_objective(cfg: RunConfig, algorithm: Algorithm, model: ModelPlan) -> None:
+    """A method that trains with an objective of its own runs the network's forward, not a module's training_step:
+    refused for a user's module rather than bypassing its training_step silently."""
+    if algorithm.own_objective and cfg.model.client:
+        raise ConfigError(f"algorithm.name: {algorithm.name} trains with its own objective ({algorithm.own_objective}) "
+                          f"on the network's forward, which would bypass model.client {cfg.model.client}'s "
+                          "training_step; use the built-in client (unset model.client) or a method that trains "
+                          "through the module")
 
 
 def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = None) -> RunPlan:
@@ -161,5 +195,7 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
                     for c in range(part.num_clients))
     unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval.unseen))
     check_asynchronous(cfg, inputs.algorithm, part.num_clients - len(unseen))
+    check_population(cfg, inputs.algorithm, part.num_clients - len(unseen))
+    check_objective(cfg, inputs.algorithm, inputs.model)
     return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
                    system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen)
