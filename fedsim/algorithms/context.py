@@ -108,8 +108,9 @@ class RuntimePort(Protocol):
     def batches(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         """One epoch of training batches, drawn as ``sgd`` draws them."""
 
-    def part_lr(self, part: str, round_idx: int) -> float:
-        """fedsim's training learning rate of ``part`` (body or head) in ``round_idx``."""
+    def param_groups(self, parts: frozenset[str], round_idx: int) -> list[dict]:
+        """torch optimizer param groups of the trainable tensors of ``parts``, one per part, each with fedsim's own
+        SGD settings of that part in ``round_idx`` (lr on its schedule, momentum, weight_decay)."""
 
 
 class ClientContext:
@@ -216,9 +217,11 @@ class ClientContext:
         for _ in range(epochs):
             yield from self._rt.batches(x, y, self.generator)
 
-    def lr(self, part: str) -> float:
-        """This round's learning rate of ``part`` ("body" or "head"): train.<part>.lr on its schedule."""
-        return self._rt.part_lr(part, self.round)
+    def param_groups(self, parts: frozenset[str]) -> list[dict]:
+        """Param groups for a torch optimizer over the trainable tensors of ``parts`` (e.g. PARTS["full"]), one
+        per part with this round's train.<part> settings (lr on its schedule, momentum, weight_decay): a method
+        with its own steps trains as the run's config says. Scale a group's ``lr`` for a method's own step size."""
+        return self._rt.param_groups(parts, self.round)
 
     def score(self, x: torch.Tensor | None = None, y: torch.Tensor | None = None) -> tuple[float, float]:
         """(mean loss, accuracy) of the network as it is, in evaluation mode, on (x, y) (default: the client's

@@ -152,8 +152,8 @@ class PackedClient:
     def batches(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator):
         raise self._unpacked("steps its own batches (ctx.batches)")
 
-    def part_lr(self, part: str, round_idx: int) -> float:
-        return self._rt.part_lr(part, round_idx)
+    def param_groups(self, parts: frozenset[str], round_idx: int) -> list[dict]:
+        raise self._unpacked("steps its own optimizer (ctx.param_groups)")
 
     def _unpacked(self, what: str) -> UserCodeError:
         return UserCodeError(f"engine.pack: algorithm {self._rt.algorithm.name} {what}, which a packed client cannot; "

@@ -203,8 +203,16 @@ class ClientRuntime:
     def output_layer(self) -> torch.nn.Linear:
         return output_layer(self.net, self.plan.model.keys.head)
 
-    def part_lr(self, part: str, round_idx: int) -> float:
-        return self.plan.lr(part, round_idx)
+    def param_groups(self, parts: frozenset[str], round_idx: int) -> list[dict]:
+        params = self.parameters()
+        groups = []
+        for part in ("body", "head"):
+            tensors = [params[k] for k in self.layouts["full"].keys if k in params and self.part_of[k] == part]
+            if part in parts and tensors:
+                o = getattr(self.cfg.train, part)
+                groups.append({"params": tensors, "lr": self.plan.lr(part, round_idx), "momentum": o.momentum,
+                               "weight_decay": o.weight_decay})
+        return groups
 
     def batches(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator):
         """One epoch of training batches of (x, y), as ``sgd`` draws them (order, crops and flips from
