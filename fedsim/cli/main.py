@@ -58,15 +58,17 @@ def _sweep_parser(sub) -> None:
 def _reproduce_parser(sub) -> None:
     from fedsim.reproduce import PAPERS
 
-    rep = sub.add_parser("reproduce", help="run (or resume) every run behind a paper's claims; write REPRODUCTION.md")
-    rep.add_argument("paper", choices=sorted(PAPERS))
+    rep = sub.add_parser("reproduce", help="run (or resume) every run behind a paper's claims and write REPRODUCTION.md; "
+                         "or (leaderboard) every personalized method on two CIFAR-100 settings, docs/leaderboard.md")
+    rep.add_argument("paper", choices=[*sorted(PAPERS), "leaderboard"])
     rep.add_argument("overrides", nargs="*", help="key=value applied to every run (cuts it further; the report says so)")
     rep.add_argument("--scale", choices=("cpu", "paper"), default="cpu",
                      help="cpu: settings cut to run on a laptop (default); paper: exactly as the paper states")
-    rep.add_argument("--seeds", type=_positive, default=3, help="seeds 0..N-1 per run (default 3)")
-    rep.add_argument("--only", metavar="CLAIM", help="run only this claim's runs (the report still covers every claim)")
+    rep.add_argument("--seeds", type=_positive, help="seeds 0..N-1 per run (default 3; leaderboard 5)")
+    rep.add_argument("--only", metavar="CLAIM", help="run only this claim's runs, or the leaderboard's method's (the "
+                     "report still covers everything)")
     rep.add_argument("--runs", default=RUNS_DEFAULT, help=f"folder of the run folders (default {RUNS_DEFAULT})")
-    rep.add_argument("--report", default="REPRODUCTION.md", help="the Markdown report (default REPRODUCTION.md)")
+    rep.add_argument("--report", help="the Markdown report (default REPRODUCTION.md; leaderboard docs/leaderboard.md)")
     rep.add_argument("--figures", help="figures and per-paper results (default: reproduction/ beside the report)")
     rep.add_argument("--report-only", action="store_true", help="run nothing; report from the runs that exist")
     rep.add_argument("--dry-run", action="store_true", help="validate every run's config and list what would run")
@@ -173,6 +175,10 @@ def _reproduce_command(args: argparse.Namespace) -> int:
     from fedsim.reproduce.report import evaluate, write_report, write_results
     from fedsim.reproduce.runner import execute, folder_keys, plan, run_trees
 
+    if args.paper == "leaderboard":
+        return _leaderboard_command(args)
+    args.seeds = args.seeds or 3
+    args.report = args.report or "REPRODUCTION.md"
     paper = PAPERS[args.paper]
     claims = (paper.claim(args.only),) if args.only else paper.claims
     runs_dir = Path(args.runs).resolve()
@@ -192,6 +198,28 @@ def _reproduce_command(args: argparse.Namespace) -> int:
         print(path)
     for claim in results["claims"]:
         print(f"{claim['id']}: {claim['verdict']}")
+    return 0
+
+
+def _leaderboard_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fedsim.reproduce import leaderboard
+    from fedsim.reproduce.runner import execute
+
+    seeds = args.seeds or 5
+    runs_dir = Path(args.runs).resolve()
+    planned = leaderboard.plan(args.scale, seeds, runs_dir, args.overrides, args.only)  # validates every config first
+    if args.dry_run:
+        return _reproduce_dry_run(planned, seeds)
+    if not args.report_only:
+        execute(planned, max_concurrent=args.max_concurrent, name=f"leaderboard-{args.scale}")
+    everything = planned if args.only is None else leaderboard.plan(args.scale, seeds, runs_dir, args.overrides)
+    command = " ".join(["fedsim reproduce leaderboard", f"--scale {args.scale}", f"--seeds {seeds}",
+                        *([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []), *args.overrides])
+    table = leaderboard.evaluate(everything)
+    for path in leaderboard.write(table, args.scale, everything, command, Path(args.report or "docs/leaderboard.md")):
+        print(path)
     return 0
 
 

@@ -1,0 +1,195 @@
+"""``fedsim reproduce leaderboard``: every personalized method on PFLlib's two CIFAR-100 label-skew settings, each
+for several seeds, in one table of means with 95% confidence intervals, fairness across clients, best-round and
+final-round accuracy and time per round, with PFLlib's published numbers beside (named as PFLlib's, its protocol
+stated). The runs are ordinary run folders brought to completion by the reproduction runner: an interrupted
+leaderboard resumes where it stopped, and the table is written from whatever has finished."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedsim import atomic
+from fedsim.config import ConfigError, load_tree, merge_trees, parse_overrides, validate
+from fedsim.metrics.confidence import mean_ci
+from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, read_summary, run_seconds
+
+KEY = "leaderboard"
+BASES = {"cpu": "cpu/leaderboard_cifar100.yaml", "paper": "paper/leaderboard_cifar100.yaml"}
+SETTINGS: dict[str, dict[str, Any]] = {  # PFLlib's two label-skew settings on CIFAR-100 (docs/benchmark.html)
+    "pathological": {"data.partition": {"name": "classes", "k": 10}},  # 10 of the 100 classes per client
+    "dirichlet": {"data.partition": {"name": "dirichlet", "beta": 0.1}},  # q_c ~ Dir(0.1)
+}
+SETTING_TITLES = {"pathological": "CIFAR-100, pathological (10 classes per client)",
+                  "dirichlet": "CIFAR-100, Dirichlet β = 0.1"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A method on the leaderboard: its config overrides, the accuracy it is ranked by, PFLlib's name for it."""
+    method: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    metric: str = "acc"  # the model each client holds after the method's own personalization
+    pfllib: str | None = None  # the row of PFLlib's leaderboard, where it has one
+
+
+FINETUNE = {"eval.finetune_epochs": 5}  # FedBABU's protocol: the head (here the network) tuned 5 epochs at evaluation
+ENTRIES = (
+    Entry("fedavg", pfllib="FedAvg"),
+    Entry("local"),
+    Entry("fedper", pfllib="FedPer"),
+    Entry("fedrep", {"algorithm.head_epochs": 5}, pfllib="FedRep"),
+    Entry("fedbabu", FINETUNE, metric="acc_personalized", pfllib="FedBABU"),
+    Entry("lg_fedavg"),
+    Entry("fedbn"),
+    Entry("ditto", pfllib="Ditto"),
+    Entry("apfl", pfllib="APFL"),
+    Entry("perfedavg", pfllib="Per-FedAvg"),
+    Entry("pfedme", pfllib="pFedMe"),
+    Entry("fedrod", pfllib="FedRoD"),
+    Entry("fedala", pfllib="FedALA"),
+    Entry("fedproto", pfllib="FedProto"),
+    Entry("ifca"),
+    Entry("fedamp", pfllib="FedAMP"),
+    Entry("fedfomo", pfllib="FedFomo"),
+)
+
+# PFLlib's leaderboard (TsingZ0/PFLlib docs/benchmark.html, read at commit d832e76): test accuracy %, mean ± std of
+# 3 trials (a standard deviation, not an interval), CIFAR-100 pathological and Dir(0.1) columns.
+PFLLIB_NUMBERS = {
+    "FedAvg": ("25.98 ± 0.13", "31.89 ± 0.47"), "Per-FedAvg": ("56.80 ± 0.26", "44.28 ± 0.33"),
+    "pFedMe": ("58.20 ± 0.14", "47.34 ± 0.46"), "Ditto": ("67.23 ± 0.07", "52.87 ± 0.64"),
+    "APFL": ("64.26 ± 0.13", "46.74 ± 0.60"), "FedFomo": ("62.49 ± 0.22", "45.39 ± 0.45"),
+    "FedAMP": ("64.34 ± 0.37", "47.69 ± 0.49"), "FedALA": ("67.83 ± 0.06", "55.92 ± 0.03"),
+    "FedPer": ("63.53 ± 0.21", "49.63 ± 0.54"), "FedRep": ("67.56 ± 0.31", "52.39 ± 0.35"),
+    "FedRoD": ("62.30 ± 0.02", "50.94 ± 0.11"), "FedBABU": ("66.85 ± 0.07", "55.02 ± 0.33"),
+    "FedProto": ("69.18 ± 0.03", "52.70 ± 0.33"),
+}
+PFLLIB_PROTOCOL = ("PFLlib's protocol: 20 clients, all join every round, each client's data split 75/25 into train "
+                   "and test, a 4-layer CNN (2 conv + 2 fc, no BatchNorm), batch 10, 1 local epoch, lr 0.005, 2,000 "
+                   "rounds, the **best** round's accuracy averaged over clients, mean ± std of 3 trials")
+
+
+def base_tree(scale: str, configs: Path = CONFIGS) -> dict:
+    if scale not in BASES:
+        raise ConfigError(f"--scale: {scale!r} is not one of {sorted(BASES)}")
+    return load_tree(configs / BASES[scale])
+
+
+def entries(only: str | None) -> tuple[Entry, ...]:
+    """Every entry, or (``--only``) one method's."""
+    if only is None:
+        return ENTRIES
+    chosen = tuple(e for e in ENTRIES if e.method == only)
+    if not chosen:
+        raise ConfigError(f"--only: the leaderboard has no method {only!r}; choose one of "
+                          f"{[e.method for e in ENTRIES]}")
+    return chosen
+
+
+def run_key(setting: str, entry: Entry) -> str:
+    return f"{setting}-{entry.method}"
+
+
+def plan(scale: str, seeds: int, runs_dir: Path, overrides: list[str] = (), only: str | None = None,
+         configs: Path = CONFIGS) -> list[PlannedRun]:
+    """Every run, seed-major (all of seed 0 first), so a partial leaderboard already ranks every method at fewer
+    seeds. ``overrides`` (key=value) apply to every run after the entry's own."""
+    base, extra = base_tree(scale, configs), parse_overrides(list(overrides))
+    planned = []
+    for seed in range(seeds):
+        for setting, varies in SETTINGS.items():
+            for entry in entries(only):
+                tree = merge_trees(configure(base, {**varies, "algorithm.name": entry.method, **entry.overrides}), extra)
+                key = run_key(setting, entry)
+                tree |= {"name": f"{KEY}-{scale}-{key}-s{seed}", "seed": seed, "out_dir": str(runs_dir)}
+                planned.append(PlannedRun(key, seed, validate(tree)))
+    return planned
+
+
+def _stats(planned: list[PlannedRun], entry: Entry) -> dict | None:
+    """The finished seeds of one entry in one setting: per seed, final and best-round mean accuracy (points), p10,
+    Jain's index, seconds per round; None before any seed has finished."""
+    per_seed = []
+    for item in planned:
+        summary = read_summary(item.folder)
+        if summary is None or entry.metric not in summary:
+            continue
+        final, best = summary[entry.metric], summary["best_round"][entry.metric]
+        per_seed.append({"final": 100 * final["mean"], "best": 100 * best["mean"], "best_round": best["round"],
+                         "p10": 100 * final["p10"], "jain": final["jain"],
+                         "seconds": run_seconds(item.folder) / item.config.train.rounds})
+    if not per_seed:
+        return None
+    column = {key: [s[key] for s in per_seed] for key in per_seed[0]}
+    return {"seeds": len(per_seed), "final": mean_ci(column["final"]).__dict__, "best": mean_ci(column["best"]).__dict__,
+            **{key: float(np.mean(column[key])) for key in ("best_round", "p10", "jain", "seconds")}}
+
+
+def evaluate(planned: list[PlannedRun]) -> dict:
+    """Per setting and method, the statistics of its finished seeds."""
+    by_key: dict[str, list[PlannedRun]] = {}
+    for item in planned:
+        by_key.setdefault(item.key, []).append(item)
+    table = {}
+    for setting in SETTINGS:
+        table[setting] = {}
+        for entry in ENTRIES:
+            runs = by_key.get(run_key(setting, entry), [])
+            table[setting][entry.method] = _stats(runs, entry) if runs else None
+    return table
+
+
+def _interval(est: dict) -> str:
+    if est["low"] is None:
+        return f"{est['mean']:.2f}"
+    return f"{est['mean']:.2f} ± {(est['high'] - est['low']) / 2:.2f}"
+
+
+def _row(entry: Entry, stats: dict | None, column: int) -> str:
+    pfl = PFLLIB_NUMBERS.get(entry.pfllib, ("-", "-"))[column] if entry.pfllib else "-"
+    what = "personalized (fine-tuned)" if entry.metric == "acc_personalized" else "own model"
+    if stats is None:
+        return f"| `{entry.method}` | {what} | not run yet | | | | | | | {pfl} |"
+    return (f"| `{entry.method}` | {what} | {_interval(stats['final'])} | {_interval(stats['best'])} | "
+            f"{stats['best_round']:.0f} | {stats['p10']:.2f} | {stats['jain']:.3f} | {stats['seconds']:.2f} | "
+            f"{stats['seeds']} | {pfl} |")
+
+
+def render(table: dict, scale: str, planned: list[PlannedRun], command: str) -> str:
+    cfg = planned[0].config if planned else None
+    done = sum(read_summary(p.folder) is not None for p in planned)
+    seconds = sum(run_seconds(p.folder) for p in planned if (p.folder / "rounds.jsonl").exists())
+    lines = [f"# Leaderboard ({scale} scale)", "",
+             f"Generated by `{command}` from {done} of {len(planned)} finished run folders ({seconds / 3600:.1f} h of "
+             "rounds measured on this machine). Do not edit by hand: run the command again.", ""]
+    if cfg is not None:
+        t = cfg.train
+        lines += [f"fedsim's protocol here: {cfg.data.num_clients} clients, f = {t.fraction:g}, {cfg.model.name} "
+                  f"(model.batchnorm {cfg.model.batchnorm}), {t.rounds} rounds of {t.local_epochs} local epoch(s), "
+                  f"batch {t.batch_size}, SGD lr {t.body.lr:g} momentum {t.body.momentum:g}, "
+                  f"data.train_fraction {cfg.data.train_fraction:g} / test_fraction {cfg.data.test_fraction:g} of "
+                  "CIFAR-100's own train / test sets; accuracy = the mean over clients of each client's accuracy on "
+                  "its own test images, evaluated every "
+                  f"{t.eval_every} rounds. Each cell: mean over seeds ± the half-width of its Student-t 95% interval.",
+                  "", f"{PFLLIB_PROTOCOL}. PFLlib's numbers are printed beside fedsim's for orientation only: the "
+                  "protocols differ (model, rounds, split, pooled vs per-client mean), so the columns are not "
+                  "a like-for-like comparison.", ""]
+    for column, setting in enumerate(SETTINGS):
+        lines += [f"## {SETTING_TITLES[setting]}", "",
+                  "| method | accuracy of | final round % | best round % | best at round | p10 % (final) | Jain (final) "
+                  "| s / round | seeds | PFLlib % |", "|" + "---|" * 10]
+        lines += [_row(entry, table[setting][entry.method], column) for entry in ENTRIES]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(table: dict, scale: str, planned: list[PlannedRun], command: str, report: Path) -> list[Path]:
+    report.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(report, render(table, scale, planned, command))
+    results = report.with_suffix(".json")
+    atomic.write_text(results, json.dumps({"scale": scale, "command": command, "table": table}, indent=1))
+    return [report, results]
