@@ -6,6 +6,8 @@ server, folded there), in one invocation:
                driver's) peak RSS, the array bytes it receives per round, its aggregation seconds and their
                share of the round (round 1: training only; round 2, the last, also scores every client)
   eval         cnn4, N = 10,000: evaluating a 1,000-client cohort (round 1) vs all N (round 2, the last)
+  robust rules model:K:RULE (e.g. mobilenet_v1:100:median): today's engine with server.aggregator RULE, where the
+               server sees every reply (K vectors) instead of W exact partial sums; compare with model:K
 
 Each case runs `fedsim.simulate.run` (`fedsim.engine.run` in the old engine) in a fresh process with PYTHONPATH pointing at the engine's checkout, plus
 benchmarks/_hooks, whose sitecustomize times the aggregation and counts the server's received bytes in every
@@ -16,6 +18,7 @@ driver and the workers each hold K x model bytes at once) are skipped, with the 
     git worktree add --detach /work/wtold dae5d9e && ln -s $PWD/.venv /work/wtold/.venv
     nice -n 10 .venv/bin/python benchmarks/population.py --old /work/wtold
     .venv/bin/python benchmarks/population.py --old /work/wtold --cases mobilenet_v1:100   # one case
+    .venv/bin/python benchmarks/population.py --cases mobilenet_v1:100 mobilenet_v1:100:median mobilenet_v1:100:krum
 
 Memory at N = 100,000 virtual clients (FedPer K_P = 2 on cnn4 under engine.state_ram_mb = 1024) is measured
 by benchmarks/state_memory.py.
@@ -45,15 +48,18 @@ def model_bytes(model: str) -> int:
     return 4 * sum(t.numel() for t in build_model(model, 10, (3, 32, 32)).state_dict().values())
 
 
-def case_tree(model: str, sampled: int, cohort: int | None, clients: int) -> dict:
-    """The config of one case; only keys both engines know, plus ``eval.clients`` for the cohort case."""
-    over = {"name": f"bench-population-{model}-{sampled}", "algorithm": "fedavg", "model.name": model,
+def case_tree(model: str, sampled: int, cohort: int | None, clients: int, rule: str = "") -> dict:
+    """The config of one case; only keys both engines know, plus ``eval.clients`` for the cohort case and
+    ``server.aggregator`` for a robust rule (today's engine only)."""
+    over = {"name": f"bench-population-{model}-{sampled}{rule}", "algorithm": "fedavg", "model.name": model,
             "data.partition": "iid", "data.num_clients": clients, "data.augment": False,
             "data.train_fraction": clients * IMAGES / 50_000, "data.test_fraction": 1.0,
             "train.rounds": 2, "train.local_epochs": 1, "train.fraction": sampled / clients,
             "train.eval_every": 1 if cohort else 2, "engine.checkpoint_every": 0}
     if cohort:
         over["eval.clients"] = cohort
+    if rule:
+        over["server.aggregator"] = rule
     return quickstart(over)
 
 
@@ -110,7 +116,7 @@ def big_model_row(model: str, sampled: int, r: dict, mbytes: int) -> str:
     # Workers sum while they train, in parallel: their share of the round is their summing time over W.
     worker_share = r["worker_sum_s"] / 2 / WORKERS / train_round  # 2 rounds of sums
     budget = 2 * WORKERS * mbytes / 2**20 + 300
-    return (f"{model:<13}{sampled:>6} {r['engine']:<4}{r['server_peak_mb']:>10.0f}{budget:>9.0f}"
+    return (f"{model:<13}{sampled:>6} {r['engine']:<17}{r['server_peak_mb']:>10.0f}{budget:>9.0f}"
             f"{r['received_bytes'] / 2**20:>12.1f}{agg:>9.3f}{train_round:>9.2f}{100 * agg / train_round:>8.2f}%"
             f"{100 * worker_share:>9.2f}%{r['load_avg'][0]:>6.1f}")
 
@@ -118,7 +124,7 @@ def big_model_row(model: str, sampled: int, r: dict, mbytes: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", help="checkout of the old engine (commit dae5d9e); without it only today's runs")
-    ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="model:K, or eval:cohort")
+    ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="model:K, model:K:RULE, or eval:cohort")
     ap.add_argument("--old-limit-gb", type=float, default=6.0,
                     help="skip old-engine cases whose 2 x K x model bytes exceed this (the machine is shared)")
     ap.add_argument("--clients", type=int, default=CLIENTS, help="N (smaller only for a smoke run)")
@@ -129,27 +135,29 @@ def main() -> None:
         return
     results = []
     for case in args.cases:
-        model, _, number = case.partition(":")
+        model, number, rule = (case.split(":") + [""])[:3]
         if model == "eval":
             tree = case_tree("cnn4", 100, int(number), args.clients)
             results.append({"case": case, **run_case("new", str(REPO), tree)})
             continue
         mbytes, sampled = model_bytes(model), int(number)
-        engines = {"new": str(REPO)}
+        engines = {f"new{'+' + rule if rule else ''}": str(REPO)}
         need_gb = 2 * sampled * mbytes / 2**30
-        if args.old and need_gb <= args.old_limit_gb:
+        if rule:
+            pass  # the old engine has no robust rules
+        elif args.old and need_gb <= args.old_limit_gb:
             engines["old"] = args.old
         elif args.old:
             log(f"{case}: old engine skipped: K x model bytes held by the driver and again by the workers = "
                 f"{need_gb:.1f} GB > --old-limit-gb {args.old_limit_gb}")
         for engine, tree_dir in engines.items():
-            r = run_case(engine, tree_dir, case_tree(model, sampled, None, args.clients))
+            r = run_case(engine, tree_dir, case_tree(model, sampled, None, args.clients, rule))
             results.append({"case": case, "model": model, "sampled": sampled, "model_bytes": mbytes, **r})
             log(f"  {case} {engine}: server peak {r['server_peak_mb']:.0f} MB, rounds {r['round_s']}, "
                 f"load {r['load_avg'][0]:.1f}")
     print(f"\nN = {args.clients:,}, {IMAGES} images per client, FedAvg, e = 1, {WORKERS} workers x 1 thread; round 1 "
           "trains only (round 2 also scores all N)")
-    print(f"{'model':<13}{'K':>6} {'eng':<4}{'peak MB':>10}{'budget':>9}{'MB recv/rd':>12}{'agg s':>9}"
+    print(f"{'model':<13}{'K':>6} {'eng':<17}{'peak MB':>10}{'budget':>9}{'MB recv/rd':>12}{'agg s':>9}"
           f"{'round s':>9}{'agg %':>9}{'wsum %':>10}{'load':>6}")
     for r in results:
         if "model" in r:
@@ -163,6 +171,14 @@ def main() -> None:
             print(f"RATIO {model} K={sampled} old / new: server peak {old['server_peak_mb'] / r['server_peak_mb']:.2f}, "
                   f"received bytes {old['received_bytes'] / r['received_bytes']:.1f}, aggregation seconds "
                   f"{old['aggregate_s'] / r['aggregate_s']:.1f}")
+    for (model, sampled, engine), r in by.items():
+        exact = by.get((model, sampled, "new"))
+        if engine.startswith("new+") and exact:
+            print(f"RATIO {model} K={sampled} {engine[4:]} / exact sums: round 1 {r['round_s'][0] / exact['round_s'][0]:.2f}, "
+                  f"aggregation seconds {r['aggregate_s'] / exact['aggregate_s']:.1f}; server peak +"
+                  f"{r['server_peak_mb'] - exact['server_peak_mb']:.0f} MB = "
+                  f"{(r['server_peak_mb'] - exact['server_peak_mb']) / sampled:.1f} MB per reply "
+                  f"(a reply: {r['model_bytes'] / 2**20:.1f} MB)")
     for r in results:
         if r["case"].startswith("eval"):
             cohort, full = r["evaluate_s"][:2]

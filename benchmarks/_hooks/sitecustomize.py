@@ -5,7 +5,8 @@ imported, its aggregation is wrapped with a clock, and the server's ``ray.get`` 
 receives. Each event is one JSON line appended to that file: {"pid", "event", "seconds" | "bytes"}.
 
   server (today): RoundSums.add (fold one partial as it arrives), Server._aggregate (means and server hook,
-                  tensor by tensor), Server._publish, Server._evaluate; the array bytes of each answer received
+                  tensor by tensor), or Server._fold_replies (a robust rule over every reply: server.aggregator),
+                  Server._publish, Server._evaluate; the array bytes of each answer received
   server (commit add413d and before): Server._aggregate (add W partials, server hook, publish); the array bytes
                   of each ray.get
   workers (today): resident.ExactSum.stage + add (the per-client exact sums, on the worker)
@@ -78,6 +79,8 @@ def count_received(ray) -> None:
 def patch(name: str, module) -> None:
     if name == "fedsim.engine.server":
         module.Server._aggregate = timed("aggregate", module.Server._aggregate)
+        if hasattr(module.Server, "_fold_replies"):  # a server that sees replies (server.aggregator, issue 26)
+            module.Server._fold_replies = timed("aggregate", module.Server._fold_replies)
         module.Server._evaluate = timed("evaluate", module.Server._evaluate)
         if hasattr(module.Server, "_as_completed"):  # answers folded one by one as they arrive
             module.RoundSums.add = timed("fold", module.RoundSums.add)

@@ -6,17 +6,25 @@ from fedsim.algorithms.apfl import APFL
 from fedsim.algorithms.base import PARTS, Algorithm, PartialSharing, parameter_table
 from fedsim.algorithms.ditto import Ditto
 from fedsim.algorithms.fedadam import FedAdam
+from fedsim.algorithms.fedala import FedALA
+from fedsim.algorithms.fedamp import FedAMP
 from fedsim.algorithms.fedavg import FedAvg
 from fedsim.algorithms.fedavgm import FedAvgM
 from fedsim.algorithms.fedbabu import FedBABU
 from fedsim.algorithms.fedbn import FedBN
+from fedsim.algorithms.fedfomo import FedFomo
 from fedsim.algorithms.fedper import FedPer
 from fedsim.algorithms.fedper_ft import FedPerFT
 from fedsim.algorithms.fedprox import FedProx, FedProxBABU
+from fedsim.algorithms.fedproto import FedProto
 from fedsim.algorithms.fedrep import FedRep
+from fedsim.algorithms.fedrod import FedRoD
 from fedsim.algorithms.fedyogi import FedYogi
+from fedsim.algorithms.ifca import IFCA
 from fedsim.algorithms.lg_fedavg import LGFedAvg
 from fedsim.algorithms.local import Local
+from fedsim.algorithms.perfedavg import PerFedAvg
+from fedsim.algorithms.pfedme import PFedMe
 from fedsim.algorithms.scaffold import Scaffold
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import WEIGHTS
@@ -24,7 +32,8 @@ from fedsim.plugins import is_plugin, load_plugin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (
     FedAvg, FedPer, Local, FedBABU, FedRep, FedPerFT, LGFedAvg, FedProx, FedProxBABU, Ditto,
-    FedAvgM, FedAdam, FedYogi, Scaffold, FedBN, APFL)}
+    FedAvgM, FedAdam, FedYogi, Scaffold, FedBN, APFL, PerFedAvg, PFedMe, FedRoD, FedProto, FedALA, FedAMP,
+    IFCA, FedFomo)}
 
 
 def algorithm_class(name: str) -> type[Algorithm]:

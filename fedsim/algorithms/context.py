@@ -125,6 +125,7 @@ class ClientContext:
         self.uploads: dict[str, torch.Tensor] = {}  # on the worker's device
         self.slots: dict[str, np.ndarray] = {}  # staged per-client state, kept if the round succeeds
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.logit_adjustment: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     # -- the model -------------------------------------------------------------------------------
     @property
@@ -204,16 +205,19 @@ class ClientContext:
         return LinearTerm({k: c for k, c in named.items() if k in params}, {k: params[k] for k in named if k in params})
 
     def sgd(self, parts: frozenset[str], epochs: int, penalty: Penalty | None = None,
-            after_step: StepCallback | None = None) -> list[torch.Tensor]:
-        """``epochs`` of local training of ``parts`` on this client's data; returns the per-step losses."""
-        x, y = self.data()
+            after_step: StepCallback | None = None,
+            data: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """``epochs`` of local training of ``parts`` on this client's data (or ``data``: a subset of it, FedFomo's
+        training split); returns the per-step losses."""
+        x, y = self.data() if data is None else data
         return self._rt.sgd(x, y, parts, epochs, self.generator, self.round, penalty=penalty, after_step=after_step)
 
     # -- for a method with an objective of its own (Algorithm.own_objective): its own steps on the network ----------
-    def batches(self, epochs: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """``epochs`` passes of training batches over this client's data, drawn from its generator exactly as
-        ``sgd`` draws them (order, crops, flips)."""
-        x, y = self.data()
+    def batches(self, epochs: int, data: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``epochs`` passes of training batches over this client's data (or ``data``: a subset of it, FedALA's
+        sample), drawn from its generator exactly as ``sgd`` draws them (order, crops, flips)."""
+        x, y = self.data() if data is None else data
         for _ in range(epochs):
             yield from self._rt.batches(x, y, self.generator)
 
@@ -229,6 +233,17 @@ class ClientContext:
         if x is None:
             x, y = self.data()
         return self._rt.score(x, y)
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The head's last linear layer of the network."""
+        return self._rt.output_layer
+
+    def score_with(self, adjust: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """From ``load_for_evaluation``: score this client with ``adjust(input of the output layer, its logits)`` in
+        place of the output layer's logits (FedRoD's generic + personal logits). The runtime applies it while it
+        scores this client and removes it after."""
+        self.logit_adjustment = adjust
 
     def features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the representation entering the output layer, flattened; the logits) of one forward pass: FedRoD's

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -436,14 +437,27 @@ class ClientRuntime:
             gen = client_generator(self.cfg.seed, round_idx, client, FINETUNE_STREAM)
             ctx = ClientContext(self, client, round_idx, broadcast, gen)
             self.algorithm.load_for_evaluation(ctx)
-            rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._score(client)}
-            if ecfg.finetune_epochs:
-                x, y = ctx.data()
-                self.sgd(x, y, PARTS[ecfg.finetune_part], ecfg.finetune_epochs, gen, round_idx, finetune=True)
-                rec |= self.loop.logged.collect("_finetune")
-                rec |= self._score(client, "_personalized")
+            with self._adjusted_logits(ctx.logit_adjustment):
+                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._score(client)}
+                if ecfg.finetune_epochs:
+                    x, y = ctx.data()
+                    self.sgd(x, y, PARTS[ecfg.finetune_part], ecfg.finetune_epochs, gen, round_idx, finetune=True)
+                    rec |= self.loop.logged.collect("_finetune")
+                    rec |= self._score(client, "_personalized")
             results.append(rec)
         return results
+
+    @contextmanager
+    def _adjusted_logits(self, adjust: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> Iterator[None]:
+        """A method's scoring logits (``ClientContext.score_with``) for one client's evaluation, then the network's own."""
+        if adjust is None:
+            yield
+            return
+        handle = self.output_layer.register_forward_hook(lambda _, inputs, logits: adjust(inputs[0], logits))
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def _working_on(self, client: int, round_idx: int, what: str) -> None:
         """Tell the loop (its error messages, and the module's ``self.trainer.fedsim``) who is at work."""

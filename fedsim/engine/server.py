@@ -304,6 +304,9 @@ class Server:
         for name, vector in self.state.items():
             if state.get(name) is not vector:
                 release_shared(vector)  # the round-0 state is the plan's, in Ray's object store
+        for reply in replies:
+            for vector in reply.uploads.values():
+                release_shared(vector)  # read through Ray's store: its pages would stay in this process's memory
         self.state = state
 
     def _buffered_terms(self, plan: SumPlan, kept: list[ClientReport],

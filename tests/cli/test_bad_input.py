@@ -38,6 +38,12 @@ CONFIG_CASES = [
     ("too many clients", {"data.num_clients": 100000}, "data.num_clients"),
     ("unknown algorithm", {"algorithm": "fedfoo"}, "unknown algorithm 'fedfoo'"),
     ("unknown model", {"model.name": "vgg"}, "model.name"),
+    ("perfedavg alpha 0", {"algorithm": {"name": "perfedavg", "alpha": 0}}, "perfedavg: algorithm.alpha"),
+    ("pfedme beta above 1", {"algorithm": {"name": "pfedme", "beta": 2}}, "pfedme: algorithm.beta"),
+    ("trim fraction 0.5", {"server.aggregator": "trimmed_mean", "server.trim_fraction": 0.5}, "server.trim_fraction"),
+    ("krum short of clients", {"server.aggregator": "krum", "algorithm": "fedavg"}, "server.byzantine: krum with f=1"),
+    ("robust rule for a replies method", {"server.aggregator": "median", "algorithm": "fedamp"}, "server.aggregator: "
+     "fedamp combines"),
     ("unknown dataset", {"data.dataset": "mnist"}, "mnist"),
     ("missing data root", {"data.root": "/nonexistent/data"}, "data.root"),
     ("unknown partition", {"data.partition": "weird"}, "data.partition"),
@@ -59,6 +65,15 @@ CONFIG_CASES = [
     ("packing on two CPU threads", {"engine.pack": "auto", "engine.threads_per_worker": 2},
      "engine.pack: packed training on a CPU needs engine.threads_per_worker: 1"),
     ("nonfinite policy", {"train.on_nonfinite": "ignore"}, "train.on_nonfinite"),
+    ("fedrod head lr scale 0", {"algorithm": {"name": "fedrod", "head_lr_scale": 0}}, "fedrod: algorithm.head_lr_scale"),
+    ("fedproto negative lambda", {"algorithm": {"name": "fedproto", "lambda": -1}}, "fedproto: algorithm.lambda"),
+    ("ifca more clusters than clients", {"algorithm": {"name": "ifca", "clusters": 5}}, "ifca: algorithm.clusters"),
+    ("fedfomo epsilon above 1", {"algorithm": {"name": "fedfomo", "epsilon": 1.5}}, "fedfomo: algorithm.epsilon"),
+    ("fedala sample above 100%", {"algorithm": {"name": "fedala", "rand_percent": 120}},
+     "fedala: algorithm.rand_percent"),
+    ("fedala more layers than the model", {"algorithm": {"name": "fedala", "layer_idx": 50}},
+     "fedala: algorithm.layer_idx"),
+    ("fedamp sigma 0", {"algorithm": {"name": "fedamp", "sigma": 0}}, "fedamp: algorithm.sigma"),
 ]
 
 

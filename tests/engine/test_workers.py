@@ -26,7 +26,8 @@ def test_every_method_is_bit_identical_on_one_two_and_three_workers(tmp_path, da
     assert all(np.array_equal(state1[k], s[k]) for s in (state2, state3) for k in state1)
 
 
-@pytest.mark.parametrize("algorithm", ["scaffold", "fedavgm", "apfl", "fedper"])
+@pytest.mark.parametrize("algorithm", ["scaffold", "fedavgm", "apfl", "fedper", "pfedme", "fedrod", "fedproto", "ifca",
+                                       "fedfomo", "fedala", "fedamp"])
 def test_checkpointed_server_and_client_state_resume_exactly(tmp_path, data_root, monkeypatch, algorithm):
     """Server slots (momentum, control variates) and client slots survive a checkpoint, also when the
     resumed run has another number of workers."""

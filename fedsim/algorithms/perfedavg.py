@@ -1,0 +1,129 @@
+"""Per-FedAvg: Fallah, Mokhtari, Ozdaglar, "Personalized Federated Learning with Theoretical Guarantees: A
+Model-Agnostic Meta-Learning Approach", NeurIPS 2020 (arXiv 2002.07948), Algorithm 1 with the approximations of
+Sec. 4 (first-order, FO, and Hessian-free, HF). The global model is a MAML initialisation: a client personalises it
+with one gradient step of size alpha on its own data, so each local step descends the loss *after* that step,
+f(w - alpha grad f(w)).
+
+Local step (three batches D, D', D'' drawn in a row, two for FO):
+    temp = w - alpha grad f(w; D)
+    FO:  w <- w - beta grad f(temp; D')
+    HF:  w <- w - beta (I - alpha H(w; D'')) grad f(temp; D')
+beta is the run's training lr (train.body.lr / train.head.lr with their schedules, momentum and weight decay), as in
+PFLlib (clientperavg.py: ``self.beta = self.learning_rate``) and FLGo. The HF product H v is exact (autograd's double
+backward), the delta -> 0 limit of the paper's finite difference [grad f(w + delta v) - grad f(w - delta v)] / 2 delta,
+so there is no delta to choose. The full model is shared and averaged as in FedAvg.
+
+Scoring (the paper's personalised model, PFLlib's ``train_one_step``): the received global model after one step of
+size alpha on one training batch of the client.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from fedsim.algorithms.base import PARTS, Algorithm, Params
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.algorithms.context import ClientContext
+
+Batch = tuple["torch.Tensor", "torch.Tensor"]
+
+
+class PerFedAvgParams(Params):
+    # hf: the paper's better variant in its Sec. 5 experiments, and the default of the FLGo and KarhouTam/Per-FedAvg
+    # reimplementations; PFLlib implements fo only. alpha 0.01: the value those reimplementations take from the
+    # paper's Sec. 5 (the paper itself was not at hand to re-check); PFLlib sets alpha = beta = train lr.
+    variant: Literal["fo", "hf"] = Field("hf", description="fo: first order, 2 batches a step; hf: with the exact "
+                                         "Hessian-vector term, 3 batches a step")
+    alpha: float = Field(0.01, gt=0, description="personalisation step size: the inner MAML step, and the one step "
+                         "taken before scoring")
+
+
+class PerFedAvg(Algorithm):
+    """FedAvg of a MAML initialisation, scored after one personal gradient step (Fallah et al. 2020)"""
+    name, train, share = "perfedavg", "full", "full"
+    Params = PerFedAvgParams
+    own_objective = "MAML step through one personalisation step"
+    packable = False  # its steps run the network itself (ctx.net)
+
+    def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
+        import torch
+
+        ctx.load()
+        ctx.net.train()
+        groups = ctx.param_groups(PARTS["full"])
+        params = [p for group in groups for p in group["params"]]
+        outer = torch.optim.SGD(groups)  # beta: the run's lr, momentum and weight decay, per part
+        losses = []
+        for batches in self._step_batches(ctx):
+            grads, loss = self.meta_gradient(ctx.net, params, batches)
+            for p, g in zip(params, grads):
+                p.grad = g
+            outer.step()
+            losses.append(loss)
+        ctx.commit_model()
+        return losses
+
+    def meta_gradient(self, net: torch.nn.Module, params: list[torch.Tensor],
+                      batches: tuple[Batch, ...]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """grad f(temp; D') (FO), minus alpha H(w; D'') grad f(temp; D') (HF), with the network left at w; and the
+        loss at temp, the objective Per-FedAvg descends."""
+        import torch
+
+        alpha = self.params.alpha
+        start = [p.detach().clone() for p in params]
+        self.personal_step(net, params, *batches[0])  # temp = w - alpha grad f(w; D)
+        loss = _loss(net, *batches[1])
+        at_temp = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, w in zip(params, start):
+                p.copy_(w)
+        if self.params.variant == "fo":
+            return list(at_temp), loss.detach()
+        grads = torch.autograd.grad(_loss(net, *batches[2]), params, create_graph=True)
+        hessian_times = torch.autograd.grad(grads, params, grad_outputs=at_temp)  # H(w; D'') grad f(temp; D')
+        return [g - alpha * hv for g, hv in zip(at_temp, hessian_times)], loss.detach()
+
+    def personal_step(self, net: torch.nn.Module, params: list[torch.Tensor], x: torch.Tensor,
+                      y: torch.Tensor) -> None:
+        """w <- w - alpha grad f(w; (x, y)): a plain gradient step, as the paper's personalisation."""
+        import torch
+
+        grads = torch.autograd.grad(_loss(net, x, y), params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(self.params.alpha * g)
+
+    def _step_batches(self, ctx: ClientContext) -> Iterator[tuple[Batch, ...]]:
+        """Each epoch's batches in consecutive groups of 2 (FO) or 3 (HF), one group a step. An epoch's last group,
+        if short, is completed with the epoch's first batches, so every sample trains each epoch and a client with
+        fewer batches than a step needs still steps (PFLlib's drop_last loader would skip them)."""
+        size = 2 if self.params.variant == "fo" else 3
+        for _ in range(ctx.local_epochs):
+            group: list[Batch] = []
+            first: list[Batch] = []
+            for batch in ctx.batches(1):
+                group.append(batch)
+                if len(first) < size - 1:
+                    first.append(batch)
+                if len(group) == size:
+                    yield tuple(group)
+                    group = []
+            if group:
+                yield tuple((group + first * size)[:size])
+
+    def load_for_evaluation(self, ctx: ClientContext) -> None:
+        ctx.load()
+        ctx.net.train()  # the step trains as local steps do (BatchNorm on the batch's statistics)
+        x, y = next(ctx.batches(1))
+        self.personal_step(ctx.net, [p for group in ctx.param_groups(PARTS["full"]) for p in group["params"]], x, y)
+
+
+def _loss(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    from torch.nn import functional as F
+
+    return F.cross_entropy(net(x), y)
