@@ -205,7 +205,6 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fedsim.reproduce import leaderboard
-    from fedsim.reproduce.runner import execute
 
     seeds = args.seeds or 5
     runs_dir = Path(args.runs).resolve()
@@ -213,11 +212,11 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _reproduce_dry_run(planned, seeds)
     if not args.report_only:
-        execute(planned, max_concurrent=args.max_concurrent, name=f"leaderboard-{args.scale}")
+        leaderboard.complete(planned, runs_dir, args.max_concurrent)
     everything = planned if args.only is None else leaderboard.plan(args.scale, seeds, runs_dir, args.overrides)
     command = " ".join(["fedsim reproduce leaderboard", f"--scale {args.scale}", f"--seeds {seeds}",
                         *([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []), *args.overrides])
-    table = leaderboard.evaluate(everything)
+    table = leaderboard.evaluate(everything, runs_dir)
     for path in leaderboard.write(table, args.scale, everything, command, Path(args.report or "docs/leaderboard.md")):
         print(path)
     return 0

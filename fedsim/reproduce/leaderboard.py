@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from fedsim import atomic
-from fedsim.config import ConfigError, load_tree, merge_trees, parse_overrides, validate
+from fedsim.config import ConfigError, load_tree, merge_trees, parse_overrides, resume_fingerprint, validate
+from fedsim.engine.failures import TrainingDiverged
 from fedsim.metrics.confidence import mean_ci
-from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, read_summary, run_seconds
+from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, read_summary, run_seconds
 
 KEY = "leaderboard"
 BASES = {"cpu": "cpu/leaderboard_cifar100.yaml", "paper": "paper/leaderboard_cifar100.yaml"}
@@ -41,7 +42,7 @@ ENTRIES = (
     Entry("fedavg", pfllib="FedAvg"),
     Entry("local"),
     Entry("fedper", pfllib="FedPer"),
-    Entry("fedrep", {"algorithm.head_epochs": 5}, pfllib="FedRep"),
+    Entry("fedrep", {"algorithm.head_epochs": 1}, pfllib="FedRep"),  # PFLlib: 1 head epoch (plocal_epochs)
     Entry("fedbabu", FINETUNE, metric="acc_personalized", pfllib="FedBABU"),
     Entry("lg_fedavg"),
     Entry("fedbn"),
@@ -110,10 +111,54 @@ def plan(scale: str, seeds: int, runs_dir: Path, overrides: list[str] = (), only
     return planned
 
 
-def _stats(planned: list[PlannedRun], entry: Entry) -> dict | None:
+class Diverged:
+    """The runs whose training diverged (a client's loss not finite, train.on_nonfinite=stop): a result of the
+    leaderboard, recorded in ``diverged.json`` beside the run folders with the settings it diverged under, so a
+    resumed leaderboard neither retries them (the same seed diverges again) nor drops them from the table."""
+
+    def __init__(self, runs_dir: Path):
+        self.path = runs_dir / "diverged.json"
+        self.runs: dict[str, dict] = json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def of(self, item: PlannedRun) -> str | None:
+        """Why this run diverged under its present settings, or None."""
+        found = self.runs.get(item.config.name)
+        return found["error"] if found and found["settings"] == _settings(item) else None
+
+    def record(self, item: PlannedRun, error: str) -> None:
+        self.runs[item.config.name] = {"error": error, "settings": _settings(item)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(self.path, json.dumps(self.runs, indent=1))
+
+
+def _settings(item: PlannedRun) -> str:
+    return resume_fingerprint(item.config.model_dump())
+
+
+def complete(planned: list[PlannedRun], runs_dir: Path, max_concurrent: int | None = None, say=print) -> None:
+    """Bring every run to completion (the reproduction runner: finished runs skipped, interrupted ones resumed),
+    recording a run that diverges instead of stopping the leaderboard. ``max_concurrent``: as Ray Tune trials on
+    the current cluster (a diverged trial is then reported by Tune as failed, and left out of the table)."""
+    if max_concurrent is not None:
+        execute(planned, say, max_concurrent, name=f"{KEY}-{planned[0].config.name.split('-')[1]}")
+        return
+    diverged = Diverged(runs_dir)
+    for i, item in enumerate(planned, 1):
+        where = f"[{i}/{len(planned)}] {item.config.name}"
+        if diverged.of(item):
+            say(f"{where}: diverged before ({diverged.of(item)}), skipped")
+            continue
+        try:
+            execute([item], say=lambda line, where=where: say(line.replace("[1/1] " + item.config.name, where)))
+        except TrainingDiverged as err:
+            diverged.record(item, str(err))
+            say(f"{where}: diverged: {err}")
+
+
+def _stats(planned: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict | None:
     """The finished seeds of one entry in one setting: per seed, final and best-round mean accuracy (points), p10,
     Jain's index, seconds per round; None before any seed has finished."""
-    per_seed = []
+    per_seed, failed = [], [diverged.of(item) for item in planned if diverged.of(item)]
     for item in planned:
         summary = read_summary(item.folder)
         if summary is None or entry.metric not in summary:
@@ -123,14 +168,15 @@ def _stats(planned: list[PlannedRun], entry: Entry) -> dict | None:
                          "p10": 100 * final["p10"], "jain": final["jain"],
                          "seconds": run_seconds(item.folder) / item.config.train.rounds})
     if not per_seed:
-        return None
+        return {"seeds": 0, "diverged": failed} if failed else None
     column = {key: [s[key] for s in per_seed] for key in per_seed[0]}
-    return {"seeds": len(per_seed), "final": mean_ci(column["final"]).__dict__, "best": mean_ci(column["best"]).__dict__,
+    return {"seeds": len(per_seed), "diverged": failed, "final": mean_ci(column["final"]).__dict__, "best": mean_ci(column["best"]).__dict__,
             **{key: float(np.mean(column[key])) for key in ("best_round", "p10", "jain", "seconds")}}
 
 
-def evaluate(planned: list[PlannedRun]) -> dict:
-    """Per setting and method, the statistics of its finished seeds."""
+def evaluate(planned: list[PlannedRun], runs_dir: Path) -> dict:
+    """Per setting and method, the statistics of its finished seeds (and why any seed diverged)."""
+    diverged = Diverged(runs_dir)
     by_key: dict[str, list[PlannedRun]] = {}
     for item in planned:
         by_key.setdefault(item.key, []).append(item)
@@ -139,7 +185,7 @@ def evaluate(planned: list[PlannedRun]) -> dict:
         table[setting] = {}
         for entry in ENTRIES:
             runs = by_key.get(run_key(setting, entry), [])
-            table[setting][entry.method] = _stats(runs, entry) if runs else None
+            table[setting][entry.method] = _stats(runs, entry, diverged) if runs else None
     return table
 
 
@@ -154,9 +200,12 @@ def _row(entry: Entry, stats: dict | None, column: int) -> str:
     what = "personalized (fine-tuned)" if entry.metric == "acc_personalized" else "own model"
     if stats is None:
         return f"| `{entry.method}` | {what} | not run yet | | | | | | | {pfl} |"
+    failed = f" ({len(stats['diverged'])} diverged: {stats['diverged'][0]})" if stats["diverged"] else ""
+    if not stats["seeds"]:
+        return f"| `{entry.method}` | {what} | diverged{failed} | | | | | | 0 | {pfl} |"
     return (f"| `{entry.method}` | {what} | {_interval(stats['final'])} | {_interval(stats['best'])} | "
             f"{stats['best_round']:.0f} | {stats['p10']:.2f} | {stats['jain']:.3f} | {stats['seconds']:.2f} | "
-            f"{stats['seeds']} | {pfl} |")
+            f"{stats['seeds']}{failed} | {pfl} |")
 
 
 def render(table: dict, scale: str, planned: list[PlannedRun], command: str) -> str:
