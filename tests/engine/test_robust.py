@@ -41,11 +41,11 @@ def _server(monkeypatch, tmp_path, data_root, rule, workers=2):
 
 
 def _replies_seen(server) -> list:
-    """The replies the server folds each round, as it gets them."""
+    """The replies the server folds each round, as it gets them: (client, its weights upload, if any)."""
     seen, fold = [], server._fold_replies
 
     def spy(replies):
-        seen.append([(r.client, r.uploads[WEIGHTS].copy()) for r in replies])
+        seen.append([(r.client, r.uploads[WEIGHTS].copy() if WEIGHTS in r.uploads else None) for r in replies])
         fold(replies)
 
     server._fold_replies = spy
@@ -74,3 +74,27 @@ def test_robust_rounds_are_bit_identical_on_one_two_and_three_workers(tmp_path, 
         results.append((round_records([server.round(r) for r in (1, 2)]), server.state[WEIGHTS].copy()))
     assert results[0][0] == results[1][0] == results[2][0]
     assert all(np.array_equal(results[0][1], r[1]) for r in results[1:])
+
+
+@pytest.mark.parametrize("algorithm, rule", [("fedavg", "median"), ("fedamp", "mean"), ("ifca", "mean"),
+                                             ("fedfomo", "mean")])
+def test_replies_give_the_same_round_in_any_completion_order(tmp_path, data_root, monkeypatch, algorithm, rule):
+    """The server folds replies in client order, so workers answering in another order change nothing."""
+    import fedsim.engine.server as server_module
+
+    def run(reverse: bool):
+        cfg = six_client_run(tmp_path, data_root, algorithm, 3)
+        cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"aggregator": rule, **RULES.get(rule, {})})})
+        server = in_process_server(monkeypatch, cfg)
+        server.restore(None)
+        folded = _replies_seen(server)
+        if reverse:
+            ordered = server_module.Server._as_completed
+            monkeypatch.setattr(server, "_as_completed", lambda refs: reversed(list(ordered(server, refs))))
+        outcome = round_records([server.round(r) for r in (1, 2)]), {k: v.copy() for k, v in server.state.items()}
+        assert all([c for c, _ in replies] == sorted(c for c, _ in replies) for replies in folded)
+        return outcome
+
+    (records, state), (reversed_records, reversed_state) = run(False), run(True)
+    assert records == reversed_records
+    assert state.keys() == reversed_state.keys() and all(np.array_equal(state[k], reversed_state[k]) for k in state)
