@@ -218,6 +218,7 @@ class ClientRuntime:
     def batches(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator):
         """One epoch of training batches of (x, y), as ``sgd`` draws them (order, crops and flips from
         ``generator``)."""
+        self._held = None  # a method's own steps move the model off the received weights, BatchNorm statistics too
         return shuffled_batches(x, y, generator, self.cfg.train.batch_size, self.augment)
 
     def learning_rates(self, layout: str, round_idx: int) -> np.ndarray:
