@@ -90,6 +90,12 @@ class DirichletPartition(PartitionSettings):
 
 class ConflictingPartition(PartitionSettings):
     name: Literal["conflicting"] = "conflicting"
+    agreed: float = Field(0.0, ge=0, lt=1, description="fraction of the classes (the first round(agreed x C)) that "
+                          "keep their true label at every client; the others are permuted per client (0 = every "
+                          "class, so FedAvg is at chance by construction)")
+
+    def arguments(self) -> dict[str, Any]:
+        return {"agreed": self.agreed}
 
 
 class NaturalPartition(PartitionSettings):
@@ -131,7 +137,7 @@ class DataConfig(_Section):
     num_clients: int = Field(10, ge=1)
     partition: SerializeAsAny[PartitionSettings] = Field(
         default_factory=ClassesPartition, description="iid, classes {k}, shards {shards_per_client, style}, "
-        "dirichlet {beta}, conflicting, natural, or a user's 'package.module:function'")
+        "dirichlet {beta}, conflicting {agreed}, natural, or a user's 'package.module:function'")
     options: dict[str, Any] = Field(default_factory=dict, description="dataset options, e.g. synthetic alpha/beta")
     train_fraction: float = Field(1.0, gt=0, le=1)
     test_fraction: float = Field(1.0, gt=0, le=1)
@@ -604,6 +610,10 @@ def result_settings(cfg_dict: dict) -> dict:
     return settings
 
 
+# data.partition settings added after the flat keys, (kind, name) -> default: at it, a fingerprint stays as it was.
+LATER_PARTITION_DEFAULTS = {("conflicting", "agreed"): 0.0}
+
+
 def _flat_partition(data: dict) -> dict:
     """The data section as fedsim wrote it before partitions were typed (its flat keys at their old defaults
     where another kind's), so that checkpoints written then keep their fingerprint."""
@@ -611,6 +621,9 @@ def _flat_partition(data: dict) -> dict:
     flat = {k: v for k, v in data.items() if k != "partition"} | {"partition": partition["name"]}
     for key, (kind, name, default) in FLAT_PARTITION_KEYS.items():
         flat[key] = partition[name] if partition["name"] == kind else default
+    for (kind, name), default in LATER_PARTITION_DEFAULTS.items():
+        if partition["name"] == kind and partition.get(name, default) != default:
+            flat[f"partition.{name}"] = partition[name]  # flattened as data.partition.NAME in changed_settings
     return flat
 
 

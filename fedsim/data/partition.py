@@ -100,6 +100,7 @@ class _Request:
     shard_style: str
     beta: float | None
     groups: tuple[np.ndarray, np.ndarray] | None
+    agreed: float = 0.0
 
     def pools(self, strata: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The kept train and test indices: the configured fraction of every stratum (default: class).
@@ -308,17 +309,31 @@ def _conflicting(r: _Request) -> Partition:
     """Same inputs, different labels per client (a stand-in for FLICKR-AES's per-user ratings).
 
     Each client samples len(pool) // n train and test indices without replacement, independently
-    of the others (so clients overlap), and relabels them by its own class permutation. The
-    permutations form a Latin square (client j: label = pi[(c + shift_j) mod C], the shifts a seeded
-    permutation of 0..C-1 repeated): over any C consecutive clients every true class receives every
-    label exactly once, so users disagree as much as possible and no single model beats chance.
+    of the others (so clients overlap), and relabels them by its own class permutation. The first
+    A = round(agreed x C) classes (rounded half up) keep their true label at every client; the other
+    M = C - A are permuted among themselves, the permutations forming a Latin square (client j: class
+    A + i gets label A + pi[(i + shift_j) mod M], the shifts a seeded permutation of 0..M-1 repeated):
+    over any M consecutive clients every permuted class receives every permuted label exactly once, so
+    users disagree on those classes as much as possible. At agreed = 0 (A = 0) no single model beats
+    chance; at agreed > 0 a shared model can still learn the A agreed classes.
     """
     train, test = ([np.sort(r.rng.choice(pool, len(pool) // r.num_clients, replace=False))
                     for _ in range(r.num_clients)] for pool in r.pools())
     num_classes = int(max(r.train_y.max(initial=0), r.test_y.max(initial=0))) + 1
-    base, shifts = r.rng.permutation(num_classes), r.rng.permutation(num_classes)
-    classes = np.arange(num_classes)
-    maps = tuple(base[(classes + shifts[j % num_classes]) % num_classes] for j in range(r.num_clients))
+    if not 0 <= r.agreed < 1:
+        raise DataError(f"data.partition.agreed: the fraction of classes every client labels alike must be in [0, 1), "
+                        f"got {r.agreed}")
+    agreed = math.floor(r.agreed * num_classes + 0.5)
+    permuted = num_classes - agreed
+    if r.agreed > 0 and permuted < 2:
+        raise DataError(f"data.partition.agreed: {r.agreed} of {num_classes} classes leaves {permuted} to permute, so "
+                        f"the clients would all agree; lower data.partition.agreed to at most "
+                        f"{(num_classes - 2) / num_classes:g}")
+    # Drawn exactly as before agreed existed, so agreed = 0 gives the same maps from the same seed.
+    base, shifts = r.rng.permutation(permuted), r.rng.permutation(permuted)
+    classes = np.arange(permuted)
+    maps = tuple(np.concatenate([np.arange(agreed), agreed + base[(classes + shifts[j % permuted]) % permuted]])
+                 for j in range(r.num_clients))
     return Partition(tuple(train), tuple(test), maps)
 
 
@@ -367,7 +382,7 @@ def _user_partition(spec: str) -> Splitter:
 def make_partition(kind: str, train_y: np.ndarray, test_y: np.ndarray, num_clients: int, seed: int, *,
                    k: int | None = None, train_fraction: float = 1.0, test_fraction: float = 1.0,
                    shards_per_client: int | None = None, shard_style: str = "fedbabu", beta: float | None = None,
-                   groups: tuple[np.ndarray, np.ndarray] | None = None) -> Partition:
+                   groups: tuple[np.ndarray, np.ndarray] | None = None, agreed: float = 0.0) -> Partition:
     """Split the (optionally subsampled) train and test sets across ``num_clients`` clients.
 
     ``groups`` holds per-sample client ids (train, test) for the "natural" kind; each kind
@@ -389,7 +404,7 @@ def make_partition(kind: str, train_y: np.ndarray, test_y: np.ndarray, num_clien
                             f"{split} samples; lower data.num_clients")
     p = splitter(_Request(np.asarray(train_y, np.int64), np.asarray(test_y, np.int64), num_clients,
                           np.random.default_rng(seed), train_fraction, test_fraction, k, shards_per_client,
-                          shard_style, beta, groups))
+                          shard_style, beta, groups, agreed))
     for split, parts in (("train", p.train), ("test", p.test)):
         empty = next((i for i, part in enumerate(parts) if len(part) == 0), None)
         if empty is not None:

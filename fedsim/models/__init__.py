@@ -6,6 +6,7 @@ from typing import Callable
 from fedsim.models.cnn4 import cnn4
 from fedsim.models.mlp import linear_base, mlp
 from fedsim.models.mobilenet import mobilenet_v1
+from fedsim.models.pfllib_cnn import pfllib_cnn
 from fedsim.models.resnet import resnet34
 from fedsim.models.split import SplitNet
 from fedsim.models.state import use_batch_statistics
@@ -13,6 +14,7 @@ from fedsim.plugins import is_plugin, load_plugin
 
 MODELS: dict[str, Callable[..., SplitNet]] = {
     "cnn4": cnn4, "resnet34": resnet34, "mobilenet_v1": mobilenet_v1, "mlp": mlp, "linear_base": linear_base,
+    "pfllib_cnn": pfllib_cnn,
 }
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from fedsim.algorithms.base import Algorithm
 from fedsim.config import ConfigError, RunConfig, resume_fingerprint
 from fedsim.core.layout import KeyParts, Layout
-from fedsim.core.protocol import ClientData, payload_bytes, serialized_size
+from fedsim.core.protocol import ClientData, arrays_bytes, payload_bytes
 from fedsim.core.robust import fewest_replies
 from fedsim.plan.system import AsyncClock, Clock, RoundTime, SystemModel
 
@@ -168,11 +168,13 @@ class RunPlan:
 
     @cached_property
     def traffic_per_client(self) -> tuple[int, int]:
-        """(bytes down, bytes up) of one client in one round, as the server and workers account them: the
-        broadcast's pickled size, a float32 vector per upload."""
-        shared = self.model.layouts["shared"].size
-        return (sum(serialized_size(np.zeros(shared, np.float32)) for _ in self.algorithm.broadcast),
-                sum(payload_bytes(shared) for _ in self.algorithm.uploads))
+        """(bytes down, bytes up) of one client in one round, as the server and workers account them: what the
+        round-0 server sends its first client (a method that sends groups sends each client its own, of the same
+        size), and a float32 vector of the shared size per upload (a method that folds replies itself may upload
+        other sizes: the run's comm.jsonl has what it sent)."""
+        state = self.algorithm.server_state(self.model.initial["shared"], self.num_clients, self.cfg.seed)
+        [(_, first), *_] = self.algorithm.broadcast_groups(state, [0], True)
+        return arrays_bytes(first), sum(payload_bytes(self.model.layouts["shared"].size) for _ in self.algorithm.uploads)
 
     # -- the schedule ----------------------------------------------------------------------------
     @cached_property

@@ -223,7 +223,9 @@ def render(table: dict, scale: str, planned: list[PlannedRun], command: str) -> 
                   f"data.train_fraction {cfg.data.train_fraction:g} / test_fraction {cfg.data.test_fraction:g} of "
                   "CIFAR-100's own train / test sets; accuracy = the mean over clients of each client's accuracy on "
                   "its own test images, evaluated every "
-                  f"{t.eval_every} rounds. Each cell: mean over seeds ± the half-width of its Student-t 95% interval.",
+                  f"{t.eval_every} rounds. Each cell: mean over seeds ± the half-width of its Student-t 95% interval. "
+                  "s / round is the rounds' measured time (training, aggregation, evaluation) on the machine that ran "
+                  "them, averaged over seeds: it compares methods only as far as their runs met the same load.",
                   "", f"{PFLLIB_PROTOCOL}. PFLlib's numbers are printed beside fedsim's for orientation only: the "
                   "protocols differ (model, rounds, split, pooled vs per-client mean), so the columns are not "
                   "a like-for-like comparison.", ""]

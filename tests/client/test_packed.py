@@ -119,7 +119,7 @@ def test_layers_without_a_packed_form_are_named():
         PackedNet(nn.Sequential(nn.Linear(4, 4), nn.LSTM(4, 4)))
 
 
-@pytest.mark.parametrize("model", ["cnn4", "mobilenet_v1", "resnet34", "mlp"])
+@pytest.mark.parametrize("model", ["cnn4", "mobilenet_v1", "resnet34", "mlp", "pfllib_cnn"])
 def test_the_packed_forward_is_each_slots_own_forward(model):
     """Every built-in model: slot g of the packed forward is the model with slot g's weights (train-mode BatchNorm
     statistics included)."""
@@ -140,7 +140,7 @@ def test_the_packed_forward_is_each_slots_own_forward(model):
             assert torch.allclose(state[k][g].to(v.dtype), v, rtol=1e-3, atol=1e-5), k
 
 
-@pytest.mark.parametrize("model", ["cnn4", "mobilenet_v1", "resnet34", "mlp"])
+@pytest.mark.parametrize("model", ["cnn4", "mobilenet_v1", "resnet34", "mlp", "pfllib_cnn"])
 def test_a_slots_result_does_not_depend_on_its_place_or_its_pack_mates(model):
     """Logits, gradients and BatchNorm statistics of one client's slot, bit for bit, at every place in packs of 2
     to 4 (the CPU's packed layout, channels_last)."""
