@@ -13,10 +13,12 @@ if TYPE_CHECKING:
 
 
 class FedBABUParams(Params):
-    head_init: Literal["orthogonal", "linear", "not_orthogonal"] = Field(
-        "orthogonal", description="fixed head: orthonormal rows (paper, App. Q), nn.Linear's default init "
-        "(the authors' main_fed.py), or nearly parallel rows (App. Q's ablation); drawn once from the seed, "
-        "identical on every client")
+    head_init: Literal["orthogonal", "orthogonal_scaled", "linear", "not_orthogonal"] = Field(
+        "orthogonal", description="fixed head: orthonormal rows (paper, App. Q), orthogonal rows scaled to the "
+        "expected row norm of nn.Linear's default init, sqrt(in_features / (3 fan_in)) = 0.577, so that FedAvg "
+        "and FedBABU start at one logit scale, nn.Linear's default init (the authors' main_fed.py), or nearly "
+        "parallel rows (App. Q's ablation); bias 0 except for linear; drawn once from the seed, identical on "
+        "every client")
 
 
 class FedBABU(PartialSharing):
@@ -29,7 +31,8 @@ class FedBABU(PartialSharing):
             return
         from fedsim.models.state import output_layer
 
-        draw = orthogonal_head if self.params.head_init == "orthogonal" else nearly_parallel_head
+        draw = {"orthogonal": orthogonal_head, "orthogonal_scaled": orthogonal_head_at_default_norm,
+                "not_orthogonal": nearly_parallel_head}[self.params.head_init]
         draw(output_layer(net, keys.head))
 
 
@@ -40,6 +43,34 @@ def orthogonal_head(layer: nn.Linear) -> None:
 
     with torch.no_grad():
         nn.init.orthogonal_(layer.weight)
+        if layer.bias is not None:
+            layer.bias.zero_()
+
+
+def default_row_norm(layer: nn.Linear) -> float:
+    """The expected row norm of nn.Linear's default weight init: kaiming_uniform_(a=sqrt(5)) draws each entry from
+    U(-b, b) with b = gain sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), so b = 1 / sqrt(fan_in) and an
+    entry's variance is b^2 / 3; a row of ``in_features`` entries has E||w||^2 = in_features / (3 fan_in), i.e.
+    1/3 (fan_in = in_features): row norm ~0.577 whatever the width (torch.nn.Linear.reset_parameters; the
+    FedBABU authors' models/Nets.py leaves `linear` at this init for FedAvg and FedBABU alike)."""
+    import math
+
+    from torch import nn
+
+    fan_in, _ = nn.init._calculate_fan_in_and_fan_out(layer.weight)
+    bound = 1 / math.sqrt(fan_in)
+    return math.sqrt(layer.weight.shape[1] * bound ** 2 / 3)
+
+
+def orthogonal_head_at_default_norm(layer: nn.Linear) -> None:
+    """Orthogonal rows (App. Q) at the scale of nn.Linear's default init (``default_row_norm``), bias 0: FedBABU's
+    fixed head then gives logits of the size FedAvg's default-initialised head gives, rather than 1.7x larger with
+    unit rows (``orthogonal``)."""
+    import torch
+    from torch import nn
+
+    with torch.no_grad():
+        nn.init.orthogonal_(layer.weight, gain=default_row_norm(layer))
         if layer.bias is not None:
             layer.bias.zero_()
 

@@ -230,12 +230,20 @@ def _reproduce_dry_run(planned: list, seeds: int) -> int:
     print(f"{'run (seed 0; x' + str(seeds) + ' seeds)':<44} {'model':<13} {'rounds':>6} {'sampled':>7} {'epochs':>6} "
           f"{'train sample-steps':>18} {'fine-tune':>12}")
     work = {}  # run key -> sample-steps (training and fine-tuning), the same for every seed
+    after, key_of = [], {p.config.name: p.key for p in planned}  # runs that start from another run's model
     for item in (p for p in planned if p.seed == 0):
-        e = estimate(item.config)
+        config = item.config
+        if item.needs:  # its weights are another run's, possibly not yet there: the same work from random weights
+            config = config.model_copy(update={"model": config.model.model_copy(update={"init_from": None})})
+            after.append(f"{item.key} after {', '.join(key_of[dep.name] for dep in item.needs)}")
+        e = estimate(config)
         work[item.key] = e.train_sample_steps + e.finetune_sample_steps
         print(f"{item.config.name:<44} {e.model:<13} {e.rounds:>6} {e.sampled_per_round:>7} {e.epochs_per_round:>6} "
               f"{e.train_sample_steps:>18,} {e.finetune_sample_steps:>12,}")
     print(f"all {len(planned)} runs: {seeds * sum(work.values()):,} sample-steps (training and fine-tuning)")
+    if after:
+        print(f"starting from another run's final model (same seed, run after it; estimated above from random "
+              f"weights, the same work): {'; '.join(after)}")
     states = [(item, status(item.config)) for item in planned]
     for item, state in states:
         print(f"{item.config.name}: {state}")

@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 Overrides = dict[str, Any | Callable[[dict], Any]]  # dotted key -> value, or a function of the base config
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """An override value: the folder of another of the paper's runs at the same scale and seed, e.g. LG-FedAvg's
+    ``model.init_from`` = its seed's FedAvg run, as the FedBABU authors' run_lg_fedavg.sh starts it. The runner plans
+    that run first (seed-major, dependency first) and refuses to start this one until it has finished."""
+    key: str  # a key of the paper's runs
 Metric = Literal["acc", "acc_personalized"]
 
 

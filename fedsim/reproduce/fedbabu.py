@@ -1,6 +1,6 @@
 """The FedBABU paper (Oh et al. 2021, arXiv:2106.06042v3), claim by claim, and the
 PFLlib leaderboard as a cross-check."""
-from fedsim.reproduce.claims import Arm, Claim, Paper, greater
+from fedsim.reproduce.claims import Arm, Claim, Paper, RunFolder, greater
 
 
 def _total_epochs(base: dict) -> int:
@@ -17,6 +17,20 @@ def dirichlet(beta: float) -> dict:
     """App. H: Dirichlet(beta) label skew, unbalanced, at tau = 10 (the paper pairs it with f = 0.1)."""
     return {"data.partition": "dirichlet", "data.beta": beta, **local_epochs(10)}
 
+
+def quarter_rounds(base: dict) -> int:
+    return max(1, base["train"]["rounds"] // 4)
+
+
+# LG-FedAvg as the FedBABU authors run it (scripts/run_lg_fedavg.sh, main_lg.py): from FedAvg's model (the same
+# seed's fedavg run), a quarter of FedAvg's rounds (--epochs 20 after FedAvg's 80 at tau = 4), SGD lr 1e-3 without
+# decay (main_lg.py has no schedule), momentum 0.9; every client trains the whole network and only the head
+# (`linear.weight`, `linear.bias`: fedsim's output layer) is averaged. The authors load FedAvg's best-round model
+# (best_model.pt, chosen by test accuracy every round); fedsim keeps the final global model (model.npz) only.
+LG_AUTHORS = {"algorithm": "lg_fedavg", "model.init_from": RunFolder("fedavg"),
+              "train.rounds": quarter_rounds, "train.eval_every": quarter_rounds,
+              "train.body.lr": 0.001, "train.body.schedule": "constant",
+              "train.head.lr": 0.001, "train.head.schedule": "constant"}
 
 FEDREP = {"name": "fedrep", "head_epochs": 4, "body_epochs": 1}  # the authors' LocalUpdateFedRep: tau head, 1 body
 # PFLlib's leaderboard setting (TsingZ0/PFLlib system/main.py defaults; dataset/generate_Cifar100.py):
@@ -44,7 +58,8 @@ RUNS = {
     "fedbabu": {"algorithm": "fedbabu"},
     "fedper": {"algorithm": "fedper"},
     "fedper-authors": {"algorithm": {"name": "fedper", "keep_personal": False}},
-    "lg_fedavg": {"algorithm": "lg_fedavg"},
+    "lg_fedavg": LG_AUTHORS,
+    "lg_fedavg-random": {"algorithm": "lg_fedavg"},  # from random weights, FedAvg's lr and rounds
     "fedrep": {"algorithm": FEDREP},
     "fedbabu-ft-head": {"algorithm": "fedbabu", "eval.finetune_part": "head"},
     "fedbabu-ft-body": {"algorithm": "fedbabu", "eval.finetune_part": "body"},
@@ -65,6 +80,7 @@ RUNS = {
 PERSONALIZED = "acc_personalized"
 METHODS = ("FedAvg+FT", "FedPer", "LG-FedAvg", "FedRep")
 AUTHORS_FEDPER = "FedPer (authors' code)"
+RANDOM_LG = "LG-FedAvg (random start)"
 
 CLAIMS = (
     Claim("fedavg-settings", "FedAvg's initial accuracy falls as f drops, tau grows and s drops",
@@ -84,12 +100,18 @@ CLAIMS = (
           "Table 4 (s = 10): FedBABU's personalized accuracy is above FedAvg+FT, FedPer, LG-FedAvg and FedRep.",
           (Arm("FedBABU", "fedbabu", PERSONALIZED), Arm("FedAvg+FT", "fedavg", PERSONALIZED),
            Arm("FedPer", "fedper", PERSONALIZED), Arm("LG-FedAvg", "lg_fedavg", PERSONALIZED),
-           Arm("FedRep", "fedrep", PERSONALIZED), Arm(AUTHORS_FEDPER, "fedper-authors", PERSONALIZED)),
+           Arm("FedRep", "fedrep", PERSONALIZED), Arm(AUTHORS_FEDPER, "fedper-authors", PERSONALIZED),
+           Arm(RANDOM_LG, "lg_fedavg-random", PERSONALIZED)),
           tuple(greater("FedBABU", other) for other in (*METHODS, AUTHORS_FEDPER)),
-          "f = 0.25, tau = 4, s = 10; every method fine-tuned 5 epochs at evaluation (App. A.4). LG-FedAvg starts "
-          "from random weights here (the authors start it from a FedAvg model). FedPer keeps each client's head "
+          "f = 0.25, tau = 4, s = 10; every method fine-tuned 5 epochs at evaluation (App. A.4). LG-FedAvg as the "
+          "authors run it (run_lg_fedavg.sh, main_lg.py): it starts from FedAvg's model and runs a quarter of "
+          "FedAvg's rounds at lr 1e-3 (no decay; its fine-tuning too), sharing only the head; the authors load FedAvg's best-round model "
+          "(test accuracy every round), fedsim the final one of the same seed's FedAvg run (fedsim keeps no "
+          "best-round weights), and fedsim scores LG-FedAvg's final round where main_lg.py keeps each client's "
+          "best round. The untested last row is LG-FedAvg from random weights at FedAvg's lr and rounds, fedsim's "
+          "earlier setting, to show what the warm start changes. FedPer keeps each client's head "
           "across rounds, as the FedPer paper; the authors' main_fed.py drops it after every round (its heads stay "
-          "the initial one), which the extra row runs.",
+          "the initial one), which the FedPer (authors' code) row runs.",
           explanation="A real difference in the baseline, not in FedBABU. The paper's FedPer row comes from the "
                       "authors' main_fed.py, which trains each client's head and then drops it, so every round and "
                       "the fine-tuning at evaluation start from the initial head: run that way (the FedPer "

@@ -1,9 +1,12 @@
 """Materialize a paper's runs for each seed and bring each to completion: finished runs are skipped,
-interrupted ones continue from their checkpoint, runs whose settings changed start again."""
+interrupted ones continue from their checkpoint, runs whose settings changed start again. A run may start from
+another run's model (an override set to ``RunFolder(key)``): that run, of the same seed, is planned before it, and
+it starts only once that run has finished (and again if that run ran again since)."""
 from __future__ import annotations
 
 import copy
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -11,8 +14,8 @@ from typing import Any, Callable
 from fedsim.config import ConfigError, RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
 from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.logger import read_jsonl
-from fedsim.reproduce.claims import Claim, Paper
-from fedsim.sweep.runs import claimed, status
+from fedsim.reproduce.claims import Claim, Paper, RunFolder
+from fedsim.sweep.runs import CONFIG_FILE, SUMMARY_FILE, claimed, status
 
 # The base configs ship inside the package (a built wheel carries them), so an installed fedsim reproduces the
 # papers from any folder.
@@ -24,6 +27,7 @@ class PlannedRun:
     key: str  # the paper's run key
     seed: int
     config: RunConfig
+    needs: tuple[RunConfig, ...] = ()  # runs of the same seed this one starts from (planned before it)
 
     @property
     def folder(self) -> Path:
@@ -54,22 +58,79 @@ def folder_keys(trees: dict[str, dict]) -> dict[str, str]:
     """Run key -> the key whose folder holds it: keys whose settings come out the same at a scale (FedPer's
     K_P = 1 arm is its base run on the 4-conv CNN, not on MobileNet) share one run."""
     first: dict[str, str] = {}
-    return {key: first.setdefault(json.dumps(validate(tree).model_dump(), sort_keys=True, default=str), key)
+    return {key: first.setdefault(json.dumps(validate(resolve(tree, lambda dep: f"<run {dep}>")).model_dump(),
+                                             sort_keys=True, default=str), key)
             for key, tree in trees.items()}
+
+
+def needs_of(tree: Any) -> list[str]:
+    """The run keys whose folders a run's tree names (``RunFolder`` values), in the tree's order."""
+    if isinstance(tree, RunFolder):
+        return [tree.key]
+    if isinstance(tree, dict):
+        return [key for value in tree.values() for key in needs_of(value)]
+    if isinstance(tree, list):
+        return [key for value in tree for key in needs_of(value)]
+    return []
+
+
+def resolve(tree: Any, folder: Callable[[str], str]) -> Any:
+    """The tree with every ``RunFolder(key)`` replaced by ``folder(key)``."""
+    if isinstance(tree, RunFolder):
+        return folder(tree.key)
+    if isinstance(tree, dict):
+        return {k: resolve(v, folder) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [resolve(v, folder) for v in tree]
+    return tree
+
+
+def dependency_order(keys: list[str], needs: dict[str, list[str]]) -> list[str]:
+    """``keys`` and every run they need (transitively), each once, every run after the runs it needs and otherwise
+    in the given order."""
+    ordered: list[str] = []
+
+    def visit(key: str, path: tuple[str, ...]) -> None:
+        if key in path:
+            raise ConfigError(f"reproduce: runs {' -> '.join((*path, key))} need each other in a circle; "
+                              "a run may only start from a run that does not need it")
+        if key not in ordered:
+            for dep in needs[key]:
+                visit(dep, (*path, key))
+            ordered.append(key)
+
+    for key in keys:
+        visit(key, ())
+    return ordered
 
 
 def plan(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_dir: Path,
          overrides: list[str] = (), configs: Path = CONFIGS) -> list[PlannedRun]:
     """Every run the claims need, once, seed-major (all runs of seed 0 first), so a partial suite already holds
-    every claim at fewer seeds. ``overrides`` (key=value) apply to every run, after the claim's own."""
+    every claim at fewer seeds; within a seed a run that starts from another (``RunFolder``) comes after it, and
+    that run is planned even where no claim reads it. ``overrides`` (key=value) apply to every run, after the
+    claim's own."""
     trees = run_trees(paper, scale, overrides, configs)
     folders = folder_keys(trees)
-    keys = list(dict.fromkeys(folders[key] for key in paper.runs_of(claims)))
+    for key, tree in trees.items():
+        for dep in needs_of(tree):
+            if dep not in trees:
+                raise ConfigError(f"reproduce: {paper.key} run {key!r} starts from run {dep!r}, which the paper does "
+                                  f"not define; name one of {sorted(trees)}")
+    needs = {key: list(dict.fromkeys(folders[dep] for dep in needs_of(tree))) for key, tree in trees.items()}
+    keys = dependency_order(list(dict.fromkeys(folders[key] for key in paper.runs_of(claims))), needs)
     planned = []
     for seed in range(seeds):
+        made: dict[str, RunConfig] = {}
+
+        def folder(dep: str, seed: int = seed) -> str:
+            return str(runs_dir / run_name(paper, scale, folders[dep], seed))
+
         for key in keys:
-            tree = {**trees[key], "name": run_name(paper, scale, key, seed), "seed": seed, "out_dir": str(runs_dir)}
-            planned.append(PlannedRun(key, seed, validate(tree)))
+            tree = {**resolve(trees[key], folder), "name": run_name(paper, scale, key, seed), "seed": seed,
+                    "out_dir": str(runs_dir)}
+            made[key] = validate(tree)
+            planned.append(PlannedRun(key, seed, made[key], tuple(made[dep] for dep in needs[key])))
     return planned
 
 
@@ -89,25 +150,84 @@ def execute(planned: list[PlannedRun], say: Callable[[str], None] = print, max_c
         from fedsim.config import SearchConfig
         from fedsim.sweep.executor import Sweep, run_sweep
 
-        run_sweep(Sweep(name, [item.config for item in planned], SearchConfig()), max_concurrent, say)
+        for wave in waves(planned):  # a run that starts from another's model goes in a later sweep than that run
+            for item in wave:
+                state, again = status(item.config), _ran_again(item)
+                if state != "finished" or again:
+                    check_needs(item)
+                if again:  # the sweep runs a new folder from the start
+                    say(f"{item.config.name}: {again} ran again since this run started from its model; running it "
+                        "again")
+                    shutil.rmtree(item.folder)
+            run_sweep(Sweep(name, [item.config for item in wave], SearchConfig()), max_concurrent, say)
         return
+    elsewhere: set[str] = set()  # runs another process is training
     for i, item in enumerate(planned, 1):
         where = f"[{i}/{len(planned)}] {item.config.name}"
+        busy = [dep.name for dep in item.needs if dep.name in elsewhere]
+        if busy:
+            elsewhere.add(item.config.name)
+            say(f"{where}: starts from {busy[0]}'s model, which another process is running; skipped (run the "
+                "command again once it has finished)")
+            continue
         with claimed(item.config) as mine:
             if mine:
                 _complete(item, where, say)
             else:
+                elsewhere.add(item.config.name)
                 say(f"{where}: another process is running it, skipped")
+
+
+def waves(planned: list[PlannedRun]) -> list[list[PlannedRun]]:
+    """The planned runs in groups that can run at once: first those that need no other run, then those whose
+    needed runs are all in earlier groups, and so on (each group in the plan's order)."""
+    depth: dict[str, int] = {}
+    for item in planned:  # the plan puts every run after the runs it needs
+        depth[item.config.name] = 1 + max((depth.get(dep.name, -1) for dep in item.needs), default=-1)
+    groups: list[list[PlannedRun]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+    for item in planned:
+        groups[depth[item.config.name]].append(item)
+    return groups
+
+
+def check_needs(item: PlannedRun) -> None:
+    """Refuse to start a run whose needed run (its model.init_from) is missing or has not finished."""
+    for dep in item.needs:
+        state = status(dep)
+        folder = Path(dep.out_dir) / dep.name
+        if state != "finished" or not (folder / "model.npz").exists():
+            what = {"new": "has no run folder", "changed": "holds other settings"}.get(state, "has not finished")
+            raise ConfigError(f"reproduce: {item.config.name} starts from {dep.name}'s final model, but {dep.name} "
+                              f"{what} ({folder}); bring {dep.name} to completion first (`fedsim reproduce` runs it "
+                              f"before {item.config.name} when both are planned: run the command again)")
+
+
+def _ran_again(item: PlannedRun) -> str | None:
+    """A needed run whose model was written after this run started from it (its settings changed and it ran
+    again): this run's start is stale. Read from the file times of the local run folders."""
+    own = item.folder / (SUMMARY_FILE if (item.folder / SUMMARY_FILE).exists() else CONFIG_FILE)
+    if not own.exists():
+        return None
+    for dep in item.needs:
+        model = Path(dep.out_dir) / dep.name / "model.npz"
+        if model.exists() and model.stat().st_mtime > own.stat().st_mtime:
+            return dep.name
+    return None
 
 
 def _complete(item: PlannedRun, where: str, say: Callable[[str], None]) -> None:
     from fedsim.simulate import run
 
     state = status(item.config)  # read under the lock: another process may have just finished it
-    if state == "finished":
+    again = _ran_again(item) if state in ("finished", "resumable") else None
+    if state == "finished" and not again:
         say(f"{where}: finished, skipped")
         return
-    if state == "changed":
+    check_needs(item)
+    if again:
+        state = "changed"
+        say(f"{where}: {again} ran again since this run started from its model; running it again")
+    elif state == "changed":
         say(f"{where}: its settings changed since it ran; running it again")
     say(f"{where}: {'resuming' if state == 'resumable' else 'running'}")
     result = run(item.config, overwrite=state == "changed", resume=state == "resumable")
