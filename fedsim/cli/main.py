@@ -64,7 +64,9 @@ def _reproduce_parser(sub) -> None:
     rep.add_argument("overrides", nargs="*", help="key=value applied to every run (cuts it further; the report says so)")
     rep.add_argument("--scale", choices=("cpu", "paper"), default="cpu",
                      help="cpu: settings cut to run on a laptop (default); paper: exactly as the paper states")
-    rep.add_argument("--seeds", type=_positive, help="seeds 0..N-1 per run (default 3; leaderboard 5)")
+    rep.add_argument("--seeds", type=_positive, help="at most N seeds: each claim runs the seeds it fixes (0..n-1, "
+                     "5 unless it says otherwise) and N caps them, which leaves a capped claim inconclusive "
+                     "(default: no cap); leaderboard: seeds 0..N-1 per run (default 5)")
     rep.add_argument("--only", metavar="CLAIM", help="run only this claim's runs, or the leaderboard's method's (the "
                      "report still covers everything)")
     rep.add_argument("--runs", default=RUNS_DEFAULT, help=f"folder of the run folders (default {RUNS_DEFAULT})")
@@ -177,7 +179,6 @@ def _reproduce_command(args: argparse.Namespace) -> int:
 
     if args.paper == "leaderboard":
         return _leaderboard_command(args)
-    args.seeds = args.seeds or 3
     args.report = args.report or "REPRODUCTION.md"
     paper = PAPERS[args.paper]
     claims = (paper.claim(args.only),) if args.only else paper.claims
@@ -189,7 +190,8 @@ def _reproduce_command(args: argparse.Namespace) -> int:
         execute(planned, max_concurrent=args.max_concurrent, name=f"{args.paper}-{args.scale}")
     report = Path(args.report).resolve()
     figures = Path(args.figures).resolve() if args.figures else report.parent / "reproduction"
-    command = " ".join(["fedsim reproduce", args.paper, f"--scale {args.scale}", f"--seeds {args.seeds}",
+    command = " ".join(["fedsim reproduce", args.paper, f"--scale {args.scale}",
+                        *([f"--seeds {args.seeds}"] if args.seeds else []),
                         *([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []), *args.overrides])
     folders = folder_keys(run_trees(paper, args.scale, args.overrides))
     results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command, folders)
@@ -222,12 +224,15 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reproduce_dry_run(planned: list, seeds: int) -> int:
-    """Each run of the first seed built and estimated (the other seeds are the same work), then every run's status."""
+def _reproduce_dry_run(planned: list, seeds: int | None) -> int:
+    """Each run of the first seed built and estimated (the other seeds are the same work), then every run's status.
+    ``seeds``: the cap, or None where each claim fixes its own (the header then says the most any run gets)."""
     from fedsim.engine.estimate import estimate
     from fedsim.sweep.runs import status
 
-    print(f"{'run (seed 0; x' + str(seeds) + ' seeds)':<44} {'model':<13} {'rounds':>6} {'sampled':>7} {'epochs':>6} "
+    most = max((p.seed for p in planned), default=-1) + 1
+    label = f"x{seeds} seeds" if seeds else f"x up to {most} seeds"
+    print(f"{'run (seed 0; ' + label + ')':<44} {'model':<13} {'rounds':>6} {'sampled':>7} {'epochs':>6} "
           f"{'train sample-steps':>18} {'fine-tune':>12}")
     work = {}  # run key -> sample-steps (training and fine-tuning), the same for every seed
     after, key_of = [], {p.config.name: p.key for p in planned}  # runs that start from another run's model
@@ -240,7 +245,8 @@ def _reproduce_dry_run(planned: list, seeds: int) -> int:
         work[item.key] = e.train_sample_steps + e.finetune_sample_steps
         print(f"{item.config.name:<44} {e.model:<13} {e.rounds:>6} {e.sampled_per_round:>7} {e.epochs_per_round:>6} "
               f"{e.train_sample_steps:>18,} {e.finetune_sample_steps:>12,}")
-    print(f"all {len(planned)} runs: {seeds * sum(work.values()):,} sample-steps (training and fine-tuning)")
+    print(f"all {len(planned)} runs: {sum(work[item.key] for item in planned):,} sample-steps (training and "
+          "fine-tuning)")
     if after:
         print(f"starting from another run's final model (same seed, run after it; estimated above from random "
               f"weights, the same work): {'; '.join(after)}")

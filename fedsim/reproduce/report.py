@@ -1,6 +1,7 @@
 """Claim verdicts computed from run folders, and REPRODUCTION.md + one figure per claim.
 
-Every number comes from the runs' summary.json (the final round's per-client accuracies). Each paper
+Every number comes from the runs' summary.json: the final round's per-client accuracies (what the tests use) and
+the best round's client mean (shown beside it, as PFLlib and the FedBABU authors report). Each paper
 and scale keeps its results in ``<figures>/<paper>-<scale>.json``; REPRODUCTION.md is rendered from
 all of them, so reproducing one paper never drops the other's section."""
 from __future__ import annotations
@@ -17,17 +18,23 @@ from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce import PAPERS
-from fedsim.reproduce.claims import Arm, Claim, Paper, Test
-from fedsim.reproduce.runner import read_summary, run_name, run_seconds
+from fedsim.reproduce.claims import MARGIN, Arm, Claim, Paper, Test
+from fedsim.reproduce.runner import client_values_at, read_summary, run_name, run_seconds
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
 HEADLINE_START, HEADLINE_END = "<!-- headline:start -->", "<!-- headline:end -->"
-RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed per seed - arms of one seed share "
-        "the partition and initial weights, so the contrast is paired - then averaged over seeds with a Student-t "
-        "95% interval. A test **holds** when the whole interval lies above its threshold, **fails** when it lies "
-        "wholly below, and is **inconclusive** otherwise (or with fewer than 2 seeds). A claim is **reproduced** "
-        "when all its tests hold, **not reproduced** when any fails, otherwise inconclusive.")
+RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed per seed from the **final round** - "
+        "arms of one seed share the partition and initial weights, so the contrast is paired - then averaged over "
+        "seeds with a Student-t 95% interval. A monotone claim over ordered arms is one trend test: per seed the "
+        "least-squares slope of the arms' statistic on their rank (0, 1, ...), in points per step. A test **holds** "
+        "when the whole interval lies above its threshold; it **fails** when the whole interval lies below the "
+        f"threshold plus an equivalence margin ({MARGIN:g} points, spread over the steps of a trend: any effect there "
+        "is smaller than the smallest that counts, so a true null comes out not reproduced); it is **inconclusive** "
+        "otherwise, and always until every seed the claim fixes has finished. Each claim fixes its seeds before "
+        "it runs (seeds 0..n-1, never grown until a test clears). A claim is **reproduced** when all its tests "
+        "hold, **not reproduced** when any fails, otherwise inconclusive. A smoke check is shown but is outside "
+        "the tally. The arm tables show the best round's client mean beside the final round's; tests never use it.")
 
 
 def client_values(folder: Path, metric: str) -> list[float] | None:
@@ -42,8 +49,17 @@ def client_values(folder: Path, metric: str) -> list[float] | None:
     return [float(v) for v in summary[key].values()]
 
 
-def _arm_result(arm: Arm, per_seed: dict[int, list[float]]) -> dict:
-    """Mean client accuracy per seed and its CI; the per-client spread averaged over seeds; all in points."""
+def best_value(folder: Path, metric: str) -> float | None:
+    """The best evaluation round's client-mean accuracy (0..1) of a finished run (summary.json's best_round), or
+    None where the run has not finished or predates best_round."""
+    summary = read_summary(folder)
+    best = (summary or {}).get("best_round", {}).get(metric)
+    return None if best is None else float(best["mean"])
+
+
+def _arm_result(arm: Arm, per_seed: dict[int, list[float]], best: dict[int, float] | None = None) -> dict:
+    """Mean client accuracy per seed (final round) and its CI; the per-client spread averaged over seeds; the best
+    round's client mean per seed and its CI where every finished seed has one; all in points."""
     stats = {seed: summarize(values) for seed, values in per_seed.items()}
     means = [100 * stats[s]["mean"] for s in sorted(stats)]
     result = {"label": arm.label, "run": arm.run, "metric": arm.metric, "seeds": sorted(stats),
@@ -52,29 +68,36 @@ def _arm_result(arm: Arm, per_seed: dict[int, list[float]]) -> dict:
         result["estimate"] = asdict(mean_ci(means))
         for key in ("std", "min", "p10"):
             result[f"client_{key}"] = float(np.mean([100 * stats[s][key] for s in stats]))
+        best = best or {}
+        if all(best.get(s) is not None for s in stats):
+            result["per_seed_best"] = [100 * best[s] for s in sorted(stats)]
+            result["estimate_best"] = asdict(mean_ci(result["per_seed_best"]))
     return result
 
 
-def _test_result(test: Test, arms: dict[str, dict]) -> dict:
-    """The test's contrast over the seeds where every arm it names has finished."""
+def _test_result(test: Test, arms: dict[str, dict], seeds: int = 2) -> dict:
+    """The test's contrast over the seeds where every arm it names has finished; decided only once ``seeds``
+    (the claim's own, at least 2) have: holds when the interval's low clears the threshold, fails when its high
+    is below threshold + margin, inconclusive otherwise."""
     column = "per_seed_std" if test.stat == "std" else "per_seed_mean"
-    seeds = sorted(set.intersection(*(set(arms[label]["seeds"]) for label, _ in test.terms)))
+    finished = sorted(set.intersection(*(set(arms[label]["seeds"]) for label, _ in test.terms)))
     values = [sum(coef * arms[label][column][arms[label]["seeds"].index(s)] for label, coef in test.terms)
-              for s in seeds]
-    result = {"text": test.text, "above": test.above, "seeds": seeds, "values": values, "estimate": None,
-              "verdict": INCONCLUSIVE}
+              for s in finished]
+    result = {"text": test.text, "above": test.above, "margin": test.margin, "fails_if": test.fails_if(),
+              "seeds": finished, "seeds_fixed": seeds, "values": values, "estimate": None, "verdict": INCONCLUSIVE}
     if values:
         est = mean_ci(values)
         result["estimate"] = _as_written(test, est)
-        if len(values) >= 2:
-            result["verdict"] = HOLDS if est.low > test.above else FAILS if est.high < test.above else INCONCLUSIVE
+        if len(values) >= max(2, seeds):
+            result["verdict"] = (HOLDS if est.low > test.above else FAILS if est.high < test.above + test.margin
+                                 else INCONCLUSIVE)
     return result
 
 
 def _as_written(test: Test, est) -> dict:
     """The estimate in the test's own terms: an upper bound ("FedAvg < 20") is computed as -FedAvg > -20
     but shown as FedAvg's value."""
-    if not all(coef < 0 for _, coef in test.terms):
+    if not test.upper_bound:
         return asdict(est)
     flip = {"low": -est.high if est.high is not None else None, "high": -est.low if est.low is not None else None}
     return {**asdict(est), "mean": -est.mean, **flip}
@@ -85,34 +108,40 @@ def claim_verdict(tests: list[dict]) -> str:
     return REPRODUCED if verdicts == {HOLDS} else NOT_REPRODUCED if FAILS in verdicts else INCONCLUSIVE
 
 
-def evaluate_claim(claim: Claim, paper: Paper, scale: str, seeds: int, runs_dir: Path,
-                   folders: dict[str, str]) -> dict:
+def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folders: dict[str, str]) -> dict:
+    """The claim over its own seeds 0..claim.seeds-1 (whatever of them have finished)."""
     arms = {}
     for arm in claim.arms:
-        per_seed = {}
-        for seed in range(seeds):
-            values = client_values(runs_dir / run_name(paper, scale, folders[arm.run], seed), arm.metric)
+        per_seed, best = {}, {}
+        for seed in range(claim.seeds):
+            folder = runs_dir / run_name(paper, scale, folders[arm.run], seed)
+            values = (client_values(folder, arm.metric) if arm.round is None  # a point on the curve: runner.py
+                      else client_values_at(folder, arm.metric, arm.round))
             if values is not None:
-                per_seed[seed] = values
-        arms[arm.label] = _arm_result(arm, per_seed)
-    tests = [_test_result(test, arms) for test in claim.tests]
+                per_seed[seed], best[seed] = values, best_value(folder, arm.metric)
+        arms[arm.label] = _arm_result(arm, per_seed, best)
+    tests = [_test_result(test, arms, claim.seeds) for test in claim.tests]
     return {"id": claim.id, "title": claim.title, "paper_says": claim.paper_says, "regime": claim.regime,
-            "paper_number": claim.paper_number,
+            "paper_number": claim.paper_number, "seeds": claim.seeds, "counts": claim.counts,
             "explanation": claim.explanation, "arms": list(arms.values()), "tests": tests,
             "verdict": claim_verdict(tests)}
 
 
-def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_dir: Path,
+def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int | None, runs_dir: Path,
              command: str, folders: dict[str, str]) -> dict:
     """Everything REPRODUCTION.md says about one paper at one scale, recomputed from the run folders;
-    ``command`` is the one that regenerates them; ``folders`` maps each run key to the run holding it."""
-    keys = sorted({folders[key] for key in paper.runs_of(claims)})
-    folders_run = [runs_dir / run_name(paper, scale, key, s) for s in range(seeds) for key in keys]
+    ``command`` is the one that regenerates them; ``folders`` maps each run key to the run holding it. Each claim
+    is read over its own seeds; ``seeds`` is the command's cap (None: none), recorded, and the run count is of
+    every run the claims fix, so a capped suite shows what it left."""
+    wanted: dict[str, int] = {}
+    for key, n in paper.seeds_of(claims).items():
+        wanted[folders[key]] = max(wanted.get(folders[key], 0), n)
+    folders_run = [runs_dir / run_name(paper, scale, key, s) for key in sorted(wanted) for s in range(wanted[key])]
     done = [folder for folder in folders_run if read_summary(folder) is not None]
     return {"paper": paper.key, "title": paper.title, "scale": scale, "scale_note": paper.scale_notes.get(scale, ""),
             "seeds": seeds, "command": command, "runs_total": len(folders_run), "runs_done": len(done),
             "compute_seconds": sum(run_seconds(folder) for folder in done),
-            "claims": [evaluate_claim(c, paper, scale, seeds, runs_dir, folders) for c in claims]}
+            "claims": [evaluate_claim(c, paper, scale, runs_dir, folders) for c in claims]}
 
 
 def claim_figure(claim: dict, path: Path) -> None:
@@ -156,38 +185,80 @@ def _interval(est: dict | None, signed: bool = False) -> str:
     return mean if est["low"] is None else f"{mean} [{est['low']:.2f}, {est['high']:.2f}]"
 
 
+def _seeds_fixed(claim: dict) -> int | None:
+    """The seeds the claim fixes (None in results written before claims fixed them)."""
+    return claim.get("seeds")
+
+
+def _seeds_done(claim: dict) -> str:
+    """"x of n": the seeds every test of the claim has finished, of those it fixes."""
+    done = min((len(t["seeds"]) for t in claim["tests"]), default=0)
+    fixed = _seeds_fixed(claim)
+    return f"{done} of {fixed}" if fixed is not None else str(done)
+
+
+def _shown_verdict(claim: dict) -> str:
+    return f"**{claim['verdict']}**" if claim.get("counts", True) else f"smoke check, not counted: {claim['verdict']}"
+
+
 def headline_rows(results: list[dict]) -> list[str]:
-    lines = ["| paper | scale | claim | paper's number | first test | fedsim: mean [95% CI] | seeds | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| paper | scale | claim | paper's or peer's number | first test | fedsim: mean [95% CI] | seeds "
+             "finished | verdict |", "|---|---|---|---|---|---|---|---|"]
     for res in results:
         for claim in res["claims"]:
             first = claim["tests"][0]
             lines.append(f"| {res['paper']} | {res['scale']} | {claim['title']} | {claim['paper_number']} | "
-                         f"{first['text']} | {_interval(first['estimate'], signed=True)} | {len(first['seeds'])} | "
-                         f"**{claim['verdict']}** |")
+                         f"{first['text']} | {_interval(first['estimate'], signed=True)} | {_seeds_done(claim)} | "
+                         f"{_shown_verdict(claim)} |")
     return lines
 
 
+def tally(results: list[dict]) -> str:
+    """The counted claims by verdict; smoke checks (counts=False) are named apart."""
+    counted = [c for r in results for c in r["claims"] if c.get("counts", True)]
+    smoke = sum(1 for r in results for c in r["claims"] if not c.get("counts", True))
+    by = {v: sum(1 for c in counted if c["verdict"] == v) for v in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)}
+    line = (f"Of {len(counted)} claims: {by[REPRODUCED]} reproduced, {by[NOT_REPRODUCED]} not reproduced, "
+            f"{by[INCONCLUSIVE]} inconclusive")
+    return line + (f"; {smoke} smoke check{'s' if smoke != 1 else ''} outside the count." if smoke else ".")
+
+
 def _progress(results: list[dict]) -> str:
-    done = "; ".join(f"{r['paper']} ({r['scale']}) {r['runs_done']} of {r['runs_total']} runs at {r['seeds']} seeds"
+    def cap(r: dict) -> str:
+        new = any("seeds" in c for c in r["claims"])  # results written before claims fixed their seeds: no cap
+        return f" (capped at {r['seeds']} seeds by --seeds)" if r.get("seeds") and new else ""
+
+    done = "; ".join(f"{r['paper']} ({r['scale']}) {r['runs_done']} of {r['runs_total']} runs{cap(r)}"
                      for r in results)
-    return f"Runs finished: {done}. A claim is decided only where at least 2 seeds finished."
+    return (f"Runs finished: {done}. Each claim fixes its seeds before it runs; it is decided only once all of them "
+            "have finished.")
 
 
 def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
+    fixed = _seeds_fixed(claim)
     lines = [f"### {claim['title']} (`--only {claim['id']}`)", "", f"**Paper:** {claim['paper_says']}", "",
-             f"**Here ({scale}):** {claim['regime']}", "",
-             "| arm | accuracy | mean % [95% CI] | seeds | client std | client min | client p10 |",
-             "|---|---|---|---|---|---|---|"]
+             f"**Here ({scale}):** {claim['regime']}", ""]
+    if claim.get("paper_number", "-") != "-":
+        lines += [f"**Paper's or peer's number** (beside fedsim's below): {claim['paper_number']}", ""]
+    if not claim.get("counts", True):
+        lines += ["**A smoke check:** shown here, outside the verdict count and the headline's tally.", ""]
+    lines += [f"Seeds: {_seeds_done(claim)} finished" + (f" (the claim fixes seeds 0..{fixed - 1})." if fixed else "."),
+              "", "| arm | accuracy | final round: mean % [95% CI] | best round: mean % [95% CI] | seeds | client std | "
+              "client min | client p10 |", "|---|---|---|---|---|---|---|---|"]
     for arm in claim["arms"]:
         spread = [f"{arm[f'client_{k}']:.2f}" if arm["seeds"] else "-" for k in ("std", "min", "p10")]
-        lines.append(f"| {arm['label']} | {ACCURACIES[arm['metric']]} | "
-                     f"{_interval(arm.get('estimate'))} | {len(arm['seeds'])} | {' | '.join(spread)} |")
-    lines += ["", "| test | mean [95% CI] | seeds | result |", "|---|---|---|---|"]
+        lines.append(f"| {arm['label']} | {ACCURACIES[arm['metric']]} | {_interval(arm.get('estimate'))} | "
+                     f"{_interval(arm.get('estimate_best'))} | {len(arm['seeds'])} | {' | '.join(spread)} |")
+    lines += ["", "| test (final round) | mean [95% CI] | seeds | what would have failed it | result |",
+              "|---|---|---|---|---|"]
     for test in claim["tests"]:
         lines.append(f"| {test['text']} | {_interval(test['estimate'], signed=True)} | {len(test['seeds'])} | "
-                     f"{test['verdict']} |")
-    lines += ["", f"**Verdict: {claim['verdict']}.**", ""]
+                     f"{test.get('fails_if', '-')} | {test['verdict']} |")
+    fails = [t["fails_if"] for t in claim["tests"] if t.get("fails_if")]
+    if fails:
+        lines += ["", f"**What would have failed it:** any test failing: {'; '.join(fails)}."]
+    lines += ["", f"**Verdict: {claim['verdict']}{'' if claim.get('counts', True) else ' (smoke check, not counted)'}"
+              ".**", ""]
     if claim["explanation"] and _needs_explaining(claim):
         lines += [f"*Why:* {claim['explanation']}", ""]
     if "figure" in claim:
@@ -197,7 +268,7 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
 
 def _needs_explaining(claim: dict) -> bool:
     """Failed, or undecided although every test has the seeds to decide (not merely runs still missing)."""
-    enough_seeds = all(len(test["seeds"]) >= 2 for test in claim["tests"])
+    enough_seeds = all(len(test["seeds"]) >= max(2, test.get("seeds_fixed", 2)) for test in claim["tests"])
     return claim["verdict"] == NOT_REPRODUCED or (claim["verdict"] == INCONCLUSIVE and enough_seeds)
 
 
@@ -223,9 +294,11 @@ def render(figures: Path, report: Path) -> str:
     rel = (figures.relative_to(report.parent) if figures.is_relative_to(report.parent) else figures).as_posix()
     lines = ["# Reproducing FedPer and FedBABU", "",
              "Written by `fedsim reproduce`; do not edit by hand. Accuracies are the mean over clients of each "
-             "client's test accuracy at the final round, in percent; *initial* scores the model each client holds, "
+             "client's test accuracy at the final round, in percent (the arm tables add the best evaluation round's "
+             "client mean, as PFLlib and the FedBABU authors report); *initial* scores the model each client holds, "
              "*personalized* scores it after the fine-tuning the paper's protocol prescribes.", "", RULE, "",
-             "## Headline", "", HEADLINE_START, _progress(results), "", *headline_rows(results), HEADLINE_END, ""]
+             "## Headline", "", HEADLINE_START, _progress(results), "", tally(results), "", *headline_rows(results),
+             HEADLINE_END, ""]
     for res in results:
         lines += _paper_section(res, rel)
     return "\n".join(lines + PAPER_SCALE)

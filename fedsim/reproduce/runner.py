@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,12 +105,14 @@ def dependency_order(keys: list[str], needs: dict[str, list[str]]) -> list[str]:
     return ordered
 
 
-def plan(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_dir: Path,
+def plan(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int | None, runs_dir: Path,
          overrides: list[str] = (), configs: Path = CONFIGS) -> list[PlannedRun]:
-    """Every run the claims need, once, seed-major (all runs of seed 0 first), so a partial suite already holds
-    every claim at fewer seeds; within a seed a run that starts from another (``RunFolder``) comes after it, and
-    that run is planned even where no claim reads it. ``overrides`` (key=value) apply to every run, after the
-    claim's own."""
+    """Every run the claims need, once, for the seeds each claim fixes (``Claim.seeds``: a run read by several
+    claims gets the most of them; ``seeds``, when given, caps every claim at that many, which leaves a capped claim
+    inconclusive), seed-major (all runs of seed 0 first), so a partial suite already holds every claim at fewer
+    seeds; within a seed a run that starts from another (``RunFolder``) comes after it, and that run is planned for
+    as many seeds as the runs that start from it, even where no claim reads it. ``overrides`` (key=value) apply to
+    every run, after the claim's own."""
     trees = run_trees(paper, scale, overrides, configs)
     folders = folder_keys(trees)
     for key, tree in trees.items():
@@ -119,14 +122,20 @@ def plan(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int, runs_d
                                   f"not define; name one of {sorted(trees)}")
     needs = {key: list(dict.fromkeys(folders[dep] for dep in needs_of(tree))) for key, tree in trees.items()}
     keys = dependency_order(list(dict.fromkeys(folders[key] for key in paper.runs_of(claims))), needs)
+    count: dict[str, int] = {}
+    for key, n in paper.seeds_of(claims, seeds).items():
+        count[folders[key]] = max(count.get(folders[key], 0), n)
+    for key in reversed(keys):  # a needed run comes before the runs needing it: it gets their seeds
+        for dep in needs[key]:
+            count[dep] = max(count.get(dep, 0), count.get(key, 0))
     planned = []
-    for seed in range(seeds):
+    for seed in range(max(count.values(), default=0)):
         made: dict[str, RunConfig] = {}
 
         def folder(dep: str, seed: int = seed) -> str:
             return str(runs_dir / run_name(paper, scale, folders[dep], seed))
 
-        for key in keys:
+        for key in (k for k in keys if seed < count.get(k, 0)):
             tree = {**resolve(trees[key], folder), "name": run_name(paper, scale, key, seed), "seed": seed,
                     "out_dir": str(runs_dir)}
             made[key] = validate(tree)
@@ -239,6 +248,22 @@ def _complete(item: PlannedRun, where: str, say: Callable[[str], None]) -> None:
 def read_summary(folder: Path) -> dict | None:
     path = folder / "summary.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def client_values_at(folder: Path, metric: str, at: int | float) -> list[float] | None:
+    """The per-client accuracies (0..1) of one evaluation round of a finished run, from its metrics.jsonl (a row per
+    client per evaluation round), or None when the run has not finished: a point on the run's curve, for a claim
+    about how fast a method converges (an ``Arm`` with ``round``). ``at``: the round, or a fraction in (0, 1) of the
+    run's rounds (rounded up)."""
+    summary = read_summary(folder)
+    if summary is None:
+        return None
+    round_idx = at if isinstance(at, int) else math.ceil(at * summary["rounds"])
+    rows = [r for r in read_jsonl(folder / "metrics.jsonl") if r["round"] == round_idx and metric in r]
+    if not rows:
+        raise ValueError(f"{folder}: metrics.jsonl has no {metric} for round {round_idx} (the run did not evaluate "
+                         "that round: set train.eval_every so that it does)")
+    return [float(r[metric]) for r in rows]
 
 
 def run_seconds(folder: Path) -> float:

@@ -9,9 +9,9 @@ import pytest
 from conftest import TESTS
 from fedsim.cli.main import main
 from fedsim.reproduce import PAPERS
-from fedsim.reproduce.claims import greater
-from fedsim.reproduce.report import (FAILS, HOLDS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, _claim_section,
-                                     _test_result, claim_verdict, headline_block)
+from fedsim.reproduce.claims import MARGIN, at_most, gap_trend, greater, slope_coefficients, trend
+from fedsim.reproduce.report import (FAILS, HOLDS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, _arm_result,
+                                     _claim_section, _test_result, claim_verdict, headline_block, headline_rows, tally)
 from fedsim.reproduce.runner import execute, folder_keys, plan, run_trees
 from fedsim.sweep.runs import claimed
 from fedsim.metrics.confidence import mean_ci, t975
@@ -34,12 +34,86 @@ def _arms(**per_seed: list[float]) -> dict:
 @pytest.mark.parametrize("a, b, verdict", [
     ([30.0, 31.0, 32.0], [10.0, 11.5, 12.0], HOLDS),  # +20 points, tight
     ([10.0, 11.0, 12.0], [30.0, 31.5, 32.0], FAILS),
-    ([30.0, 10.0, 20.0], [20.0, 20.0, 20.0], INCONCLUSIVE),  # the interval straddles 0
+    ([30.0, 10.0, 20.0], [20.0, 20.0, 20.0], INCONCLUSIVE),  # the interval straddles 0 and the margin
 ])
 def test_a_test_holds_fails_or_is_inconclusive(a, b, verdict):
-    result = _test_result(greater("A", "B"), _arms(A=a, B=b))
+    result = _test_result(greater("A", "B"), _arms(A=a, B=b), seeds=3)
     assert result["verdict"] == verdict
     assert result["values"] == [x - y for x, y in zip(a, b)]  # paired by seed
+
+
+NULL = [0.5, -0.3, 0.2, 0.1, -0.4]  # a true null: mean 0.02, interval about [-0.42, 0.46]
+
+
+@pytest.mark.parametrize("diff, by, margin, verdict", [
+    (NULL, 0.0, MARGIN, FAILS),  # the interval lies below 0 + 2: any effect is smaller than the smallest that counts
+    (NULL, 0.0, 0.0, INCONCLUSIVE),  # without a margin a null can never be "not reproduced"
+    ([1.0, 1.2, 0.9, 1.1, 1.0], 0.0, MARGIN, HOLDS),  # real but under the margin: the direction holds
+    ([-1.0, 3.0, 1.0, 4.0, 0.0], 0.0, MARGIN, INCONCLUSIVE),  # [-1.17, 3.97]: straddles both 0 and 2
+    ([11.0, 11.5, 10.5, 11.2, 10.8], 10.0, MARGIN, HOLDS),  # "> 10": low 10.5 > 10
+    ([10.5, 11.0, 11.5, 11.2, 10.8], 10.0, 3.0, HOLDS),
+    ([8.0, 9.0, 10.0, 9.5, 8.5], 10.0, MARGIN, FAILS),  # below 10 + 2
+    ([10.0, 12.0, 11.0, 13.0, 11.0], 10.0, MARGIN, INCONCLUSIVE),  # [9.98, 12.82]: straddles 10 and 12
+])
+def test_the_equivalence_margin_lets_a_null_fail(diff, by, margin, verdict):
+    result = _test_result(greater("A", "B", by=by, margin=margin), _arms(A=diff, B=[0.0] * len(diff)), seeds=5)
+    est = mean_ci(diff)
+    assert result["verdict"] == verdict, (est.low, est.high)
+    assert result["margin"] == margin
+
+
+def test_what_would_fail_a_test_is_written_from_it():
+    assert greater("FedPer", "FedAvg", by=10).fails_if() == \
+        "fails if the interval of FedPer − FedAvg lies below +12 (10 + margin 2)"
+    assert at_most("FedAvg", 20).fails_if() == "fails if the interval of FedAvg lies above 18 (20 − margin 2)"
+    assert trend(("a", "b", "c")).fails_if() == \
+        "fails if the interval of the slope over a → b → c lies below +1 per step (0 + margin 2 over 2 steps)"
+
+
+def test_an_upper_bound_fails_when_the_arm_is_not_below_it_by_the_margin():
+    assert _test_result(at_most("FedAvg", 20), _arms(FedAvg=[25.0, 26.0, 27.0]), seeds=3)["verdict"] == FAILS
+    assert _test_result(at_most("FedAvg", 20), _arms(FedAvg=[18.5, 19.0, 19.5]), seeds=3)["verdict"] == INCONCLUSIVE
+
+
+def test_a_claim_is_undecided_until_every_seed_it_fixes_has_finished():
+    arms = _arms(A=[30.0, 31.0, 32.0], B=[10.0, 11.5, 12.0])
+    assert _test_result(greater("A", "B"), arms, seeds=3)["verdict"] == HOLDS
+    early = _test_result(greater("A", "B"), arms, seeds=5)  # 3 of 5 finished: never decided early
+    assert early["verdict"] == INCONCLUSIVE and early["estimate"]["mean"] == pytest.approx(19.83, abs=0.01)
+    assert early["seeds_fixed"] == 5
+
+
+# 3 ordered arms x 5 seeds; per seed the least-squares slope on ranks 0, 1, 2 is (x2 - x0) / 2.
+LOW, MID, HIGH = [10.0, 12.0, 11.0, 9.0, 13.0], [14.0, 15.0, 13.5, 12.0, 16.0], [19.0, 18.0, 17.0, 16.0, 20.0]
+
+
+def test_a_trend_is_the_least_squares_slope_per_seed_by_hand():
+    import numpy as np
+
+    assert slope_coefficients(3) == (-0.5, 0.0, 0.5)
+    assert sum(slope_coefficients(6)) == pytest.approx(0.0)
+    result = _test_result(trend(("low", "mid", "high")), _arms(low=LOW, mid=MID, high=HIGH), seeds=5)
+    by_hand = [(h - lo) / 2 for lo, h in zip(LOW, HIGH)]  # 4.5, 3, 3, 3.5, 3.5
+    fitted = [np.polyfit([0, 1, 2], [lo, m, h], 1)[0] for lo, m, h in zip(LOW, MID, HIGH)]
+    assert result["values"] == pytest.approx(by_hand) and result["values"] == pytest.approx(fitted)
+    est = mean_ci(by_hand)
+    assert result["estimate"]["mean"] == pytest.approx(3.5) and result["estimate"]["low"] == pytest.approx(est.low)
+    assert result["verdict"] == HOLDS  # low 2.62 > 0
+    # The same arms read the other way: the slope's interval lies below the margin spread over 2 steps (1 per step).
+    assert _test_result(trend(("high", "mid", "low")), _arms(low=LOW, mid=MID, high=HIGH), seeds=5)["verdict"] == FAILS
+    flat = [x + d for x, d in zip(LOW, [0.3, -0.2, 0.1, 0.0, -0.1])]  # slope about 0 in every seed
+    assert _test_result(trend(("low", "mid", "flat")), _arms(low=LOW, mid=LOW, flat=flat), seeds=5)["verdict"] == FAILS
+    noisy = [LOW[0] + 8, LOW[1] - 6, LOW[2] + 5, LOW[3] - 4, LOW[4] + 1]
+    assert _test_result(trend(("low", "mid", "noisy")), _arms(low=LOW, mid=MID, noisy=noisy),
+                        seeds=5)["verdict"] == INCONCLUSIVE
+
+
+def test_a_trend_of_gaps_is_a_contrast_of_the_paired_arms():
+    test = gap_trend((("P10", "A10"), ("P8", "A8"), ("P4", "A4")))
+    assert dict(test.terms) == pytest.approx({"P10": -0.5, "A10": 0.5, "P8": 0.0, "A8": 0.0, "P4": 0.5, "A4": -0.5})
+    arms = _arms(P10=[56.0] * 2, A10=[62.0] * 2, P8=[60.0] * 2, A8=[55.0] * 2, P4=[71.0, 70.0], A4=[40.0, 41.0])
+    # gaps -6, 5, 31 / 29: slope (31 - (-6)) / 2 = 18.5 and (29 + 6) / 2 = 17.5
+    assert _test_result(test, arms, seeds=2)["values"] == pytest.approx([18.5, 17.5])
 
 
 def test_tests_pair_only_the_seeds_every_arm_finished():
@@ -54,6 +128,69 @@ def test_claim_verdict_rule():
     assert claim_verdict([{"verdict": HOLDS}, {"verdict": HOLDS}]) == "reproduced"
     assert claim_verdict([{"verdict": HOLDS}, {"verdict": FAILS}]) == "not reproduced"
     assert claim_verdict([{"verdict": HOLDS}, {"verdict": INCONCLUSIVE}]) == "inconclusive"
+
+
+def test_counts_false_is_shown_but_left_out_of_the_tally():
+    def claim(verdict: str, counts: bool = True) -> dict:
+        test = {"text": "A − B > 0", "seeds": [0, 1, 2, 3, 4], "estimate": None, "verdict": HOLDS}
+        return {"id": verdict, "title": verdict, "paper_number": "-", "tests": [test], "verdict": verdict,
+                "seeds": 5, "counts": counts}
+
+    results = [{"paper": "p", "scale": "cpu", "claims": [claim(REPRODUCED), claim(NOT_REPRODUCED),
+                                                         claim(INCONCLUSIVE), claim(REPRODUCED, counts=False)]}]
+    assert tally(results) == ("Of 3 claims: 1 reproduced, 1 not reproduced, 1 inconclusive; 1 smoke check outside "
+                              "the count.")
+    rows = headline_rows(results)
+    assert rows[-1].endswith("| 5 of 5 | smoke check, not counted: reproduced |")
+    assert rows[2].endswith("| 5 of 5 | **reproduced** |")
+
+
+def test_every_claim_fixes_at_least_5_seeds_and_no_test_repeats_another():
+    for paper in PAPERS.values():
+        seen = {}
+        for claim in paper.claims:
+            assert claim.seeds >= 5, claim.id
+            for test in claim.tests:
+                arm = {a.label: (a.run, a.metric, getattr(a, "round", None)) for a in claim.arms}
+                key = (tuple(sorted(((arm[label], coef) for label, coef in test.terms), key=repr)), test.above,
+                       test.stat)
+                assert key not in seen, f"{claim.id}: {test.text} repeats {seen[key]}"
+                seen[key] = f"{claim.id}: {test.text}"
+    assert not PAPERS["fedbabu"].claim("pfllib").counts  # a smoke check: 10 of PFLlib's 2,000 rounds
+
+
+def test_each_claim_plans_its_own_seeds_and_seeds_caps_them(tmp_path, data_root):
+    from dataclasses import replace
+
+    paper = PAPERS["fedper"]
+    k4 = paper.claim("k4")
+    by_key = lambda planned: {key: sorted(p.seed for p in planned if p.key == key) for key in {p.key for p in planned}}
+    assert by_key(plan(paper, (k4,), "cpu", None, tmp_path)) == {"k4-fedavg": [0, 1, 2, 3, 4],
+                                                                 "k4-fedper": [0, 1, 2, 3, 4]}
+    assert by_key(plan(paper, (k4,), "cpu", 2, tmp_path)) == {"k4-fedavg": [0, 1], "k4-fedper": [0, 1]}  # at most 2
+    three = replace(k4, id="k4-3", seeds=3)  # a run read by two claims gets the most seeds either fixes
+    other = replace(paper.claim("k-sweep"), seeds=6)
+    planned = by_key(plan(paper, (three, other), "cpu", None, tmp_path))
+    assert planned["k4-fedper"] == list(range(6)) and planned["k10-fedper"] == list(range(6))
+    assert by_key(plan(paper, (three,), "cpu", None, tmp_path))["k4-fedper"] == [0, 1, 2]
+
+
+def test_an_arm_shows_the_final_and_the_best_round():
+    from fedsim.reproduce.claims import Arm
+
+    per_seed = {0: [0.5, 0.7], 1: [0.6, 0.6], 2: [0.4, 0.6]}
+    result = _arm_result(Arm("A", "a"), per_seed, {0: 0.65, 1: 0.7, 2: 0.55})
+    assert result["per_seed_mean"] == pytest.approx([60.0, 60.0, 50.0])
+    assert result["per_seed_best"] == pytest.approx([65.0, 70.0, 55.0])
+    assert result["estimate_best"]["mean"] == pytest.approx(63.333, abs=1e-3)
+    test = {**_test_result(greater("A", "A"), {"A": result}, seeds=3), "text": "A − A > 0"}
+    claim = {"id": "c", "title": "C", "paper_says": "p", "regime": "r", "arms": [result], "tests": [test],
+             "verdict": test["verdict"], "explanation": "", "seeds": 3, "counts": True, "paper_number": "peer 61"}
+    section = "\n".join(_claim_section(claim, "cpu", "reproduction"))
+    assert "| A | initial | 56.67 [" in section and "| 63.33 [" in section and "best round" in section
+    assert "fails if the interval of A − A lies below +2 (0 + margin 2)" in section and "peer 61" in section
+    assert "Seeds: 3 of 3 finished" in section
+    assert "estimate_best" not in _arm_result(Arm("A", "a"), per_seed, {0: 0.65, 1: None, 2: 0.55})  # old summaries
 
 
 def test_every_claim_names_existing_runs_and_arms():
@@ -111,10 +248,12 @@ def test_a_tiny_claim_end_to_end(tmp_path, data_root, capsys):
         [reported] = [a for a in k4["arms"] if a["label"] == arm.label]
         assert reported["per_seed_mean"] == pytest.approx(means[arm.label], abs=1e-9)
         est = mean_ci(means[arm.label])
-        assert f"| {arm.label} | initial | {est.mean:.2f} [{est.low:.2f}, {est.high:.2f}] | 2 |" in markdown
+        assert f"| {arm.label} | initial | {est.mean:.2f} [{est.low:.2f}, {est.high:.2f}] | " in markdown
     gap = mean_ci([p - a for p, a in zip(means["FedPer"], means["FedAvg"])])
     assert k4["tests"][0]["estimate"]["mean"] == pytest.approx(gap.mean)
-    assert f"| FedPer − FedAvg > 10 | {gap.mean:+.2f} [{gap.low:.2f}, {gap.high:.2f}] | 2 |" in markdown
+    assert (f"| FedPer − FedAvg > 10 | {gap.mean:+.2f} [{gap.low:.2f}, {gap.high:.2f}] | 2 | fails if the interval "
+            "of FedPer − FedAvg lies below +12 (10 + margin 2) | inconclusive |") in markdown  # 2 of its 5 seeds
+    assert k4["verdict"] == INCONCLUSIVE and "Seeds: 2 of 5 finished" in markdown
     assert (tmp_path / "reproduction" / "fedper-cpu-k4.png").stat().st_size > 0
     assert "train.rounds=2" in markdown  # the report says how these runs were cut
 
@@ -135,9 +274,7 @@ def test_readme_shows_the_reports_headline():
 
 
 def test_an_upper_bound_is_shown_as_the_arms_value():
-    from fedsim.reproduce.claims import at_most
-
-    result = _test_result(at_most("FedAvg", 20), _arms(FedAvg=[10.0, 11.0, 12.0]))
+    result = _test_result(at_most("FedAvg", 20), _arms(FedAvg=[10.0, 11.0, 12.0]), seeds=3)
     assert result["verdict"] == HOLDS and result["estimate"]["mean"] == pytest.approx(11.0)
     assert result["estimate"]["low"] < 11.0 < result["estimate"]["high"] < 20
 
