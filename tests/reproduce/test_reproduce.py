@@ -165,9 +165,9 @@ def test_each_claim_plans_its_own_seeds_and_seeds_caps_them(tmp_path, data_root)
     paper = PAPERS["fedper"]
     k4 = paper.claim("k4")
     by_key = lambda planned: {key: sorted(p.seed for p in planned if p.key == key) for key in {p.key for p in planned}}
-    assert by_key(plan(paper, (k4,), "cpu", None, tmp_path)) == {"k4-fedavg": [0, 1, 2, 3, 4],
-                                                                 "k4-fedper": [0, 1, 2, 3, 4]}
-    assert by_key(plan(paper, (k4,), "cpu", 2, tmp_path)) == {"k4-fedavg": [0, 1], "k4-fedper": [0, 1]}  # at most 2
+    k4_runs = ("k4-fedavg", "k4-fedper", "k4-fedavg-sgd", "k4-fedper-sgd")  # the last two: plain SGD, untested rows
+    assert by_key(plan(paper, (k4,), "cpu", None, tmp_path)) == {key: [0, 1, 2, 3, 4] for key in k4_runs}
+    assert by_key(plan(paper, (k4,), "cpu", 2, tmp_path)) == {key: [0, 1] for key in k4_runs}  # at most 2
     three = replace(k4, id="k4-3", seeds=3)  # a run read by two claims gets the most seeds either fixes
     other = replace(paper.claim("k-sweep"), seeds=6)
     planned = by_key(plan(paper, (three, other), "cpu", None, tmp_path))
