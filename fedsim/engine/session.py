@@ -153,6 +153,9 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
                 except (ConfigError, DataError, CheckpointError, TrainingDiverged):
                     raise
                 except Exception as err:
+                    interrupt = _interrupt_behind(err)
+                    if interrupt is not None:  # Ctrl-C or SIGTERM that landed inside a C call (a SystemError)
+                        raise interrupt from None
                     mistake = user_error(err)  # the user's module raised: their error, once, never a lost worker
                     if mistake is not None:
                         raise UserCodeError(f"{mistake}, then continue with `fedsim run --resume "
@@ -193,3 +196,15 @@ def _stop(server) -> None:
     except (RayActorError, GetTimeoutError):
         pass  # the workers belong to this process and end with its Ray connection
     ray.kill(server)
+
+
+def _interrupt_behind(err: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM (a BaseException that is no Exception) behind ``err``, if any: a signal handler that
+    raises while C code runs comes back wrapped, as "SystemError: ... returned a result with an exception set"."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if not isinstance(err, Exception):
+            return err
+        err = err.__cause__ or err.__context__
+    return None

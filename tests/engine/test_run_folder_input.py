@@ -166,3 +166,21 @@ def test_data_changed_in_place_under_its_old_digest_is_refused(finished, tmp_pat
     with pytest.raises(DataError, match="data changed since this run started"):
         RunFolder(cfg).open_for_resume(tampered)
     RunFolder(cfg).open_for_resume(data)  # the data it started on passes
+
+
+def test_an_interrupt_that_lands_in_c_code_is_still_an_interrupt():
+    """SIGTERM's handler raising while C code runs comes back as a SystemError; the run must still stop as
+    interrupted (exit 143 with the resume command), not as a failed run naming a SystemError."""
+    from fedsim.engine.session import _interrupt_behind
+
+    class Terminated(BaseException):
+        pass
+
+    try:
+        try:
+            raise Terminated()
+        except Terminated as signal_raised:
+            raise SystemError("<built-in method __new__> returned a result with an exception set") from signal_raised
+    except SystemError as wrapped:
+        assert isinstance(_interrupt_behind(wrapped), Terminated)
+    assert _interrupt_behind(RuntimeError("a real failure")) is None
