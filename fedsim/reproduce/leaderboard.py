@@ -145,8 +145,9 @@ def complete(planned: list[PlannedRun], runs_dir: Path, max_concurrent: int | No
     diverged = Diverged(runs_dir)
     for i, item in enumerate(planned, 1):
         where = f"[{i}/{len(planned)}] {item.config.name}"
-        if diverged.of(item):
-            say(f"{where}: diverged before ({diverged.of(item)}), skipped")
+        why = diverged.of(item)
+        if why:
+            say(f"{where}: diverged before ({why}), skipped")
             continue
         try:
             execute([item], say=lambda line, where=where: say(line.replace("[1/1] " + item.config.name, where)))
@@ -158,7 +159,7 @@ def complete(planned: list[PlannedRun], runs_dir: Path, max_concurrent: int | No
 def _stats(planned: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict | None:
     """The finished seeds of one entry in one setting: per seed, final and best-round mean accuracy (points), p10,
     Jain's index, seconds per round; None before any seed has finished."""
-    per_seed, failed = [], [diverged.of(item) for item in planned if diverged.of(item)]
+    per_seed, failed = [], [why for why in map(diverged.of, planned) if why]
     for item in planned:
         summary = read_summary(item.folder)
         if summary is None or entry.metric not in summary:
