@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 RUNS_DEFAULT = "runs/reproduce"
+KEPT_DEFAULT = "reproduction/runs"
 
 
 def _sweep_parser(sub) -> None:
@@ -72,7 +73,11 @@ def _reproduce_parser(sub) -> None:
     rep.add_argument("--runs", default=RUNS_DEFAULT, help=f"folder of the run folders (default {RUNS_DEFAULT})")
     rep.add_argument("--report", help="the Markdown report (default REPRODUCTION.md; leaderboard docs/leaderboard.md)")
     rep.add_argument("--figures", help="figures and per-paper results (default: reproduction/ beside the report)")
-    rep.add_argument("--report-only", action="store_true", help="run nothing; report from the runs that exist")
+    rep.add_argument("--kept", default=KEPT_DEFAULT, help="each finished run's results are kept here, and put back "
+                     "into --runs where that lacks them, so a suite spans machines and sessions (commit the folder; "
+                     f"default {KEPT_DEFAULT})")
+    rep.add_argument("--report-only", action="store_true", help="run nothing; report from the runs that exist (and "
+                     "the kept ones)")
     rep.add_argument("--dry-run", action="store_true", help="validate every run's config and list what would run")
     rep.add_argument("--max-concurrent", type=_positive, metavar="N", help="run N runs at once as Ray Tune trials on "
                      "the current Ray cluster (default: one after another in this process)")
@@ -175,7 +180,7 @@ def _reproduce_command(args: argparse.Namespace) -> int:
 
     from fedsim.reproduce import PAPERS
     from fedsim.reproduce.report import evaluate, write_report, write_results
-    from fedsim.reproduce.runner import execute, folder_keys, plan, run_trees
+    from fedsim.reproduce.runner import execute, folder_keys, keep_finished, plan, restore_kept, run_trees
 
     if args.paper == "leaderboard":
         return _leaderboard_command(args)
@@ -184,10 +189,14 @@ def _reproduce_command(args: argparse.Namespace) -> int:
     claims = (paper.claim(args.only),) if args.only else paper.claims
     runs_dir = Path(args.runs).resolve()
     planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
+    kept = Path(args.kept).resolve()
+    _restored(restore_kept(plan(paper, paper.claims, args.scale, args.seeds, runs_dir, args.overrides), kept), kept)
     if args.dry_run:
         return _reproduce_dry_run(planned, args.seeds)
     if not args.report_only:
-        execute(planned, max_concurrent=args.max_concurrent, name=f"{args.paper}-{args.scale}")
+        execute(planned, max_concurrent=args.max_concurrent, name=f"{args.paper}-{args.scale}", kept=kept)
+    for item in planned:  # runs another process finished, or that finished before they were kept as they finish
+        keep_finished(item, planned, kept)
     report = Path(args.report).resolve()
     figures = Path(args.figures).resolve() if args.figures else report.parent / "reproduction"
     command = " ".join(["fedsim reproduce", args.paper, f"--scale {args.scale}",
@@ -207,21 +216,30 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fedsim.reproduce import leaderboard
+    from fedsim.reproduce.runner import keep_finished, restore_kept
 
     seeds = args.seeds or 5
-    runs_dir = Path(args.runs).resolve()
+    runs_dir, kept = Path(args.runs).resolve(), Path(args.kept).resolve()
     planned = leaderboard.plan(args.scale, seeds, runs_dir, args.overrides, args.only)  # validates every config first
+    everything = planned if args.only is None else leaderboard.plan(args.scale, seeds, runs_dir, args.overrides)
+    _restored(restore_kept(everything, kept), kept)
     if args.dry_run:
         return _reproduce_dry_run(planned, seeds)
     if not args.report_only:
-        leaderboard.complete(planned, runs_dir, args.max_concurrent)
-    everything = planned if args.only is None else leaderboard.plan(args.scale, seeds, runs_dir, args.overrides)
+        leaderboard.complete(planned, kept, args.max_concurrent)
+    for item in planned:
+        keep_finished(item, planned, kept)
     command = " ".join(["fedsim reproduce leaderboard", f"--scale {args.scale}", f"--seeds {seeds}",
                         *([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []), *args.overrides])
-    table = leaderboard.evaluate(everything, runs_dir)
+    table = leaderboard.evaluate(everything, kept)
     for path in leaderboard.write(table, args.scale, everything, command, Path(args.report or "docs/leaderboard.md")):
         print(path)
     return 0
+
+
+def _restored(count: int, kept: Path) -> None:
+    if count:
+        print(f"{count} finished runs put back from {kept}")
 
 
 def _reproduce_dry_run(planned: list, seeds: int | None) -> int:

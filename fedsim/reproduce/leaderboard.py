@@ -113,11 +113,12 @@ def plan(scale: str, seeds: int, runs_dir: Path, overrides: list[str] = (), only
 
 class Diverged:
     """The runs whose training diverged (a client's loss not finite, train.on_nonfinite=stop): a result of the
-    leaderboard, recorded in ``diverged.json`` beside the run folders with the settings it diverged under, so a
-    resumed leaderboard neither retries them (the same seed diverges again) nor drops them from the table."""
+    leaderboard, recorded in ``diverged.json`` where the finished runs are kept (``--kept``), with the settings it
+    diverged under, so a resumed leaderboard, here or on another machine, neither retries them (the same seed
+    diverges again) nor drops them from the table."""
 
-    def __init__(self, runs_dir: Path):
-        self.path = runs_dir / "diverged.json"
+    def __init__(self, kept: Path):
+        self.path = kept / "diverged.json"
         self.runs: dict[str, dict] = json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def of(self, item: PlannedRun) -> str | None:
@@ -135,14 +136,15 @@ def _settings(item: PlannedRun) -> str:
     return resume_fingerprint(item.config.model_dump())
 
 
-def complete(planned: list[PlannedRun], runs_dir: Path, max_concurrent: int | None = None, say=print) -> None:
-    """Bring every run to completion (the reproduction runner: finished runs skipped, interrupted ones resumed),
-    recording a run that diverges instead of stopping the leaderboard. ``max_concurrent``: as Ray Tune trials on
-    the current cluster (a diverged trial is then reported by Tune as failed, and left out of the table)."""
+def complete(planned: list[PlannedRun], kept: Path, max_concurrent: int | None = None, say=print) -> None:
+    """Bring every run to completion (the reproduction runner: finished runs skipped, interrupted ones resumed,
+    each kept in ``kept`` as it finishes), recording a run that diverges instead of stopping the leaderboard.
+    ``max_concurrent``: as Ray Tune trials on the current cluster (a diverged trial is then reported by Tune as
+    failed, and left out of the table)."""
     if max_concurrent is not None:
-        execute(planned, say, max_concurrent, name=f"{KEY}-{planned[0].config.name.split('-')[1]}")
+        execute(planned, say, max_concurrent, name=f"{KEY}-{planned[0].config.name.split('-')[1]}", kept=kept)
         return
-    diverged = Diverged(runs_dir)
+    diverged = Diverged(kept)
     for i, item in enumerate(planned, 1):
         where = f"[{i}/{len(planned)}] {item.config.name}"
         why = diverged.of(item)
@@ -150,7 +152,8 @@ def complete(planned: list[PlannedRun], runs_dir: Path, max_concurrent: int | No
             say(f"{where}: diverged before ({why}), skipped")
             continue
         try:
-            execute([item], say=lambda line, where=where: say(line.replace("[1/1] " + item.config.name, where)))
+            execute([item], say=lambda line, where=where: say(line.replace("[1/1] " + item.config.name, where)),
+                    kept=kept)
         except TrainingDiverged as err:
             diverged.record(item, str(err))
             say(f"{where}: diverged: {err}")
@@ -175,9 +178,10 @@ def _stats(planned: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict 
             **{key: float(np.mean(column[key])) for key in ("best_round", "p10", "jain", "seconds")}}
 
 
-def evaluate(planned: list[PlannedRun], runs_dir: Path) -> dict:
-    """Per setting and method, the statistics of its finished seeds (and why any seed diverged)."""
-    diverged = Diverged(runs_dir)
+def evaluate(planned: list[PlannedRun], kept: Path) -> dict:
+    """Per setting and method, the statistics of its finished seeds (and why any seed diverged: ``kept``'s
+    ledger)."""
+    diverged = Diverged(kept)
     by_key: dict[str, list[PlannedRun]] = {}
     for item in planned:
         by_key.setdefault(item.key, []).append(item)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from fedsim.config import ConfigError, RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
 from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.logger import read_jsonl
+from fedsim.reproduce import archive
 from fedsim.reproduce.claims import Claim, Paper, RunFolder
 from fedsim.sweep.runs import CONFIG_FILE, SUMMARY_FILE, claimed, status
 
@@ -152,9 +153,10 @@ def configure(base: dict, overrides: dict[str, Any | Callable[[dict], Any]]) -> 
 
 
 def execute(planned: list[PlannedRun], say: Callable[[str], None] = print, max_concurrent: int | None = None,
-            name: str = "reproduce") -> None:
+            name: str = "reproduce", kept: Path | None = None) -> None:
     """Bring every planned run to completion, one line per run; runs another process is training are left to it.
-    ``max_concurrent``: that many runs at once as trials of one Ray Tune sweep (``name``), on the current cluster."""
+    ``max_concurrent``: that many runs at once as trials of one Ray Tune sweep (``name``), on the current cluster.
+    ``kept``: the archive each finished run is kept in (``archive.keep``), as soon as it finishes."""
     if max_concurrent is not None:
         from fedsim.config import SearchConfig
         from fedsim.sweep.executor import Sweep, run_sweep
@@ -169,6 +171,8 @@ def execute(planned: list[PlannedRun], say: Callable[[str], None] = print, max_c
                         "again")
                     shutil.rmtree(item.folder)
             run_sweep(Sweep(name, [item.config for item in wave], SearchConfig()), max_concurrent, say)
+            for item in wave:
+                keep_finished(item, planned, kept)
         return
     elsewhere: set[str] = set()  # runs another process is training
     for i, item in enumerate(planned, 1):
@@ -182,9 +186,26 @@ def execute(planned: list[PlannedRun], say: Callable[[str], None] = print, max_c
         with claimed(item.config) as mine:
             if mine:
                 _complete(item, where, say)
+                keep_finished(item, planned, kept)
             else:
                 elsewhere.add(item.config.name)
                 say(f"{where}: another process is running it, skipped")
+
+
+def restore_kept(planned: list[PlannedRun], kept: Path) -> int:
+    """Every planned run the archive ``kept`` holds and the runs folder lacks, put back (``archive.restore``);
+    returns how many. Done before anything reads the runs folder, so a suite continues on another machine."""
+    return sum(archive.restore(kept, Path(item.config.out_dir), item.config.name) for item in planned)
+
+
+def keep_finished(item: PlannedRun, planned: list[PlannedRun], kept: Path | None) -> None:
+    """Archive ``item`` if it has finished and the archive does not hold it as it is now; with its model where
+    another planned run starts from it."""
+    if kept is None or status(item.config) != "finished":
+        return
+    needed = any(dep.name == item.config.name for other in planned for dep in other.needs)
+    if not archive.is_kept(item.folder, kept, needed):
+        archive.keep(item.folder, kept, needed)
 
 
 def waves(planned: list[PlannedRun]) -> list[list[PlannedRun]]:

@@ -3,6 +3,8 @@ authors' run_lg_fedavg.sh): planned after it, seed by seed, refused while it is 
 when it ran again; and one tiny chain end to end."""
 import json
 import os
+import shutil
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ from fedsim.models.lightning import network_of
 from fedsim.plan.build import initial_client, load_inputs
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import Arm, Claim, Paper, RunFolder
-from fedsim.reproduce.runner import execute, plan, waves
+from fedsim.reproduce.runner import execute, plan, restore_kept, waves
 from fedsim.sweep.runs import claimed
 from test_reproduce import TINY
 
@@ -142,6 +144,18 @@ def test_a_tiny_chain_end_to_end_fedavg_then_lg_fedavg_from_its_model(tmp_path, 
     lg_summary = json.loads((lg.folder / "summary.json").read_text())
 
     # Resumable: both finished, both skipped.
+    said.clear()
+    execute([fedavg, lg], say=said.append)
+    assert said == [f"[1/2] {fedavg.config.name}: finished, skipped", f"[2/2] {lg.config.name}: finished, skipped"]
+
+    # Kept, and put back on a machine without the run folders (files' times kept): still finished, still skipped.
+    kept = tmp_path / "kept"
+    execute([fedavg, lg], say=lambda line: None, kept=kept)
+    with tarfile.open(kept / f"{fedavg.config.name}.tar.gz") as needed, \
+            tarfile.open(kept / f"{lg.config.name}.tar.gz") as dependant:
+        assert "model.npz" in needed.getnames() and "model.npz" not in dependant.getnames()
+    shutil.rmtree(fedavg.folder), shutil.rmtree(lg.folder)
+    assert restore_kept([fedavg, lg], kept) == 2
     said.clear()
     execute([fedavg, lg], say=said.append)
     assert said == [f"[1/2] {fedavg.config.name}: finished, skipped", f"[2/2] {lg.config.name}: finished, skipped"]

@@ -59,7 +59,7 @@ def test_a_diverged_run_is_a_result_recorded_once(tmp_path, monkeypatch):
     planned = leaderboard.plan("cpu", 1, tmp_path, only="fedamp")
     calls = []
 
-    def execute(items, say):
+    def execute(items, say, **_):
         calls.append(items[0].config.name)
         raise TrainingDiverged("client 3, round 2: training loss is not finite")
 
@@ -77,6 +77,6 @@ def test_a_diverged_run_is_a_result_recorded_once(tmp_path, monkeypatch):
 
 def test_the_paper_scale_plan_dry_runs(tmp_path, capsys, data_root):
     assert main(["reproduce", "leaderboard", "--scale", "paper", "--dry-run", "--only", "fedavg", "--seeds", "1",
-                 "--runs", str(tmp_path)]) == 0
+                 "--runs", str(tmp_path), "--kept", str(tmp_path / "kept")]) == 0
     out = capsys.readouterr().out
     assert "leaderboard-paper-pathological-fedavg-s0" in out and "2000" in out

@@ -2,6 +2,7 @@
 report numbers, skip when finished, resume when interrupted)."""
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -206,7 +207,8 @@ def test_every_claim_names_existing_runs_and_arms():
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
 def test_every_run_of_both_scales_validates(paper, scale, tmp_path, data_root, capsys):
     """The dry run builds each run's partition and model (seed 0) and prints its work, without running it."""
-    assert main(["reproduce", paper, "--scale", scale, "--dry-run", "--runs", str(tmp_path), "--seeds", "2"]) == 0
+    assert main(["reproduce", paper, "--scale", scale, "--dry-run", "--runs", str(tmp_path), "--seeds", "2",
+                 "--kept", str(tmp_path / "kept")]) == 0
     out = capsys.readouterr().out
     runs = len(set(folder_keys(run_trees(PAPERS[paper], scale)).values()))
     statuses = [line for line in out.splitlines() if line.endswith(": new")]
@@ -222,7 +224,8 @@ def test_runs_with_the_same_settings_at_a_scale_share_one_folder():
 
 
 def test_unknown_claim_is_one_line_exit_2(tmp_path, capsys):
-    assert main(["reproduce", "fedper", "--only", "nope", "--runs", str(tmp_path), "--dry-run"]) == 2
+    assert main(["reproduce", "fedper", "--only", "nope", "--runs", str(tmp_path), "--dry-run",
+                 "--kept", str(tmp_path / "kept")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--only" in err and "k4" in err
 
@@ -236,6 +239,7 @@ def _client_mean(run_dir: Path) -> float:
 def test_a_tiny_claim_end_to_end(tmp_path, data_root, capsys):
     runs, report = tmp_path / "runs", tmp_path / "REPRODUCTION.md"
     argv = ["reproduce", "fedper", "--only", "k4", "--seeds", "2", "--runs", str(runs), "--report", str(report),
+            "--kept", str(tmp_path / "kept"),
             f"data.root={data_root}", *TINY]
     assert main(argv) == 0
     results = json.loads((tmp_path / "reproduction" / "fedper-cpu.json").read_text())
@@ -266,7 +270,19 @@ def test_a_tiny_claim_end_to_end(tmp_path, data_root, capsys):
     k4_runs = 2 * len(PAPERS["fedper"].runs_of((PAPERS["fedper"].claim("k4"),)))  # 2 seeds of each of its runs
     assert out.count("finished, skipped") == k4_runs - 1 and "fedper-cpu-k4-fedper-s1: resuming" in out
     assert _client_mean(interrupted) == pytest.approx(means["FedPer"][1], abs=0)
+    [k4_after] = [c for c in json.loads((tmp_path / "reproduction" / "fedper-cpu.json").read_text())["claims"]
+                  if c["id"] == "k4"]
     assert headline_block(report.read_text()) == headline_block(markdown)
+
+    # On a machine without the run folders: the kept runs are put back, none runs again, the results are the same.
+    shutil.rmtree(runs)
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"{k4_runs} finished runs put back from {tmp_path / 'kept'}" in out
+    assert out.count("finished, skipped") == k4_runs
+    again = json.loads((tmp_path / "reproduction" / "fedper-cpu.json").read_text())
+    assert [c for c in again["claims"] if c["id"] == "k4"] == [k4_after]
 
 
 def test_readme_shows_the_reports_headline():

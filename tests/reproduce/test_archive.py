@@ -1,0 +1,99 @@
+"""Kept runs (``fedsim/reproduce/archive.py``): a finished run's results archived beside the report and put back on
+another machine as they were; a bad archive refused in one line, never half-restored; a local folder never
+replaced."""
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from fedsim.config import ConfigError
+from fedsim.reproduce import archive
+
+FILES = {"config.yaml": "name: r\n", "summary.json": '{"rounds": 2}', "rounds.jsonl": '{"round": 1}\n',
+         "metrics.jsonl": '{"round": 1, "client": 0}\n'}
+
+
+def _finished(root: Path, name: str = "run-s0", model: bool = False) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    for file, text in FILES.items():
+        (folder / file).write_text(text)
+    (folder / "checkpoints").mkdir()  # scratch: never kept
+    if model:
+        (folder / "model.npz").write_bytes(b"weights")
+    os.utime(folder / "summary.json", (1_000_000, 1_000_000))
+    return folder
+
+
+def test_a_finished_run_comes_back_with_its_files_and_their_times(tmp_path):
+    folder = _finished(tmp_path / "here", model=True)
+    kept = tmp_path / "kept"
+    archive.keep(folder, kept, with_model=True)
+    assert archive.is_kept(folder, kept, with_model=True)
+    there = tmp_path / "there"
+    there.mkdir()
+    assert archive.restore(kept, there, "run-s0")
+    back = there / "run-s0"
+    assert sorted(p.name for p in back.iterdir()) == sorted([*FILES, "model.npz"])  # no checkpoints
+    assert all((back / f).read_text() == text for f, text in FILES.items())
+    assert (back / "summary.json").stat().st_mtime == 1_000_000  # what tells a stale dependant
+    assert not archive.restore(kept, there, "run-s0")  # there now: never replaced
+    assert not archive.restore(kept, there, "never-kept")
+
+
+def test_an_unfinished_run_is_not_kept_and_a_newer_finish_is_kept_again(tmp_path):
+    folder = _finished(tmp_path)
+    (folder / "summary.json").unlink()
+    with pytest.raises(ConfigError, match="cannot archive an unfinished run \\(no summary.json\\)"):
+        archive.keep(folder, tmp_path / "kept")
+    assert not (tmp_path / "kept" / "run-s0.tar.gz").exists()
+    (folder / "summary.json").write_text("{}")
+    archive.keep(folder, tmp_path / "kept")
+    assert archive.is_kept(folder, tmp_path / "kept") and not archive.is_kept(folder, tmp_path / "kept", True)
+    later = (tmp_path / "kept" / "run-s0.tar.gz").stat().st_mtime + 10
+    os.utime(folder / "summary.json", (later, later))  # it ran again since
+    assert not archive.is_kept(folder, tmp_path / "kept")
+
+
+def _tar(path: Path, members: dict[str, bytes], link: str | None = None) -> None:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        if link:
+            info = tarfile.TarInfo(link)
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tar.addfile(info)
+
+
+GOOD = {name: text.encode() for name, text in FILES.items()}
+
+
+@pytest.mark.parametrize("members, link, why", [
+    ({**GOOD, "../escape.json": b"x"}, None, "holds '../escape.json'"),
+    ({**GOOD, "plugin.py": b"import os"}, None, "holds 'plugin.py'"),
+    (GOOD, "metrics2.jsonl", "holds 'metrics2.jsonl'"),
+    ({k: v for k, v in GOOD.items() if k != "summary.json"}, None, "lacks summary.json"),
+])
+def test_a_bad_archive_is_refused_in_one_line_and_nothing_is_restored(tmp_path, members, link, why):
+    kept, runs = tmp_path / "kept", tmp_path / "runs"
+    kept.mkdir(), runs.mkdir()
+    _tar(kept / "run-s0.tar.gz", members, link)
+    with pytest.raises(ConfigError) as err:
+        archive.restore(kept, runs, "run-s0")
+    text = str(err.value)
+    assert "\n" not in text and why in text and "remove" in text and "to run that run again" in text
+    assert list(runs.iterdir()) == []
+
+
+def test_a_truncated_archive_is_refused_in_one_line(tmp_path):
+    folder, kept = _finished(tmp_path / "here"), tmp_path / "kept"
+    target = archive.keep(folder, kept)
+    target.write_bytes(target.read_bytes()[:40])
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ConfigError, match="not a readable run archive"):
+        archive.restore(kept, tmp_path / "runs", "run-s0")
+    assert list((tmp_path / "runs").iterdir()) == []
