@@ -132,6 +132,11 @@ METHODS = ("FedAvg+FT", "FedPer", "LG-FedAvg", "FedRep")
 AUTHORS_FEDPER = "FedPer (authors' code)"
 RANDOM_LG = "LG-FedAvg (random start)"
 
+# Why a FedBABU claim has no paper number beside fedsim's (the peer-numbers notes checked against the sources).
+NO_TABLE = ("this reproduction could not read them (the paper text it was checked against is condensed, without table "
+            "values), and the authors' repository (jhoon-oh/FedBABU) publishes none (no README table; its notebook "
+            "has no outputs)")
+
 CLAIMS = (
     Claim("fedavg-settings", "FedAvg's initial accuracy falls as f drops, tau grows and s drops",
           "Section 4: more realistic settings (smaller f, larger tau, smaller s) give FedAvg a lower initial "
@@ -145,7 +150,9 @@ CLAIMS = (
            trend(("s=10", "s=50", "s=100"), "accuracy rises with s: slope over s = 10 → 50 → 100 > 0 per step")),
           "One setting varied at a time around f = 0.25, tau = 4, s = 10 (f = 1.0 against 0.25 for the paper's 1.0 "
           "against 0.1); the total number of local epochs is kept as tau varies (the paper's 320 = rounds x tau). "
-          "Each setting is one trend test over its arms by rank (tau and s are not evenly spaced)."),
+          "Each setting is one trend test over its arms by rank (tau and s are not evenly spaced).",
+          paper_number="none available: the paper's values are its Table 1; " + NO_TABLE + "; no named peer runs "
+                       "this sweep"),
     Claim("fedbabu-best", "FedBABU personalizes best under high heterogeneity (s = 10)",
           "Table 4 (s = 10): FedBABU's personalized accuracy is above FedAvg+FT, FedPer, LG-FedAvg and FedRep.",
           (Arm("FedBABU", "fedbabu", PERSONALIZED), Arm("FedAvg+FT", "fedavg", PERSONALIZED),
@@ -182,7 +189,9 @@ CLAIMS = (
           (Arm("full", "fedbabu", PERSONALIZED), Arm("head", "fedbabu-ft-head", PERSONALIZED),
            Arm("body", "fedbabu-ft-body", PERSONALIZED)),
           (greater("head", "body"), greater("full", "body")),
-          "FedBABU at f = 0.25, tau = 4, s = 10, fine-tuned 5 epochs. " + HEAD_SCALED),
+          "FedBABU at f = 0.25, tau = 4, s = 10, fine-tuned 5 epochs. " + HEAD_SCALED,
+          paper_number="none available: the paper's values are in its Section 5 table; " + NO_TABLE + "; no named "
+                       "peer fine-tunes FedBABU's body alone"),
     Claim("orthogonal-head", "FedBABU needs an orthogonal fixed head",
           "App. Q (Table 24): without orthogonal rows in the random head, FedBABU falls short.",
           (Arm("orthogonal", "fedbabu-unit", PERSONALIZED),
@@ -193,7 +202,9 @@ CLAIMS = (
           "parallel). Both tested heads have unit rows (head_init orthogonal against not_orthogonal), so only "
           "orthogonality differs. The untested last row is the orthogonal head at nn.Linear's default row norm "
           "(~0.58, orthogonal_scaled), the head the suite's other FedBABU runs use: orthogonal against it "
-          "shows what the 1.7x logit scale of unit rows changes."),
+          "shows what the 1.7x logit scale of unit rows changes.",
+          paper_number="none available: the paper's values are its Table 24; " + NO_TABLE + "; no named peer runs "
+                       "a non-orthogonal fixed head"),
     Claim("dirichlet", "FedBABU stays ahead under Dirichlet label skew",
           "App. H (Table 18, MobileNet, f = 0.1, tau = 10): FedBABU's personalized accuracy is above FedAvg's for "
           "each beta.",
@@ -266,6 +277,7 @@ CLAIMS = (
           "+2 points, i.e. the personalized accuracy falls as much as the initial one (within 2 points) or more: "
           "personalization then follows the global model. Table 2's server-data experiment is cut (fedsim trains "
           "no model on server-held client data).",
+          paper_number="none available: the paper's values are its Tables 1 and 2; " + NO_TABLE,
           seeds=5),
     Claim("momentum", "App. D: local momentum helps FedAvg and FedBABU; m = 0.99 breaks FedAvg",
           "App. D (Table 10, N = 100, f = 0.1, tau = 10): appropriate momentum during local updates improves FedAvg "
@@ -282,6 +294,8 @@ CLAIMS = (
           "5-epoch fine-tuning keeps momentum 0.9 (the authors' notebook) in every arm, so only training differs. "
           "FedBABU at m = 0.99 is not run. Each test fails if the interval of its difference (personalized) lies "
           "below +2 points. " + HEAD_SCALED,
+          paper_number="none available: the paper's values are its Table 10; " + NO_TABLE + "; no named peer "
+                       "varies the local momentum",
           seeds=5),
     Claim("fedprox-babu", "App. M: FedProx+BABU personalizes best when every client participates",
           "App. M (CIFAR-100, 100 clients, f = 1.0, FedProx mu = 0.01): FedProx+BABU (the proximal term on the body, "
@@ -293,6 +307,8 @@ CLAIMS = (
           "epochs). Each test fails if the interval of its difference (personalized) lies below +2 points; at "
           "mu = 0.01 the proximal pull is small, so FedProx+BABU against FedBABU may well come out a null, which "
           "the margin then reports as not reproduced. " + HEAD_SCALED + " FedProx+BABU's head is drawn alike.",
+          paper_number="none available: the paper's values are in App. M's table; " + NO_TABLE + "; no named peer "
+                       "runs FedProx+BABU",
           seeds=5),
 )
 

@@ -102,12 +102,16 @@ CLAIMS = (
           (greater("FedPer", "FedPer, linear base"), greater("FedPer", "local only")),
           "CIFAR-100 as the paper: 10 clients with k = 20 classes each, 500 training images per client; linear "
           "base = one Linear(3072, 256) + ReLU before the same personal classifier.",
+          paper_number="none exists: Knowl 7 is a figure without numbers in the paper's text, and no named peer "
+                       "(Flower's FedPer baseline, PFLlib, FL-bench) runs a linear base",
           explanation=DEEP_MODEL),
     Claim("base-necessary-cifar10", "The same on CIFAR-10 with k = 4 (a setting the paper does not report)",
           "Knowl 7 reports CIFAR-100 and FLICKR-AES only; fedsim also runs its k = 4 CIFAR-10 setting.",
           (Arm("FedPer", "k4-fedper"), Arm("FedPer, linear base", "linear-base"), Arm("local only", "local")),
           (greater("FedPer", "FedPer, linear base"), greater("FedPer", "local only")),
           "CIFAR-10 k = 4 as claim k4: each client holds 500 images of at most 4 classes.",
+          paper_number="none exists: the paper does not run this setting; local-only against FedPer at k = 4 "
+                       "appears in no named peer's published results",
           explanation="Not the paper's setting: a client here solves an at-most-4-class problem from 500 images, "
                       "which the 4-conv CNN learns alone in 40 local epochs. " + DEEP_MODEL),
     Claim("pre-finetune", "Pre-fine-tuning the personal layers helps on CIFAR-100",
@@ -115,7 +119,9 @@ CLAIMS = (
           "higher client accuracy than plain FedPer (no change on FLICKR-AES).",
           (Arm("FedPer", "c100-fedper"), Arm("FedPer + pre-fine-tuning", "c100-fedper-ft")),
           (greater("FedPer + pre-fine-tuning", "FedPer"),),
-          "CIFAR-100, 10 clients with k = 20 classes each, 500 training images per client."),
+          "CIFAR-100, 10 clients with k = 20 classes each, 500 training images per client.",
+          paper_number="none exists: Knowl 8 is a figure without numbers in the paper's text, and no named peer "
+                       "publishes FedPer with pre-fine-tuning"),
     # Issue 28 item 3: Knowl 4's convergence speed, read from each run's curve (train.eval_every = 1 at both scales).
     Claim("convergence", "FedPer converges faster than FedAvg under k = 4",
           "Knowl 4: under severe non-IID conditions (k = 4) 'FedPer converges significantly faster and attains a "
@@ -131,6 +137,9 @@ CLAIMS = (
           "fails if the interval of FedPer halfway − FedAvg final lies below +2 points. (2) FedAvg still gains more "
           "in the second half than FedPer does (FedPer's curve has flattened first); fails if the interval of that "
           "difference of gains lies below +2 points. The final-round level is claim k4's test, not repeated here.",
+          paper_number="none for the speed: Knowl 4 is a figure without numbers, and Flower's FedPer baseline "
+                       "publishes curves, of which only the end points are read (claim k4); no peer states rounds "
+                       "to an accuracy",
           seeds=5),
 )
 

@@ -194,6 +194,12 @@ def test_an_arm_shows_the_final_and_the_best_round():
     assert "estimate_best" not in _arm_result(Arm("A", "a"), per_seed, {0: 0.65, 1: None, 2: 0.55})  # old summaries
 
 
+def test_every_claim_sets_a_number_beside_fedsims_or_says_why_there_is_none():
+    for paper in PAPERS.values():
+        for claim in paper.claims:
+            assert claim.paper_number != "-", f"{paper.key} {claim.id}: name the paper's or a peer's number, or why none"
+
+
 def test_every_claim_names_existing_runs_and_arms():
     for paper in PAPERS.values():
         for claim in paper.claims:
