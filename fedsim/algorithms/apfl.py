@@ -40,10 +40,14 @@ class APFL(PartialSharing):
         lr = ctx.learning_rates("full").max()
         alpha_lr = lr if self.params.alpha_lr is None else self.params.alpha_lr
         buffers = dict(ctx.net.named_buffers())
+        # Algorithm 1 steps w, v and alpha from one iterate: v's and alpha's gradients are taken at the mixture with w
+        # as it was before its step on the batch. Mixed with w after that step, w would fit every batch better than
+        # v does, and alpha's gradient <v - w, grad> would push it to 0 (APFL scoring as FedAvg).
+        before = {k: global_params[k].detach().clone() for k in keys}
 
         def personal_step(x, y) -> None:
             # After each step of w on the batch: v (through the mixture) and alpha on the same batch.
-            mixed = {k: alpha * personal[k] + (1 - alpha) * global_params[k].detach() for k in keys}
+            mixed = {k: alpha * personal[k] + (1 - alpha) * before[k] for k in keys}
             scratch = {k: b.clone() for k, b in buffers.items()}  # w's BatchNorm statistics stay w's own
             loss = F.cross_entropy(torch.func.functional_call(ctx.net, {**mixed, **scratch}, (x,)), y)
             grads = torch.autograd.grad(loss, [personal[k] for k in keys] + [alpha])
@@ -52,6 +56,8 @@ class APFL(PartialSharing):
                     personal[k] -= lr * g
                 if self.params.adaptive:
                     alpha.copy_((alpha - alpha_lr * grads[-1]).clamp(0, 1))
+                for k in keys:
+                    before[k].copy_(global_params[k])
 
         losses = ctx.sgd(PARTS["full"], ctx.local_epochs, after_step=personal_step)
         ctx.commit_model()

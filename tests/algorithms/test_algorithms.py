@@ -318,6 +318,16 @@ def test_apfl_scores_the_mixture_and_learns_alpha(tmp_path):
     assert frozen.evaluate(state, [CLIENT], 1)[0]["acc"] == fedavg.evaluate(state, [CLIENT], 1)[0]["acc"]
 
 
+def test_apfl_takes_alphas_first_gradient_where_v_and_w_are_one_model(tmp_path):
+    """Algorithm 1 steps w, v and alpha from one iterate. In round 1 v starts as w's initial weights, so the first
+    step's alpha gradient <v - w, grad> is exactly 0; mixed with w after its step, it is not (and pushes alpha to
+    0 on every batch: APFL then scores as FedAvg)."""
+    one_step = runtime(tmp_path, "apfl", train__local_epochs=1, train__batch_size=10_000)
+    train_one(one_step, start(one_step), CLIENT, 1)
+    assert float(one_step.slots["alpha"][CLIENT][0]) == 0.5  # v stepped (alpha * grad), alpha did not
+    assert not np.array_equal(one_step.slots["personal_model"][CLIENT], one_step.initial("full"))
+
+
 def test_evaluation_finetuning_leaves_training_state_untouched(tmp_path):
     with_eval, without = runtime(tmp_path, "fedper"), runtime(tmp_path, "fedper")
     g = start(with_eval)
