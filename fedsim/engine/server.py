@@ -77,7 +77,10 @@ class Server:
         return self.algorithm.server_state(self.initial_global, self.num_clients, self.cfg.seed)
 
     def _publish(self):
-        """One object in Ray's store per round holding what every client receives."""
+        """One object in Ray's store per round holding what every client receives; none for a method that sends
+        each group its own (``_messages`` puts those), which would leave a model-sized object unread in the store."""
+        if self.algorithm.broadcasts_by_group():
+            return None
         return self._put({name: self.state[name] for name in self.algorithm.broadcast})
 
     def _messages(self, clients: list[int], training: bool) -> list[tuple[list[int], Any, int]]:
