@@ -26,6 +26,7 @@ def _by_hand(models: np.ndarray, mask: np.ndarray, i: int, alpha: float, sigma: 
 def test_fedamp_client_trains_from_its_attention_weighted_sum_of_the_server_models(tmp_path, monkeypatch):
     server = started(monkeypatch, tmp_path, PARAMS, train__rounds=2, **BN_NET)  # BatchNorm: statistics to leave out
     server.round(1)
+    assert server.broadcast_ref is None  # each client's own object is sent; no unread round broadcast in the store
     models = server.state[MODELS].copy()
     assert len({row.tobytes() for row in models}) > 2  # trained clients moved apart: the weights differ
     received = {}
