@@ -69,7 +69,10 @@ def restore(archive: Path, runs_dir: Path, name: str) -> bool:
     try:
         with tarfile.open(source, "r:gz") as tar:
             tar.extractall(staging, filter="data")  # keeps each file's time; no links, devices or paths outside
-        os.replace(staging, folder)
+        try:
+            os.replace(staging, folder)
+        except OSError:  # another process created the run folder meanwhile: its folder stands
+            return False
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return True
