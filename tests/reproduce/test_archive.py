@@ -3,11 +3,15 @@ another machine as they were; a bad archive refused in one line, never half-rest
 replaced."""
 import io
 import os
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import TESTS
 
+from fedsim.cli.main import KEPT_DEFAULT
 from fedsim.config import ConfigError
 from fedsim.reproduce import archive
 
@@ -97,3 +101,13 @@ def test_a_truncated_archive_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="not a readable run archive"):
         archive.restore(kept, tmp_path / "runs", "run-s0")
     assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_the_default_kept_folder_is_committed_not_ignored():
+    """The runs folder is scratch and ignored; the kept runs must travel with the repository."""
+    repo = TESTS.parent
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    probe = subprocess.run(["git", "check-ignore", "-q", "--no-index", f"{KEPT_DEFAULT}/a-run-s0.tar.gz"], cwd=repo)
+    assert probe.returncode == 1, f"{KEPT_DEFAULT} is ignored by git: its kept runs would not reach the next machine"
+    assert subprocess.run(["git", "check-ignore", "-q", "--no-index", "runs/x/summary.json"], cwd=repo).returncode == 0
