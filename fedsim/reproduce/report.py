@@ -166,13 +166,16 @@ def claim_figure(claim: dict, path: Path) -> None:
 
 
 def write_results(results: dict, figures: Path) -> Path:
-    """The paper's JSON and its figures under ``figures``; returns the JSON's path."""
+    """The paper's JSON and its figures under ``figures`` (a claim with no finished run has none: an older figure of
+    it is removed); returns the JSON's path."""
     figures.mkdir(parents=True, exist_ok=True)
     for claim in results["claims"]:
+        name = f"{results['paper']}-{results['scale']}-{claim['id']}.png"
         if any(a["seeds"] for a in claim["arms"]):
-            name = f"{results['paper']}-{results['scale']}-{claim['id']}.png"
             claim_figure(claim, figures / name)
             claim["figure"] = name
+        else:  # a figure drawn from runs that are gone (other settings, another machine) would outlive its numbers
+            (figures / name).unlink(missing_ok=True)
     path = figures / f"{results['paper']}-{results['scale']}.json"
     atomic.write_text(path, json.dumps(results, indent=1))
     return path

@@ -12,7 +12,8 @@ from fedsim.cli.main import main
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN, at_most, gap_trend, greater, slope_coefficients, trend
 from fedsim.reproduce.report import (FAILS, HOLDS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, _arm_result,
-                                     _claim_section, _test_result, claim_verdict, headline_block, headline_rows, tally)
+                                     _claim_section, _test_result, claim_verdict, headline_block, headline_rows, tally,
+                                     write_results)
 from fedsim.reproduce.runner import execute, folder_keys, plan, run_trees
 from fedsim.sweep.runs import claimed
 from fedsim.metrics.confidence import mean_ci, t975
@@ -352,3 +353,11 @@ def test_max_concurrent_hands_every_planned_run_to_one_tune_sweep(tmp_path, data
     assert n == 3 and sweep.name == "fedper-cpu" and sweep.search.scheduler == "fifo"
     assert [cfg.name for cfg in sweep.configs] == [item.config.name for item in planned]
     assert sweep.folder == str(tmp_path / "_sweeps" / "fedper-cpu")
+
+
+def test_a_claim_without_finished_runs_loses_an_older_figure(tmp_path):
+    stale = tmp_path / "fedper-cpu-k4.png"
+    stale.write_bytes(b"drawn from runs that are gone")
+    results = {"paper": "fedper", "scale": "cpu", "claims": [{"id": "k4", "arms": [{"label": "FedAvg", "seeds": []}]}]}
+    write_results(results, tmp_path)
+    assert not stale.exists() and "figure" not in results["claims"][0]
