@@ -190,7 +190,9 @@ def _reproduce_command(args: argparse.Namespace) -> int:
     runs_dir = Path(args.runs).resolve()
     planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
     kept = Path(args.kept).resolve()
-    _restored(restore_kept(plan(paper, paper.claims, args.scale, args.seeds, runs_dir, args.overrides), kept), kept)
+    everything = planned if args.only is None else plan(paper, paper.claims, args.scale, args.seeds, runs_dir,
+                                                        args.overrides)
+    _restored(restore_kept(everything, kept), kept)
     if args.dry_run:
         return _reproduce_dry_run(planned, args.seeds)
     if not args.report_only:
@@ -201,7 +203,7 @@ def _reproduce_command(args: argparse.Namespace) -> int:
     figures = Path(args.figures).resolve() if args.figures else report.parent / "reproduction"
     command = " ".join(["fedsim reproduce", args.paper, f"--scale {args.scale}",
                         *([f"--seeds {args.seeds}"] if args.seeds else []),
-                        *([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []), *args.overrides])
+                        *_folder_options(args), *args.overrides])
     folders = folder_keys(run_trees(paper, args.scale, args.overrides))
     results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command, folders)
     print(write_results(results, figures))
@@ -230,11 +232,17 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     for item in planned:
         keep_finished(item, planned, kept)
     command = " ".join(["fedsim reproduce leaderboard", f"--scale {args.scale}", f"--seeds {seeds}",
-                        *([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []), *args.overrides])
+                        *_folder_options(args), *args.overrides])
     table = leaderboard.evaluate(everything, kept)
     for path in leaderboard.write(table, args.scale, everything, command, Path(args.report or "docs/leaderboard.md")):
         print(path)
     return 0
+
+
+def _folder_options(args: argparse.Namespace) -> list[str]:
+    """The command's --runs and --kept where they are not the defaults, for the command a report names."""
+    return [*([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []),
+            *([f"--kept {args.kept}"] if args.kept != KEPT_DEFAULT else [])]
 
 
 def _restored(count: int, kept: Path) -> None:

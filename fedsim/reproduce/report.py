@@ -279,8 +279,8 @@ def _paper_section(res: dict, figures_rel: str) -> list[str]:
     hours = res["compute_seconds"] / 3600
     lines = [f"## {res['title']} - scale `{res['scale']}`", "",
              f"Regenerate: `{res['command']}` (the run folders are not committed: each finished run's results are "
-             "kept in `reproduction/runs/` and put back on another machine, finished runs are skipped, interrupted "
-             f"ones resume). Runs finished: {res['runs_done']} of {res['runs_total']}; their rounds "
+             "kept in `reproduction/runs/` (or the command's --kept), committed, and put back on another "
+             f"machine; finished runs are skipped, interrupted ones resume). Runs finished: {res['runs_done']} of {res['runs_total']}; their rounds "
              f"took {hours:.2f} h in total (training, aggregation and evaluation summed over the runs and their "
              "resumes, Ray's start-up excluded; on a 2-core CPU machine, where runs that shared it side by side "
              "each count in full, so the sum exceeds the elapsed time).", "",
