@@ -114,8 +114,11 @@ def test_ctrl_c_and_sigterm_say_how_to_continue_in_one_line(tmp_path, sig, code)
 
     config = tmp_path / "long.yaml"
     config.write_text(yaml.safe_dump(synthetic_tree(tmp_path, "long", train__rounds=200, engine__workers=1)))
+    # A shell starts background jobs with SIGINT ignored and a child inherits that; the run gets Ctrl-C as a
+    # terminal's foreground job would, however pytest itself was started.
     proc = subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", "run", str(config), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     rows, deadline = tmp_path / "long" / "rounds.jsonl", time.time() + 240
     while not (rows.exists() and rows.read_text().count("\n") >= 1):
         assert time.time() < deadline and proc.poll() is None
