@@ -49,6 +49,7 @@ def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
             return
+        refuse_stale_ray_settings()
         engine = cfg.engine
         need = engine.workers * engine.cpus_per_worker if cpus is None else cpus
         cpus = max(os.cpu_count() or 1, math.ceil(need - 1e-9))
@@ -59,6 +60,24 @@ def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
         if callable(on_term):
             signal.signal(signal.SIGTERM, on_term)
         private_token()
+
+
+def refuse_stale_ray_settings() -> None:
+    """Ray reads its loopback and token settings when it is imported (``fedsim/__init__.py`` sets them). Where
+    ``ray`` was imported first, it read them without: the cluster it starts would listen on the network address,
+    and its token-checking processes would refuse this process (Ray retries for a minute, then raises an
+    AuthenticationError that names neither cause). Refused in one line instead."""
+    from ray._common.utils import env_bool
+    from ray._private import ray_constants
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+
+    network = env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, not ray_constants.IS_WINDOWS_OR_OSX)
+    mode = os.environ.get("RAY_AUTH_MODE")  # unset: ray.init picks the mode itself, nothing to compare
+    token = get_authentication_mode() == AuthenticationMode.TOKEN
+    if ray_constants.ENABLE_RAY_CLUSTER != network or (mode is not None and token != (mode.lower() == "token")):
+        raise ConfigError("ray was imported before fedsim, so the local Ray cluster would miss fedsim's settings "
+                          "(ports on loopback, token authentication); import fedsim before ray, or export "
+                          "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=token before Python starts")
 
 
 def token_path() -> Path:

@@ -1,6 +1,7 @@
 """A local run's Ray is private: every port it listens on is bound to loopback, and even over loopback a
 client without Ray's auth token is refused."""
 import ipaddress
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,20 @@ def test_local_run_listens_on_loopback_only_and_refuses_clients_without_the_toke
     assert _is_loopback(seen["gcs"].rpartition(":")[0])
     assert seen["without_token"] == "UNAUTHENTICATED"
     assert seen["with_token"] == "OK"  # the same call with the token works: the refusal is the token's doing
+
+
+def test_ray_imported_before_fedsim_is_refused_in_one_line_before_ray_starts(tmp_path):
+    """Ray reads its loopback and token settings at import: imported first, it misses fedsim's. Ray would then
+    retry for a minute and raise an AuthenticationError naming neither cause; fedsim names the import order."""
+    from conftest import synthetic_tree, write_yaml
+
+    config = write_yaml(tmp_path / "c.yaml", synthetic_tree(tmp_path, "early", train__rounds=1))
+    script = ("import ray\nimport sys\nfrom fedsim.config import ConfigError, load_tree, validate\nfrom fedsim.simulate import run\n"
+              "try:\n    run(validate(load_tree(sys.argv[1])))\nexcept ConfigError as err:\n    print('refused:', err)\n"
+              "print('ray started:', ray.is_initialized())\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    out = subprocess.run([sys.executable, "-c", script, str(config)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "refused: ray was imported before fedsim" in out.stdout and "import fedsim before ray" in out.stdout
+    assert "ray started: False" in out.stdout and not (tmp_path / "early").exists()
