@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table() if args.markdown else text_listing())
         return 0
     previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
+    caller_ray = _ray_connected()
     try:
         commands = {"report": _report_command, "reproduce": _reproduce_command, "run": _run_command,
                     "sweep": _sweep_command}
@@ -348,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        _disconnect_ray()
+        if not caller_ray:
+            _disconnect_ray()
 
 
 class Terminated(BaseException):
@@ -386,11 +388,16 @@ def _fail(err: Exception, code: int, where: str = "") -> int:
     return code
 
 
-def _disconnect_ray() -> None:
-    """The CLI owns the Ray connection it made (in-process callers such as tests get a clean slate)."""
+def _ray_connected() -> bool:
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
+    return ray is not None and ray.is_initialized()
+
+
+def _disconnect_ray() -> None:
+    """The CLI owns the Ray connection it made and ends it; one its in-process caller made (a notebook's, a test's)
+    is the caller's and stays up."""
+    if _ray_connected():
+        sys.modules["ray"].shutdown()
 
 
 if __name__ == "__main__":
