@@ -4,7 +4,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import synthetic_tree
+from conftest import read_jsonl, synthetic_tree
 
 from fedsim.cli import main as cli
 from fedsim.config import validate
@@ -187,3 +187,11 @@ def test_an_interrupt_that_lands_in_c_code_is_still_an_interrupt():
     except SystemError as wrapped:
         assert isinstance(_interrupt_behind(wrapped), Terminated)
     assert _interrupt_behind(RuntimeError("a real failure")) is None
+
+
+def test_an_in_process_cli_leaves_its_callers_ray_up(finished, tmp_path, local_ray):
+    """main() ends the Ray it started (a command line's); one its caller started (a notebook's) stays up."""
+    run_dir = copy_of(finished, tmp_path)
+    assert resume(run_dir, "train.rounds=5") == 0
+    assert [row["round"] for row in read_jsonl(run_dir / "rounds.jsonl")] == [1, 2, 3, 4, 5]
+    assert local_ray.is_initialized()
