@@ -1,11 +1,12 @@
-# Everything a fresh machine needs: `make demo` runs the main job, `make test` the test suite.
+# Everything a fresh machine needs: `make demo` runs the main job, `make test` the test suite (under 15 min);
+# `make test-slow` the whole-system scenarios it leaves out (CI runs both).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Real data: the folder holding cifar10-jpeg.zip etc. (override: make demo FEDSIM_DATA=/path).
 FEDSIM_DATA ?= $(abspath ../shared/datasets)
 export FEDSIM_DATA
 
-.PHONY: demo test install
+.PHONY: demo test test-slow install
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -19,4 +20,7 @@ demo: install
 	$(VENV)/bin/fedsim run experiments/quickstart.yaml --overwrite
 
 test: install
-	$(PY) -m pytest -q --durations=25  # the slowest tests, to keep the suite short
+	$(PY) -m pytest -q -m "not slow" --durations=25  # the slowest tests, to keep the suite short
+
+test-slow: install
+	$(PY) -m pytest -q -m slow --durations=10

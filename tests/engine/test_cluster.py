@@ -141,6 +141,7 @@ class Cluster:
         return self._job("logs", job)[-4000:]
 
 
+@pytest.mark.slow
 def test_job_on_a_cluster_without_shared_disk_checkpoints_to_s3_resumes_and_matches_local_run(
         tmp_path, data_root, s3_bucket):
     overrides = ["sweep.algorithm=[fedper]", "train.rounds=4", "train.local_epochs=1", "data.train_fraction=0.02",
@@ -212,6 +213,7 @@ def test_job_on_a_cluster_without_shared_disk_checkpoints_to_s3_resumes_and_matc
     assert not [name for name, data in stored.items() if api_key.encode() in data]  # the key stayed in the env
 
 
+@pytest.mark.slow
 def test_a_sweep_on_the_two_node_cluster_runs_its_two_trials_on_different_nodes(tmp_path, data_root):
     """Each trial's placement group packs its workers onto one node: two trials that each fill a node run at once,
     one per node (that a trial equals its run alone is tests/sweep's; that a run across nodes equals a local one,

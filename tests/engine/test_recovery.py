@@ -41,6 +41,7 @@ def signal_first(title: bytes, sig: int):
     return act
 
 
+@pytest.mark.slow
 def test_frozen_worker_is_replaced_and_results_match(tmp_path, undisturbed):
     cfg = validate(synthetic_tree(tmp_path, "frozen", engine__heartbeat_timeout_s=2))
     on_round, fired = after_round(1, signal_first(b"ray::Worker", signal.SIGSTOP))
@@ -58,6 +59,7 @@ def test_worker_lost_too_often_stops_with_its_name(tmp_path, local_ray):
     assert "\n" not in str(info.value) and f"fedsim run --resume {tmp_path / 'lost'}" in str(info.value)
 
 
+@pytest.mark.slow
 def test_dead_server_fails_with_the_resume_command_and_resume_matches(tmp_path, undisturbed):
     cfg = validate(synthetic_tree(tmp_path, "srv"))
     on_round, fired = after_round(2, signal_first(b"ray::Server", signal.SIGKILL))

@@ -43,6 +43,7 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_round_is_replaced_and_results_match(tmp_path, data_root, local_ray):
     clean = run(tiny(tmp_path, data_root, "clean", train__local_epochs=3))
     killed = {}
@@ -68,6 +69,7 @@ def _start_cli(cfg_path: Path, *extra: str) -> subprocess.Popen:
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_round_then_resume_is_bit_identical(tmp_path, local_ray):
     """The CLI is killed with its Ray head and workers (nothing gets to clean up); a later process resumes the
     folder to the same per-client results as a run never interrupted (here, in this test's own Ray)."""

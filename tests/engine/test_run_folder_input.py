@@ -103,6 +103,7 @@ def test_the_ray_token_is_made_private(tmp_path, monkeypatch):
     assert folder.stat().st_mode & 0o777 == 0o700 and token.stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_ctrl_c_and_sigterm_say_how_to_continue_in_one_line(tmp_path, sig, code):
     import signal

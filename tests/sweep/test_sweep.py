@@ -23,6 +23,7 @@ def _lines(proc: subprocess.CompletedProcess | str, suffix: str) -> list[str]:
     return [line for line in text.splitlines() if line.endswith(suffix) or f": {suffix}" in line]
 
 
+@pytest.mark.slow
 def test_two_variants_run_at_once_each_equals_its_run_alone_and_a_failing_one_is_named(tmp_path):
     tree = lightning_tree(tmp_path, "TwoPartModule", sweep={"model.client": ["user_plugins:TwoPartModule",
                                                                              "user_plugins:Broken"]},
@@ -64,6 +65,7 @@ def _appeared(path, proc, timeout: float = 300) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_rerun_replays_finished_trials_resumes_the_rest_and_keeps_ashas_stops(tmp_path):
     tree = synthetic_tree(tmp_path, "ks", **{"train.eval_every": 1, "engine.checkpoint_every": 1, "engine.workers": 1},
                           sweep={"algorithm": ["fedavg", "fedper", "fedprox"]},
