@@ -249,6 +249,10 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
+    personalize: Literal["finetune", "own_update"] = Field(
+        "finetune", description="personalized accuracy after: finetune (the eval.finetune_* settings) or own_update: "
+        "the method's own local update (its client hook at train's settings and the round's lr) on the evaluated "
+        "copy, never kept -- how FedRep's authors score FedRep")
     finetune_epochs: int = Field(5, ge=0, description="tau_f: personalized accuracy after this many fine-tune epochs; 0 = initial only")
     finetune_part: Literal["full", "body", "head"] = "full"
     finetune_lr: float | None = Field(None, ge=0, description="null: each part's training lr at that round "
@@ -265,6 +269,22 @@ class EvalConfig(_Section):
         None, gt=0, description="clients held out of training (a count, or a fraction with a point), drawn once "
         "from the seed: never sampled, scored every evaluation round (personalized after fine-tuning, as FedBABU's "
         "and FederatedScope's generalization protocol); summary.json reports them apart from the others")
+
+    @property
+    def personalizes(self) -> bool:
+        """Whether evaluation reports a personalized accuracy beside the initial one."""
+        return self.personalize == "own_update" or self.finetune_epochs > 0
+
+    @model_validator(mode="after")
+    def _finetune_settings_only_when_fine_tuning(self) -> "EvalConfig":
+        # Compared with the defaults, not with what was written: a stored config.yaml spells every field out.
+        if self.personalize == "own_update":
+            for name in ("finetune_epochs", "finetune_part", "finetune_lr", "finetune_momentum",
+                         "finetune_weight_decay", "finetune_batch_size"):
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    raise ValueError(f"eval.{name}: not used with eval.personalize: own_update (the method's own "
+                                     "update runs at train's settings); leave it out, or set eval.personalize: finetune")
+        return self
 
     @model_validator(mode="after")
     def _fraction_at_most_one(self) -> "EvalConfig":
@@ -630,7 +650,7 @@ def _flat_partition(data: dict) -> dict:
 # model.* keys added after checkpoints were first written: at their defaults they leave a fingerprint as it was.
 SYSTEM_OFF = SystemConfig().model_dump()
 SERVER_MEAN = ServerConfig().model_dump()
-LATER_EVAL_DEFAULTS = {"unseen": None}  # eval.* keys added later: at their defaults, a fingerprint stays as it was
+LATER_EVAL_DEFAULTS = {"unseen": None, "personalize": "finetune"}  # eval.* keys added later: at their defaults, a fingerprint stays as it was
 LATER_MODEL_DEFAULTS = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric"}
 
 

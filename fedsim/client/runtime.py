@@ -427,11 +427,10 @@ class ClientRuntime:
 
     def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
         """FedBABU's protocol for every algorithm: *initial* accuracy of the model the client is scored with,
-        and *personalized* accuracy after eval.finetune_epochs on its own training data with the
-        fine-tuning optimizer. Fine-tuning works on the loaded copy and is never packed back. A module's
-        validation_step / test_step logs join the record (``_personalized`` after fine-tuning, what it logs
-        while fine-tuning ``_finetune``)."""
-        ecfg, results = self.cfg.eval, []
+        and *personalized* accuracy after personalizing it (``_personalize``) on its own training data. That
+        works on the loaded copy and is never packed back. A module's validation_step / test_step logs join the
+        record (``_personalized`` after personalizing, what it logs while personalizing ``_finetune``)."""
+        results = []
         for client in clients:
             cd = self.client_data[client]
             self._working_on(client, round_idx, "evaluation")
@@ -440,13 +439,23 @@ class ClientRuntime:
             self.algorithm.load_for_evaluation(ctx)
             with self._adjusted_logits(ctx.logit_adjustment):
                 rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._score(client)}
-                if ecfg.finetune_epochs:
-                    x, y = ctx.data()
-                    self.sgd(x, y, PARTS[ecfg.finetune_part], ecfg.finetune_epochs, gen, round_idx, finetune=True)
+                if self.cfg.eval.personalizes:
+                    self._personalize(ctx, gen)
                     rec |= self.loop.logged.collect("_finetune")
                     rec |= self._score(client, "_personalized")
             results.append(rec)
         return results
+
+    def _personalize(self, ctx: ClientContext, gen: torch.Generator) -> None:
+        """eval.personalize: finetune runs eval.finetune_epochs of the fine-tuning optimizer on eval.finetune_part;
+        own_update runs the method's own client hook from the global model and the client's own state, at train's
+        settings, as FedRep's authors score FedRep. Its uploads and staged state are dropped: nothing of it is kept."""
+        ecfg = self.cfg.eval
+        if ecfg.personalize == "own_update":
+            self.algorithm.client_update(ClientContext(self, ctx.client, ctx.round, ctx.broadcast, gen))
+            return
+        x, y = ctx.data()
+        self.sgd(x, y, PARTS[ecfg.finetune_part], ecfg.finetune_epochs, gen, ctx.round, finetune=True)
 
     @contextmanager
     def _adjusted_logits(self, adjust: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> Iterator[None]:

@@ -31,7 +31,7 @@ class WorkEstimate:
     epochs_per_round: int  # passes over a sampled client's data, the method's extra epochs included
     train_sample_steps: int  # all rounds
     train_sgd_steps: int
-    finetune_sample_steps: int  # evaluation: eval.finetune_epochs on each scored client's training data
+    finetune_sample_steps: int  # evaluation: personalizing each scored client on its training data (eval.personalize)
     finetune_sgd_steps: int
     evaluation_rounds: int
     scored_test_images: int  # all evaluation rounds, before and after fine-tuning counted once each
@@ -61,8 +61,10 @@ def _training_work(plan: RunPlan, epochs: int) -> tuple[int, int]:
 def _evaluation_work(plan: RunPlan) -> tuple[int, int, int, int]:
     """(evaluation rounds, fine-tuning sample-steps, fine-tuning SGD steps, test images scored) over the run."""
     cfg = plan.cfg
-    batch = cfg.eval.finetune_batch_size or cfg.train.batch_size
-    epochs = cfg.eval.finetune_epochs
+    if cfg.eval.personalize == "own_update":  # the method's own local update, at training's batch size
+        batch, epochs = cfg.train.batch_size, plan.algorithm.epochs_per_round(cfg.train.local_epochs)
+    else:
+        batch, epochs = cfg.eval.finetune_batch_size or cfg.train.batch_size, cfg.eval.finetune_epochs
     rounds = [r for r in range(1, cfg.train.rounds + 1) if plan.evaluates(r)]
     samples = steps = scored = 0
     for round_idx in rounds:
@@ -122,7 +124,7 @@ def describe(e: WorkEstimate) -> str:
         f"{e.epochs_per_round} epochs",
         f"  training     {e.train_sample_steps:,} sample-steps ({e.train_sample_steps_per_round:,.0f} per round), "
         f"{e.train_sgd_steps:,} SGD steps",
-        f"  evaluation   at {e.evaluation_rounds} of the rounds: fine-tuning {e.finetune_sample_steps:,} sample-steps "
+        f"  evaluation   at {e.evaluation_rounds} of the rounds: personalizing {e.finetune_sample_steps:,} sample-steps "
         f"({e.finetune_sgd_steps:,} SGD steps), {e.scored_test_images:,} test images scored",
         f"  client       {e.client}, optimizers "
         + ("from its configure_optimizers (train.body / train.head give only the round schedule)" if e.own_optimizers

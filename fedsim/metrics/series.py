@@ -38,6 +38,6 @@ def evaluated(row: dict) -> bool:
 def metric_names(cfg: RunConfig) -> list[str]:
     """The series every evaluated round of a run of ``cfg`` reports (a user module's own values come on top,
     known only once it logs them)."""
-    accuracies = ["acc", *(["acc_personalized"] if cfg.eval.finetune_epochs else [])]
+    accuracies = ["acc", *(["acc_personalized"] if cfg.eval.personalizes else [])]
     clock = [*CLOCK_KEYS] if cfg.system.devices is not None else []
     return [*ROUND_KEYS, *clock, *(f"fairness/{key}_{stat}" for key in accuracies for stat in STATS)]

@@ -37,16 +37,13 @@ LG_AUTHORS = {"algorithm": "lg_fedavg", "model.init_from": RunFolder("fedavg"),
 # lr 0), at the round's lr (0.1, x0.1 after rounds E/2 and 3E/4), batch 50, --wd 0 and --momentum at its default 0.5
 # (utils/options.py: run_fedrep.sh passes none, where run_fedavg.sh and run_fedbabu.sh pass 0.90). Its "personalized"
 # accuracy (main_fedrep.py's evaluation) reruns that same update on every client, from the new global body and the
-# client's own head, at the round's lr, scores it and rolls it back. fedsim's evaluation runs its head phase: tau
-# head epochs at the round's lr (finetune_lr null: 1e-3 at the final round, at both scales), momentum 0.5, no weight
-# decay, batch 50. Residual: the body pass that follows in the authors' rerun (one epoch at the same lr, its momentum
-# buffer already holding the head epochs' body gradients) is not run: finetune_part is full, head or body, not
-# head-then-body. In training, fedsim's FedRep steps each part with its own optimizer (the body's momentum from 0).
+# client's own head, at the round's lr, scores it and rolls it back: fedsim's eval.personalize own_update. Residual:
+# fedsim's FedRep steps each part with its own optimizer (the body's momentum from 0, where the authors' buffer holds
+# the head epochs' body gradients), in training and in the rerun alike.
 FEDREP_TAU = 4  # the base's tau at both scales
 FEDREP = {"name": "fedrep", "head_epochs": FEDREP_TAU, "body_epochs": 1}  # LocalUpdateFedRep: tau head, 1 body
 FEDREP_AUTHORS = {"algorithm": FEDREP, "train.body.momentum": 0.5, "train.head.momentum": 0.5,
-                  "eval.finetune_part": "head", "eval.finetune_epochs": FEDREP_TAU, "eval.finetune_lr": None,
-                  "eval.finetune_momentum": 0.5, "eval.finetune_weight_decay": 0.0, "eval.finetune_batch_size": 50}
+                  "eval": {"personalize": "own_update"}}  # the whole section: the base's fine-tuning is not FedRep's
 # FedBABU's fixed head at the logit scale of the baselines' heads: the authors' main_fed.py builds FedAvg's and
 # FedBABU's `linear` alike with nn.Linear's default init (expected row norm 1/sqrt(3) ~ 0.58), and App. Q asks for
 # orthogonal rows; `orthogonal_scaled` is both. Every FedBABU run of the suite uses it except the orthogonal-head
@@ -166,10 +163,12 @@ CLAIMS = (
           "f = 0.25, tau = 4, s = 10; every method but FedRep fine-tuned 5 epochs at evaluation (App. A.4). "
           + HEAD_SCALED +
           " FedRep as the authors run it (run_fedrep.sh, main_fedrep.py): SGD momentum 0.5 (their default; 0.9 for the "
-          "others) and, for its personalized accuracy, a rerun of its own update instead of the 5-epoch fine-tune: "
-          "fedsim runs its head phase, tau = 4 head epochs at the final lr 1e-3, momentum 0.5, batch 50, no weight "
-          "decay, but not the one body epoch the authors' rerun adds after it (fedsim's fine-tuning trains the "
-          "full network, the head or the body, not the head and then the body). LG-FedAvg as the "
+          "others) and, for its personalized accuracy, a rerun of its own update instead of the 5-epoch fine-tune "
+          "(eval.personalize own_update): tau = 4 head epochs, then one body epoch, at the final round's lr 1e-3, "
+          "momentum 0.5, batch 50, no weight decay, from the global body and the client's own head, never kept. "
+          "Residual: the authors step both parts with one optimizer (the part not trained at lr 0), so the body "
+          "epoch starts with momentum gathered over the head epochs; fedsim's FedRep steps each part with its own "
+          "optimizer, the body's momentum from 0. LG-FedAvg as the "
           "authors run it (run_lg_fedavg.sh, main_lg.py): it starts from FedAvg's model and runs a quarter of "
           "FedAvg's rounds at lr 1e-3 (no decay; its fine-tuning too), sharing only the head; the authors load FedAvg's best-round model "
           "(test accuracy every round), fedsim the final one of the same seed's FedAvg run (fedsim keeps no "

@@ -12,7 +12,7 @@ from conftest import TESTS, in_process_server, plan_for, synthetic_tree, train_o
 from fedsim.algorithms import ALGORITHMS, WEIGHTS, build_algorithm
 from fedsim.algorithms.context import ClientContext
 from fedsim.models.lightning import load_client_class, part_parameters
-from fedsim.client.runtime import ClientRuntime
+from fedsim.client.runtime import FINETUNE_STREAM, ClientRuntime, client_generator
 from fedsim.config import ConfigError, OptimConfig, validate
 from fedsim.core.aggregate import weighted_average
 
@@ -356,6 +356,44 @@ def test_finetuning_has_its_own_optimizer(tmp_path):
     # By default fine-tuning uses each part's training lr of that round: FedBABU's final, decayed lr.
     decayed = plan_for(config(tmp_path, "fedper", train__body={"lr": 0.1, "schedule": "step"}, train__rounds=4))
     assert decayed.lr("body", 4, finetune=True) == pytest.approx(0.001)
+
+
+OWN_UPDATE = {"eval": {"personalize": "own_update"}}  # FedRep's authors' protocol: its own update, rerun
+
+
+def test_own_update_scores_the_model_the_methods_own_hook_leaves_and_keeps_nothing(tmp_path):
+    fedrep = {"name": "fedrep", "head_epochs": 2}
+    with_eval, without, by_hand = (runtime(tmp_path, fedrep, **OWN_UPDATE) for _ in range(3))
+    g = start(with_eval)
+    u1, _ = train_one(with_eval, g, CLIENT, 1)
+    for rt in (without, by_hand):
+        train_one(rt, g, CLIENT, 1)
+    personal = with_eval.slots["personal"][CLIENT].copy()
+    after = {WEIGHTS: u1[WEIGHTS]}
+    [rec] = with_eval.evaluate(after, [CLIENT], round_idx=1)
+    # By hand: FedRep's client hook (head epochs, then the body's) from the new global body and the client's own
+    # head, with evaluation's random stream, then scored.
+    hook = ClientContext(by_hand, CLIENT, 1, after, client_generator(by_hand.cfg.seed, 1, CLIENT, FINETUNE_STREAM))
+    by_hand.algorithm.client_update(hook)
+    loss, acc = by_hand.score(*by_hand.client_tensors(CLIENT, "test"))
+    assert (rec["loss_personalized"], rec["acc_personalized"]) == (loss, acc)
+    assert rec["loss_personalized"] != rec["loss"]
+    # Nothing of it is kept: the client's head, and the next round, are as without evaluation.
+    assert np.array_equal(with_eval.slots["personal"][CLIENT], personal)
+    a, _ = train_one(with_eval, after, CLIENT, 2)
+    b, _ = train_one(without, after, CLIENT, 2)
+    assert np.array_equal(a[WEIGHTS], b[WEIGHTS])
+    assert np.array_equal(with_eval.slots["personal"][CLIENT], without.slots["personal"][CLIENT])
+
+
+def test_own_update_refuses_finetuning_settings_it_would_not_use_and_survives_its_stored_config(tmp_path):
+    with pytest.raises(ConfigError, match="eval.finetune_lr: not used with eval.personalize: own_update"):
+        config(tmp_path, "fedrep", eval={"personalize": "own_update", "finetune_lr": 0.01})
+    with pytest.raises(ConfigError, match="eval.finetune_epochs: not used"):
+        config(tmp_path, "fedrep", eval={"personalize": "own_update", "finetune_epochs": 0})
+    cfg = config(tmp_path, "fedrep", **OWN_UPDATE)
+    assert validate(cfg.model_dump()).eval.personalize == "own_update"  # config.yaml spells every field out
+    assert cfg.eval.personalizes and not config(tmp_path, "fedrep", eval={"finetune_epochs": 0}).eval.personalizes
 
 
 @pytest.mark.parametrize("part", ["head", "body", "full"])

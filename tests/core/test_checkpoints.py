@@ -73,4 +73,5 @@ def test_fingerprint_ignores_logging_and_rounds_but_not_training():
     assert fp == "3e724a45d7300624" and resume_fingerprint(validate({}).model_dump()) == "6cbcd4f1f63f219c"
     # Keys added since (the virtual clock, held-out clients) count once set.
     assert resume_fingerprint({**base, "eval": {**base["eval"], "unseen": 2}}) != fp
+    assert resume_fingerprint({**base, "eval": {**base["eval"], "personalize": "own_update"}}) != fp
     assert resume_fingerprint({**base, "system": {**base["system"], "devices": {"preset": "uniform"}}}) != fp

@@ -53,6 +53,18 @@ def test_counts_equal_hand_computation(tmp_path, data_root):
     assert (e.workers, e.cpus_per_worker, e.gpus_per_worker) == (5, 0.5, 0.25)  # never more workers than clients
 
 
+def test_own_update_personalization_counts_the_methods_epochs_at_the_training_batch(tmp_path, data_root):
+    from fedsim.engine.estimate import estimate
+
+    cfg = small_config(tmp_path, data_root, algorithm={"name": "fedrep", "head_epochs": 3, "body_epochs": 1},
+                       train__rounds=2, train__batch_size=7, train__eval_every=2, eval={"personalize": "own_update"})
+    train, _ = _sizes(cfg)
+    e = estimate(cfg)
+    assert e.epochs_per_round == 4 and e.evaluation_rounds == 1
+    assert e.finetune_sample_steps == 4 * sum(train)  # FedRep's head and body epochs, not eval.finetune_epochs
+    assert e.finetune_sgd_steps == 4 * sum(math.ceil(n / 7) for n in train)
+
+
 def test_counts_equal_what_the_server_runs(tmp_path, data_root, monkeypatch):
     """Sampling (f = 0.5), the method's own epochs (FedRep: head + body) and traffic as the real server
     accounts them, round by round."""

@@ -1,5 +1,5 @@
 """Issue 28 item 1, the remaining baselines as their authors run them (planning and config checks, no runs):
-FedRep personalized by a rerun of its own head phase (the FedBABU authors' main_fedrep.py / LocalUpdateFedRep,
+FedRep personalized by a rerun of its own update (the FedBABU authors' main_fedrep.py / LocalUpdateFedRep,
 momentum 0.5 from utils/options.py since run_fedrep.sh passes none); FedPer's CPU optimizer deviation stated in
 every claim and measured by a plain-SGD pair; FedBABU's fixed head at nn.Linear's default row norm
 (`head_init: orthogonal_scaled`) wherever FedBABU meets a default-initialised baseline, unit rows only in the
@@ -20,29 +20,30 @@ def _configs(paper, claim_ids, scale, tmp_path):
 # -- FedRep ------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
-def test_fedrep_is_personalized_by_its_own_head_phase_at_momentum_0_5(scale, tmp_path):
+def test_fedrep_is_personalized_by_its_own_update_at_momentum_0_5(scale, tmp_path):
     runs = _configs(BABU, ("fedbabu-best",), scale, tmp_path)
     rep, avg = runs["fedrep"], runs["fedavg"]
     assert (rep.algorithm.name, rep.algorithm.params["head_epochs"], rep.algorithm.params["body_epochs"]) == ("fedrep", 4, 1)
     assert rep.algorithm.params["head_epochs"] == rep.train.local_epochs  # LocalUpdateFedRep: local_ep head epochs
     assert rep.train.body.momentum == rep.train.head.momentum == 0.5  # --momentum default, run_fedrep.sh sets none
-    e = rep.eval
-    assert (e.finetune_part, e.finetune_epochs, e.finetune_momentum, e.finetune_weight_decay, e.finetune_batch_size) \
-        == ("head", rep.train.local_epochs, 0.5, 0.0, 50)
-    assert e.finetune_lr is None  # the round's lr, as main_fedrep.py's rerun: 1e-3 at the final round
+    # main_fedrep.py's evaluation reruns LocalUpdateFedRep (tau head epochs, one body epoch) at the round's lr,
+    # batch 50, no weight decay: FedRep's own client hook at its training settings.
+    assert rep.eval.personalize == "own_update"
+    assert (rep.train.batch_size, rep.train.body.weight_decay, rep.train.head.weight_decay) == (50, 0.0, 0.0)
     # Everything else as the suite's FedAvg: the same lr, schedule, batch and data.
     assert (rep.train.body.lr, rep.train.body.schedule, rep.train.batch_size, rep.train.rounds) == \
         (avg.train.body.lr, avg.train.body.schedule, avg.train.batch_size, avg.train.rounds)
     # The other baselines keep the generic 5-epoch full fine-tune at momentum 0.9.
     for key in ("fedavg", "fedper", "fedbabu"):
-        assert (runs[key].eval.finetune_part, runs[key].eval.finetune_epochs, runs[key].eval.finetune_momentum) == \
-            ("full", 5, 0.9), key
+        assert (runs[key].eval.personalize, runs[key].eval.finetune_part, runs[key].eval.finetune_epochs,
+                runs[key].eval.finetune_momentum) == ("finetune", "full", 5, 0.9), key
 
 
 def test_fedbabu_best_states_fedreps_protocol_and_its_residual_difference():
     regime = BABU.claim("fedbabu-best").regime
-    assert "main_fedrep.py" in regime and "momentum 0.5" in regime
-    assert "body epoch" in regime  # the authors' rerun ends with one body epoch fedsim's fine-tuning cannot run
+    assert "main_fedrep.py" in regime and "momentum 0.5" in regime and "own_update" in regime
+    # What still differs: the authors' one optimizer carries the head epochs' momentum into the body epoch.
+    assert "Residual" in regime and "one optimizer" in regime
 
 
 # -- FedPer ------------------------------------------------------------------------------------------------------
