@@ -328,6 +328,15 @@ def test_apfl_takes_alphas_first_gradient_where_v_and_w_are_one_model(tmp_path):
     assert not np.array_equal(one_step.slots["personal_model"][CLIENT], one_step.initial("full"))
 
 
+def assert_nothing_kept(with_eval: ClientRuntime, without: ClientRuntime, after: dict, personal: np.ndarray) -> None:
+    """Evaluation left the client's personal state as it was, and its next round trains as without evaluation."""
+    assert np.array_equal(with_eval.slots["personal"][CLIENT], personal)
+    a, _ = train_one(with_eval, after, CLIENT, 2)
+    b, _ = train_one(without, after, CLIENT, 2)
+    assert np.array_equal(a[WEIGHTS], b[WEIGHTS])
+    assert np.array_equal(with_eval.slots["personal"][CLIENT], without.slots["personal"][CLIENT])
+
+
 def test_evaluation_finetuning_leaves_training_state_untouched(tmp_path):
     with_eval, without = runtime(tmp_path, "fedper"), runtime(tmp_path, "fedper")
     g = start(with_eval)
@@ -337,11 +346,7 @@ def test_evaluation_finetuning_leaves_training_state_untouched(tmp_path):
     after = {WEIGHTS: u1[WEIGHTS]}
     [rec] = with_eval.evaluate(after, [CLIENT], round_idx=1)
     assert rec["acc_personalized"] != rec["acc"] or rec["loss_personalized"] != rec["loss"]
-    assert np.array_equal(with_eval.slots["personal"][CLIENT], personal)
-    a, _ = train_one(with_eval, after, CLIENT, 2)
-    b, _ = train_one(without, after, CLIENT, 2)
-    assert np.array_equal(a[WEIGHTS], b[WEIGHTS])
-    assert np.array_equal(with_eval.slots["personal"][CLIENT], without.slots["personal"][CLIENT])
+    assert_nothing_kept(with_eval, without, after, personal)
 
 
 def test_finetuning_has_its_own_optimizer(tmp_path):
@@ -379,11 +384,7 @@ def test_own_update_scores_the_model_the_methods_own_hook_leaves_and_keeps_nothi
     assert (rec["loss_personalized"], rec["acc_personalized"]) == (loss, acc)
     assert rec["loss_personalized"] != rec["loss"]
     # Nothing of it is kept: the client's head, and the next round, are as without evaluation.
-    assert np.array_equal(with_eval.slots["personal"][CLIENT], personal)
-    a, _ = train_one(with_eval, after, CLIENT, 2)
-    b, _ = train_one(without, after, CLIENT, 2)
-    assert np.array_equal(a[WEIGHTS], b[WEIGHTS])
-    assert np.array_equal(with_eval.slots["personal"][CLIENT], without.slots["personal"][CLIENT])
+    assert_nothing_kept(with_eval, without, after, personal)
 
 
 def test_own_update_refuses_finetuning_settings_it_would_not_use_and_survives_its_stored_config(tmp_path):
