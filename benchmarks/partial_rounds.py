@@ -1,6 +1,6 @@
-"""Workers per core when a round trains fewer clients than there are workers' multiples: `fedsim reproduce
-fedbabu --scale cpu` samples 5 of 20 clients a round (f = 0.25), so 2 workers train them 3 + 2 and one core idles
-for a third of every training round. More workers than cores (fractional engine.cpus_per_worker) let the
+"""Workers per core when a round's clients do not split evenly over the workers: `fedsim reproduce fedbabu
+--scale cpu` samples 5 of 20 clients a round (f = 0.25), so 2 workers train them 3 + 2 and one core idles for a
+third of every training round. More workers than cores (fractional engine.cpus_per_worker) let the
 operating system share the cores instead; the results stay the same (the engine is exact for any worker count).
 
 Settings, run interleaved (A, B, C, A, B, C, ...) in one process, on two of the suite's own runs (FedBABU: any
@@ -13,7 +13,7 @@ Per-round seconds are the server's clock (rounds.jsonl); the last round also fin
 clients. A full run is projected as start-up + (R - 1) training rounds + the evaluated round, R = the suite's 20;
 the ratios are what matters.
 
-    .venv/bin/python benchmarks/partial_rounds.py              # 4 rounds, 1 rep: ~12 min
+    .venv/bin/python benchmarks/partial_rounds.py              # 4 rounds, 1 rep: ~10 min
     .venv/bin/python benchmarks/partial_rounds.py --rounds 6 --reps 2
 """
 from __future__ import annotations
@@ -69,20 +69,20 @@ def main() -> None:
           f"round); seconds, medians")
     print(f"{'run':<9}{'setting':<22}{'train round':>12}{'eval round':>11}{'start-up':>10}"
           f"{f'{suite_rounds}-round run':>15}{'vs 2x1':>8}{'others busy':>13}")
+    full = {run: median([projected(r, suite_rounds) for r in rs]) for run, rs in runs.items()}
     for key in RUNS:
-        base = median([projected(r, suite_rounds) for r in runs[key, "2 workers x 1 CPU"]])
+        base = full[key, "2 workers x 1 CPU"]
         for label in SETTINGS:
             rs = runs[key, label]
-            full = median([projected(r, suite_rounds) for r in rs])
             print(f"{key:<9}{label:<22}{median([s for r in rs for s in r['round_s'][:-1]]):>12.2f}"
                   f"{median([r['round_s'][-1] for r in rs]):>11.2f}"
                   f"{median([r['end_to_end_s'] - sum(r['round_s']) for r in rs]):>10.1f}"
-                  f"{full:>15.1f}{full / base:>8.2f}{median([r['others_cores'] for r in rs]):>13.2f}")
+                  f"{full[key, label]:>15.1f}{full[key, label] / base:>8.2f}"
+                  f"{median([r['others_cores'] for r in rs]):>13.2f}")
     for key in RUNS:
-        base = median([projected(r, suite_rounds) for r in runs[key, "2 workers x 1 CPU"]])
         for label in list(SETTINGS)[1:]:
             print(f"RATIO {key} {suite_rounds}-round run, ({label}) / (2 workers x 1 CPU): "
-                  f"{median([projected(r, suite_rounds) for r in runs[key, label]]) / base:.2f}")
+                  f"{full[key, label] / full[key, '2 workers x 1 CPU']:.2f}")
     path = save("partial_rounds", {"args": vars(args), "machine": machine(),
                                    "runs": {f"{k} | {s}": v for (k, s), v in runs.items()}})
     print(f"raw: {path}")

@@ -279,9 +279,8 @@ class EvalConfig(_Section):
     def _finetune_settings_only_when_fine_tuning(self) -> "EvalConfig":
         # Compared with the defaults, not with what was written: a stored config.yaml spells every field out.
         if self.personalize == "own_update":
-            for name in ("finetune_epochs", "finetune_part", "finetune_lr", "finetune_momentum",
-                         "finetune_weight_decay", "finetune_batch_size"):
-                if getattr(self, name) != type(self).model_fields[name].default:
+            for name, field in type(self).model_fields.items():
+                if name.startswith("finetune_") and getattr(self, name) != field.default:
                     raise ValueError(f"eval.{name}: not used with eval.personalize: own_update (the method's own "
                                      "update runs at train's settings); leave it out, or set eval.personalize: finetune")
         return self

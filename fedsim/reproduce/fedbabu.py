@@ -78,8 +78,9 @@ PFLLIB_FT = {"eval.finetune_epochs": 10, "eval.finetune_part": "full", "eval.fin
 APPF = {"algorithm": "fedavg", "data.dataset": "cifar10", "data.num_clients": 100, "data.shards_per_client": 2, "data.train_fraction": 1.0,
         "data.test_fraction": 1.0, "model.name": "cnn4", "train.fraction": 0.1, "train.rounds": 80,
         "train.local_epochs": 4, "train.eval_every": 80}
-# On the CPU base's 3 workers App. F's 10 clients a round fall 4 + 3 + 3 on 2 cores (~10% slower than 5 + 5 by
-# the same arithmetic as the base's note); the worker count never changes results.
+# On the CPU base's 3 workers App. F's 10 clients a round would fall 4 + 3 + 3 on 2 cores: the fourth client then
+# trains alone, 5.5 client-times a round against 5 for 2 workers' 5 + 5 (arithmetic, not measured). The worker
+# count never changes results.
 APPF_CPU_ENGINE = {"engine.workers": 2, "engine.cpus_per_worker": 1}
 
 
