@@ -17,6 +17,11 @@ class RunFailed(RuntimeError):
         super().__init__(f"run failed: {cause}; {then}")
 
 
+class DataError(ValueError):
+    """A data setting is wrong or the data on disk is unusable: one line naming the setting (e.g. ``data.root``)
+    and how to fix it, which the CLI prints as is (exit 2) instead of a traceback."""
+
+
 class UserCodeError(ValueError):
     """The user's own module (model.client) raised, or broke a rule fedsim enforces: one line with its own
     message, reported once as a user error (exit 2), never retried as a lost worker."""

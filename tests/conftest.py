@@ -30,13 +30,39 @@ def data_root() -> Path:
     return Path(root)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
+_SHARED_RAY: dict[str, str] = {}  # the GCS address of the Ray that local_ray started, while it runs
+
+
+@pytest.fixture(scope="session")
+def _shared_ray_session():
+    yield
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
-    yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_ray(_shared_ray_session):
+    """A local Ray with 2 CPUs, shared by every module that asks for it: each start costs 5-10 s, so it stays up
+    until the session ends. Any other Ray still up (one a run started for itself) is stopped first; a test that
+    needs its own Ray, or none, asks for ``no_ray``."""
+    import ray
+
+    if ray.is_initialized() and _SHARED_RAY.get("gcs") == ray.get_runtime_context().gcs_address:
+        return ray
+    ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    _SHARED_RAY["gcs"] = ray.get_runtime_context().gcs_address
+    return ray
+
+
+@pytest.fixture
+def no_ray():
+    """No Ray is up when the test starts: the shared one is stopped (the next ``local_ray`` starts it again)."""
+    import ray
+
+    ray.shutdown()
+    _SHARED_RAY.clear()
 
 
 def set_dotted(tree: dict, dotted: str, value) -> dict:

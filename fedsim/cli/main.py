@@ -15,8 +15,7 @@ import sys
 import threading
 
 from fedsim.config import ConfigError, expand_sweep, load_tree, refuse_defaults_only
-from fedsim.data import DataError
-from fedsim.errors import RunFailed
+from fedsim.errors import DataError, RunFailed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -104,9 +103,6 @@ def comparison_table(results: list) -> str:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    from fedsim.cli.progress import ProgressBar
-    from fedsim.simulate import run
-
     if args.resume:
         from fedsim.engine.runfolder import load_run_config
 
@@ -122,6 +118,10 @@ def _run_command(args: argparse.Namespace) -> int:
         from fedsim.engine.estimate import dry_run
 
         return dry_run(configs)
+    # Imported once the config is valid: they load torch and Ray (~5 s), which a typo should not wait for.
+    from fedsim.cli.progress import ProgressBar
+    from fedsim.simulate import run
+
     results = []
     for cfg in configs:
         with interrupts_named(cfg):

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from fedsim.data.errors import DataError
+from fedsim.errors import DataError
 from fedsim.plugins import PluginError, is_plugin, load_plugin
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.data.errors import DataError
+from fedsim.errors import DataError
 from fedsim.plugins import PluginError, is_plugin, load_plugin
 
 _DIRICHLET_TRIES = 1000  # one try costs num_classes Dirichlet draws: well under a second in all

@@ -17,11 +17,11 @@ from fedsim import atomic, storage
 from fedsim.config import ConfigError, RunConfig, changed_settings, load_tree, validate
 from fedsim.core import checkpoint
 from fedsim.core.results import JSONL_RESULTS, ResultsDamaged, read_results
-from fedsim.data import ArrayDataset, DataError, Partition
+from fedsim.data import ArrayDataset, Partition
 from fedsim.data.datasets import recomputed_digest
 from fedsim.engine import runlock
 from fedsim.engine.failures import describe_failure
-from fedsim.errors import RunFailed
+from fedsim.errors import DataError, RunFailed
 from fedsim.plan import RunPlan
 from fedsim.plugins import plugin_settings
 

@@ -19,13 +19,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fedsim.config import ConfigError, RunConfig
 from fedsim.core.checkpoint import CheckpointError
-from fedsim.data import DataError
 from fedsim.engine import placement
 from fedsim.engine.driver import Callback, Run, drive, end
 from fedsim.engine.failures import TrainingDiverged, describe_failure
 from fedsim.engine.runfolder import RunFolder
 from fedsim.engine.server import ServerActor
-from fedsim.errors import RunFailed, UserCodeError, user_error
+from fedsim.errors import DataError, RunFailed, UserCodeError, user_error
 from fedsim.plan import RunPlan
 from fedsim.plan.build import build_plan, load_inputs
 

@@ -13,9 +13,8 @@ from pathlib import Path
 from fedsim import storage
 from fedsim.config import ConfigError, RunConfig
 from fedsim.core.results import read_results
-from fedsim.data import DataError
 from fedsim.engine.driver import Callback, Run
-from fedsim.errors import RunFailed
+from fedsim.errors import DataError, RunFailed
 from fedsim.metrics.logger import round_row
 from fedsim.metrics.series import evaluated, fairness, round_metrics
 

@@ -130,6 +130,17 @@ def test_bad_config(case, override, fragment, tmp_path, victim, data_root, capsy
     assert _digest(victim) == before
 
 
+def test_a_bad_config_is_refused_before_torch_or_ray_is_imported(tmp_path):
+    """A typo is answered in well under a second: the ~5 s of torch and Ray imports come after validation."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "train": {**GOOD["train"], "rounds": 0}}))
+    code = ("import sys\nfrom fedsim.cli.main import main\n"
+            f"code = main(['run', {str(path)!r}, '--overwrite'])\n"
+            "print(code, [m for m in ('torch', 'ray') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "2 []" and "train.rounds" in out.stderr, out.stdout + out.stderr
+
+
 def test_missing_config_file(capsys, tmp_path):
     _expect_clean_error(capsys, ["run", str(tmp_path / "nope.yaml")], "config file not found")
 
@@ -184,17 +195,13 @@ def test_neither_config_nor_resume(capsys):
     _expect_clean_error(capsys, ["run"], "give a CONFIG.yaml")
 
 
-def test_gpus_requested_but_none_exist(tmp_path, data_root):
-    """Ray would wait forever for a GPU that is not there; fedsim says so instead (own process: it starts Ray)."""
+def test_gpus_requested_but_none_exist(tmp_path, data_root, local_ray, capsys):
+    """Ray would wait forever for a GPU that is not there; fedsim says so instead, before any folder is made."""
     tree = {**GOOD, "out_dir": str(tmp_path / "runs"), "data": {**GOOD["data"], "root": str(data_root)},
             "engine": {"workers": 2, "gpus_per_worker": 0.5}}
     (tmp_path / "x.yaml").write_text(yaml.safe_dump(tree))
-    proc = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", str(tmp_path / "x.yaml")],
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 2
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedsim: error:")]
-    assert lines and "engine.gpus_per_worker: 2 workers x 0.5 need 1 GPU, the Ray cluster has 0" in lines[0]
-    assert "Traceback" not in proc.stderr
+    _expect_clean_error(capsys, ["run", str(tmp_path / "x.yaml")],
+                        "engine.gpus_per_worker: 2 workers x 0.5 need 1 GPU, the Ray cluster has 0")
     assert not (tmp_path / "runs" / "victim").exists()
 
 

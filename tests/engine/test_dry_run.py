@@ -90,7 +90,7 @@ def _write(tmp_path, tree: dict) -> Path:
     return path
 
 
-def test_cli_dry_run_writes_nothing_and_starts_no_ray(tmp_path, data_root, capsys):
+def test_cli_dry_run_writes_nothing_and_starts_no_ray(tmp_path, data_root, capsys, no_ray):
     from fedsim.cli.main import main
 
     out_dir = tmp_path / "runs"

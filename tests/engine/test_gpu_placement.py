@@ -8,7 +8,7 @@ from fedsim.engine.session import check_resources
 
 
 @pytest.fixture
-def fake_gpu_ray():
+def fake_gpu_ray(no_ray):
     ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="warning",
              log_to_driver=False)
     yield

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import each_round, own_ray_pids, per_client, synthetic_tree
+from conftest import each_round, own_ray_pids, per_client, read_jsonl, synthetic_tree
 
 from fedsim.cli import main as cli
 from fedsim.config import validate
@@ -73,9 +73,8 @@ def test_dead_server_fails_with_the_resume_command_and_resume_matches(tmp_path, 
 def test_resume_that_extends_rounds_is_remembered(tmp_path, local_ray):
     run(validate(synthetic_tree(tmp_path, "ext", train__rounds=1)))
     run(load_run_config(tmp_path / "ext", ["train.rounds=2"]), resume=True)
-    later = load_run_config(tmp_path / "ext")  # a plain resume keeps the extended count
-    assert later.train.rounds == 2
-    assert run(later, resume=True).summary["rounds"] == 2
+    assert load_run_config(tmp_path / "ext").train.rounds == 2  # a plain resume keeps the extended count
+    assert [r["round"] for r in read_jsonl(tmp_path / "ext" / "rounds.jsonl")] == [1, 2]
 
 
 def test_cli_exit_code_3_is_one_line_with_the_resume_command(tmp_path, capsys, monkeypatch):

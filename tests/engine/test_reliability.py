@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import each_round, own_ray_pids
+from conftest import each_round, in_process_server, own_ray_pids
 
 from fedsim.config import validate
 from fedsim.simulate import run
@@ -110,14 +110,19 @@ def test_nonfinite_loss_can_drop_the_update(tmp_path, data_root, local_ray):
     assert any(r["dropped"] for r in rows)
 
 
-def test_resume_refuses_a_foreign_checkpoint(tmp_path, data_root, local_ray):
+def test_resume_refuses_a_foreign_checkpoint(tmp_path, data_root, local_ray, monkeypatch):
     first = run(tiny(tmp_path, data_root, "a", train__rounds=1))
-    other = run(tiny(tmp_path, data_root, "b", train__rounds=1, algorithm="fedavg"))
-    # Swap in the other run's checkpoint: same model, different algorithm -> different shared layout.
+    # Swap in another run's checkpoint: same model, different algorithm -> different shared layout. (That run's
+    # round goes through the engine's Server with in-process workers: the checkpoint is what Ray's would write.)
+    other = in_process_server(monkeypatch, tiny(tmp_path, data_root, "b", train__rounds=1, algorithm="fedavg"))
+    other.restore(None)
+    other.round(1)
+    other.checkpoint(str(tmp_path / "b"), 1)
+    monkeypatch.undo()  # the engine's own Ray again
     import shutil
 
     shutil.rmtree(first.run_dir / "checkpoints")
-    shutil.copytree(other.run_dir / "checkpoints", first.run_dir / "checkpoints")
+    shutil.copytree(tmp_path / "b" / "checkpoints", first.run_dir / "checkpoints")
     with pytest.raises(CheckpointError, match="different configuration"):
         run(load_run_config(first.run_dir), resume=True)
     # A damaged checkpoint is skipped (resume falls back to an older one, here to round 0), never loaded.

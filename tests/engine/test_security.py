@@ -46,7 +46,7 @@ def _gcs_answer(gcs_address: str, token: str | None) -> str:
     return "OK"
 
 
-def test_local_run_listens_on_loopback_only_and_refuses_clients_without_the_token(tmp_path, data_root):
+def test_local_run_listens_on_loopback_only_and_refuses_clients_without_the_token(tmp_path, data_root, no_ray):
     cfg = validate({"name": "private", "algorithm": "fedavg", "out_dir": str(tmp_path),
                     "data": {"root": str(data_root), "num_clients": 2, "partition": "iid", "train_fraction": 0.01, "test_fraction": 0.02},
                     "train": {"rounds": 1, "local_epochs": 1}, "eval": {"finetune_epochs": 0},

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import (cli_env, fedsim_cli, in_process_server, read_jsonl, round_records, six_client_run,
+from conftest import (fedsim_cli, in_process_server, read_jsonl, round_records, six_client_run,
                       synthetic_tree, write_yaml)
 
 from fedsim.core.protocol import WEIGHTS
@@ -61,12 +61,14 @@ def test_a_resumed_heterogeneous_run_equals_an_undisturbed_one(tmp_path, data_ro
     assert [o.timing for o in head + tail] == [o.timing for o in straight]
 
 
-def test_a_clocked_run_writes_simulated_time_participation_and_fairness_by_device(tmp_path):
+def test_a_clocked_run_writes_simulated_time_participation_and_fairness_by_device(tmp_path, local_ray, monkeypatch):
+    from fedsim.cli.main import main
+
     tree = synthetic_tree(tmp_path, "clock", **{"train.eval_every": 1, "logging.wandb.mode": "offline",
                                                 "logging.wandb.x_axis": "sim_time", "eval.unseen": 2},
                           system={"devices": {"preset": "mobile"}, "dropout": 0.2, "target_accuracy": [0.05, 1.0]})
-    out = fedsim_cli("run", str(write_yaml(tmp_path / "clock.yaml", tree)), "--quiet", env=cli_env(WANDB_MODE="offline"))
-    assert out.returncode == 0, out.stderr[-3000:]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main(["run", str(write_yaml(tmp_path / "clock.yaml", tree)), "--quiet"]) == 0
     run = tmp_path / "clock"
     rows = read_jsonl(run / "rounds.jsonl")
     ends = [r["sim_time_s"] for r in rows]
@@ -89,8 +91,7 @@ def test_a_clocked_run_writes_simulated_time_participation_and_fairness_by_devic
     [offline] = (run / "wandb").glob("offline-run-*")
     logged = history(offline)
     assert [h["sim/time_s"] for h in logged if "fairness/acc_mean" in h] == ends
-    report = fedsim_cli("report", str(run), "--out", str(tmp_path / "report"))
-    assert report.returncode == 0, report.stderr
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## On the virtual clock" in text and (tmp_path / "report" / "sim_time.png").stat().st_size > 10_000
     assert f"{ends[-1]:.0f} s simulated" in text and "| clock | initial | device |" in text

@@ -134,7 +134,7 @@ def test_bad_sweeps_are_one_line_exit_2_before_any_trial(tmp_path, capsys, over,
     assert not (tmp_path / "_sweeps").exists()
 
 
-def test_max_concurrent_beyond_the_clusters_gpus_is_refused_before_any_trial(tmp_path):
+def test_max_concurrent_beyond_the_clusters_gpus_is_refused_before_any_trial(tmp_path, no_ray):
     import ray
 
     from fedsim.config import ConfigError
