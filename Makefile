@@ -20,7 +20,8 @@ demo: install
 	$(VENV)/bin/fedsim run experiments/quickstart.yaml --overwrite
 
 # Two test processes, each taking whole files (a file's Ray and fixtures are built once): much of a test is waiting
-# on Ray and process start-up, so one process left a 2-core machine ~40% idle; two keep it ~90% busy (measured).
+# on Ray and process start-up. Two kept a 2-core machine 91% busy (measured); one, by the same CPU work, ~60%
+# (inferred from the run times, 16:09 against 10:44).
 # --durations lists the slowest tests, to keep the suite short.
 test: install
 	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile --durations=25

