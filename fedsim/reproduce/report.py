@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from fedsim import atomic
 from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.confidence import mean_ci
+from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN, Arm, Claim, Paper, Test
@@ -34,7 +35,10 @@ RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed
         "otherwise, and always until every seed the claim fixes has finished. Each claim fixes its seeds before "
         "it runs (seeds 0..n-1, never grown until a test clears). A claim is **reproduced** when all its tests "
         "hold, **not reproduced** when any fails, otherwise inconclusive. A smoke check is shown but is outside "
-        "the tally. The arm tables show the best round's client mean beside the final round's; tests never use it.")
+        "the tally. The arm tables show the best round's client mean beside the final round's; tests never use it. "
+        "Where every run of an arm evaluated that accuracy at its final round only (FedBABU's protocol fine-tunes "
+        "once, at the end), its best round is the final one and the table says so; an arm read at a point of its "
+        "runs' curves has no best round of its own.")
 
 
 def client_values(folder: Path, metric: str) -> list[float] | None:
@@ -57,19 +61,30 @@ def best_value(folder: Path, metric: str) -> float | None:
     return None if best is None else float(best["mean"])
 
 
-def _arm_result(arm: Arm, per_seed: dict[int, list[float]], best: dict[int, float] | None = None) -> dict:
+def evaluations(folder: Path, metric: str) -> int:
+    """How many rounds of a finished run evaluated ``metric`` (its rounds.jsonl rows that carry it): with one, the
+    best round is the final round by construction, not by measurement."""
+    return sum(metric in row for row in read_jsonl(folder / "rounds.jsonl"))
+
+
+def _arm_result(arm: Arm, per_seed: dict[int, list[float]], best: dict[int, float] | None = None,
+                evaluated: dict[int, int] | None = None) -> dict:
     """Mean client accuracy per seed (final round) and its CI; the per-client spread averaged over seeds; the best
-    round's client mean per seed and its CI where every finished seed has one; all in points."""
+    round's client mean per seed and its CI where every finished seed has one and some seed evaluated more than one
+    round (``evaluated``: the seed's evaluation count; with one everywhere, ``best_is_final`` says so instead);
+    all in points."""
     stats = {seed: summarize(values) for seed, values in per_seed.items()}
     means = [100 * stats[s]["mean"] for s in sorted(stats)]
-    result = {"label": arm.label, "run": arm.run, "metric": arm.metric, "seeds": sorted(stats),
+    result = {"label": arm.label, "run": arm.run, "metric": arm.metric, "round": arm.round, "seeds": sorted(stats),
               "per_seed_mean": means, "per_seed_std": [100 * stats[s]["std"] for s in sorted(stats)]}
     if stats:
         result["estimate"] = asdict(mean_ci(means))
         for key in ("std", "min", "p10"):
             result[f"client_{key}"] = float(np.mean([100 * stats[s][key] for s in stats]))
-        best = best or {}
-        if all(best.get(s) is not None for s in stats):
+        best, evaluated = best or {}, evaluated or {}
+        if evaluated and all(evaluated.get(s) == 1 for s in stats):
+            result["best_is_final"] = True
+        elif all(best.get(s) is not None for s in stats):
             result["per_seed_best"] = [100 * best[s] for s in sorted(stats)]
             result["estimate_best"] = asdict(mean_ci(result["per_seed_best"]))
     return result
@@ -112,14 +127,18 @@ def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folde
     """The claim over its own seeds 0..claim.seeds-1 (whatever of them have finished)."""
     arms = {}
     for arm in claim.arms:
-        per_seed, best = {}, {}
+        per_seed, best, evaluated = {}, {}, {}
         for seed in range(claim.seeds):
             folder = runs_dir / run_name(paper, scale, folders[arm.run], seed)
-            values = (client_values(folder, arm.metric) if arm.round is None  # a point on the curve: runner.py
-                      else client_values_at(folder, arm.metric, arm.round))
+            if arm.round is None:
+                values = client_values(folder, arm.metric)
+                if values is not None:
+                    best[seed], evaluated[seed] = best_value(folder, arm.metric), evaluations(folder, arm.metric)
+            else:  # a point on the curve (runner.py): the run's best round is not this arm's
+                values = client_values_at(folder, arm.metric, arm.round)
             if values is not None:
-                per_seed[seed], best[seed] = values, best_value(folder, arm.metric)
-        arms[arm.label] = _arm_result(arm, per_seed, best)
+                per_seed[seed] = values
+        arms[arm.label] = _arm_result(arm, per_seed, best, evaluated)
     tests = [_test_result(test, arms, claim.seeds) for test in claim.tests]
     return {"id": claim.id, "title": claim.title, "paper_says": claim.paper_says, "regime": claim.regime,
             "paper_number": claim.paper_number, "seeds": claim.seeds, "counts": claim.counts,
@@ -251,7 +270,7 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
     for arm in claim["arms"]:
         spread = [f"{arm[f'client_{k}']:.2f}" if arm["seeds"] else "-" for k in ("std", "min", "p10")]
         lines.append(f"| {arm['label']} | {ACCURACIES[arm['metric']]} | {_interval(arm.get('estimate'))} | "
-                     f"{_interval(arm.get('estimate_best'))} | {len(arm['seeds'])} | {' | '.join(spread)} |")
+                     f"{_best_cell(arm)} | {len(arm['seeds'])} | {' | '.join(spread)} |")
     lines += ["", "| test (final round) | mean [95% CI] | seeds | what would have failed it | result |",
               "|---|---|---|---|---|"]
     for test in claim["tests"]:
@@ -267,6 +286,14 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
     if "figure" in claim:
         lines += [f"![{claim['id']}]({figures_rel}/{claim['figure']})", ""]
     return lines
+
+
+def _best_cell(arm: dict) -> str:
+    if arm.get("best_is_final"):
+        return "= final (evaluated once)"
+    if arm.get("round") is not None and arm["seeds"]:
+        return "- (a point of the curve)"
+    return _interval(arm.get("estimate_best"))
 
 
 def _needs_explaining(claim: dict) -> bool:

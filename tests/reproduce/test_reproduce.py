@@ -195,6 +195,25 @@ def test_an_arm_shows_the_final_and_the_best_round():
     assert "estimate_best" not in _arm_result(Arm("A", "a"), per_seed, {0: 0.65, 1: None, 2: 0.55})  # old summaries
 
 
+def test_a_best_round_that_is_the_final_one_by_construction_says_so(tmp_path):
+    from fedsim.reproduce.claims import Arm
+    from fedsim.reproduce.report import _best_cell, evaluations
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"round": 1}, {"round": 2, "acc": {"mean": 0.4}}, {"round": 3, "acc": {}, "acc_personalized": {}}]
+    (run / "rounds.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert evaluations(run, "acc") == 2 and evaluations(run, "acc_personalized") == 1
+
+    per_seed, best = {0: [0.5, 0.7], 1: [0.6, 0.6]}, {0: 0.6, 1: 0.6}
+    once = _arm_result(Arm("A", "a"), per_seed, best, {0: 1, 1: 1})  # FedBABU's protocol: one evaluation, at the end
+    assert once["best_is_final"] and "estimate_best" not in once and _best_cell(once) == "= final (evaluated once)"
+    some = _arm_result(Arm("A", "a"), per_seed, best, {0: 1, 1: 20})  # one seed had more rounds to choose from
+    assert "best_is_final" not in some and _best_cell(some) == "60.00 [60.00, 60.00]"
+    halfway = _arm_result(Arm("A", "a", round=0.5), per_seed)  # the run's best round is not this point's
+    assert "estimate_best" not in halfway and _best_cell(halfway) == "- (a point of the curve)"
+
+
 def test_every_claim_sets_a_number_beside_fedsims_or_says_why_there_is_none():
     for paper in PAPERS.values():
         for claim in paper.claims:
