@@ -184,7 +184,7 @@ CLAIMS = (
           explanation="A real difference in the baseline, not in FedBABU. The paper's FedPer row comes from the "
                       "authors' main_fed.py, which trains each client's head and then drops it, so every round and "
                       "the fine-tuning at evaluation start from the initial head: run that way (the FedPer "
-                      "(authors' code) row) FedPer falls below FedBABU in every seed, by 8.9 to 10.7 points. The "
+                      "(authors' code) row) FedPer falls below FedBABU in every seed, by 8.9 to 10.65 points. The "
                       "FedPer paper's own algorithm keeps each client's head across rounds (its Algorithm 1), and "
                       "that FedPer is not separated from FedBABU here: FedBABU is ahead in 4 of 5 seeds (by 1.0 to "
                       "4.6 points) and 0.1 behind in seed 0, an interval that covers both 0 and the 2-point "

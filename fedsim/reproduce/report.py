@@ -130,14 +130,13 @@ def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folde
         per_seed, best, evaluated = {}, {}, {}
         for seed in range(claim.seeds):
             folder = runs_dir / run_name(paper, scale, folders[arm.run], seed)
-            if arm.round is None:
-                values = client_values(folder, arm.metric)
-                if values is not None:
-                    best[seed], evaluated[seed] = best_value(folder, arm.metric), evaluations(folder, arm.metric)
-            else:  # a point on the curve (runner.py): the run's best round is not this arm's
-                values = client_values_at(folder, arm.metric, arm.round)
-            if values is not None:
-                per_seed[seed] = values
+            values = (client_values(folder, arm.metric) if arm.round is None  # a point on the curve: runner.py
+                      else client_values_at(folder, arm.metric, arm.round))
+            if values is None:
+                continue
+            per_seed[seed] = values
+            if arm.round is None:  # a point on the curve has no best round: the run's is not this point's
+                best[seed], evaluated[seed] = best_value(folder, arm.metric), evaluations(folder, arm.metric)
         arms[arm.label] = _arm_result(arm, per_seed, best, evaluated)
     tests = [_test_result(test, arms, claim.seeds) for test in claim.tests]
     return {"id": claim.id, "title": claim.title, "paper_says": claim.paper_says, "regime": claim.regime,
@@ -289,10 +288,10 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
 
 
 def _best_cell(arm: dict) -> str:
-    if arm.get("best_is_final"):
-        return "= final (evaluated once)"
     if arm.get("round") is not None and arm["seeds"]:
         return "- (a point of the curve)"
+    if arm.get("best_is_final"):
+        return "= final (evaluated once)"
     return _interval(arm.get("estimate_best"))
 
 

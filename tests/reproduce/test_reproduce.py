@@ -212,6 +212,7 @@ def test_a_best_round_that_is_the_final_one_by_construction_says_so(tmp_path):
     assert "best_is_final" not in some and _best_cell(some) == "60.00 [60.00, 60.00]"
     halfway = _arm_result(Arm("A", "a", round=0.5), per_seed)  # the run's best round is not this point's
     assert "estimate_best" not in halfway and _best_cell(halfway) == "- (a point of the curve)"
+    assert _best_cell(_arm_result(Arm("A", "a", round=0.5), per_seed, best, {0: 1, 1: 1})) == "- (a point of the curve)"
 
 
 def test_every_claim_sets_a_number_beside_fedsims_or_says_why_there_is_none():
