@@ -269,9 +269,11 @@ CLAIMS = (
           seeds=5),
     Claim("global-vs-personal", "Sec. 4: a better global model does not mean better personalization",
           "Abstract and Sec. 4 (Table 1, FedAvg, MobileNet, CIFAR-100, 100 clients): 'a better federated global "
-          "model performance does not constantly improve personalization': the settings that lower FedAvg's "
-          "initial accuracy (smaller f, larger tau) do not lower its personalized accuracy (5 fine-tuning epochs) "
-          "alike. Sec. 4 also shows it with a server-held data portion p (Table 2: initial up, personalized down).",
+          "model performance does not constantly improve personalization'. Sec. 4 states that smaller f and larger "
+          "tau lower FedAvg's initial accuracy (Table 1) and shows the claim with a server-held data portion p "
+          "(Table 2: initial up, personalized down). This suite reads the sentence over Table 1's f and tau: the "
+          "settings that lower the initial accuracy do not lower the personalized one (5 fine-tuning epochs) "
+          "alike; Table 1's values could not be read, so that reading is ours.",
           (Arm("initial tau=1", "fedavg-tau1"), Arm("initial tau=10", "fedavg-tau10"),
            Arm("personalized tau=1", "fedavg-tau1", PERSONALIZED),
            Arm("personalized tau=10", "fedavg-tau10", PERSONALIZED),
@@ -286,7 +288,17 @@ CLAIMS = (
           "personalization then follows the global model. Table 2's server-data experiment is cut (fedsim trains "
           "no model on server-held client data).",
           paper_number="none available: the paper's values are its Tables 1 and 2; " + NO_TABLE,
-          seeds=5),
+          seeds=5,
+          # Read from the CPU scale's kept runs (fedbabu-cpu-fedavg{,-f1,-tau1,-tau10}-s0..s4), all 5 seeds finished.
+          explanation="Not reproduced at this scale over f; the paper's own demonstration is not run. Here the "
+                      "personalized accuracy follows the initial one: f = 1.0 is above f = 0.25 by 8.9 points "
+                      "initial and 9.4 personalized (the contrast is -1.1, -1.0, -0.35, +1.25, -1.3 over the "
+                      "seeds), and tau = 1 above tau = 10 by 9.9 initial and 9.4 personalized (+1.1, +2.35, "
+                      "+0.95, -0.45, -1.55: inconclusive). So a better global model from more participation or "
+                      "fewer local epochs also personalized better, by as much, on 20 clients with the 4-conv CNN "
+                      "and 80 local epochs. The source text read here says only that these settings lower the "
+                      "initial accuracy; its case of initial up and personalized down is Table 2's server-held "
+                      "data, which fedsim cuts, so this result does not contradict it."),
     Claim("momentum", "App. D: local momentum helps FedAvg and FedBABU; m = 0.99 breaks FedAvg",
           "App. D (Table 10, N = 100, f = 0.1, tau = 10): appropriate momentum during local updates improves FedAvg "
           "and FedBABU, especially their personalized accuracy, whereas extreme momentum (m = 0.99) makes FedAvg "
