@@ -223,16 +223,7 @@ CLAIMS = (
           tuple(greater(f"FedBABU beta={b}", f"FedAvg+FT beta={b}") for b in ("0.1", "0.5", "1.0")),
           "Dirichlet(beta) over the clients' share of CIFAR-100 (unbalanced), f = 0.25, tau = 10. " + HEAD_SCALED,
           paper_number="no number in the arXiv text; PFLlib (CIFAR-100, 20 clients, best round; its FedAvg is not "
-                       "fine-tuned): Dir(0.1) FedAvg 31.89, FedBABU 55.02; Dir(0.5) FedAvg 27.99, FedBABU 39.35",
-          # Written from the suite's earlier runs (commit 6e3c797: 3 seeds, unit-norm fixed heads since replaced by
-          # orthogonal_scaled); re-read it against the current runs once all 5 seeds have finished.
-          explanation="Regime, not tested further here. In the suite's earlier runs (3 seeds, unit-norm fixed "
-                      "heads, commit 6e3c797) FedBABU was ahead under the strongest skew, beta = 0.1, and the gap "
-                      "shrank as beta grew, the paper's own 'particularly under greater data heterogeneity': a few "
-                      "points at beta = 0.5 and a tie at beta = 1.0. On this scale (20 clients, the 4-conv CNN, 80 "
-                      "local epochs) FedAvg+FT's fine-tuned global model catches up once the skew is mild. The arXiv "
-                      "text (2106.06042v3) gives no Table 18 numbers, so its own gap at beta = 1.0 cannot be set "
-                      "beside ours."),
+                       "fine-tuned): Dir(0.1) FedAvg 31.89, FedBABU 55.02; Dir(0.5) FedAvg 27.99, FedBABU 39.35"),
     Claim("pfllib", "Smoke check: PFLlib's leaderboard setting after 10 of its 2,000 rounds",
           "PFLlib's table (CIFAR-100 pathological, 20 clients, 2-conv + 2-fc CNN, best of 2,000 rounds): FedAvg "
           "25.98, FedPer 63.53, FedRep 67.56, FedBABU 66.85, Ditto 67.23.",
