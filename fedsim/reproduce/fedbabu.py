@@ -339,10 +339,10 @@ CLAIMS = (
                       "client participating, FedProx+BABU (mu = 0.01) and FedBABU end within a point of each other "
                       "in every seed (-0.85 to +1.0; 63.77 against 63.60 personalized), and their initial accuracies "
                       "within two (-1.85 to +0.7; 21.89 against 22.41): no effect of the proximal term as large as "
-                      "the 2-point margin. Both are ahead of FedAvg+FT "
-                      "(61.02): FedProx+BABU by 0.55 to 4.55 points per seed, FedBABU by 1.0 to 3.8, so what App. M "
-                      "credits to FedProx+BABU is FedBABU's lead here. Larger mu, and the paper's 100 clients and "
-                      "MobileNet, are not run; how large the proximal term is beside the loss was not measured."),
+                      "the 2-point margin. Both are ahead of FedAvg+FT (61.02): FedProx+BABU by 0.55 to 4.55 points "
+                      "per seed, FedBABU by 1.0 to 3.8, so what App. M credits to FedProx+BABU is FedBABU's lead "
+                      "here. Larger mu, and the paper's 100 clients and MobileNet, are not run; how large the "
+                      "proximal term is beside the loss was not measured."),
 )
 
 PAPER = Paper(
