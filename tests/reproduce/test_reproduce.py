@@ -348,7 +348,7 @@ def test_a_run_another_process_holds_is_left_to_it(tmp_path, data_root):
 def test_a_runs_time_counts_its_rounds_across_resumes_and_the_dry_run_extrapolates(tmp_path):
     from types import SimpleNamespace
 
-    from fedsim.cli.main import _time_left
+    from fedsim.cli.reproduce import _time_left
     from fedsim.reproduce.runner import run_seconds
 
     done, left = tmp_path / "done", tmp_path / "left"
