@@ -12,8 +12,9 @@ KEPT_DEFAULT = "reproduction/runs"
 
 def reproduce_command(args: argparse.Namespace) -> int:
     from fedsim.reproduce import PAPERS
-    from fedsim.reproduce.report import evaluate, write_report, write_results
+    from fedsim.reproduce.report import write_report, write_results
     from fedsim.reproduce.runner import execute, folder_keys, keep_finished, plan, restore_kept, run_trees
+    from fedsim.reproduce.verdicts import evaluate
 
     if args.paper == "leaderboard":
         return _leaderboard_command(args)
