@@ -13,8 +13,8 @@ from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN, at_most, gap_trend, greater, slope_coefficients, trend
 from fedsim.reproduce.report import _claim_section, headline_block, headline_rows, tally, write_results
 from fedsim.reproduce.runner import execute, folder_keys, plan, run_trees
-from fedsim.reproduce.verdicts import (FAILS, HOLDS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, _arm_result, _test_result,
-                                       claim_verdict)
+from fedsim.reproduce.verdicts import (FAILS, HOLDS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, _arm_result,
+                                       _test_result, claim_verdict)
 from fedsim.sweep.runs import claimed
 from fedsim.metrics.confidence import mean_ci, t975
 
