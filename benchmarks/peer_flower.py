@@ -79,12 +79,13 @@ def fedsim_tree(name: str, w: dict, engine: dict | None = None) -> dict:
 def export(name: str, w: dict) -> Path:
     """The partition fedsim would use, as client -> indices into the decoded cache's .npy files."""
     from fedsim.data import load_dataset, make_partition
-    from fedsim.data.datasets import _source_key, _find_source, _DATASETS, cache_dir, resolve_root
+    from fedsim.data.cache import cache_dir, source_key
+    from fedsim.data.datasets import _DATASETS, _find_source, resolve_root
 
     data = load_dataset("cifar10")
     part = make_partition("iid", data.train_y, data.test_y, w["num_clients"], HP["seed"])
     source, _ = _find_source(_DATASETS["cifar10"], resolve_root(None), False)
-    folder = cache_dir() / f"cifar10-{_source_key(source)}"
+    folder = cache_dir() / f"cifar10-{source_key(source)}"
     assert (folder / "train_x.npy").exists(), folder
     sizes = sorted({len(t) for t in part.train})
     hp = {**HP, **w, "num_classes": data.num_classes, "input_shape": list(data.input_shape)}

@@ -7,6 +7,7 @@ from conftest import make_image_zip
 
 from fedsim import atomic
 from fedsim.data import datasets, load_dataset
+from fedsim.data.cache import build_cache
 from fedsim.metrics.logger import JsonlLogger
 
 
@@ -47,7 +48,7 @@ def test_cache_build_never_removes_a_cache_another_process_published(tmp_path, m
     inode = (folder / "train_x.npy").stat().st_ino
     spec = datasets._DATASETS["imagefolder"]
     source, read = datasets._find_source(spec, zpath, download=False)
-    datasets._build_cache(folder, source, read, spec)  # this process finished decoding a moment later
+    build_cache(folder, source, read(source), spec.augmentable)  # this process finished decoding a moment later
     assert (folder / "train_x.npy").stat().st_ino == inode  # the published files were never replaced
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [folder.name]  # no temp folder left
     assert (published.train_x == load_dataset("imagefolder", zpath).train_x).all()

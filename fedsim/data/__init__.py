@@ -1,7 +1,9 @@
 """Data layer: dataset loading with a decode-once cache, client partitions, batched transforms."""
 
-from fedsim.data.datasets import ArrayDataset, load_dataset, resolve_root
-from fedsim.data.partition import Partition, make_partition
+from fedsim.data.array_dataset import ArrayDataset
+from fedsim.data.datasets import load_dataset, resolve_root
+from fedsim.data.partition import Partition
+from fedsim.data.partitioning.make import make_partition
 from fedsim.data.transforms import crop_flip, crop_flip_draws, random_crop_flip, shuffled_batches, to_float
 from fedsim.errors import DataError
 

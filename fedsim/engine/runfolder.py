@@ -18,7 +18,7 @@ from fedsim.config import ConfigError, RunConfig, changed_settings, load_tree, v
 from fedsim.core import checkpoint
 from fedsim.core.results import JSONL_RESULTS, ResultsDamaged, read_results
 from fedsim.data import ArrayDataset, Partition
-from fedsim.data.datasets import recomputed_digest
+from fedsim.data.array_dataset import recomputed_digest
 from fedsim.engine import runlock
 from fedsim.engine.failures import describe_failure
 from fedsim.errors import DataError, RunFailed

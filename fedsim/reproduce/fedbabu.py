@@ -1,5 +1,9 @@
 """The FedBABU paper (Oh et al. 2021, arXiv:2106.06042v3), claim by claim, and the
-PFLlib leaderboard as a cross-check."""
+PFLlib leaderboard as a cross-check.
+
+One file over ~350 lines on purpose: it only declares one paper's reproduction plan, read top to bottom as
+fedper.py is for FedPer (the runs, with the settings they vary and the sources those cite, then the claims that
+name the runs); split, a claim would sit in one file and the runs it names in another."""
 from fedsim.reproduce.claims import Arm, Claim, Paper, RunFolder, gap_shrinks, greater, trend
 
 

@@ -1,13 +1,9 @@
-"""Claim verdicts computed from run folders, and REPRODUCTION.md + one figure per claim.
-
-Every number comes from the runs' summary.json: the final round's per-client accuracies (what the tests use) and
-the best round's client mean (shown beside it, as PFLlib and the FedBABU authors report). Each paper
-and scale keeps its results in ``<figures>/<paper>-<scale>.json``; REPRODUCTION.md is rendered from
-all of them, so reproducing one paper never drops the other's section."""
+"""The verdicts written out: each paper and scale's results as ``<figures>/<paper>-<scale>.json`` with one
+figure per claim, and REPRODUCTION.md rendered from all of them, so reproducing one paper never drops the other's
+section. The verdicts themselves are computed in ``verdicts``."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +11,10 @@ from matplotlib.figure import Figure
 
 from fedsim import atomic
 from fedsim.core.protocol import ACCURACIES
-from fedsim.metrics.confidence import mean_ci
-from fedsim.metrics.logger import read_jsonl
-from fedsim.metrics.summary import summarize
 from fedsim.reproduce import PAPERS
-from fedsim.reproduce.claims import MARGIN, Arm, Claim, Paper, Test
-from fedsim.reproduce.runner import client_values_at, read_summary, run_name, run_seconds
+from fedsim.reproduce.claims import MARGIN
+from fedsim.reproduce.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
-HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
-REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
 HEADLINE_START, HEADLINE_END = "<!-- headline:start -->", "<!-- headline:end -->"
 RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed per seed from the **final round** - "
         "arms of one seed share the partition and initial weights, so the contrast is paired - then averaged over "
@@ -39,127 +30,6 @@ RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed
         "Where every run of an arm evaluated that accuracy at its final round only (FedBABU's protocol fine-tunes "
         "once, at the end), its best round is the final one and the table says so; an arm read at a point of its "
         "runs' curves has no best round of its own.")
-
-
-def client_values(folder: Path, metric: str) -> list[float] | None:
-    """The final round's per-client accuracies (0..1) of a finished run, or None when it has not finished."""
-    summary = read_summary(folder)
-    if summary is None:
-        return None
-    key = f"per_client_{metric}"
-    if key not in summary:
-        raise ValueError(f"{folder}: summary.json has no {key} (the run did not measure {ACCURACIES[metric]} "
-                         "accuracy); run it again with `fedsim reproduce`")
-    return [float(v) for v in summary[key].values()]
-
-
-def best_value(folder: Path, metric: str) -> float | None:
-    """The best evaluation round's client-mean accuracy (0..1) of a finished run (summary.json's best_round), or
-    None where the run has not finished or predates best_round."""
-    summary = read_summary(folder)
-    best = (summary or {}).get("best_round", {}).get(metric)
-    return None if best is None else float(best["mean"])
-
-
-def evaluations(folder: Path, metric: str) -> int:
-    """How many rounds of a finished run evaluated ``metric`` (its rounds.jsonl rows that carry it): with one, the
-    best round is the final round by construction, not by measurement."""
-    return sum(metric in row for row in read_jsonl(folder / "rounds.jsonl"))
-
-
-def _arm_result(arm: Arm, per_seed: dict[int, list[float]], best: dict[int, float] | None = None,
-                evaluated: dict[int, int] | None = None) -> dict:
-    """Mean client accuracy per seed (final round) and its CI; the per-client spread averaged over seeds; the best
-    round's client mean per seed and its CI where every finished seed has one and some seed evaluated more than one
-    round (``evaluated``: the seed's evaluation count; with one everywhere, ``best_is_final`` says so instead);
-    all in points."""
-    stats = {seed: summarize(values) for seed, values in per_seed.items()}
-    means = [100 * stats[s]["mean"] for s in sorted(stats)]
-    result = {"label": arm.label, "run": arm.run, "metric": arm.metric, "round": arm.round, "seeds": sorted(stats),
-              "per_seed_mean": means, "per_seed_std": [100 * stats[s]["std"] for s in sorted(stats)]}
-    if stats:
-        result["estimate"] = asdict(mean_ci(means))
-        for key in ("std", "min", "p10"):
-            result[f"client_{key}"] = float(np.mean([100 * stats[s][key] for s in stats]))
-        best, evaluated = best or {}, evaluated or {}
-        if evaluated and all(evaluated.get(s) == 1 for s in stats):
-            result["best_is_final"] = True
-        elif all(best.get(s) is not None for s in stats):
-            result["per_seed_best"] = [100 * best[s] for s in sorted(stats)]
-            result["estimate_best"] = asdict(mean_ci(result["per_seed_best"]))
-    return result
-
-
-def _test_result(test: Test, arms: dict[str, dict], seeds: int = 2) -> dict:
-    """The test's contrast over the seeds where every arm it names has finished; decided only once ``seeds``
-    (the claim's own, at least 2) have: holds when the interval's low clears the threshold, fails when its high
-    is below threshold + margin, inconclusive otherwise."""
-    column = "per_seed_std" if test.stat == "std" else "per_seed_mean"
-    finished = sorted(set.intersection(*(set(arms[label]["seeds"]) for label, _ in test.terms)))
-    values = [sum(coef * arms[label][column][arms[label]["seeds"].index(s)] for label, coef in test.terms)
-              for s in finished]
-    result = {"text": test.text, "above": test.above, "margin": test.margin, "fails_if": test.fails_if(),
-              "seeds": finished, "seeds_fixed": seeds, "values": values, "estimate": None, "verdict": INCONCLUSIVE}
-    if values:
-        est = mean_ci(values)
-        result["estimate"] = _as_written(test, est)
-        if len(values) >= max(2, seeds):
-            result["verdict"] = (HOLDS if est.low > test.above else FAILS if est.high < test.above + test.margin
-                                 else INCONCLUSIVE)
-    return result
-
-
-def _as_written(test: Test, est) -> dict:
-    """The estimate in the test's own terms: an upper bound ("FedAvg < 20") is computed as -FedAvg > -20
-    but shown as FedAvg's value."""
-    if not test.upper_bound:
-        return asdict(est)
-    flip = {"low": -est.high if est.high is not None else None, "high": -est.low if est.low is not None else None}
-    return {**asdict(est), "mean": -est.mean, **flip}
-
-
-def claim_verdict(tests: list[dict]) -> str:
-    verdicts = {t["verdict"] for t in tests}
-    return REPRODUCED if verdicts == {HOLDS} else NOT_REPRODUCED if FAILS in verdicts else INCONCLUSIVE
-
-
-def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folders: dict[str, str]) -> dict:
-    """The claim over its own seeds 0..claim.seeds-1 (whatever of them have finished)."""
-    arms = {}
-    for arm in claim.arms:
-        per_seed, best, evaluated = {}, {}, {}
-        for seed in range(claim.seeds):
-            folder = runs_dir / run_name(paper, scale, folders[arm.run], seed)
-            values = (client_values(folder, arm.metric) if arm.round is None  # a point on the curve: runner.py
-                      else client_values_at(folder, arm.metric, arm.round))
-            if values is None:
-                continue
-            per_seed[seed] = values
-            if arm.round is None:  # a point on the curve has no best round: the run's is not this point's
-                best[seed], evaluated[seed] = best_value(folder, arm.metric), evaluations(folder, arm.metric)
-        arms[arm.label] = _arm_result(arm, per_seed, best, evaluated)
-    tests = [_test_result(test, arms, claim.seeds) for test in claim.tests]
-    return {"id": claim.id, "title": claim.title, "paper_says": claim.paper_says, "regime": claim.regime,
-            "paper_number": claim.paper_number, "seeds": claim.seeds, "counts": claim.counts,
-            "explanation": claim.explanation, "arms": list(arms.values()), "tests": tests,
-            "verdict": claim_verdict(tests)}
-
-
-def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int | None, runs_dir: Path,
-             command: str, folders: dict[str, str]) -> dict:
-    """Everything REPRODUCTION.md says about one paper at one scale, recomputed from the run folders;
-    ``command`` is the one that regenerates them; ``folders`` maps each run key to the run holding it. Each claim
-    is read over its own seeds; ``seeds`` is the command's cap (None: none), recorded, and the run count is of
-    every run the claims fix, so a capped suite shows what it left."""
-    wanted: dict[str, int] = {}
-    for key, n in paper.seeds_of(claims).items():
-        wanted[folders[key]] = max(wanted.get(folders[key], 0), n)
-    folders_run = [runs_dir / run_name(paper, scale, key, s) for key in sorted(wanted) for s in range(wanted[key])]
-    done = [folder for folder in folders_run if read_summary(folder) is not None]
-    return {"paper": paper.key, "title": paper.title, "scale": scale, "scale_note": paper.scale_notes.get(scale, ""),
-            "seeds": seeds, "command": command, "runs_total": len(folders_run), "runs_done": len(done),
-            "compute_seconds": sum(run_seconds(folder) for folder in done),
-            "claims": [evaluate_claim(c, paper, scale, runs_dir, folders) for c in claims]}
 
 
 def claim_figure(claim: dict, path: Path) -> None:
@@ -360,4 +230,3 @@ def headline_block(markdown: str) -> str:
     """The headline table between its markers (the README shows the same block)."""
     start, end = markdown.index(HEADLINE_START), markdown.index(HEADLINE_END)
     return markdown[start:end + len(HEADLINE_END)]
-

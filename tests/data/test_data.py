@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from fedsim.data import DataError, Partition, load_dataset, make_partition, random_crop_flip, resolve_root, to_float
-from fedsim.data import datasets
+from fedsim.data import formats
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 TRAIN_Y = np.repeat(np.arange(10), 50)  # 10 classes x 50
@@ -156,13 +156,13 @@ def zip_folder(folder: Path, dest: Path) -> Path:
 
 def count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    real = datasets._decode_images
+    real = formats._decode_images
 
     def counting(*args):  # type: ignore[no-untyped-def]
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(datasets, "_decode_images", counting)
+    monkeypatch.setattr(formats, "_decode_images", counting)
     return calls
 
 

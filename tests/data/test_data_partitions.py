@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedsim.data import DataError, Partition, load_dataset, make_partition
-from fedsim.data import partition as partition_module
+from fedsim.data.partitioning import kinds
 
 TRAIN_Y = np.repeat(np.arange(10), 60)  # 10 classes x 60
 TEST_Y = np.repeat(np.arange(10), 20)
@@ -305,7 +305,7 @@ def test_natural_on_real_femnist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 )
 def test_errors_name_the_setting(monkeypatch: pytest.MonkeyPatch, kind: str, num_clients: int, kwargs: dict,
                                  field: str) -> None:
-    monkeypatch.setattr(partition_module, "_DIRICHLET_TRIES", 3)  # keep the hopeless case fast
+    monkeypatch.setattr(kinds, "_DIRICHLET_TRIES", 3)  # keep the hopeless case fast
     kwargs = dict(kwargs)
     test_y = kwargs.pop("test_y", TEST_Y)
     with pytest.raises(DataError, match=field.replace(".", r"\.")) as info:

@@ -8,16 +8,15 @@ import pytest
 
 from fedsim.config import ConfigError, changed_settings, resume_fingerprint, validate
 from fedsim.data import DataError, make_partition
-from fedsim.data import partition as partition_module
+from fedsim.data.partitioning.request import Request
 
 Y = np.repeat(np.arange(10), 30)  # 10 classes x 30
 
 
 def conflicting_before_agreed(train_y, test_y, num_clients, seed, train_fraction=1.0, test_fraction=1.0):
     """The conflicting partition as fedsim drew it before data.partition.agreed (commit afdda62), verbatim."""
-    r = partition_module._Request(np.asarray(train_y, np.int64), np.asarray(test_y, np.int64), num_clients,
-                                  np.random.default_rng(seed), train_fraction, test_fraction, None, None, "fedbabu",
-                                  None, None)
+    r = Request(np.asarray(train_y, np.int64), np.asarray(test_y, np.int64), num_clients, np.random.default_rng(seed),
+                train_fraction, test_fraction, None, None, "fedbabu", None, None)
     train, test = ([np.sort(r.rng.choice(pool, len(pool) // r.num_clients, replace=False))
                     for _ in range(r.num_clients)] for pool in r.pools())
     num_classes = int(max(r.train_y.max(initial=0), r.test_y.max(initial=0))) + 1

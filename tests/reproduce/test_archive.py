@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import TESTS
 
-from fedsim.cli.main import KEPT_DEFAULT
+from fedsim.cli.reproduce import KEPT_DEFAULT
 from fedsim.config import ConfigError
 from fedsim.reproduce import archive
 

@@ -9,7 +9,7 @@ import pytest
 
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN
-from fedsim.reproduce.report import FAILS, HOLDS, _test_result, evaluate_claim
+from fedsim.reproduce.verdicts import FAILS, HOLDS, _test_result, evaluate_claim
 from fedsim.reproduce.runner import client_values_at, folder_keys, plan, run_name, run_trees
 
 NEW = {"fedbabu": ("appf-cifar10", "global-vs-personal", "momentum", "fedprox-babu"), "fedper": ("convergence",)}

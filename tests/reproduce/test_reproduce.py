@@ -11,10 +11,10 @@ from conftest import TESTS
 from fedsim.cli.main import main
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN, at_most, gap_trend, greater, slope_coefficients, trend
-from fedsim.reproduce.report import (FAILS, HOLDS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, _arm_result,
-                                     _claim_section, _test_result, claim_verdict, headline_block, headline_rows, tally,
-                                     write_results)
+from fedsim.reproduce.report import _claim_section, headline_block, headline_rows, tally, write_results
 from fedsim.reproduce.runner import execute, folder_keys, plan, run_trees
+from fedsim.reproduce.verdicts import (FAILS, HOLDS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, _arm_result,
+                                       _test_result, claim_verdict)
 from fedsim.sweep.runs import claimed
 from fedsim.metrics.confidence import mean_ci, t975
 
@@ -197,7 +197,8 @@ def test_an_arm_shows_the_final_and_the_best_round():
 
 def test_a_best_round_that_is_the_final_one_by_construction_says_so(tmp_path):
     from fedsim.reproduce.claims import Arm
-    from fedsim.reproduce.report import _best_cell, evaluations
+    from fedsim.reproduce.report import _best_cell
+    from fedsim.reproduce.verdicts import evaluations
 
     run = tmp_path / "run"
     run.mkdir()
@@ -348,7 +349,7 @@ def test_a_run_another_process_holds_is_left_to_it(tmp_path, data_root):
 def test_a_runs_time_counts_its_rounds_across_resumes_and_the_dry_run_extrapolates(tmp_path):
     from types import SimpleNamespace
 
-    from fedsim.cli.main import _time_left
+    from fedsim.cli.reproduce import _time_left
     from fedsim.reproduce.runner import run_seconds
 
     done, left = tmp_path / "done", tmp_path / "left"

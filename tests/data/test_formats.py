@@ -7,7 +7,7 @@ def test_16_bit_images_are_scaled_not_clipped():
 
     from PIL import Image
 
-    from fedsim.data.datasets import _rgb8
+    from fedsim.data.formats import _rgb8
 
     wide = (np.arange(64).reshape(8, 8) * 1000).astype(np.uint16)
     buffer = io.BytesIO()

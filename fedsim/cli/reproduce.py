@@ -1,0 +1,129 @@
+"""``fedsim reproduce PAPER`` (or ``leaderboard``): run or resume the runs behind a paper's claims (the
+leaderboard's methods), keep each finished run's results, and write the report; ``--dry-run`` estimates the work
+and the time left instead."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+RUNS_DEFAULT = "runs/reproduce"
+KEPT_DEFAULT = "reproduction/runs"
+
+
+def reproduce_command(args: argparse.Namespace) -> int:
+    from fedsim.reproduce import PAPERS
+    from fedsim.reproduce.report import write_report, write_results
+    from fedsim.reproduce.runner import execute, folder_keys, keep_finished, plan, restore_kept, run_trees
+    from fedsim.reproduce.verdicts import evaluate
+
+    if args.paper == "leaderboard":
+        return _leaderboard_command(args)
+    args.report = args.report or "REPRODUCTION.md"
+    paper = PAPERS[args.paper]
+    claims = (paper.claim(args.only),) if args.only else paper.claims
+    runs_dir = Path(args.runs).resolve()
+    planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
+    kept = Path(args.kept).resolve()
+    everything = planned if args.only is None else plan(paper, paper.claims, args.scale, args.seeds, runs_dir,
+                                                        args.overrides)
+    _restored(restore_kept(everything, kept), kept)
+    if args.dry_run:
+        return _reproduce_dry_run(planned, args.seeds)
+    if not args.report_only:
+        execute(planned, max_concurrent=args.max_concurrent, name=f"{args.paper}-{args.scale}", kept=kept)
+    for item in planned:  # runs another process finished, or that finished before they were kept as they finish
+        keep_finished(item, planned, kept)
+    report = Path(args.report).resolve()
+    figures = Path(args.figures).resolve() if args.figures else report.parent / "reproduction"
+    command = " ".join(["fedsim reproduce", args.paper, f"--scale {args.scale}",
+                        *([f"--seeds {args.seeds}"] if args.seeds else []),
+                        *_folder_options(args), *args.overrides])
+    folders = folder_keys(run_trees(paper, args.scale, args.overrides))
+    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command, folders)
+    print(write_results(results, figures))
+    for path in write_report(figures, report):
+        print(path)
+    for claim in results["claims"]:
+        print(f"{claim['id']}: {claim['verdict']}")
+    return 0
+
+
+def _leaderboard_command(args: argparse.Namespace) -> int:
+    from fedsim.reproduce import leaderboard
+    from fedsim.reproduce.runner import keep_finished, restore_kept
+
+    seeds = args.seeds or 5
+    runs_dir, kept = Path(args.runs).resolve(), Path(args.kept).resolve()
+    planned = leaderboard.plan(args.scale, seeds, runs_dir, args.overrides, args.only)  # validates every config first
+    everything = planned if args.only is None else leaderboard.plan(args.scale, seeds, runs_dir, args.overrides)
+    _restored(restore_kept(everything, kept), kept)
+    if args.dry_run:
+        return _reproduce_dry_run(planned, seeds)
+    if not args.report_only:
+        leaderboard.complete(planned, kept, args.max_concurrent)
+    for item in planned:
+        keep_finished(item, planned, kept)
+    command = " ".join(["fedsim reproduce leaderboard", f"--scale {args.scale}", f"--seeds {seeds}",
+                        *_folder_options(args), *args.overrides])
+    table = leaderboard.evaluate(everything, kept)
+    for path in leaderboard.write(table, args.scale, everything, command, Path(args.report or "docs/leaderboard.md")):
+        print(path)
+    return 0
+
+
+def _folder_options(args: argparse.Namespace) -> list[str]:
+    """The command's --runs and --kept where they are not the defaults, for the command a report names."""
+    return [*([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []),
+            *([f"--kept {args.kept}"] if args.kept != KEPT_DEFAULT else [])]
+
+
+def _restored(count: int, kept: Path) -> None:
+    if count:
+        print(f"{count} finished runs put back from {kept}")
+
+
+def _reproduce_dry_run(planned: list, seeds: int | None) -> int:
+    """Each run of the first seed built and estimated (the other seeds are the same work), then every run's status.
+    ``seeds``: the cap, or None where each claim fixes its own (the header then says the most any run gets)."""
+    from fedsim.engine.estimate import estimate
+    from fedsim.sweep.runs import status
+
+    most = max((p.seed for p in planned), default=-1) + 1
+    label = f"x{seeds} seeds" if seeds else f"x up to {most} seeds"
+    print(f"{'run (seed 0; ' + label + ')':<44} {'model':<13} {'rounds':>6} {'sampled':>7} {'epochs':>6} "
+          f"{'train sample-steps':>18} {'fine-tune':>12}")
+    work = {}  # run key -> sample-steps (training and fine-tuning), the same for every seed
+    after, key_of = [], {p.config.name: p.key for p in planned}  # runs that start from another run's model
+    for item in (p for p in planned if p.seed == 0):
+        config = item.config
+        if item.needs:  # its weights are another run's, possibly not yet there: the same work from random weights
+            config = config.model_copy(update={"model": config.model.model_copy(update={"init_from": None})})
+            after.append(f"{item.key} after {', '.join(key_of[dep.name] for dep in item.needs)}")
+        e = estimate(config)
+        work[item.key] = e.train_sample_steps + e.finetune_sample_steps
+        print(f"{item.config.name:<44} {e.model:<13} {e.rounds:>6} {e.sampled_per_round:>7} {e.epochs_per_round:>6} "
+              f"{e.train_sample_steps:>18,} {e.finetune_sample_steps:>12,}")
+    print(f"all {len(planned)} runs: {sum(work[item.key] for item in planned):,} sample-steps (training and "
+          "fine-tuning)")
+    if after:
+        print(f"starting from another run's final model (same seed, run after it; estimated above from random "
+              f"weights, the same work): {'; '.join(after)}")
+    states = [(item, status(item.config)) for item in planned]
+    for item, state in states:
+        print(f"{item.config.name}: {state}")
+    print(_time_left(states, work))
+    return 0
+
+
+def _time_left(states: list[tuple], work: dict[str, int]) -> str:
+    """What is left, timed at the rate the finished runs measured here (an extrapolation, said as one)."""
+    from fedsim.reproduce.runner import run_seconds
+
+    finished = [item for item, state in states if state == "finished"]
+    left = sum(work[item.key] for item, state in states if state != "finished")
+    seconds = sum(run_seconds(item.folder) for item in finished)
+    if not left or not seconds:
+        return f"left: {len(states) - len(finished)} runs, {left:,} sample-steps"
+    rate = sum(work[item.key] for item in finished) / seconds
+    return (f"left: {len(states) - len(finished)} runs, {left:,} sample-steps; about {left / rate / 3600:.1f} h at "
+            f"the {rate:,.0f} sample-steps/s the {len(finished)} finished runs measured (their rounds' time)")

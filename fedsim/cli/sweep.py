@@ -1,0 +1,48 @@
+"""``fedsim sweep CONFIG.yaml``: a config's sweep variants (and seeds) run at once as Ray Tune trials;
+``--dry-run`` lists each variant with its status and resources instead."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from fedsim.config import expand_sweep, load_tree, refuse_defaults_only
+
+
+def sweep_command(args: argparse.Namespace) -> int:
+    from fedsim.config import validate
+
+    tree = load_tree(args.config, args.overrides)
+    configs = expand_sweep(tree)
+    refuse_defaults_only(args.config, tree)
+    base = validate(tree)  # the config as written: its name and search section (a variant carries neither)
+    if args.dry_run:
+        return _sweep_dry_run(configs, base)
+    from fedsim.sweep.executor import Sweep, results_table, run_sweep, write_results
+
+    sweep = Sweep(base.name, configs, base.search)
+    outcomes = run_sweep(sweep, args.max_concurrent)
+    print(results_table(outcomes))
+    print(write_results(sweep, outcomes))
+    failed = [o.name for o in outcomes if o.state == "failed"]
+    if failed:
+        command = shlex.join(["fedsim", "sweep", args.config, *args.overrides])
+        print(f"fedsim: error: {len(failed)} of {len(outcomes)} trials failed ({', '.join(failed)}; causes above); "
+              f"fix them and run `{command}` again (finished trials are not retrained)", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _sweep_dry_run(configs: list, base) -> int:
+    from fedsim.metrics.series import metric_names
+    from fedsim.sweep.executor import trial_bundles
+    from fedsim.sweep.runs import status
+
+    print(f"{len(configs)} trials; scheduler {base.search.scheduler}"
+          + (f" on {base.search.metric} ({base.search.mode})" if base.search.scheduler == "asha" else ""))
+    for cfg in configs:
+        bundles = trial_bundles(cfg)
+        each = ", ".join(f"{v:g} {k}" for k, v in bundles[0].items())
+        print(f"{cfg.name}: {status(cfg)}; {len(bundles)} workers x ({each})")
+    print("per-round metrics a scheduler can compare (search.metric): " + ", ".join(metric_names(configs[0])))
+    return 0

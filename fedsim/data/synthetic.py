@@ -1,0 +1,49 @@
+"""Generated data sets: built in memory from their options, deterministic in the seed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedsim.data.array_dataset import ArrayDataset, content_digest
+from fedsim.errors import DataError
+
+_SYNTHETIC_OPTIONS = {"alpha": 0.5, "beta": 0.5, "num_clients": 30, "seed": 0}
+
+
+def synthetic(options: dict) -> ArrayDataset:
+    """FedProx's Synthetic(alpha, beta) (Li et al. 2020, generate_synthetic.py in their repo).
+
+    Per client k: u_k ~ N(0, alpha), B_k ~ N(0, beta) (standard deviations, as the repo's
+    np.random.normal calls), W_k, b_k ~ N(u_k, 1), v_k ~ N(B_k, 1), x ~ N(v_k, diag(j^-1.2)),
+    y = argmax(W_k x + b_k). alpha moves the models apart, beta the inputs. Sizes are the repo's
+    int(lognormal(4, 2)) + 50, so every client keeps >= 40 train samples after the 80/20 split.
+    """
+    unknown = sorted(set(options) - set(_SYNTHETIC_OPTIONS))
+    if unknown:
+        raise DataError(f"data.options: unknown synthetic option(s) {unknown}; use {', '.join(_SYNTHETIC_OPTIONS)}")
+    o = _SYNTHETIC_OPTIONS | options
+    try:
+        alpha, beta, n, seed = float(o["alpha"]), float(o["beta"]), int(o["num_clients"]), int(o["seed"])
+    except (TypeError, ValueError) as e:
+        raise DataError(f"data.options: synthetic options must be numbers ({e})") from e
+    if alpha < 0 or beta < 0 or n < 1:
+        raise DataError(f"data.options: synthetic needs alpha >= 0, beta >= 0, num_clients >= 1; got {o}")
+    dim, num_classes = 60, 10
+    rng = np.random.default_rng(seed)
+    sizes = rng.lognormal(4, 2, n).astype(np.int64) + 50
+    u, b_mean = rng.normal(0, alpha, n), rng.normal(0, beta, n)
+    sd = np.arange(1, dim + 1) ** -0.6  # sqrt of the covariance diagonal j^-1.2
+    xs, ys = [], []
+    for k, size in enumerate(sizes):
+        w, b = rng.normal(u[k], 1, (dim, num_classes)), rng.normal(u[k], 1, num_classes)
+        xs.append(rng.normal(b_mean[k], 1, dim) + sd * rng.standard_normal((size, dim)))
+        ys.append(np.argmax(xs[-1] @ w + b, axis=1))
+    x, y = np.concatenate(xs).astype(np.float32).reshape(-1, 1, 1, dim), np.concatenate(ys).astype(np.int64)
+    groups = np.repeat(np.arange(n, dtype=np.int64), sizes)
+    train = np.concatenate([np.arange(size) < int(0.8 * size) for size in sizes])  # each client's first 80%
+    classes = tuple(str(c) for c in range(num_classes))
+    arrays = (x[train], y[train], x[~train], y[~train])
+    return ArrayDataset("synthetic", *arrays, classes,
+                        (0.0,) * dim, (1.0,) * dim,  # features stay as generated: to_float is the identity
+                        groups[train], groups[~train], augmentable=False,
+                        digest=content_digest(*arrays, groups[train], groups[~train]))
