@@ -14,8 +14,9 @@ import signal
 import sys
 import threading
 
-from fedsim.config import ConfigError, expand_sweep, load_tree, refuse_defaults_only
-from fedsim.errors import DataError, RunFailed
+from fedsim.config import load_tree, refuse_defaults_only
+from fedsim.errors import ConfigError, DataError, RunFailed
+from fedsim.sweep.expand import expand_sweep
 
 
 def _parser() -> argparse.ArgumentParser:

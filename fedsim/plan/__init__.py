@@ -19,10 +19,11 @@ from functools import cached_property
 import numpy as np
 
 from fedsim.algorithms.base import Algorithm
-from fedsim.config import ConfigError, RunConfig, resume_fingerprint
+from fedsim.config import RunConfig, resume_fingerprint
 from fedsim.core.layout import KeyParts, Layout
 from fedsim.core.protocol import ClientData, arrays_bytes, payload_bytes
 from fedsim.core.robust import fewest_replies
+from fedsim.errors import ConfigError
 from fedsim.plan.system import AsyncClock, Clock, RoundTime, SystemModel
 
 
