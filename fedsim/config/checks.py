@@ -1,7 +1,8 @@
 """Every rule that ties two sections of a run's config together, in one place. :func:`fedsim.config.validate`
 runs them once each section is valid, before any data loads, so ``--dry-run``, a run, each sweep variant and a
-resumed run's stored config are held to the same rules. A rule that needs the data, the partition or the built
-model stays with what builds them (``fedsim.plan.build``).
+resumed run's stored config are held to the same rules (what they ask of the population is counted from
+data.num_clients, which every partition has). A rule that needs the data, a trace file, the built model or the Ray
+cluster stays with what reads it (``fedsim.plan.build``, ``fedsim.plan.system``, ``fedsim.engine.session``).
 
 This is the config package's one import from a layer above (``fedsim.algorithms``): a method's own parameters
 and what it supports are its class's. Imported where used, as ``fedsim.algorithms`` imports config sections."""
@@ -40,6 +41,7 @@ def check_sections(cfg: RunConfig) -> None:
                           f"on the network's forward, which would bypass model.client {cfg.model.client}'s "
                           "training_step; use the built-in client (unset model.client) or a method that trains "
                           "through the module")
+    check_population(cfg)
 
 
 def method_with_its_parameters(cfg: RunConfig) -> type[Algorithm]:
@@ -73,6 +75,39 @@ def check_asynchronous(cfg: RunConfig, method: type[Algorithm]) -> None:
     if cfg.server.aggregator != "mean":
         raise ConfigError(f"server.aggregator: {cfg.server.aggregator} needs the round's replies together; FedBuff's "
                           "steps (system.mode=async) take the mean; use mode sync or aggregator mean")
+
+
+def check_population(cfg: RunConfig) -> None:
+    """What the sections ask of the run's data.num_clients: eval.unseen leaves clients to train; FedBuff's buffer
+    and clients at once fit those that train (a client reports at most once per step); the method's parameters
+    (IFCA's clusters) and Krum's replies per round, counted at f x N (dropped or late clients can still leave a
+    round short, which then fails naming the fix)."""
+    from fedsim.algorithms import build_algorithm
+
+    num_clients, unseen = cfg.data.num_clients, cfg.eval.unseen
+    held_out = cfg.eval.held_out(num_clients)
+    if unseen is not None and not 1 <= held_out < num_clients:
+        raise ConfigError(f"eval.unseen: {unseen} holds out {held_out} of the {num_clients} clients; hold out at least "
+                          "one and leave at least one to train")
+    trainable = num_clients - held_out
+    for key in ("async_buffer", "concurrency"):
+        value = getattr(cfg.system, key)
+        if cfg.system.mode == "async" and value is not None and value > trainable:
+            raise ConfigError(f"system.{key}: {value} is more than the {trainable} clients that train; at most "
+                              f"{trainable}")
+    per_round = max(1, round(cfg.train.fraction * trainable))
+    algorithm = build_algorithm(cfg)
+    try:
+        algorithm.check_run(trainable, per_round)
+    except ValueError as err:
+        raise ConfigError(f"{algorithm.name}: {err}") from None
+    s = cfg.server
+    if s.aggregator == "krum" and per_round < 2 * s.byzantine + 3:
+        raise ConfigError(f"server.byzantine: krum with f={s.byzantine} needs at least {2 * s.byzantine + 3} clients a "
+                          f"round, this run samples {per_round}; lower server.byzantine or raise train.fraction")
+    if s.aggregator == "krum" and s.krum_select > per_round - s.byzantine:
+        raise ConfigError(f"server.krum_select: {s.krum_select} is more than the {per_round - s.byzantine} replies "
+                          f"Multi-Krum may average (clients a round {per_round} - server.byzantine {s.byzantine})")
 
 
 def steps_asynchronously(method: type[Algorithm]) -> bool:

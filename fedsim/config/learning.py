@@ -233,6 +233,11 @@ class EvalConfig(Section):
         "from the seed: never sampled, scored every evaluation round (personalized after fine-tuning, as FedBABU's "
         "and FederatedScope's generalization protocol); summary.json reports them apart from the others")
 
+    def held_out(self, num_clients: int) -> int:
+        """How many of ``num_clients`` clients eval.unseen holds out of training (0 when unset)."""
+        unseen = self.unseen
+        return 0 if unseen is None else unseen if isinstance(unseen, int) else round(unseen * num_clients)
+
     @property
     def personalizes(self) -> bool:
         """Whether evaluation reports a personalized accuracy beside the initial one."""

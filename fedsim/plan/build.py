@@ -127,45 +127,12 @@ def load_inputs(cfg: RunConfig) -> Inputs:
     return Inputs(data, partition, algorithm, model)
 
 
-def check_buffer_fits(cfg: RunConfig, trainable: int) -> None:
-    """system.mode=async: the buffer and the clients at once must fit the clients that train (a client reports at
-    most once per step). Which methods and server rules it takes is checked with the config
-    (:func:`fedsim.config.checks.check_asynchronous`)."""
-    if cfg.system.mode != "async":
-        return
-    for key in ("async_buffer", "concurrency"):
-        value = getattr(cfg.system, key)
-        if value is not None and value > trainable:
-            raise ConfigError(f"system.{key}: {value} is more than the {trainable} clients that train; at most "
-                              f"{trainable}")
-
-
-def check_population(cfg: RunConfig, algorithm: Algorithm, trainable: int) -> None:
-    """What a method's parameters and the server's rule ask of the run's population: IFCA's clusters, Krum's
-    replies per round (counted at f x N; dropped or late clients can still leave a round short, which then
-    fails naming the fix)."""
-    per_round = max(1, round(cfg.train.fraction * trainable))
-    try:
-        algorithm.check_run(trainable, per_round)
-    except ValueError as err:
-        raise ConfigError(f"{algorithm.name}: {err}") from None
-    s = cfg.server
-    if s.aggregator == "krum" and per_round < 2 * s.byzantine + 3:
-        raise ConfigError(f"server.byzantine: krum with f={s.byzantine} needs at least {2 * s.byzantine + 3} clients a "
-                          f"round, this run samples {per_round}; lower server.byzantine or raise train.fraction")
-    if s.aggregator == "krum" and s.krum_select > per_round - s.byzantine:
-        raise ConfigError(f"server.krum_select: {s.krum_select} is more than the {per_round - s.byzantine} replies "
-                          f"Multi-Krum may average (clients a round {per_round} - server.byzantine {s.byzantine})")
-
-
 def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = None) -> RunPlan:
     """The run's plan over ``partition`` (a resumed run's own; default: the one the inputs drew)."""
     part = partition or inputs.partition
     maps = part.label_maps
     clients = tuple(ClientData(part.train[c], part.test[c], None if maps is None else maps[c])
                     for c in range(part.num_clients))
-    unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval.unseen))
-    check_buffer_fits(cfg, part.num_clients - len(unseen))
-    check_population(cfg, inputs.algorithm, part.num_clients - len(unseen))
+    unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval))
     return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
                    system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen)

@@ -74,3 +74,30 @@ def test_dry_run_refuses_before_any_data_loads(tmp_path, capsys):
                                               "algorithm": "fedavg", "model": {"precision": "16-mixed"}})
     assert main(["run", str(config), "--dry-run"]) == 2
     assert "model.precision: 16-mixed needs a GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tree, message", [
+    ({"eval": {"unseen": 8}}, "eval.unseen: 8 holds out 8 of the 8 clients; hold out at least one and leave at least "
+                              "one to train"),
+    ({"eval": {"unseen": 0.01}}, "eval.unseen: 0.01 holds out 0 of the 8 clients; hold out at least one and leave at "
+                                 "least one to train"),
+    ({"algorithm": "fedavg", "system": {**ASYNC, "async_buffer": 7}, "eval": {"unseen": 2}},
+     "system.async_buffer: 7 is more than the 6 clients that train; at most 6"),
+    ({"algorithm": {"name": "ifca", "clusters": 9}}, "ifca: algorithm.clusters: 9 clusters for 8 clients that train; "
+                                                     "at most 8"),
+    ({"algorithm": "fedavg", "server": {"aggregator": "krum", "byzantine": 3}},
+     "server.byzantine: krum with f=3 needs at least 9 clients a round, this run samples 8; lower server.byzantine or "
+     "raise train.fraction"),
+    ({"algorithm": "fedavg", "server": {"aggregator": "krum", "krum_select": 8}},
+     "server.krum_select: 8 is more than the 7 replies Multi-Krum may average (clients a round 8 - server.byzantine 1)"),
+])
+def test_what_the_sections_ask_of_the_population_is_refused_before_data_loads(tree, message):
+    with pytest.raises(ConfigError) as err:
+        validate({"data": {"num_clients": 8}, **tree})
+    assert str(err.value) == message
+
+
+def test_a_population_that_fits_passes():
+    cfg = validate({"data": {"num_clients": 8}, "eval": {"unseen": 0.25}, "algorithm": {"name": "ifca", "clusters": 6}})
+    assert cfg.eval.held_out(8) == 2
+    validate({"data": {"num_clients": 8}, "algorithm": "fedavg", "server": {"aggregator": "krum", "byzantine": 2}})
