@@ -34,6 +34,7 @@ class Section(BaseModel):
     @classmethod
     def _no_bool_number_confusion(cls, value: Any, info: ValidationInfo) -> Any:
         """pydantic's lax mode turns true into 1 and 1 into true; in a config that is always a typo."""
+        assert info.field_name is not None  # a field validator always validates a field
         wanted = scalar_types(cls.model_fields[info.field_name].annotation)
         if bool in wanted and not isinstance(value, bool) and not (value is None and type(None) in wanted):
             raise ValueError("expected true or false")

@@ -40,7 +40,7 @@ class EngineConfig(Section):
     @field_validator("pack")
     @classmethod
     def _pack_size(cls, value: int | str) -> int | str:
-        if value != "auto" and value < 1:
+        if isinstance(value, int) and value < 1:
             raise ValueError(f"{value} is not a pack size; give 1 (off), a number of clients >= 2, or auto")
         return value
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from fedsim.config.execution import SystemConfig
 from fedsim.config.learning import FLAT_PARTITION_KEYS, ServerConfig
@@ -34,7 +35,7 @@ def _flat_partition(data: dict) -> dict:
     """The data section as fedsim wrote it before partitions were typed (its flat keys at their old defaults
     where another kind's), so that checkpoints written then keep their fingerprint."""
     partition = data["partition"]
-    flat = {k: v for k, v in data.items() if k != "partition"} | {"partition": partition["name"]}
+    flat: dict[str, Any] = {k: v for k, v in data.items() if k != "partition"} | {"partition": partition["name"]}
     for key, (kind, name, default) in FLAT_PARTITION_KEYS.items():
         flat[key] = partition[name] if partition["name"] == kind else default
     for (kind, name), default in LATER_PARTITION_DEFAULTS.items():
@@ -47,7 +48,7 @@ def _flat_partition(data: dict) -> dict:
 SYSTEM_OFF = SystemConfig().model_dump()  # an ideal federation
 SERVER_MEAN = ServerConfig().model_dump()  # the exact mean
 LATER_EVAL_DEFAULTS = {"unseen": None, "personalize": "finetune"}
-LATER_MODEL_DEFAULTS = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric"}
+LATER_MODEL_DEFAULTS: dict[str, Any] = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric"}
 
 
 def _resume_settings(cfg_dict: dict) -> dict:

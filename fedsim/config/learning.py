@@ -81,8 +81,9 @@ PARTITIONS: dict[str, type[PartitionSettings]] = {cls.model_fields["name"].defau
     IidPartition, ClassesPartition, ShardsPartition, DirichletPartition, ConflictingPartition, NaturalPartition)}
 # Flat keys of fedsim before partitions were typed: flat key -> (the kind it belongs to, its name there, its old
 # default). They keep working: moved into the partition they belong to, ignored by the others (as before).
-FLAT_PARTITION_KEYS = {"k": ("classes", "k", 4), "shards_per_client": ("shards", "shards_per_client", None),
-                       "shard_style": ("shards", "style", "fedbabu"), "beta": ("dirichlet", "beta", None)}
+FLAT_PARTITION_KEYS: dict[str, tuple[str, str, Any]] = {
+    "k": ("classes", "k", 4), "shards_per_client": ("shards", "shards_per_client", None),
+    "shard_style": ("shards", "style", "fedbabu"), "beta": ("dirichlet", "beta", None)}
 
 
 def _typed_partition(value: Any) -> PartitionSettings:
@@ -90,7 +91,8 @@ def _typed_partition(value: Any) -> PartitionSettings:
         return value
     if not isinstance(value, dict):
         raise ValueError(f"data.partition: expected a name or {{name: ..., its settings}}, got {SHORT.repr(value)}")
-    return PARTITIONS.get(value.get("name"), UserPartition).model_validate(value)
+    name: Any = value.get("name")  # not a kind's name: a user's 'package.module:function', checked as one
+    return PARTITIONS.get(name, UserPartition).model_validate(value)
 
 
 class DataConfig(Section):
