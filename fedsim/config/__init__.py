@@ -3,7 +3,7 @@
 One job per module: ``base`` (what every section shares), ``learning`` and ``execution`` (the sections),
 ``schema`` (:class:`RunConfig`), ``loading`` (files, overrides, validation), ``checks`` (the rules that tie
 sections together) and ``fingerprint`` (which settings change results; what a resume must match). A sweep's
-expansion into runs is ``fedsim.sweep.expand``; ``ConfigError`` is ``fedsim.errors``'."""
+expansion into runs lives in ``fedsim.sweep.expand``, ``ConfigError`` in ``fedsim.errors``."""
 from fedsim.config.checks import check_sections
 from fedsim.config.execution import (AvailabilityConfig, DevicesConfig, EngineConfig, LoggingConfig, SystemConfig,
                                      WandbConfig)
