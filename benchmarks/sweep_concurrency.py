@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 from fedsim.cli.main import main
-from fedsim.config import expand_sweep, load_tree
+from fedsim.config import load_tree
 from fedsim.metrics.logger import read_jsonl
+from fedsim.sweep.expand import expand_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "experiments" / "quickstart.yaml"

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from fedsim.cli.main import main as fedsim
-from fedsim.config import SystemConfig, expand_sweep, load_tree
+from fedsim.config import SystemConfig, load_tree
 from fedsim.metrics.logger import read_jsonl
 from fedsim.plan.system import Clock, build_system
+from fedsim.sweep.expand import expand_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 EVERYTHING = {"devices": {"preset": "mobile"}, "dropout": 0.1, "over_selection": 0.3, "deadline_s": 30.0,

@@ -5,6 +5,10 @@ import shlex
 from pathlib import Path
 
 
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration problem (names the field and the fix); the CLI exits with code 2."""
+
+
 class RunFailed(RuntimeError):
     """The run broke at run time (a process died, the disk filled up, a timeout): one line with the cause and
     the exact command that continues the run from its last checkpoint. The CLI exits with code 3.

@@ -79,7 +79,8 @@ def test_paper_slice_keeps_the_papers_work_per_round(tmp_path, data_root, monkey
     subset.mkdir()
     write_subset(data_root / SOURCES["cifar100"], subset / SOURCES["cifar100"], 50, 10)  # gpu_subset's defaults
 
-    from fedsim.config import expand_sweep, load_tree
+    from fedsim.config import load_tree
+    from fedsim.sweep.expand import expand_sweep
     from fedsim.engine.estimate import estimate
 
     monkeypatch.setenv("FEDSIM_DATA", str(data_root))

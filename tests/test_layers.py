@@ -11,10 +11,12 @@ PACKAGE = Path(fedsim.__file__).resolve().parent
 # Bottom to top. A file imports files of its own layer or of layers below it.
 LAYERS = ("core", "data", "models", "algorithms", "plan", "client", "engine", "metrics", "simulate", "sweep", "reproduce",
           "cli")
-# The top-level helpers sit with the core: settings, errors, files and storage, used by every layer.
+# The top-level helpers sit with the core: settings (the config package), errors, files and storage, used by every
+# layer.
 BASE = {"__init__", "config", "errors", "atomic", "plugins", "strict_yaml", "storage"}
-# The one arrow that runs back up: validating a config checks the method's own typed parameters.
-UPWARD_ALLOWED = {("config", "algorithms/__init__")}
+# The one arrow that runs back up: the config's cross-section checks read the method's own typed parameters and
+# what it supports (fedsim/config/checks.py).
+UPWARD_ALLOWED = {("config/checks", "algorithms/__init__")}
 
 
 def module_name(path: Path) -> str:

@@ -4,9 +4,10 @@ import pytest
 from conftest import in_process_server, train_one
 
 from fedsim.algorithms import WEIGHTS
-from fedsim.config import ConfigError, validate
+from fedsim.config import validate
 from fedsim.data import DataError, load_dataset, make_partition
 from fedsim.engine.runfolder import RunFolder
+from fedsim.errors import ConfigError
 from fedsim.plan.build import load_inputs
 
 
@@ -120,7 +121,7 @@ def test_resume_never_imports_code_its_run_folder_names_unless_trusted(tmp_path,
 def test_a_client_module_from_the_standard_library_fails_before_any_work(tmp_path):
     from conftest import lightning_tree
 
-    from fedsim.config import ConfigError
+    from fedsim.errors import ConfigError
 
     with pytest.raises(ConfigError, match="model.client: 'os:system' names the Python standard library"):
         load_inputs(validate(lightning_tree(tmp_path, "TwoPartModule", model__client="os:system")))

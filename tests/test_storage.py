@@ -6,9 +6,9 @@ import pytest
 from conftest import s3_objects, small_config
 
 from fedsim import storage
-from fedsim.config import ConfigError
 from fedsim.core import checkpoint
 from fedsim.engine import placement
+from fedsim.errors import ConfigError
 
 RUN = "s3://fedsim-runs/unit/run"
 
@@ -85,7 +85,8 @@ def test_report_reads_run_folders_from_the_bucket(s3_bucket, tmp_path):
     ("s3:bucket/runs", "names no bucket"), ("ftp://host/runs", "names the ftp:// scheme"),
 ])
 def test_an_out_dir_that_is_no_folder_and_no_reachable_store_is_one_line(out_dir, message):
-    from fedsim.config import ConfigError, validate
+    from fedsim.config import validate
+    from fedsim.errors import ConfigError
 
     with pytest.raises(ConfigError, match=f"out_dir: .*{message}") as err:
         validate({"out_dir": out_dir})

@@ -17,8 +17,7 @@ from fedsim.cli.report import report_command
 from fedsim.cli.reproduce import KEPT_DEFAULT, RUNS_DEFAULT, reproduce_command
 from fedsim.cli.run import run_command
 from fedsim.cli.sweep import sweep_command
-from fedsim.config import ConfigError
-from fedsim.errors import DataError, RunFailed
+from fedsim.errors import ConfigError, DataError, RunFailed
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 
 from fedsim.cli.interrupts import interrupts_named
-from fedsim.config import ConfigError, expand_sweep, load_tree, refuse_defaults_only
+from fedsim.config import load_tree, refuse_defaults_only
+from fedsim.errors import ConfigError
+from fedsim.sweep.expand import expand_sweep
 
 
 def comparison_table(results: list) -> str:

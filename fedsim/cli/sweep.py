@@ -6,7 +6,8 @@ import argparse
 import shlex
 import sys
 
-from fedsim.config import expand_sweep, load_tree, refuse_defaults_only
+from fedsim.config import load_tree, refuse_defaults_only
+from fedsim.sweep.expand import expand_sweep
 
 
 def sweep_command(args: argparse.Namespace) -> int:

@@ -10,9 +10,8 @@ import os
 import numpy as np
 import ray
 
-from fedsim.config import ConfigError
 from fedsim.core.protocol import ClientData, SumPlan, WorkerPartial, WorkerReplies
-from fedsim.errors import UserCodeError
+from fedsim.errors import ConfigError, UserCodeError
 from fedsim.plan import RunPlan
 
 

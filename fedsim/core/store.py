@@ -10,7 +10,7 @@ import weakref
 
 import numpy as np
 
-from fedsim.config import ConfigError
+from fedsim.errors import ConfigError
 
 
 class StateMemory:

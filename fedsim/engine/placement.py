@@ -12,7 +12,8 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from fedsim.config import ConfigError, RunConfig
+from fedsim.config import RunConfig
+from fedsim.errors import ConfigError
 
 FIRST_LOOK_S = 1.0
 PROGRESS_EVERY_S = 15.0

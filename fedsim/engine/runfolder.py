@@ -14,14 +14,14 @@ import numpy as np
 import yaml
 
 from fedsim import atomic, storage
-from fedsim.config import ConfigError, RunConfig, changed_settings, load_tree, validate
+from fedsim.config import RunConfig, changed_settings, load_tree, validate
 from fedsim.core import checkpoint
 from fedsim.core.results import JSONL_RESULTS, ResultsDamaged, read_results
 from fedsim.data import ArrayDataset, Partition
 from fedsim.data.array_dataset import recomputed_digest
 from fedsim.engine import runlock
 from fedsim.engine.failures import describe_failure
-from fedsim.errors import DataError, RunFailed
+from fedsim.errors import ConfigError, DataError, RunFailed
 from fedsim.plan import RunPlan
 from fedsim.plugins import plugin_settings
 

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedsim.config import ConfigError
+from fedsim.errors import ConfigError
 
 LOCK_NAME = ".lock"
 

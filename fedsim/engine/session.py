@@ -17,14 +17,14 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from fedsim.config import ConfigError, RunConfig
+from fedsim.config import RunConfig
 from fedsim.core.checkpoint import CheckpointError
 from fedsim.engine import placement
 from fedsim.engine.driver import Callback, Run, drive, end
 from fedsim.engine.failures import TrainingDiverged, describe_failure
 from fedsim.engine.runfolder import RunFolder
 from fedsim.engine.server import ServerActor
-from fedsim.errors import DataError, RunFailed, UserCodeError, user_error
+from fedsim.errors import ConfigError, DataError, RunFailed, UserCodeError, user_error
 from fedsim.plan import RunPlan
 from fedsim.plan.build import build_plan, load_inputs
 

@@ -25,8 +25,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedsim.config import ConfigError, ModelConfig, OptimConfig
+from fedsim.config import ModelConfig, OptimConfig
 from fedsim.core.layout import KeyParts
+from fedsim.errors import ConfigError
 from fedsim.models import SplitNet, build_model
 from fedsim.plugins import load_plugin
 

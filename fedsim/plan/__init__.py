@@ -19,7 +19,7 @@ from functools import cached_property
 import numpy as np
 
 from fedsim.algorithms.base import Algorithm
-from fedsim.config import ConfigError, RunConfig, resume_fingerprint
+from fedsim.config import EvalConfig, RunConfig, resume_fingerprint
 from fedsim.core.layout import KeyParts, Layout
 from fedsim.core.protocol import ClientData, arrays_bytes, payload_bytes
 from fedsim.core.robust import fewest_replies
@@ -37,14 +37,12 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
     return sorted(int(c) for c in rng.choice(candidates, size=count, replace=False))
 
 
-def held_out_clients(seed: int, num_clients: int, unseen: int | float | None) -> list[int]:
-    """eval.unseen: the clients that never train, drawn once from the seed alone."""
-    if unseen is None:
+def held_out_clients(seed: int, num_clients: int, evaluation: EvalConfig) -> list[int]:
+    """eval.unseen: the clients that never train, drawn once from the seed alone (their count checked with the
+    config: :func:`fedsim.config.checks.check_population`)."""
+    count = evaluation.held_out(num_clients)
+    if not count:
         return []
-    count = unseen if isinstance(unseen, int) else round(unseen * num_clients)
-    if not 1 <= count < num_clients:
-        raise ConfigError(f"eval.unseen: {unseen} holds out {count} of the {num_clients} clients; hold out at least "
-                          "one and leave at least one to train")
     rng = np.random.default_rng([seed, 0x0B5E])
     return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
 

@@ -9,11 +9,12 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from fedsim.algorithms import ALGORITHMS, Algorithm, build_algorithm
-from fedsim.config import ConfigError, RunConfig
+from fedsim.algorithms import Algorithm, build_algorithm
+from fedsim.config import RunConfig
 from fedsim.core.layout import KeyParts
-from fedsim.core.protocol import WEIGHTS, ClientData
+from fedsim.core.protocol import ClientData
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
+from fedsim.errors import ConfigError
 from fedsim.models.lightning import (FedClient, build_client, describe_optimizers, module_optimizers, network_of,
                                      optimizer_parts, overrides, part_parameters, split_keys)
 from fedsim.models.packed import why_unpackable
@@ -47,8 +48,6 @@ def build_model_plan(cfg: RunConfig, algorithm: Algorithm, num_classes: int, inp
                      init_weights: dict[str, np.ndarray] | None = None) -> ModelPlan:
     """The round-0 model as flat vectors, with its layouts: ``shared`` (what the server holds), ``personal``
     (the rest, kept per client) and ``full``; and the client module's optimizers per part, checked."""
-    if cfg.model.precision == "16-mixed" and not cfg.engine.gpus_per_worker:
-        raise ConfigError("model.precision: 16-mixed needs a GPU (engine.gpus_per_worker > 0); use bf16-mixed on a CPU")
     try:
         module, keys = initial_client(cfg, algorithm, num_classes, input_shape)
         net = network_of(module)
@@ -128,74 +127,12 @@ def load_inputs(cfg: RunConfig) -> Inputs:
     return Inputs(data, partition, algorithm, model)
 
 
-def _plain(cls: type[Algorithm]) -> bool:
-    """Whether a method sends and receives the weights alone and its server takes their plain average."""
-    return (cls.broadcast == (WEIGHTS,) and set(cls.uploads) == {WEIGHTS} and not cls.server_slots
-            and cls.server_update is Algorithm.server_update and cls.aggregation == "sums"
-            and not cls.broadcasts_by_group() and cls.server_state is Algorithm.server_state)
-
-
-def check_asynchronous(cfg: RunConfig, algorithm: Algorithm, trainable: int) -> None:
-    """system.mode=async applies FedBuff's step to the global weights: a method must send and receive only them
-    and leave the server's update as the plain average; the buffer and the clients at once must fit the clients
-    that train (a client reports at most once per step)."""
-    if cfg.system.mode != "async":
-        return
-    if not _plain(type(algorithm)):
-        raise ConfigError(f"system.mode: async applies FedBuff's step to the weights alone; {algorithm.name} also "
-                          "sends or keeps server state of its own (or its own server update); use a method of the "
-                          f"FedAvg family ({', '.join(asynchronous_methods())}) or mode sync")
-    if cfg.server.aggregator != "mean":
-        raise ConfigError(f"server.aggregator: {cfg.server.aggregator} needs the round's replies together; FedBuff's "
-                          "steps (system.mode=async) take the mean; use mode sync or aggregator mean")
-    for key in ("async_buffer", "concurrency"):
-        value = getattr(cfg.system, key)
-        if value is not None and value > trainable:
-            raise ConfigError(f"system.{key}: {value} is more than the {trainable} clients that train; at most "
-                              f"{trainable}")
-
-
-def asynchronous_methods() -> list[str]:
-    return sorted(name for name, cls in ALGORITHMS.items() if _plain(cls))
-
-
-def check_population(cfg: RunConfig, algorithm: Algorithm, trainable: int) -> None:
-    """What a method's parameters and the server's rule ask of the run's population: IFCA's clusters, Krum's
-    replies per round (counted at f x N; dropped or late clients can still leave a round short, which then
-    fails naming the fix)."""
-    per_round = max(1, round(cfg.train.fraction * trainable))
-    try:
-        algorithm.check_run(trainable, per_round)
-    except ValueError as err:
-        raise ConfigError(f"{algorithm.name}: {err}") from None
-    s = cfg.server
-    if s.aggregator == "krum" and per_round < 2 * s.byzantine + 3:
-        raise ConfigError(f"server.byzantine: krum with f={s.byzantine} needs at least {2 * s.byzantine + 3} clients a "
-                          f"round, this run samples {per_round}; lower server.byzantine or raise train.fraction")
-    if s.aggregator == "krum" and s.krum_select > per_round - s.byzantine:
-        raise ConfigError(f"server.krum_select: {s.krum_select} is more than the {per_round - s.byzantine} replies "
-                          f"Multi-Krum may average (clients a round {per_round} - server.byzantine {s.byzantine})")
-
-
-def check_objective(cfg: RunConfig, algorithm: Algorithm, model: ModelPlan) -> None:
-    """A method that trains with an objective of its own runs the network's forward, not a module's training_step:
-    refused for a user's module rather than bypassing its training_step silently."""
-    if algorithm.own_objective and cfg.model.client:
-        raise ConfigError(f"algorithm.name: {algorithm.name} trains with its own objective ({algorithm.own_objective}) "
-                          f"on the network's forward, which would bypass model.client {cfg.model.client}'s "
-                          "training_step; use the built-in client (unset model.client) or a method that trains "
-                          "through the module")
-
-
 def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = None) -> RunPlan:
     """The run's plan over ``partition`` (a resumed run's own; default: the one the inputs drew)."""
     part = partition or inputs.partition
     maps = part.label_maps
     clients = tuple(ClientData(part.train[c], part.test[c], None if maps is None else maps[c])
                     for c in range(part.num_clients))
-    unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval.unseen))
-    check_asynchronous(cfg, inputs.algorithm, part.num_clients - len(unseen))
-    check_population(cfg, inputs.algorithm, part.num_clients - len(unseen))
-    check_objective(cfg, inputs.algorithm, inputs.model)
+    unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval))
     return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
                    system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen)

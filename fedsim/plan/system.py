@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.config import AvailabilityConfig, ConfigError, DevicesConfig, SystemConfig
+from fedsim.config import AvailabilityConfig, DevicesConfig, SystemConfig
 
 # The stylized mobile mix: (class, share of clients, speed and bandwidth relative to the median device).
+from fedsim.errors import ConfigError
 # Not a measured population: an assumed three-tier spread of 16x between the ends; give a trace for real devices.
 MOBILE_MIX = (("high-end", 0.25, 4.0), ("mid-range", 0.5, 1.0), ("low-end", 0.25, 0.25))
 SPEED_TERCILES = ("slow", "medium", "fast")

@@ -17,7 +17,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from fedsim.config import ConfigError
+from fedsim.errors import ConfigError
 
 KEPT = ("config.yaml", "summary.json", "rounds.jsonl", "metrics.jsonl")
 MODEL = "model.npz"  # kept only for a run another run starts from (model.init_from)

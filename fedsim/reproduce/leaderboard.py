@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from fedsim import atomic
-from fedsim.config import ConfigError, load_tree, merge_trees, parse_overrides, resume_fingerprint, validate
+from fedsim.config import load_tree, merge_trees, parse_overrides, resume_fingerprint, validate
 from fedsim.engine.failures import TrainingDiverged
+from fedsim.errors import ConfigError
 from fedsim.metrics.confidence import mean_ci
 from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, read_summary, run_seconds
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fedsim.config import ConfigError, RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
+from fedsim.config import RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
 from fedsim.core.protocol import ACCURACIES
+from fedsim.errors import ConfigError
 from fedsim.metrics.logger import read_jsonl
 from fedsim.reproduce import archive
 from fedsim.reproduce.claims import Claim, Paper, RunFolder

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedsim import storage
-from fedsim.config import ConfigError, RunConfig, SearchConfig, validate
+from fedsim.config import RunConfig, SearchConfig, validate
 from fedsim.engine.placement import worker_bundle
 from fedsim.engine.session import connect_ray
+from fedsim.errors import ConfigError
 from fedsim.metrics.series import metric_names
 from fedsim.sweep.runs import claimed, location, status
 from fedsim.sweep.trial import FINISHED, TrialFailed, TrialRun, train

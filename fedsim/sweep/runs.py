@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedsim import storage, strict_yaml
-from fedsim.config import ConfigError, RunConfig, changed_settings, validate
+from fedsim.config import RunConfig, changed_settings, validate
+from fedsim.errors import ConfigError
 from fedsim.plugins import plugin_settings
 
 CONFIG_FILE, SUMMARY_FILE = "config.yaml", "summary.json"

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedsim import storage
-from fedsim.config import ConfigError, RunConfig
+from fedsim.config import RunConfig
 from fedsim.core.results import read_results
 from fedsim.engine.driver import Callback, Run
-from fedsim.errors import DataError, RunFailed
+from fedsim.errors import ConfigError, DataError, RunFailed
 from fedsim.metrics.logger import round_row
 from fedsim.metrics.series import evaluated, fairness, round_metrics
 

@@ -11,10 +11,11 @@ from conftest import TESTS, in_process_server, plan_for, synthetic_tree, train_o
 
 from fedsim.algorithms import ALGORITHMS, WEIGHTS, build_algorithm
 from fedsim.algorithms.context import ClientContext
-from fedsim.models.lightning import load_client_class, part_parameters
 from fedsim.client.runtime import FINETUNE_STREAM, ClientRuntime, client_generator
-from fedsim.config import ConfigError, OptimConfig, validate
+from fedsim.config import OptimConfig, validate
 from fedsim.core.aggregate import weighted_average
+from fedsim.errors import ConfigError
+from fedsim.models.lightning import load_client_class, part_parameters
 
 CLIENT = 2
 BN_NET = {"model__name": "user_plugins:bn_net"}  # an MLP with BatchNorm, for the methods that treat it apart
@@ -477,7 +478,8 @@ def test_fedsim_algorithms_lists_every_system_key_with_its_default():
 
 
 def test_every_experiment_config_validates():
-    from fedsim.config import expand_sweep, load_tree
+    from fedsim.config import load_tree
+    from fedsim.sweep.expand import expand_sweep
 
     for path in sorted((TESTS.parent / "experiments").glob("*.yaml")):
         assert expand_sweep(load_tree(path)), path

@@ -10,7 +10,7 @@ from test_algorithms import BN_NET, CLIENT, config, runtime, started
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.algorithms.fedfomo import AFFINITY, IDS, MODEL, combined, validation_split
-from fedsim.config import ConfigError
+from fedsim.errors import ConfigError
 
 
 def _parameters(plan) -> np.ndarray:

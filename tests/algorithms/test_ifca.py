@@ -7,8 +7,8 @@ from test_algorithms import BN_NET, CLIENT, config, globals_over, runtime, start
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.algorithms.ifca import CLUSTER
-from fedsim.config import ConfigError
 from fedsim.core.aggregate import weighted_average
+from fedsim.errors import ConfigError
 
 
 def _trained_on(tmp_path, client: int) -> np.ndarray:

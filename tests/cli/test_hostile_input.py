@@ -13,10 +13,11 @@ from PIL import Image
 
 from fedsim import strict_yaml
 from fedsim.cli.main import main
-from fedsim.config import ConfigError, load_tree, validate
+from fedsim.config import load_tree, validate
 from fedsim.data import DataError, load_dataset, to_float
 from fedsim.engine import runlock
 from fedsim.engine.runfolder import load_run_config
+from fedsim.errors import ConfigError
 from fedsim.simulate import run
 
 SYNTHETIC = {"data": {"dataset": "synthetic", "partition": "natural", "num_clients": 30},
@@ -112,7 +113,7 @@ def test_yaml_12_scalars():
 def test_sweep_names_stay_safe_folder_names(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({**SYNTHETIC, "sweep": {"model.client": ["pkg.mod:Class", "a b/c"]}}))
-    from fedsim.config import expand_sweep
+    from fedsim.sweep.expand import expand_sweep
 
     tree = load_tree(path)
     del tree["sweep"]["model.client"][1]  # validation itself is not the point: the generated name is

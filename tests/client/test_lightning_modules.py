@@ -15,8 +15,8 @@ from user_plugins import CALLS
 from fedsim.algorithms import PARTS, WEIGHTS
 from fedsim.algorithms.context import ClientContext
 from fedsim.client.runtime import client_generator
-from fedsim.config import ConfigError, validate
-from fedsim.errors import UserCodeError
+from fedsim.config import validate
+from fedsim.errors import ConfigError, UserCodeError
 from fedsim.metrics.logger import round_row
 
 TESTS = Path(__file__).resolve().parents[1]

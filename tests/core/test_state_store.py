@@ -9,9 +9,9 @@ import pytest
 from conftest import client_runtime, in_process_server, round_records, six_client_run, train_one
 
 from fedsim.algorithms import WEIGHTS
-from fedsim.config import ConfigError
 from fedsim.core import checkpoint
 from fedsim.core.store import StateMemory
+from fedsim.errors import ConfigError
 
 ROUNDS = 4
 

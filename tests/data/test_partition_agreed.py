@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedsim.config import ConfigError, changed_settings, resume_fingerprint, validate
+from fedsim.config import changed_settings, resume_fingerprint, validate
 from fedsim.data import DataError, make_partition
 from fedsim.data.partitioning.request import Request
+from fedsim.errors import ConfigError
 
 Y = np.repeat(np.arange(10), 30)  # 10 classes x 30
 

@@ -8,8 +8,8 @@ from conftest import per_client, plan_for, small_config, train_one
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.client.runtime import ClientRuntime
-from fedsim.config import ConfigError
 from fedsim.engine.server import Server
+from fedsim.errors import ConfigError
 from fedsim.simulate import run
 
 

@@ -2,9 +2,10 @@
 import pytest
 import ray
 
-from fedsim.config import ConfigError, validate
+from fedsim.config import validate
 from fedsim.engine import placement
 from fedsim.engine.session import check_resources
+from fedsim.errors import ConfigError
 
 
 @pytest.fixture

@@ -193,7 +193,7 @@ def test_fedbuffs_server_step_is_the_staleness_weighted_mean_update(tmp_path, da
 def test_fedbuff_refuses_methods_with_server_state_and_buffers_beyond_the_clients(tmp_path, data_root):
     from conftest import plan_for
 
-    from fedsim.config import ConfigError
+    from fedsim.errors import ConfigError
 
     with pytest.raises(ConfigError, match="system.mode: async applies FedBuff's step to the weights alone; scaffold"):
         plan_for(six_client_run(tmp_path, data_root, "scaffold", 1, system=FEDBUFF))

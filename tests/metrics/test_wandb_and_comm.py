@@ -124,7 +124,7 @@ def test_failed_run_is_marked_failed_in_wandb(tmp_path, data_root, local_ray):
 
 
 def test_a_sweep_variants_seeds_share_a_wandb_group_and_methods_never_do():
-    from fedsim.config import expand_sweep
+    from fedsim.sweep.expand import expand_sweep
 
     variants = expand_sweep({"name": "quick", "sweep": {"algorithm": ["fedavg", "fedper"], "seed": [0, 1]}})
     assert [(v.name, v.logging.wandb.group) for v in variants] == [

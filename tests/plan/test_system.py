@@ -3,7 +3,8 @@ and the config (tests/engine/test_system_runs.py runs them through the engine)."
 import numpy as np
 import pytest
 
-from fedsim.config import ConfigError, SystemConfig
+from fedsim.config import SystemConfig
+from fedsim.errors import ConfigError
 from fedsim.plan import sample_clients
 from fedsim.plan.system import AsyncClock, Clock, build_system
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import TESTS
 
 from fedsim.cli.reproduce import KEPT_DEFAULT
-from fedsim.config import ConfigError
+from fedsim.errors import ConfigError
 from fedsim.reproduce import archive
 
 FILES = {"config.yaml": "name: r\n", "summary.json": '{"rounds": 2}', "rounds.jsonl": '{"round": 1}\n',

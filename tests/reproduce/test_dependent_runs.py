@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from fedsim.algorithms import build_algorithm
-from fedsim.config import ConfigError
+from fedsim.errors import ConfigError
 from fedsim.models.lightning import network_of
 from fedsim.plan.build import initial_client, load_inputs
 from fedsim.reproduce import PAPERS

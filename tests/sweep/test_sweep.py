@@ -13,8 +13,8 @@ import pytest
 
 from conftest import cli_env, fedsim_cli, lightning_tree, read_jsonl, synthetic_tree, write_yaml
 from fedsim.cli.main import main
-from fedsim.config import expand_sweep
 from fedsim.metrics.wandb_files import record as wandb_record
+from fedsim.sweep.expand import expand_sweep
 from fedsim.sweep.runs import claimed
 
 
@@ -137,7 +137,7 @@ def test_bad_sweeps_are_one_line_exit_2_before_any_trial(tmp_path, capsys, over,
 def test_max_concurrent_beyond_the_clusters_gpus_is_refused_before_any_trial(tmp_path, no_ray):
     import ray
 
-    from fedsim.config import ConfigError
+    from fedsim.errors import ConfigError
     from fedsim.sweep.executor import Sweep, run_sweep
 
     configs = expand_sweep(synthetic_tree(tmp_path, "g", **{"engine.gpus_per_worker": 0.5}, sweep={"seed": [1, 2]}))

@@ -1,0 +1,56 @@
+"""What every config section shares: strict fields (unknown keys, inf/nan and bool/number mix-ups refused) and
+a pydantic error turned into the one line the CLI prints."""
+from __future__ import annotations
+
+import re
+import reprlib
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+
+# Short: a value in an error may be huge (a whole section, an alias expansion).
+SHORT = reprlib.Repr()
+SHORT.maxstring = SHORT.maxother = 40
+SHORT.maxlist = SHORT.maxdict = 3
+SHORT.maxlevel = 1
+
+
+def scalar_types(annotation: Any) -> set:
+    """``int | None`` -> {int, NoneType}; ``Literal[...]``, ``dict[...]`` -> their origin."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(scalar_types(a) for a in typing.get_args(annotation)))
+    return {origin or annotation}
+
+
+class Section(BaseModel):
+    """A config section: its keys are exactly its fields."""
+    # inf/nan are never meaningful settings (round_timeout_s: .inf would reach Ray as a timeout).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_number_confusion(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic's lax mode turns true into 1 and 1 into true; in a config that is always a typo."""
+        assert info.field_name is not None  # a field validator always validates a field
+        wanted = scalar_types(cls.model_fields[info.field_name].annotation)
+        if bool in wanted and not isinstance(value, bool) and not (value is None and type(None) in wanted):
+            raise ValueError("expected true or false")
+        if isinstance(value, bool) and bool not in wanted and wanted & {int, float}:
+            raise ValueError("expected a number, not true/false")
+        return value
+
+
+def format_error(err: ValidationError, prefix: str = "") -> str:
+    """The first error of ``err`` as one line naming its dotted field (under ``prefix``)."""
+    first = err.errors()[0]
+    message = first["msg"].removeprefix("Value error, ")
+    if re.match(r"^[\w.]+: ", message):
+        return message  # a validator's own message, which names its field
+    where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(first["loc"]))
+    if where:
+        got = SHORT.repr(first.get("input"))
+        return f"{where}: {message} (got {got})"
+    return f"config: {message}"

@@ -1,0 +1,125 @@
+"""Every rule that ties two sections of a run's config together, in one place. :func:`fedsim.config.validate`
+runs them once each section is valid, before any data loads, so ``--dry-run``, a run, each sweep variant and a
+resumed run's stored config are held to the same rules (what they ask of the population is counted from
+data.num_clients, which every partition has). A rule that needs the data, a trace file, the built model or the Ray
+cluster stays with what reads it (``fedsim.plan.build``, ``fedsim.plan.system``, ``fedsim.engine.session``).
+
+This is the config package's one import from a layer above (``fedsim.algorithms``): a method's own parameters
+and what it supports are its class's. Imported where used, as ``fedsim.algorithms`` imports config sections."""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from fedsim.config.base import format_error
+from fedsim.config.schema import RunConfig
+from fedsim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedsim.algorithms import Algorithm
+
+
+def check_sections(cfg: RunConfig) -> None:
+    """Refuse a config whose sections disagree with one line naming the field and the fix. Fills in the
+    method's parameters with their defaults, so config.yaml and checkpoints say exactly what ran."""
+    method = method_with_its_parameters(cfg)
+    if cfg.server.aggregator != "mean" and method.aggregation == "replies":
+        raise ConfigError(f"server.aggregator: {cfg.algorithm.name} combines its clients' replies itself; robust "
+                          "rules replace the mean of the FedAvg family's methods; leave server.aggregator: mean")
+    if cfg.logging.wandb.x_axis == "sim_time" and cfg.system.devices is None:
+        raise ConfigError("logging.wandb.x_axis: sim_time needs the virtual clock; set system.devices (e.g. "
+                          "system.devices.preset=uniform) or x_axis=round")
+    if cfg.model.precision == "16-mixed" and not cfg.engine.gpus_per_worker:
+        raise ConfigError("model.precision: 16-mixed needs a GPU (engine.gpus_per_worker > 0); use bf16-mixed on a CPU")
+    if cfg.system.mode == "async":
+        check_asynchronous(cfg, method)
+    if method.own_objective and cfg.model.client:
+        # A method with an objective of its own runs the network's forward, not the module's training_step.
+        raise ConfigError(f"algorithm.name: {method.name} trains with its own objective ({method.own_objective}) "
+                          f"on the network's forward, which would bypass model.client {cfg.model.client}'s "
+                          "training_step; use the built-in client (unset model.client) or a method that trains "
+                          "through the module")
+    check_population(cfg)
+
+
+def method_with_its_parameters(cfg: RunConfig) -> type[Algorithm]:
+    """The class of ``algorithm.name``, its parameters validated by its ``Params`` and stored back with their
+    defaults filled in."""
+    from fedsim.algorithms import algorithm_class
+
+    try:
+        method = algorithm_class(cfg.algorithm.name)
+        params = method.Params.model_validate(cfg.algorithm.params)
+    except ValidationError as err:
+        raise ConfigError(_named(f"{cfg.algorithm.name}: {format_error(err, prefix='algorithm')}")) from None
+    except ValueError as err:
+        raise ConfigError(_named(str(err))) from None
+    cfg.algorithm.__pydantic_extra__ = params.model_dump(by_alias=True)
+    return method
+
+
+def _named(message: str) -> str:
+    """As validation words a config-wide message: as is when it names its field (``key: ...``)."""
+    return message if re.match(r"^[\w.]+: ", message) else f"config: {message}"
+
+
+def check_asynchronous(cfg: RunConfig, method: type[Algorithm]) -> None:
+    """system.mode=async applies FedBuff's step to the global weights: a method must send and receive only them
+    and leave the server's update as the plain average, which takes the mean of the replies."""
+    if not steps_asynchronously(method):
+        raise ConfigError(f"system.mode: async applies FedBuff's step to the weights alone; {method.name} also "
+                          "sends or keeps server state of its own (or its own server update); use a method of the "
+                          f"FedAvg family ({', '.join(asynchronous_methods())}) or mode sync")
+    if cfg.server.aggregator != "mean":
+        raise ConfigError(f"server.aggregator: {cfg.server.aggregator} needs the round's replies together; FedBuff's "
+                          "steps (system.mode=async) take the mean; use mode sync or aggregator mean")
+
+
+def check_population(cfg: RunConfig) -> None:
+    """What the sections ask of the run's data.num_clients: eval.unseen leaves clients to train; FedBuff's buffer
+    and clients at once fit those that train (a client reports at most once per step); the method's parameters
+    (IFCA's clusters) and Krum's replies per round, counted at f x N (dropped or late clients can still leave a
+    round short, which then fails naming the fix)."""
+    from fedsim.algorithms import build_algorithm
+
+    num_clients, unseen = cfg.data.num_clients, cfg.eval.unseen
+    held_out = cfg.eval.held_out(num_clients)
+    if unseen is not None and not 1 <= held_out < num_clients:
+        raise ConfigError(f"eval.unseen: {unseen} holds out {held_out} of the {num_clients} clients; hold out at least "
+                          "one and leave at least one to train")
+    trainable = num_clients - held_out
+    for key in ("async_buffer", "concurrency"):
+        value = getattr(cfg.system, key)
+        if cfg.system.mode == "async" and value is not None and value > trainable:
+            raise ConfigError(f"system.{key}: {value} is more than the {trainable} clients that train; at most "
+                              f"{trainable}")
+    per_round = max(1, round(cfg.train.fraction * trainable))
+    algorithm = build_algorithm(cfg)
+    try:
+        algorithm.check_run(trainable, per_round)
+    except ValueError as err:
+        raise ConfigError(f"{algorithm.name}: {err}") from None
+    s = cfg.server
+    if s.aggregator == "krum" and per_round < 2 * s.byzantine + 3:
+        raise ConfigError(f"server.byzantine: krum with f={s.byzantine} needs at least {2 * s.byzantine + 3} clients a "
+                          f"round, this run samples {per_round}; lower server.byzantine or raise train.fraction")
+    if s.aggregator == "krum" and s.krum_select > per_round - s.byzantine:
+        raise ConfigError(f"server.krum_select: {s.krum_select} is more than the {per_round - s.byzantine} replies "
+                          f"Multi-Krum may average (clients a round {per_round} - server.byzantine {s.byzantine})")
+
+
+def steps_asynchronously(method: type[Algorithm]) -> bool:
+    """Whether a method sends and receives the weights alone and its server takes their plain average."""
+    from fedsim.algorithms import WEIGHTS, Algorithm
+
+    return (method.broadcast == (WEIGHTS,) and set(method.uploads) == {WEIGHTS} and not method.server_slots
+            and method.server_update is Algorithm.server_update and method.aggregation == "sums"
+            and not method.broadcasts_by_group() and method.server_state is Algorithm.server_state)
+
+
+def asynchronous_methods() -> list[str]:
+    from fedsim.algorithms import ALGORITHMS
+
+    return sorted(name for name, cls in ALGORITHMS.items() if steps_asynchronously(cls))

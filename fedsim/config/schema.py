@@ -1,0 +1,156 @@
+"""The whole run configuration, :class:`RunConfig`: every section of a run's file, the method named by
+``algorithm`` (whose own parameters its class validates: :func:`fedsim.config.checks.check_sections`), and the
+``sweep`` / ``search`` sections that ``fedsim sweep`` expands (:mod:`fedsim.sweep.expand`)."""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedsim.config.base import Section, format_error
+from fedsim.config.execution import EngineConfig, LoggingConfig, SystemConfig
+from fedsim.config.learning import DataConfig, EvalConfig, ModelConfig, ServerConfig, TrainConfig
+
+
+class Distribution(Section):
+    """A sweep value drawn at random, as Ray Tune's search spaces: exactly one of ``uniform: [lo, hi]``,
+    ``loguniform: [lo, hi]``, ``randint: [lo, hi]`` (hi excluded) or ``choice: [a, b, ...]``."""
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    randint: tuple[int, int] | None = None
+    choice: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Distribution:
+        given = [name for name in DISTRIBUTIONS if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(DISTRIBUTIONS)} (got {', '.join(given) or 'none'})")
+        kind, bounds = given[0], getattr(self, given[0])
+        if kind == "choice" and not bounds:
+            raise ValueError("choice: give at least one value")
+        if kind != "choice" and not bounds[0] < bounds[1]:
+            raise ValueError(f"{kind}: [lo, hi] needs lo < hi (got {list(bounds)})")
+        if kind == "loguniform" and bounds[0] <= 0:
+            raise ValueError(f"loguniform: lo must be above 0 (got {bounds[0]})")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in DISTRIBUTIONS if getattr(self, name) is not None)
+
+    @property
+    def bounds(self) -> Any:
+        """``[lo, hi]`` of a range, or the values of a choice."""
+        return getattr(self, self.kind)
+
+
+DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
+
+
+class SearchConfig(Section):
+    """How ``fedsim sweep`` searches ``sweep:``: how many random samples, and Ray Tune's scheduler."""
+    samples: int = Field(1, ge=1, description="Tune's num_samples: the grid crossed with this many draws of the "
+                         "sweep's distributions (each draw shared by the grid's seeds and methods: a paired comparison)")
+    scheduler: Literal["fifo", "asha"] = Field("fifo", description="fifo: every trial runs to the end; asha: Tune's "
+                                               "ASHA stops trials whose search.metric trails at a milestone round")
+    metric: str | None = Field(None, description="per-round metric ASHA compares, e.g. fairness/acc_p10 (the names "
+                               "are W&B's; `fedsim sweep --dry-run` lists them)")
+    mode: Literal["max", "min"] = "max"
+    grace_rounds: int = Field(1, ge=1, description="ASHA: no trial is stopped before this round")
+    reduction_factor: float = Field(3.0, gt=1, description="ASHA: keep 1/reduction_factor of the trials at each milestone")
+
+
+class AlgorithmConfig(BaseModel):
+    """``algorithm: fedprox`` or ``algorithm: {name: fedprox, mu: 0.01}``; the method's own parameters are
+    validated by its ``Params`` (see ``fedsim algorithms``)."""
+    model_config = ConfigDict(extra="allow")
+    name: str = "fedper"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+# Keys that moved into a method's own parameters: old key -> where it lives now.
+MOVED_KEYS = {("train", "mu"): "algorithm: {name: fedprox, mu: ...}",
+              ("train", "ditto_lambda"): "algorithm: {name: ditto, lambda: ...}",
+              ("train", "head_epochs"): "algorithm: {name: fedrep or fedper_ft, head_epochs: ...}"}
+
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # one folder name, and a valid W&B artifact name
+
+
+URI_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")  # two letters at least: "C:" stays a Windows drive
+STORE_SCHEMES = ("s3", "gs", "gcs", "hdfs")  # what pyarrow.fs reaches (fedsim.storage)
+
+
+class RunConfig(Section):
+    name: str = Field("run", description="the run's folder under out_dir: letters, digits, '.', '_', '-'")
+    seed: int = Field(0, ge=0, lt=2**63, description="every random choice derives from it")
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    out_dir: str = "runs"
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    engine: EngineConfig = EngineConfig()
+    system: SystemConfig = SystemConfig()
+    server: ServerConfig = ServerConfig()
+    logging: LoggingConfig = LoggingConfig()
+    sweep: dict[str, list[Any] | Distribution] = Field(
+        default_factory=dict, description="dotted key -> a list of values (a grid: one run per combination) or a "
+        "distribution ({uniform|loguniform|randint: [lo, hi]} or {choice: [...]}, drawn search.samples times)")
+    search: SearchConfig = SearchConfig()
+
+    @field_validator("sweep", mode="before")
+    @classmethod
+    def _values_or_distributions(cls, sweep: Any) -> Any:
+        if not isinstance(sweep, dict):
+            return sweep
+        checked = {}
+        for key, values in sweep.items():
+            if isinstance(values, dict):
+                try:
+                    values = Distribution.model_validate(values)
+                except ValidationError as err:
+                    raise ValueError(f"sweep.{key}: {format_error(err)}") from None
+            elif not isinstance(values, list):
+                raise ValueError(f"sweep.{key}: give a list of values or a distribution ({{uniform: [lo, hi]}}, "
+                                 f"{{loguniform: [lo, hi]}}, {{randint: [lo, hi]}}, {{choice: [...]}}), got {values!r}")
+            checked[key] = values
+        return checked
+
+    @field_validator("name")
+    @classmethod
+    def _one_safe_folder_name(cls, name: str) -> str:
+        # Checked before anything runs: a path-like name would write (and with --overwrite delete) outside
+        # out_dir, and a space breaks the W&B artifact only after training.
+        if not RUN_NAME.fullmatch(name):
+            raise ValueError("must be one folder name of at most 128 letters, digits, '.', '_' or '-', starting "
+                             "with a letter or digit (no '/', '..' or spaces); rename the run")
+        return name
+
+    @field_validator("out_dir")
+    @classmethod
+    def _a_folder_or_a_store(cls, out_dir: str) -> str:
+        """``file://`` is a path; any other scheme must be a store fedsim reaches and name a bucket, so a mistyped
+        URI never becomes a local folder called ``s3:`` (a one-line error instead)."""
+        if out_dir.startswith("file://"):
+            return out_dir[len("file://"):] or "/"
+        scheme = URI_SCHEME.match(out_dir)
+        if scheme is None:
+            return out_dir
+        name = scheme.group(1).lower()
+        if name not in STORE_SCHEMES:
+            raise ValueError(f"{out_dir!r} names the {name}:// scheme; give a folder, file://PATH, or one of "
+                             f"{', '.join(f'{s}://BUCKET/prefix' for s in STORE_SCHEMES)}")
+        if not out_dir.startswith(f"{scheme.group(1)}://") or not out_dir.split("://", 1)[1].split("/")[0]:
+            raise ValueError(f"{out_dir!r} names no bucket; give {name}://BUCKET/prefix")
+        return out_dir
+

@@ -1,0 +1,103 @@
+"""fedsim/config/checks.py: every rule that ties two sections together, refused by ``validate`` with its one line
+before any data loads (so ``--dry-run`` refuses it too)."""
+import re
+
+import pytest
+
+from conftest import write_yaml
+
+from fedsim.cli.main import main
+from fedsim.config import check_sections, validate
+from fedsim.errors import ConfigError
+
+CLOCK = {"devices": {"preset": "uniform"}}
+ASYNC = {**CLOCK, "mode": "async"}
+
+
+@pytest.mark.parametrize("tree, message", [
+    ({"algorithm": "fedfomo", "server": {"aggregator": "median"}},
+     "server.aggregator: fedfomo combines its clients' replies itself; robust rules replace the mean of the FedAvg "
+     "family's methods; leave server.aggregator: mean"),
+    ({"logging": {"wandb": {"x_axis": "sim_time"}}},
+     "logging.wandb.x_axis: sim_time needs the virtual clock; set system.devices (e.g. system.devices.preset=uniform) "
+     "or x_axis=round"),
+    ({"model": {"precision": "16-mixed"}},
+     "model.precision: 16-mixed needs a GPU (engine.gpus_per_worker > 0); use bf16-mixed on a CPU"),
+    ({"algorithm": "fedavg", "system": ASYNC, "server": {"aggregator": "median"}},
+     "server.aggregator: median needs the round's replies together; FedBuff's steps (system.mode=async) take the "
+     "mean; use mode sync or aggregator mean"),
+    ({"algorithm": "fedrod", "model": {"client": "user_plugins:TwoPartModule"}},
+     "algorithm.name: fedrod trains with its own objective (balanced softmax and a personal head) on the network's "
+     "forward, which would bypass model.client user_plugins:TwoPartModule's training_step; use the built-in client "
+     "(unset model.client) or a method that trains through the module"),
+])
+def test_each_cross_section_rule_is_refused_with_its_line(tree, message):
+    with pytest.raises(ConfigError) as err:
+        validate(tree)
+    assert str(err.value) == message
+
+
+def test_async_names_the_methods_that_take_fedbuffs_step():
+    with pytest.raises(ConfigError, match=r"^system.mode: async applies FedBuff's step to the weights alone; "
+                       r"scaffold also sends or keeps server state") as err:
+        validate({"algorithm": "scaffold", "system": ASYNC})
+    listed = re.search(r"FedAvg family \(([^)]*)\)", str(err.value)).group(1).split(", ")
+    assert "fedavg" in listed and "scaffold" not in listed and listed == sorted(listed)
+    for method in ("fedavg", "fedper"):
+        assert validate({"algorithm": method, "system": ASYNC}).system.mode == "async"
+
+
+def test_the_same_settings_pass_where_the_other_section_agrees():
+    validate({"algorithm": "fedavg", "server": {"aggregator": "median"}})
+    validate({"logging": {"wandb": {"x_axis": "sim_time"}}, "system": CLOCK})
+    validate({"model": {"precision": "16-mixed"}, "engine": {"gpus_per_worker": 0.5}})
+    validate({"algorithm": "fedavg", "model": {"client": "user_plugins:TwoPartModule"}})
+
+
+def test_the_methods_parameters_are_checked_and_stored_with_their_defaults():
+    assert validate({"algorithm": "fedprox"}).algorithm.params == {"mu": 0.01}
+    with pytest.raises(ConfigError, match=r"^fedprox: algorithm.mu: Input should be greater than or equal to 0"):
+        validate({"algorithm": {"name": "fedprox", "mu": -1}})
+    with pytest.raises(ConfigError, match=r"^algorithm.name: unknown algorithm 'nonesuch'"):
+        validate({"algorithm": "nonesuch"})
+
+
+def test_check_sections_refuses_a_config_changed_after_validation():
+    cfg = validate({"algorithm": "fedavg"})
+    cfg.model.precision = "16-mixed"  # each section valid on its own
+    with pytest.raises(ConfigError, match="^model.precision: 16-mixed needs a GPU"):
+        check_sections(cfg)
+
+
+def test_dry_run_refuses_before_any_data_loads(tmp_path, capsys):
+    config = write_yaml(tmp_path / "c.yaml", {"data": {"dataset": "cifar10", "root": str(tmp_path / "no-data")},
+                                              "algorithm": "fedavg", "model": {"precision": "16-mixed"}})
+    assert main(["run", str(config), "--dry-run"]) == 2
+    assert "model.precision: 16-mixed needs a GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tree, message", [
+    ({"eval": {"unseen": 8}}, "eval.unseen: 8 holds out 8 of the 8 clients; hold out at least one and leave at least "
+                              "one to train"),
+    ({"eval": {"unseen": 0.01}}, "eval.unseen: 0.01 holds out 0 of the 8 clients; hold out at least one and leave at "
+                                 "least one to train"),
+    ({"algorithm": "fedavg", "system": {**ASYNC, "async_buffer": 7}, "eval": {"unseen": 2}},
+     "system.async_buffer: 7 is more than the 6 clients that train; at most 6"),
+    ({"algorithm": {"name": "ifca", "clusters": 9}}, "ifca: algorithm.clusters: 9 clusters for 8 clients that train; "
+                                                     "at most 8"),
+    ({"algorithm": "fedavg", "server": {"aggregator": "krum", "byzantine": 3}},
+     "server.byzantine: krum with f=3 needs at least 9 clients a round, this run samples 8; lower server.byzantine or "
+     "raise train.fraction"),
+    ({"algorithm": "fedavg", "server": {"aggregator": "krum", "krum_select": 8}},
+     "server.krum_select: 8 is more than the 7 replies Multi-Krum may average (clients a round 8 - server.byzantine 1)"),
+])
+def test_what_the_sections_ask_of_the_population_is_refused_before_data_loads(tree, message):
+    with pytest.raises(ConfigError) as err:
+        validate({"data": {"num_clients": 8}, **tree})
+    assert str(err.value) == message
+
+
+def test_a_population_that_fits_passes():
+    cfg = validate({"data": {"num_clients": 8}, "eval": {"unseen": 0.25}, "algorithm": {"name": "ifca", "clusters": 6}})
+    assert cfg.eval.held_out(8) == 2
+    validate({"data": {"num_clients": 8}, "algorithm": "fedavg", "server": {"aggregator": "krum", "byzantine": 2}})
