@@ -36,10 +36,10 @@ import shutil
 import tempfile
 import uuid
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -128,9 +128,10 @@ def read_worker_states(ckpt: Path, clients: set[int]) -> dict[str, dict[int, np.
     return slots
 
 
-def _state_json(ckpt: Path) -> dict:
+def _state_json(ckpt: Path) -> dict[str, Any]:
     try:
-        return json.loads((ckpt / "state.json").read_text())
+        state: dict[str, Any] = json.loads((ckpt / "state.json").read_text())
+        return state
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{ckpt}: truncated or unreadable checkpoint ({err}); resume again: it falls back to "
                               "an earlier intact checkpoint") from None
@@ -154,12 +155,12 @@ def next_bases(previous: list[list[str]], full_every: int) -> list[list[str]]:
     return [] if not previous or len(previous) >= full_every else previous
 
 
-def new_links(bases: list[list[str]]) -> dict:
+def new_links(bases: list[list[str]]) -> dict[str, Any]:
     """What a checkpoint's state.json records of its chain."""
     return {"id": uuid.uuid4().hex, "bases": bases}
 
 
-def links_of(state: dict, name: str) -> list[list[str]]:
+def links_of(state: dict[str, Any], name: str) -> list[list[str]]:
     """A published checkpoint's chain: its bases, then itself (checkpoints from before deltas are all full)."""
     return [*state.get("bases", []), [name, state.get("id")]]
 
@@ -179,7 +180,7 @@ def local_checkpoint(location: str | None) -> Iterator[Path | None]:
         yield Path(tmp, name)
 
 
-def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict,
+def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict[str, Any],
            server_state: dict[str, np.ndarray] | None = None) -> Path:
     """Write the server's part, fsync everything, and atomically publish the checkpoint."""
     with open(staging / "global.npy", "wb") as f:
@@ -188,7 +189,7 @@ def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict,
         os.fsync(f.fileno())
     if server_state:
         with open(staging / "server.npz", "wb") as f:
-            np.savez(f, **server_state)
+            np.savez(f, allow_pickle=False, **server_state)  # numbers only: resume loads it without pickle
             f.flush()
             os.fsync(f.fileno())
     own = {name: file_digest(staging / name) for name in ("global.npy", "server.npz") if (staging / name).exists()}
@@ -222,16 +223,18 @@ def _by_round(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return sorted(((r, p) for r, p in found if r is not None), key=lambda rp: rp[0], reverse=True)
 
 
-def _kept(rounds: list[int], current: int, bases_of) -> set[int]:
+def _kept(rounds: list[int], current: int, bases_of: Callable[[int], list[list[str]]]) -> set[int]:
     """The checkpoint just published, the KEEP-1 newest before it, and every checkpoint they build on. Later
     ones are left over from before a rollback or a resume that fell back past them: the run is redoing those rounds."""
     kept = sorted((r for r in rounds if r <= current), reverse=True)[:KEEP]
-    return set(kept) | {round_of(Path(name)) for r in kept for name, _ in bases_of(r)}
+    bases = {round_of(Path(name)) for r in kept for name, _ in bases_of(r)}
+    return set(kept) | {r for r in bases if r is not None}
 
 
-def _bases_or_none(read_state_json) -> list[list[str]]:
+def _bases_or_none(read_state_json: Callable[[], str | bytes]) -> list[list[str]]:
     try:
-        return json.loads(read_state_json()).get("bases", [])
+        bases: list[list[str]] = json.loads(read_state_json()).get("bases", [])
+        return bases
     except (OSError, ValueError, AttributeError):
         return []  # a damaged checkpoint keeps nothing alive
 
@@ -293,7 +296,7 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def read_state(ckpt: Path, expected_fingerprint: str,
-               global_size: int) -> tuple[dict, np.ndarray, dict[str, np.ndarray]]:
+               global_size: int) -> tuple[dict[str, Any], np.ndarray, dict[str, np.ndarray]]:
     """Validate a checkpoint against this run and return (state, global vector, other server state)."""
     try:
         state = json.loads((ckpt / "state.json").read_text())
@@ -331,13 +334,13 @@ def begin(run_location: str, round_idx: int) -> str:
     return folder
 
 
-def _npy_bytes(write, *args, **arrays) -> bytes:
+def _npy_bytes(write: Callable[..., None], *args: object, **kwargs: object) -> bytes:
     buffer = io.BytesIO()
-    write(buffer, *args, **arrays)
+    write(buffer, *args, **kwargs)
     return buffer.getvalue()
 
 
-def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict, workers: list[str],
+def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict[str, Any], workers: list[str],
            server_state: dict[str, np.ndarray] | None = None) -> str:
     """Publish the checkpoint whose worker files (``workers``) are already in ``staging``; returns its location."""
     if not storage.is_uri(staging):
@@ -346,7 +349,7 @@ def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict, 
     store = storage.Store(ckpt_dir)
     files = {"global.npy": _npy_bytes(np.save, global_vector)}
     if server_state:
-        files["server.npz"] = _npy_bytes(np.savez, **server_state)
+        files["server.npz"] = _npy_bytes(np.savez, allow_pickle=False, **server_state)
     for file, data in files.items():
         store.write_bytes(f"{name}/{file}", data)
     own = {file: hashlib.sha256(data).hexdigest() for file, data in files.items()}
@@ -361,7 +364,8 @@ def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict, 
 def _prune_store(store: storage.Store, current: int) -> None:
     """As on a local disk (``_kept``)."""
     tops = {name.split("/")[0] for name in store.files()}
-    folders = {round_of(Path(top)): top for top in tops if round_of(Path(top)) is not None}
+    rounds = {top: round_of(Path(top)) for top in tops}
+    folders = {r: top for top, r in rounds.items() if r is not None}
     kept = _kept(list(folders), current, lambda r: _bases_or_none(lambda: store.read_bytes(f"{folders[r]}/state.json")))
     for r, folder in folders.items():
         if r not in kept:
