@@ -19,8 +19,8 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(VENV)/bin/fedsim run experiments/quickstart.yaml --overwrite
 
-# The type check first (pyproject's [tool.mypy]: strict on core, plan and algorithms): a type error fails the run in
-# seconds (~60 s cold, ~3 s with .mypy_cache) before the suite starts.
+# The type check first (pyproject's [tool.mypy]: strict on core, plan and algorithms): a type error fails the run
+# before the suite starts. Measured: 21-27 s of CPU from cold, under 1 s with its .mypy_cache (2-3 s wall).
 typecheck: install
 	$(PY) -m mypy fedsim
 

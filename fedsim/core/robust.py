@@ -10,7 +10,7 @@ over contiguous memory (measured 2x faster for the median, 4x for the trimmed me
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -80,7 +80,7 @@ def fewest_replies(rule: str, byzantine: int) -> int:
 
 
 def robust_means(rule: str, trim_fraction: float, byzantine: int, select: int,
-                 uploads: dict[str, Sequence[np.ndarray]], by: str) -> dict[str, np.ndarray]:
+                 uploads: Mapping[str, Sequence[np.ndarray]], by: str) -> dict[str, np.ndarray]:
     """Per upload, the rule's location estimate (float64) of the replies ``uploads[name]`` (in client order).
     Krum chooses clients by their ``by`` upload (the weights) and averages every upload over the chosen."""
     if rule == "median":
