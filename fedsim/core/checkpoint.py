@@ -189,7 +189,9 @@ def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict[
         os.fsync(f.fileno())
     if server_state:
         with open(staging / "server.npz", "wb") as f:
-            np.savez(f, allow_pickle=False, **server_state)  # numbers only: resume loads it without pickle
+            # numpy >= 2.1's stub lets **server_state fill savez's allow_pickle: bool; its keys are state names, and
+            # passing allow_pickle itself would store it as an array under numpy < 2.1 (pyproject allows 1.24).
+            np.savez(f, **server_state)  # type: ignore[arg-type]
             f.flush()
             os.fsync(f.fileno())
     own = {name: file_digest(staging / name) for name in ("global.npy", "server.npz") if (staging / name).exists()}
@@ -334,9 +336,9 @@ def begin(run_location: str, round_idx: int) -> str:
     return folder
 
 
-def _npy_bytes(write: Callable[..., None], *args: object, **kwargs: object) -> bytes:
+def _npy_bytes(write: Callable[..., None], *args: np.ndarray, **arrays: np.ndarray) -> bytes:
     buffer = io.BytesIO()
-    write(buffer, *args, **kwargs)
+    write(buffer, *args, **arrays)
     return buffer.getvalue()
 
 
@@ -349,7 +351,7 @@ def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict[s
     store = storage.Store(ckpt_dir)
     files = {"global.npy": _npy_bytes(np.save, global_vector)}
     if server_state:
-        files["server.npz"] = _npy_bytes(np.savez, allow_pickle=False, **server_state)
+        files["server.npz"] = _npy_bytes(np.savez, **server_state)
     for file, data in files.items():
         store.write_bytes(f"{name}/{file}", data)
     own = {file: hashlib.sha256(data).hexdigest() for file, data in files.items()}
