@@ -21,7 +21,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -37,6 +37,7 @@ DROPOUT_STREAM = 0xD809
 DEVICE_STREAM = 0xDE71CE
 PHASE_STREAM = 0xD1A1
 ASYNC_STREAM = 0xA5F0
+Event = Literal["done", "drop", "retry"]  # what happens at a FedBuff event: a report, a dropout, a slot tried again
 
 
 @dataclass(frozen=True, eq=False)
@@ -316,8 +317,7 @@ class AsyncClock(Clock):
     by the dispatch's index, so the schedule is a function of the seed alone."""
     concurrency: int = 1
     buffer: int = 1
-    _events: list[tuple[float, int, int, str]] = field(default_factory=list)  # heap of (time, sequence, client,
-    # "done" | "drop" | "retry")
+    _events: list[tuple[float, int, int, Event]] = field(default_factory=list)  # heap: (time, sequence, client, kind)
     _flight: dict[int, tuple[int, bool]] = field(default_factory=dict)  # client -> (model version, will it report)
     _buffered: list[tuple[int, int]] = field(default_factory=list)  # (client, version) reported since the last step
     _idle: int = 0  # slots with no client that could take them (all training or buffered): refilled after a step
@@ -333,7 +333,7 @@ class AsyncClock(Clock):
             self.rounds.append(self._step())
         return self.rounds[round_idx - 1]
 
-    def _push(self, t: float, client: int, kind: str) -> None:
+    def _push(self, t: float, client: int, kind: Event) -> None:
         heapq.heappush(self._events, (t, self._dispatches, client, kind))
 
     def _dispatch(self, t: float) -> None:
