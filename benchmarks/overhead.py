@@ -41,7 +41,7 @@ from _common import (QUIET_REP_CORES, REPO, check_quickstart, log, machine, meas
 def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
     """The plain loop. Returns wall seconds, per-round seconds and the final per-client accuracy."""
     from fedsim.client.runtime import client_generator
-    from fedsim.core.aggregate import ExactSum, FixedPoint
+    from fedsim.core.aggregate import FixedPoint, ReferenceExactSum
     from fedsim.data import load_dataset, make_partition, random_crop_flip, to_float
     from fedsim.models import build_model
     from fedsim.plan import sample_clients
@@ -104,7 +104,7 @@ def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
         offsets = tuple(np.cumsum([0, *(global_base[k].numel() for k in base_keys)]).tolist())
         total_weight = sum(n for _, n, _ in uploads)
         plan = FixedPoint.plan(reference, offsets, total_weight)
-        summed = ExactSum(plan)
+        summed = ReferenceExactSum(plan)
         for _, n, u in uploads:
             summed.add(n, np.concatenate([u[k].ravel() for k in base_keys]))
         mean = plan.mean(summed.total, total_weight).astype(np.float32)

@@ -2,8 +2,11 @@
 own method is named in a config as ``package.module:Class`` instead."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Protocol
+
 from fedsim.algorithms.apfl import APFL
-from fedsim.algorithms.base import PARTS, Algorithm, PartialSharing, parameter_table
+from fedsim.algorithms.base import PARTS, Algorithm, BatchNormMode, PartialSharing, parameter_table
 from fedsim.algorithms.ditto import Ditto
 from fedsim.algorithms.fedadam import FedAdam
 from fedsim.algorithms.fedala import FedALA
@@ -49,7 +52,27 @@ def algorithm_class(name: str) -> type[Algorithm]:
     return ALGORITHMS[name]
 
 
-def build_algorithm(cfg) -> Algorithm:
+class _AlgorithmSection(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+
+
+class _ModelSection(Protocol):
+    @property
+    def batchnorm(self) -> BatchNormMode | None: ...
+
+
+class MethodChoice(Protocol):
+    """What ``build_algorithm`` reads of a RunConfig, typed by its shape: fedsim.config imports this package."""
+    @property
+    def algorithm(self) -> _AlgorithmSection: ...
+    @property
+    def model(self) -> _ModelSection: ...
+
+
+def build_algorithm(cfg: MethodChoice) -> Algorithm:
     """The run's method with its validated parameters (``cfg``: a RunConfig)."""
     cls = algorithm_class(cfg.algorithm.name)
     return cls(cls.Params.model_validate(cfg.algorithm.params), cfg.model.batchnorm)

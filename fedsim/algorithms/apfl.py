@@ -23,6 +23,7 @@ class APFL(PartialSharing):
     """a personal model v mixed with the global w as alpha v + (1 - alpha) w, scored mixed (Deng et al. 2020)"""
     name, train, share = "apfl", "full", "full"
     Params = APFLParams
+    params: APFLParams
     client_slots = {"personal_model": "full", "alpha": 1}
     packable = False  # its mixed forward runs the module itself (ctx.net) and learns alpha after every step
 
@@ -45,7 +46,7 @@ class APFL(PartialSharing):
         # v does, and alpha's gradient <v - w, grad> would push it to 0 (APFL scoring as FedAvg).
         before = {k: global_params[k].detach().clone() for k in keys}
 
-        def personal_step(x, y) -> None:
+        def personal_step(x: torch.Tensor, y: torch.Tensor) -> None:
             # After each step of w on the batch: v (through the mixture) and alpha on the same batch.
             mixed = {k: alpha * personal[k] + (1 - alpha) * before[k] for k in keys}
             scratch = {k: b.clone() for k, b in buffers.items()}  # w's BatchNorm statistics stay w's own

@@ -48,12 +48,14 @@ class Algorithm:
 
     name: ClassVar[str]  # the class docstring's first line is the method's one-line summary
     Params: ClassVar[type[BaseModel]] = Params
+    params: BaseModel  # a ``Params`` instance: a method with parameters narrows it to its own class beside ``Params``
     train: ClassVar[Part] = "full"  # what a client's local update trains (for the default hooks)
     share: ClassVar[Part] = "full"  # what clients send and the server averages and broadcasts
     batchnorm: ClassVar[BatchNormMode] = "averaged"  # the method's default for model.batchnorm
     # Per-client state kept between rounds beyond the personal part of the model: slot -> its size,
-    # "full" (the whole model), "shared" (the shared weights) or a number of values.
-    client_slots: ClassVar[dict[str, str | int]] = {}
+    # "full" (the whole model), "shared" (the shared weights) or a number of values. Not a ClassVar: a method may size
+    # a slot on its instance once the model is built (FedRoD's personal head, in init_model).
+    client_slots: dict[str, str | int] = {}
     # What each client uploads: name -> weighting of its average (None: the run's train.weighting).
     uploads: ClassVar[dict[str, Weighting | None]] = {WEIGHTS: None}
     # Server state beyond the weights, each a vector the size of the shared weights, starting at zero.
@@ -193,11 +195,17 @@ class PartialSharing(Algorithm):
         return True
 
 
+class HeadFirstParams(Params):
+    """What every :class:`HeadFirst` method's parameters hold (each sets its own default and bounds)."""
+    head_epochs: int
+
+
 class HeadFirst(PartialSharing):
     """The personal head alone on the received base first (``head_epochs``, a parameter of the method), then
     ``then`` trains: FedRep (the body) and FedPer's pre-fine-tuning (the full network) share this shape."""
     then: ClassVar[Part] = "full"
     packable = True
+    params: HeadFirstParams
 
     def then_epochs(self, local_epochs: int) -> int:
         return local_epochs
@@ -217,7 +225,7 @@ def parameter_table(algorithm: type[Algorithm]) -> list[tuple[str, str, Any, str
     """(name, type, default, description) of a method's parameters, for `fedsim algorithms` and the README."""
     rows = []
     for field_name, field in algorithm.Params.model_fields.items():
-        plain = isinstance(field.annotation, type)
-        annotation = field.annotation.__name__ if plain else str(field.annotation).replace("typing.", "")
+        kind = field.annotation
+        annotation = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
         rows.append((field.alias or field_name, annotation, field.default, field.description or ""))
     return rows

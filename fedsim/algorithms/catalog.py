@@ -50,6 +50,6 @@ def system_listing() -> str:
         for name, field in section.model_fields.items():
             if prefix == "system" and name == "availability":
                 continue  # listed key by key below
-            default = field.default_factory() if field.default_factory else field.default
+            default = field.get_default(call_default_factory=True)
             lines.append(f"    {prefix}.{name} = {default!r}  {field.description or ''}".rstrip())
     return "\n".join(lines)

@@ -23,6 +23,7 @@ class Ditto(PartialSharing):
     """FedAvg global model + a personal model regularised toward it, used for scoring (Li et al. 2021)"""
     name, train, share = "ditto", "full", "full"
     Params = DittoParams
+    params: DittoParams
     client_slots = {"personal_model": "full"}
     packable = True  # ClientContext's primitives and penalties only
 

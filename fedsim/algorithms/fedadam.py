@@ -16,6 +16,7 @@ class FedAdam(PartialSharing):
     """FedAvg's average as a pseudo-gradient for a server-side Adam (Reddi et al. 2021)"""
     name, train, share = "fedadam", "full", "full"
     Params = FedAdamParams
+    params: FedAdamParams
     server_slots = ("m", "v")
 
     server_update_by_tensor = True  # element by element

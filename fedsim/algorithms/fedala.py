@@ -43,6 +43,7 @@ class FedALA(Algorithm):
     """
     name, train, share = "fedala", "full", "full"
     Params = FedALAParams
+    params: FedALAParams
     client_slots = {"local_model": "full", "ala_weights": "full"}
     own_objective = "learns its aggregation weights"
     packable = False  # ALA runs its own forward passes on ctx.net

@@ -44,6 +44,7 @@ class FedAMP(PartialSharing):
     """
     name, train, share = "fedamp", "full", "full"
     Params = FedAMPParams
+    params: FedAMPParams
     client_slots = {"personal_model": "full"}
     aggregation = "replies"
     packable = True  # ClientContext's primitives and penalties only

@@ -14,6 +14,7 @@ class FedAvgM(PartialSharing):
     """FedAvg with server momentum on the pseudo-gradient w - avg (Hsu et al. 2019)"""
     name, train, share = "fedavgm", "full", "full"
     Params = FedAvgMParams
+    params: FedAvgMParams
     server_slots = ("momentum",)
 
     server_update_by_tensor = True  # element by element

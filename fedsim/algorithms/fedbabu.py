@@ -25,6 +25,7 @@ class FedBABU(PartialSharing):
     """body trained and averaged under a fixed random head; head tuned at evaluation (Oh et al. 2021)"""
     name, train, share = "fedbabu", "body", "body"
     Params = FedBABUParams
+    params: FedBABUParams
 
     def init_model(self, net: nn.Module, keys: KeyParts) -> None:
         if self.params.head_init == "linear":  # the module's own initialisation stays

@@ -50,6 +50,7 @@ class FedFomo(Algorithm):
     """
     name, train, share = "fedfomo", "full", "full"
     Params = FedFomoParams
+    params: FedFomoParams
     client_slots = {MODEL: "shared"}
     uploads = {WEIGHTS: None, AFFINITY: None, IDS: None}
     broadcast = ()  # each training client gets models of its own (broadcast_groups); scoring needs nothing
@@ -159,7 +160,8 @@ def combined(own: np.ndarray, models: np.ndarray, raw: np.ndarray) -> np.ndarray
         return own
     weights = weights / weights.sum()
     step = sum(w * (m.astype(np.float64) - own) for w, m in zip(weights, models) if w > 0)
-    return (own + step).astype(np.float32)
+    mixed: np.ndarray = (own + step).astype(np.float32)
+    return mixed
 
 
 def parameter_mask(ctx: ClientContext, shared: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ class FedPer(PartialSharing):
     """base averaged, personal layers never leave the client (Arivazhagan et al. 2019)"""
     name, train, share = "fedper", "full", "body"
     Params = FedPerParams
+    params: FedPerParams
 
     @property
     def keeps_personal(self) -> bool:

@@ -42,6 +42,7 @@ class FedProto(Algorithm):
     """
     name, train, share = "fedproto", "full", "none"
     Params = FedProtoParams
+    params: FedProtoParams
     uploads = {PROTOTYPES: None, COUNTS: None}  # no model weights: its own server_replies weighs them
     broadcast = (PROTOTYPES, COUNTS)
     aggregation = "replies"

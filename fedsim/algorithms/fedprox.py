@@ -19,6 +19,7 @@ class FedProx(PartialSharing):
     """FedAvg + proximal term mu/2 ||w - w_global||^2 (Li et al. 2020); mu = 0 is FedAvg bit for bit"""
     name, train, share = "fedprox", "full", "full"
     Params = FedProxParams
+    params: FedProxParams
     packable = True  # ClientContext's primitives and penalties only
 
     def penalty(self, ctx: ClientContext) -> Penalty | None:
@@ -33,6 +34,7 @@ class FedProxBABU(FedBABU):
     """FedProx on the body under FedBABU's fixed head (FedBABU paper, App. M)"""
     name = "fedprox_babu"
     Params = FedProxBABUParams
+    params: FedProxBABUParams
     packable = True  # ClientContext's primitives and penalties only
 
     def penalty(self, ctx: ClientContext) -> Penalty | None:

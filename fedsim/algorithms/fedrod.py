@@ -37,6 +37,7 @@ class FedRoD(Algorithm):
     """
     name, train, share = "fedrod", "full", "full"
     Params = FedRoDParams
+    params: FedRoDParams
     own_objective = "balanced softmax and a personal head"
     packable = False  # its own steps on ctx.net, and a personal head outside the network
 

@@ -8,4 +8,5 @@ class FedYogi(FedAdam):
     name = "fedyogi"
 
     def second_moment(self, v: np.ndarray, squared: np.ndarray) -> np.ndarray:
-        return v - (1 - self.params.beta2) * squared * np.sign(v - squared)
+        moment: np.ndarray = v - (1 - self.params.beta2) * squared * np.sign(v - squared)
+        return moment

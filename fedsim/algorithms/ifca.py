@@ -38,6 +38,7 @@ class IFCA(Algorithm):
     """
     name, train, share = "ifca", "full", "full"
     Params = IFCAParams
+    params: IFCAParams
     uploads = {WEIGHTS: None, CLUSTER: None}
     broadcast = ("clusters",)
     aggregation = "replies"  # each upload counts only in its own cluster's average

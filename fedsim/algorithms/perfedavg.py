@@ -47,6 +47,7 @@ class PerFedAvg(Algorithm):
     """FedAvg of a MAML initialisation, scored after one personal gradient step (Fallah et al. 2020)"""
     name, train, share = "perfedavg", "full", "full"
     Params = PerFedAvgParams
+    params: PerFedAvgParams
     own_objective = "MAML step through one personalisation step"
     packable = False  # its steps run the network itself (ctx.net)
 

@@ -49,6 +49,7 @@ class PFedMe(Algorithm):
     """a personal model solved against a Moreau-envelope pull, the local model moved toward it (T. Dinh et al. 2020)"""
     name, train, share = "pfedme", "full", "full"
     Params = PFedMeParams
+    params: PFedMeParams
     client_slots = {"personal_model": "full"}
     own_objective = "inner Moreau-envelope problem per batch"
     packable = False  # its steps run the network itself (ctx.net)

@@ -22,6 +22,7 @@ class Scaffold(PartialSharing):
     """local steps corrected by control variates c - c_i against client drift (Karimireddy et al. 2020)"""
     name, train, share = "scaffold", "full", "full"
     Params = ScaffoldParams
+    params: ScaffoldParams
     client_slots = {"control": "shared"}
     uploads = {WEIGHTS: None, "control": "uniform"}
     server_slots = ("control",)

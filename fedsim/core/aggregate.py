@@ -96,9 +96,10 @@ class RoundSums:
             self.weights[name] += weights[name]
 
 
-class ExactSum:
-    """A running sum of weighted uploads for one round, in int64 quanta: the reference in numpy. Workers use
-    ``fedsim.client.resident.ExactSum``, the same arithmetic on their device, equal bit for bit (tested)."""
+class ReferenceExactSum:
+    """A running sum of weighted uploads for one round, in int64 quanta: the reference in numpy, which the tests and
+    benchmarks check against. Workers sum with ``fedsim.client.resident.ExactSum``, the same arithmetic on their
+    device, equal bit for bit (tested), whose guard is the one that keeps personal weights off the server."""
 
     def __init__(self, plan: FixedPoint):
         self.quantum, self.limit = plan.scales()

@@ -36,10 +36,10 @@ import shutil
 import tempfile
 import uuid
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -128,9 +128,10 @@ def read_worker_states(ckpt: Path, clients: set[int]) -> dict[str, dict[int, np.
     return slots
 
 
-def _state_json(ckpt: Path) -> dict:
+def _state_json(ckpt: Path) -> dict[str, Any]:
     try:
-        return json.loads((ckpt / "state.json").read_text())
+        state: dict[str, Any] = json.loads((ckpt / "state.json").read_text())
+        return state
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{ckpt}: truncated or unreadable checkpoint ({err}); resume again: it falls back to "
                               "an earlier intact checkpoint") from None
@@ -154,12 +155,12 @@ def next_bases(previous: list[list[str]], full_every: int) -> list[list[str]]:
     return [] if not previous or len(previous) >= full_every else previous
 
 
-def new_links(bases: list[list[str]]) -> dict:
+def new_links(bases: list[list[str]]) -> dict[str, Any]:
     """What a checkpoint's state.json records of its chain."""
     return {"id": uuid.uuid4().hex, "bases": bases}
 
 
-def links_of(state: dict, name: str) -> list[list[str]]:
+def links_of(state: dict[str, Any], name: str) -> list[list[str]]:
     """A published checkpoint's chain: its bases, then itself (checkpoints from before deltas are all full)."""
     return [*state.get("bases", []), [name, state.get("id")]]
 
@@ -179,7 +180,7 @@ def local_checkpoint(location: str | None) -> Iterator[Path | None]:
         yield Path(tmp, name)
 
 
-def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict,
+def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict[str, Any],
            server_state: dict[str, np.ndarray] | None = None) -> Path:
     """Write the server's part, fsync everything, and atomically publish the checkpoint."""
     with open(staging / "global.npy", "wb") as f:
@@ -188,7 +189,9 @@ def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict,
         os.fsync(f.fileno())
     if server_state:
         with open(staging / "server.npz", "wb") as f:
-            np.savez(f, **server_state)
+            # numpy >= 2.1's stub lets **server_state fill savez's allow_pickle: bool; its keys are state names, and
+            # passing allow_pickle itself would store it as an array under numpy < 2.1 (pyproject allows 1.24).
+            np.savez(f, **server_state)  # type: ignore[arg-type]
             f.flush()
             os.fsync(f.fileno())
     own = {name: file_digest(staging / name) for name in ("global.npy", "server.npz") if (staging / name).exists()}
@@ -222,16 +225,18 @@ def _by_round(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return sorted(((r, p) for r, p in found if r is not None), key=lambda rp: rp[0], reverse=True)
 
 
-def _kept(rounds: list[int], current: int, bases_of) -> set[int]:
+def _kept(rounds: list[int], current: int, bases_of: Callable[[int], list[list[str]]]) -> set[int]:
     """The checkpoint just published, the KEEP-1 newest before it, and every checkpoint they build on. Later
     ones are left over from before a rollback or a resume that fell back past them: the run is redoing those rounds."""
     kept = sorted((r for r in rounds if r <= current), reverse=True)[:KEEP]
-    return set(kept) | {round_of(Path(name)) for r in kept for name, _ in bases_of(r)}
+    bases = {round_of(Path(name)) for r in kept for name, _ in bases_of(r)}
+    return set(kept) | {r for r in bases if r is not None}
 
 
-def _bases_or_none(read_state_json) -> list[list[str]]:
+def _bases_or_none(read_state_json: Callable[[], str | bytes]) -> list[list[str]]:
     try:
-        return json.loads(read_state_json()).get("bases", [])
+        bases: list[list[str]] = json.loads(read_state_json()).get("bases", [])
+        return bases
     except (OSError, ValueError, AttributeError):
         return []  # a damaged checkpoint keeps nothing alive
 
@@ -293,7 +298,7 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def read_state(ckpt: Path, expected_fingerprint: str,
-               global_size: int) -> tuple[dict, np.ndarray, dict[str, np.ndarray]]:
+               global_size: int) -> tuple[dict[str, Any], np.ndarray, dict[str, np.ndarray]]:
     """Validate a checkpoint against this run and return (state, global vector, other server state)."""
     try:
         state = json.loads((ckpt / "state.json").read_text())
@@ -331,13 +336,13 @@ def begin(run_location: str, round_idx: int) -> str:
     return folder
 
 
-def _npy_bytes(write, *args, **arrays) -> bytes:
+def _npy_bytes(write: Callable[..., None], *args: np.ndarray, **arrays: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     write(buffer, *args, **arrays)
     return buffer.getvalue()
 
 
-def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict, workers: list[str],
+def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict[str, Any], workers: list[str],
            server_state: dict[str, np.ndarray] | None = None) -> str:
     """Publish the checkpoint whose worker files (``workers``) are already in ``staging``; returns its location."""
     if not storage.is_uri(staging):
@@ -361,7 +366,8 @@ def finish(staging: str, round_idx: int, global_vector: np.ndarray, meta: dict, 
 def _prune_store(store: storage.Store, current: int) -> None:
     """As on a local disk (``_kept``)."""
     tops = {name.split("/")[0] for name in store.files()}
-    folders = {round_of(Path(top)): top for top in tops if round_of(Path(top)) is not None}
+    rounds = {top: round_of(Path(top)) for top in tops}
+    folders = {r: top for top, r in rounds.items() if r is not None}
     kept = _kept(list(folders), current, lambda r: _bases_or_none(lambda: store.read_bytes(f"{folders[r]}/state.json")))
     for r, folder in folders.items():
         if r not in kept:

@@ -7,6 +7,7 @@ the driver and ``fedsim.client.resident`` on a worker; this module holds only th
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ class Layout:
     def size(self) -> int:
         return self.offsets[-1]
 
-    def spans(self):
+    def spans(self) -> Iterator[tuple[str, tuple[int, ...], int, int]]:
         """(key, shape, start, end) of every tensor, in vector order."""
         return zip(self.keys, self.shapes, self.offsets, self.offsets[1:])
 

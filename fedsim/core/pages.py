@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,7 +42,7 @@ def _in_shared_mapping(first: int, last: int) -> bool:
 
 
 @functools.cache
-def _madvise():
+def _madvise() -> Callable[[int, int, int], int]:
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     return madvise

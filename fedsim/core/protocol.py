@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import pickle
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "loss", "acc", 
                          "train_loss", "times_sampled", "unseen"})
 
 
-def logged_keys(records: list[dict]) -> list[str]:
+def logged_keys(records: list[dict[str, Any]]) -> list[str]:
     """The names a user module logged in these records (every numeric column fedsim does not write itself)."""
     return sorted({k for r in records for k, v in r.items()
                    if k not in RECORD_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)})
@@ -107,10 +108,10 @@ class RoundResult:
     round: int
     sampled: list[int]
     dropped: list[int]  # diverged clients whose updates were left out (train.on_nonfinite=drop)
-    records: list[dict] = field(default_factory=list)
-    comm: list[dict] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    comm: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
-    timing: dict = field(default_factory=dict)  # on the virtual clock: the round's simulated time and who took part
+    timing: dict[str, Any] = field(default_factory=dict)  # on the virtual clock: the round's simulated time and who took part
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, TypeGuard
 
 JSONL_RESULTS = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")  # appended each round, truncated on resume
 
@@ -12,7 +13,7 @@ class ResultsDamaged(ValueError):
     """A result file of a run folder holds a line that is not a row: resume would lose what follows it."""
 
 
-def read_results(path: Path) -> list[dict]:
+def read_results(path: Path) -> list[dict[str, Any]]:
     """A run's own result rows (metrics.jsonl, rounds.jsonl, comm.jsonl), for a resume that rewrites the file:
     only a torn *last* line (a crash mid-write: no newline after it) is dropped; any other line that is not a row
     with a round is a one-line error naming file and line, so no row is lost without account."""
@@ -28,11 +29,11 @@ def read_results(path: Path) -> list[dict]:
     return rows + ([last] if _is_row(last) else [])
 
 
-def _is_row(row: object) -> bool:
+def _is_row(row: object) -> TypeGuard[dict[str, Any]]:
     return isinstance(row, dict) and type(row.get("round")) is int and row["round"] >= 1
 
 
-def _result_row(path: Path, number: int, line: str) -> dict:
+def _result_row(path: Path, number: int, line: str) -> dict[str, Any]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError:

@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -109,8 +110,8 @@ class VectorStore:
         if client not in self._row:
             row = self._row[client] = len(self._row)
             if row // self.rows_per_block == len(self._blocks):
-                block, spilled = self.memory.block(self.rows_per_block, self.size)
-                self._blocks.append(block)
+                new_block, spilled = self.memory.block(self.rows_per_block, self.size)
+                self._blocks.append(new_block)
                 self._spilled.append(spilled)
         block, index = divmod(self._row[client], self.rows_per_block)
         self._blocks[block][index] = vector
@@ -118,10 +119,10 @@ class VectorStore:
         if self._spilled[block]:
             self.memory.touched(4 * self.size)
 
-    def items(self):
+    def items(self) -> Iterator[tuple[int, np.ndarray]]:
         return ((client, self._view(row)) for client, row in self._row.items())
 
-    def changed_items(self):
+    def changed_items(self) -> Iterator[tuple[int, np.ndarray]]:
         return ((client, self[client]) for client in sorted(self.changed))
 
     def mark_saved(self) -> None:
@@ -129,7 +130,7 @@ class VectorStore:
 
     def _view(self, row: int) -> np.ndarray:
         block, index = divmod(row, self.rows_per_block)
-        view = self._blocks[block][index]
+        view: np.ndarray = self._blocks[block][index]
         view.flags.writeable = False  # callers read; writes go through __setitem__
         if self._spilled[block]:
             self.memory.touched(4 * self.size)

@@ -228,7 +228,8 @@ class RunPlan:
         when fine-tuning sets one."""
         if finetune and self.cfg.eval.finetune_lr is not None:
             return self.cfg.eval.finetune_lr
-        return getattr(self.cfg.train, part).lr_at(round_idx, self.cfg.train.rounds)
+        rate: float = getattr(self.cfg.train, part).lr_at(round_idx, self.cfg.train.rounds)
+        return rate
 
     @cached_property
     def partition_digest(self) -> str:

@@ -117,7 +117,8 @@ def load_inputs(cfg: RunConfig) -> Inputs:
     """Everything that can be wrong with the inputs is found here, before Ray starts or a file is written."""
     d = cfg.data
     data = load_dataset(d.dataset, d.root, d.download, options=d.options)  # decodes once; workers then mmap
-    groups = None if data.train_groups is None else (data.train_groups, data.test_groups)
+    groups = (None if data.train_groups is None or data.test_groups is None  # a dataset has both or neither
+              else (data.train_groups, data.test_groups))
     partition = make_partition(d.partition.name, data.train_y, data.test_y, d.num_clients, cfg.seed, groups=groups,
                                train_fraction=d.train_fraction, test_fraction=d.test_fraction,
                                **d.partition.arguments())

@@ -21,6 +21,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -37,6 +38,7 @@ DROPOUT_STREAM = 0xD809
 DEVICE_STREAM = 0xDE71CE
 PHASE_STREAM = 0xD1A1
 ASYNC_STREAM = 0xA5F0
+Event = Literal["done", "drop", "retry"]  # what happens at a FedBuff event: a report, a dropout, a slot tried again
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,7 +64,7 @@ class Availability:
         if self.pattern == "always":
             return np.ones(num_clients, bool)
         if self.pattern == "diurnal":
-            return np.mod(t / self.period_s + self.phase, 1.0) < self.on_fraction
+            return np.mod(t / self.period_s + self._phases(), 1.0) < self.on_fraction
         at = math.fmod(t, self.period_s)
         return np.array([bool(((spans[:, 0] <= at) & (at < spans[:, 1])).any()) for spans in self.intervals])
 
@@ -71,7 +73,7 @@ class Availability:
         if self.pattern == "always":
             return t
         if self.pattern == "diurnal":
-            position = np.mod(t / self.period_s + self.phase[among], 1.0)
+            position = np.mod(t / self.period_s + self._phases()[among], 1.0)
             wait = np.where(position < self.on_fraction, 0.0, 1.0 - position) * self.period_s
             return t + float(wait.min())
         if (self.available(t, len(self.intervals)) & among).any():
@@ -80,6 +82,11 @@ class Availability:
         starts = np.concatenate([spans[:, 0] for spans, chosen in zip(self.intervals, among) if chosen])
         ahead = starts[starts >= at]
         return cycle * self.period_s + (float(ahead.min()) if ahead.size else self.period_s + float(starts.min()))
+
+    def _phases(self) -> np.ndarray:
+        if self.phase is None:  # build_availability always draws them for a diurnal pattern
+            raise ValueError("a diurnal availability needs each client's phase")
+        return self.phase
 
 
 @dataclass(frozen=True)
@@ -103,9 +110,9 @@ class RoundTime:
     def end_s(self) -> float:
         return self.start_s + self.seconds
 
-    def row(self) -> dict:
+    def row(self) -> dict[str, Any]:
         """The round's columns in rounds.jsonl."""
-        row = {"sim_start_s": self.start_s, "sim_seconds": self.seconds, "sim_time_s": self.end_s,
+        row: dict[str, Any] = {"sim_start_s": self.start_s, "sim_seconds": self.seconds, "sim_time_s": self.end_s,
                "selected": len(self.selected), "participants": list(self.participants),
                "dropouts": list(self.dropouts), "late": list(self.late)}
         return row | ({"staleness": list(self.staleness())} if self.versions else {})
@@ -153,8 +160,9 @@ class Clock:
 
     def durations(self, clients: np.ndarray) -> np.ndarray:
         d = self.system.devices
-        return (self.work[clients] / d.speed[clients] + self.bytes_down / d.down_bytes_s[clients]
+        seconds: np.ndarray = (self.work[clients] / d.speed[clients] + self.bytes_down / d.down_bytes_s[clients]
                 + self.bytes_up / d.up_bytes_s[clients])
+        return seconds
 
     def _next(self, round_idx: int, start: float) -> RoundTime:
         cfg = self.system.cfg
@@ -221,6 +229,7 @@ def build_availability(cfg: AvailabilityConfig, seed: int, num_clients: int) -> 
     if cfg.pattern == "diurnal":
         phase = np.random.default_rng([seed, PHASE_STREAM]).random(num_clients)
         return Availability("diurnal", cfg.period_s, cfg.on_fraction, phase=phase)
+    assert cfg.trace is not None  # AvailabilityConfig's validator pairs pattern trace with its file
     return Availability("trace", cfg.period_s, intervals=read_availability_trace(Path(cfg.trace), num_clients,
                                                                                   cfg.period_s))
 
@@ -276,10 +285,10 @@ def read_device_trace(path: Path, num_clients: int) -> Devices:
     if absent:
         raise ConfigError(f"{key}: {path} has no row for client {absent[0]} ({len(absent)} of {num_clients} "
                           "clients missing); give one row per client")
-    speed, up, down, kinds = (list(column) for column in zip(*(values[c] for c in range(num_clients))))
-    speed_array = np.array(speed)
+    speeds, ups, downs, kinds = (list(column) for column in zip(*(values[c] for c in range(num_clients))))
+    speed_array = np.array(speeds)
     kind = tuple(kinds) if all(kinds) else _terciles(speed_array)
-    return Devices(speed_array, np.array(up), np.array(down), kind)
+    return Devices(speed_array, np.array(ups), np.array(downs), kind)
 
 
 def read_availability_trace(path: Path, num_clients: int, period_s: float) -> tuple[np.ndarray, ...]:
@@ -309,13 +318,13 @@ class AsyncClock(Clock):
     by the dispatch's index, so the schedule is a function of the seed alone."""
     concurrency: int = 1
     buffer: int = 1
-    _events: list = field(default_factory=list)  # heap of (time, sequence, client, "done" | "drop" | "retry")
-    _flight: dict = field(default_factory=dict)  # client -> (model version, will it report)
-    _buffered: list = field(default_factory=list)  # (client, version) reported since the last step
+    _events: list[tuple[float, int, int, Event]] = field(default_factory=list)  # heap: (time, sequence, client, kind)
+    _flight: dict[int, tuple[int, bool]] = field(default_factory=dict)  # client -> (model version, will it report)
+    _buffered: list[tuple[int, int]] = field(default_factory=list)  # (client, version) reported since the last step
     _idle: int = 0  # slots with no client that could take them (all training or buffered): refilled after a step
     _version: int = 0  # the server's model: x_0 at the start, x_r after step r
     _dispatches: int = 0
-    _window: dict = field(default_factory=lambda: {"selected": [], "dropouts": []})
+    _window: dict[str, list[int]] = field(default_factory=lambda: {"selected": [], "dropouts": []})
 
     def round(self, round_idx: int) -> RoundTime:
         if not self._dispatches:
@@ -325,7 +334,7 @@ class AsyncClock(Clock):
             self.rounds.append(self._step())
         return self.rounds[round_idx - 1]
 
-    def _push(self, t: float, client: int, kind: str) -> None:
+    def _push(self, t: float, client: int, kind: Event) -> None:
         heapq.heappush(self._events, (t, self._dispatches, client, kind))
 
     def _dispatch(self, t: float) -> None:

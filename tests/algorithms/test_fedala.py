@@ -8,7 +8,6 @@ from test_algorithms import CLIENT, runtime, start
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.algorithms.context import ClientContext
-from fedsim.algorithms.fedala import FedALA
 
 OTHER = 0
 
@@ -26,13 +25,15 @@ def _spy_start(monkeypatch) -> list[np.ndarray]:
 
 
 def _count_passes(monkeypatch) -> list[int]:
-    passes, one = [], FedALA._weights_pass
+    """Passes of W's learning: each draws one epoch of its sample's batches from ctx.batches (training, ctx.sgd,
+    draws its own)."""
+    passes, batches = [], ClientContext.batches
 
-    def spy(self, *args):
+    def spy(self, *args, **kwargs):
         passes.append(1)
-        return one(self, *args)
+        return batches(self, *args, **kwargs)
 
-    monkeypatch.setattr(FedALA, "_weights_pass", spy)
+    monkeypatch.setattr(ClientContext, "batches", spy)
     return passes
 
 

@@ -57,8 +57,7 @@ def test_scoring_many_clients_loads_the_global_weights_once_and_stays_exact(data
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_device_exact_sum_equals_the_numpy_reference_bit_for_bit(device):
     from fedsim.client.resident import ExactSum
-    from fedsim.core.aggregate import ExactSum as Reference
-    from fedsim.core.aggregate import FixedPoint
+    from fedsim.core.aggregate import FixedPoint, ReferenceExactSum
 
     rng = np.random.default_rng(2)
     offsets = (0, 300, 310, 1000)
@@ -68,7 +67,7 @@ def test_the_device_exact_sum_equals_the_numpy_reference_bit_for_bit(device):
     vectors[7][400] = 2.0 ** 22  # beyond the headroom of its tensor (max < 16, so the limit is <= 2^20)
     weights = [int(w) for w in rng.integers(1, 600, len(vectors))]
     plan = FixedPoint.plan(reference, offsets, sum(weights))
-    expected, on_device = Reference(plan), ExactSum(plan, torch.device(device))
+    expected, on_device = ReferenceExactSum(plan), ExactSum(plan, torch.device(device))
     rejected = []
     for client, (weight, vector) in enumerate(zip(weights, vectors)):
         fits = bool(on_device.stage(torch.from_numpy(vector).to(device), weight))

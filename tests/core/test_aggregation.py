@@ -67,14 +67,21 @@ def test_server_process_needs_no_torch(tmp_path):
 
 
 def test_vector_store_keeps_rows_apart_and_read_only():
-    from fedsim.core.store import VectorStore
+    from fedsim.core.store import StateMemory, VectorStore
 
-    store = VectorStore(3)
+    blocks = []
+
+    class Counting(StateMemory):
+        def block(self, rows, size):
+            blocks.append(rows)
+            return super().block(rows, size)
+
+    store = VectorStore(3, Counting(ram_bytes=1 << 20))
     store.rows_per_block = 2  # force several blocks
     for c in (7, 3, 9):
         store[c] = np.full(3, c, np.float32)
     store[3] = np.arange(3, dtype=np.float32)  # overwrite in place, no new row
-    assert len(store) == 3 and len(store._blocks) == 2
+    assert len(store) == 3 and blocks == [2, 2]
     assert store[7].tolist() == [7, 7, 7] and store[3].tolist() == [0, 1, 2] and store[9].tolist() == [9, 9, 9]
     default = np.zeros(3, np.float32)
     assert store.get(4, default) is default and 4 not in store
@@ -85,11 +92,11 @@ def test_vector_store_keeps_rows_apart_and_read_only():
 
 def _exact_mean(groups, weights_by_client, vectors, plan):
     """Workers sum their groups; the server adds the partials in the order given."""
-    from fedsim.core.aggregate import ExactSum
+    from fedsim.core.aggregate import ReferenceExactSum
 
     partials = []
     for group in groups:
-        summed = ExactSum(plan)
+        summed = ReferenceExactSum(plan)
         for c in group:
             assert summed.fits(vectors[c])
             summed.add(weights_by_client[c], vectors[c])
@@ -128,10 +135,10 @@ def test_exact_sums_are_the_same_for_any_grouping_and_order_and_within_their_bou
 
 
 def test_values_beyond_the_headroom_are_out_of_range_not_overflow():
-    from fedsim.core.aggregate import HEADROOM_BITS, ExactSum, FixedPoint
+    from fedsim.core.aggregate import HEADROOM_BITS, FixedPoint, ReferenceExactSum
 
     reference = np.full(4, 0.5, np.float32)  # e = -1: values up to 2^15 fit
-    summed = ExactSum(FixedPoint.plan(reference, (0, 4), total_weight=2 ** 20))
+    summed = ReferenceExactSum(FixedPoint.plan(reference, (0, 4), total_weight=2 ** 20))
     assert summed.fits(np.full(4, 2.0 ** (HEADROOM_BITS - 1), np.float32))
     assert not summed.fits(np.full(4, 2.0 ** (HEADROOM_BITS - 1) * 1.01, np.float32))
     assert not summed.fits(np.array([0, 0, np.nan, 0], np.float32))

@@ -13,7 +13,7 @@ from conftest import in_process_server, round_records, six_client_run
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.algorithms.base import Algorithm
-from fedsim.core.aggregate import ExactSum, FixedPoint, RoundSums
+from fedsim.core.aggregate import FixedPoint, ReferenceExactSum, RoundSums
 from fedsim.core.pages import release_shared
 from fedsim.core.protocol import SumPlan
 from fedsim.engine.server import Server
@@ -125,7 +125,7 @@ def test_a_hook_that_does_not_say_it_works_tensor_by_tensor_gets_whole_vectors()
         server_update_by_tensor = True
 
     for algorithm in (GlobalNorm(), Elementwise()):
-        exact = ExactSum(plan.scales[WEIGHTS])
+        exact = ReferenceExactSum(plan.scales[WEIGHTS])
         exact.add(1, weights)
         sums = RoundSums(plan.scales, 10)
         sums.add({WEIGHTS: exact.total}, {WEIGHTS: 1})
