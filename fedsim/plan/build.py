@@ -10,7 +10,7 @@ import pytorch_lightning as pl
 import torch
 
 from fedsim.algorithms import Algorithm, build_algorithm
-from fedsim.config import RunConfig
+from fedsim.config import RunConfig, check_sections
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import ClientData
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
@@ -115,6 +115,8 @@ class Inputs:
 
 def load_inputs(cfg: RunConfig) -> Inputs:
     """Everything that can be wrong with the inputs is found here, before Ray starts or a file is written."""
+    # validate() ran these already; a config built by model_copy (a sweep trial's, a test's) skipped them.
+    check_sections(cfg)
     d = cfg.data
     data = load_dataset(d.dataset, d.root, d.download, options=d.options)  # decodes once; workers then mmap
     groups = (None if data.train_groups is None or data.test_groups is None  # a dataset has both or neither
