@@ -12,7 +12,8 @@ from conftest import TESTS, in_process_server, plan_for, synthetic_tree, train_o
 from fedsim.algorithms import ALGORITHMS, WEIGHTS, build_algorithm
 from fedsim.algorithms.context import ClientContext
 from fedsim.models.lightning import load_client_class, part_parameters
-from fedsim.client.runtime import FINETUNE_STREAM, ClientRuntime, client_generator
+from fedsim.client.randomness import FINETUNE_STREAM, client_generator
+from fedsim.client.runtime import ClientRuntime
 from fedsim.config import ConfigError, OptimConfig, validate
 from fedsim.core.aggregate import weighted_average
 

@@ -174,8 +174,8 @@ def test_a_slots_result_does_not_depend_on_its_place_or_its_pack_mates(model):
 
 def test_auto_measures_and_prints_the_pack_size(data_root, capsys):
     rt = client_runtime(data_root, "fedavg", engine__pack="auto")
-    size = rt.auto_pack_size()
-    assert size >= 2 and rt.auto_pack_size() == size
+    size = rt.packing.size()
+    assert size >= 2 and rt.packing.size() == size
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith(f"engine.pack auto: {size} clients at once on cpu") and "; 4: " in line
 
@@ -215,7 +215,7 @@ def test_a_splitnet_with_a_forward_of_its_own_is_not_packed():
 
 
 def test_lockstep_serves_every_request_together_and_ends_cleanly_when_a_hook_fails():
-    from fedsim.client.packed import in_lockstep
+    from fedsim.client.lockstep import in_lockstep
 
     served = []
 
