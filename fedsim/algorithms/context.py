@@ -53,7 +53,9 @@ class LinearTerm:
 
 class DeviceLayout(Protocol):
     """A layout (``shared``, ``personal``, ``full``) bound to the worker's model on its device."""
-    keys: tuple[str, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]: ...
 
     @property
     def size(self) -> int: ...
@@ -77,9 +79,16 @@ class DeviceLayout(Protocol):
 class PackablePort(Protocol):
     """What every runtime offers a client hook, a packed client's (engine.pack) included: a method whose client hook
     needs nothing more may declare ``packable = True``."""
-    device: torch.device  # where it trains; uploads stay there and are summed there
-    local_epochs: int
-    layouts: Mapping[str, DeviceLayout]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the client trains; uploads stay there and are summed there."""
+
+    @property
+    def local_epochs(self) -> int: ...
+
+    @property
+    def layouts(self) -> Mapping[str, DeviceLayout]: ...
 
     def initial(self, layout: str) -> np.ndarray:
         """The round-0 value of a layout (every client starts from the same model)."""
@@ -111,8 +120,14 @@ class PackablePort(Protocol):
 
 class RuntimePort(PackablePort, Protocol):
     """A worker's whole runtime: the packable port, and the one network for a method that works on it itself."""
-    net: nn.Module  # the one network every client of the worker trains in turn
-    output_layer: nn.Linear  # its head's last linear layer
+
+    @property
+    def net(self) -> nn.Module:
+        """The one network every client of the worker trains in turn."""
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """Its head's last linear layer."""
 
     def score(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         """(mean loss, accuracy) of the model as it is on (x, y), in evaluation mode."""

@@ -4,7 +4,6 @@ all that ask for it at once (:class:`~fedsim.client.packed_trainer.PackedTrainer
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Literal
 
 import torch
 
@@ -22,7 +21,7 @@ RunClient = Callable[[int, PackablePort], Trained]  # a client's hook, run on th
 class Packing:
     """A worker's packs: their size, and the one trainer that runs their local training."""
 
-    def __init__(self, model: WorkerModel, size: int | Literal["auto"], method: str, batch_size: int, augment: bool,
+    def __init__(self, model: WorkerModel, size: int | str, method: str, batch_size: int, augment: bool,
                  input_shape: tuple[int, ...], gpu_fraction: float):
         self.model, self.method = model, method
         self.batch_size, self.augment = batch_size, augment
@@ -31,12 +30,12 @@ class Packing:
         # client's result was measured to depend on its place in the pack (docs/packed.md).
         self.trainer = PackedTrainer(model.net, model.layouts["full"].keys, model.parameter_keys,
                                      model.channels_last or model.device.type == "cpu")
-        self._size = size
+        self._size = size  # engine.pack: a number of clients, or auto until measured
 
     def size(self) -> int:
         """engine.pack, or for auto: measured once on this worker's device (fedsim.client.packsize); never changes
         results, since any pack size >= 2 computes the same."""
-        if self._size == "auto":
+        if isinstance(self._size, str):  # auto
             self._size = choose_pack_size(self.trainer, self.model, self.input_shape, self.batch_size,
                                           self.gpu_fraction)
         return self._size

@@ -73,7 +73,7 @@ class ClientSums:
         return {name: 1 if self.sum_plan.uniform[name] else trained.n_train for name in trained.uploads}
 
     def stage(self, client: int, trained: Trained) -> torch.Tensor:
-        weight = self._weight(trained)
+        weight: dict[str, float] = dict(self._weight(trained))
         factor = self.sum_plan.factors.get(client)
         if factor is not None:
             weight = {name: w * factor for name, w in weight.items()}
