@@ -239,7 +239,8 @@ class ClientContext:
         x, y = self.data() if data is None else data
         return self._rt.sgd(x, y, parts, epochs, self.generator, self.round, penalty=penalty, after_step=after_step)
 
-    # -- for a method with an objective of its own (Algorithm.own_objective): its own steps on the network ----------
+    # -- for a method with an objective of its own (Algorithm.own_objective): its own steps on the network. These ---
+    # -- need the worker's whole RuntimePort, so such a hook is not packable (a packed client refuses them) ---------
     def batches(self, epochs: int, data: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``epochs`` passes of training batches over this client's data (or ``data``: a subset of it, FedALA's
