@@ -15,7 +15,9 @@ import warnings
 
 import torch
 
-from fedsim.client.loop import FedsimFabric, LocalLoop, OptimizerSet
+from fedsim.client.fabric import FedsimFabric
+from fedsim.client.loop import LocalLoop
+from fedsim.client.optimizers import OptimizerSet
 from fedsim.config import ModelConfig, OptimConfig
 from fedsim.models import build_model
 from fedsim.models.lightning import FedClient, module_optimizers, optimizer_parts, part_parameters, split_keys

@@ -10,7 +10,7 @@ every client evaluated every round), for --rounds rounds (default: the quickstar
   B  bare loop, torch.set_num_threads(2), NCHW: the simplest loop. Same partition
      (fedsim.data.make_partition), same model (fedsim.models.build_model, same seed), same client
      sample (fedsim.plan.sample_clients), same per-client shuffles and augmentation draws
-     (fedsim.client.runtime.client_generator), same number of batches, personal heads in a dict,
+     (fedsim.client.randomness.client_generator), same number of batches, personal heads in a dict,
      base averaged by fedsim's exact fixed-point sum (fedsim.core.aggregate), every client scored every round.
      Timed from loading the data to the last evaluation. A / B is the target's ratio.
   C  the same bare loop in channels_last, 2 threads: the same kernels fedsim runs, so A / C is
@@ -40,7 +40,7 @@ from _common import (QUIET_REP_CORES, REPO, check_quickstart, log, machine, meas
 
 def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
     """The plain loop. Returns wall seconds, per-round seconds and the final per-client accuracy."""
-    from fedsim.client.runtime import client_generator
+    from fedsim.client.randomness import client_generator
     from fedsim.core.aggregate import FixedPoint, ReferenceExactSum
     from fedsim.data import load_dataset, make_partition, random_crop_flip, to_float
     from fedsim.models import build_model

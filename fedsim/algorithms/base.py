@@ -62,8 +62,10 @@ class Algorithm:
     server_slots: ClassVar[tuple[str, ...]] = ()
     # What the server sends to the clients each round (entries of its state).
     broadcast: ClassVar[tuple[str, ...]] = (WEIGHTS,)
-    # Whether the client hook uses only ClientContext's primitives, with penalties from ctx.proximal / ctx.linear
-    # and no per-step callback: then engine.pack can train several clients as one batched computation. Declared by
+    # Whether the client hook needs only what a packed client offers (context.PackablePort: ClientContext's
+    # primitives but ctx.net, ctx.batches, ctx.param_groups, ctx.score, ctx.output_layer and ctx.features, which need
+    # the worker's whole RuntimePort), with penalties from ctx.proximal / ctx.linear and no per-step callback: then
+    # engine.pack can train several clients as one batched computation. Declared by
     # the class that writes client_update or penalty (see ``packs``): a subclass that overrides either is not packed
     # unless it says so itself.
     packable: ClassVar[bool] = False

@@ -5,8 +5,11 @@ needs (``pack``, ``slot``) and leaves its results through ``commit_model``, ``up
 Results are staged here and kept by the runtime only if the client's loss stayed finite, so a diverged
 client leaves nothing behind.
 
-The context reaches the worker's runtime only through :class:`RuntimePort`, a small typed interface the
-runtime (``fedsim.client.runtime.ClientRuntime``) implements; algorithms never see the runtime itself.
+The context reaches the worker's runtime only through two small typed interfaces: :class:`PackablePort`, what every
+client has, a packed client's (``fedsim.client.packed_client.PackedClient``, engine.pack) included, and
+:class:`RuntimePort`, which extends it with the one network for a method that works on it itself (the worker's
+``fedsim.client.runtime.ClientRuntime``). A hook that uses only what the packable port offers can be packed;
+algorithms never see the runtime itself.
 """
 from __future__ import annotations
 
@@ -50,7 +53,9 @@ class LinearTerm:
 
 class DeviceLayout(Protocol):
     """A layout (``shared``, ``personal``, ``full``) bound to the worker's model on its device."""
-    keys: tuple[str, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]: ...
 
     @property
     def size(self) -> int: ...
@@ -71,13 +76,19 @@ class DeviceLayout(Protocol):
         """The inverse of ``tensors``."""
 
 
-class RuntimePort(Protocol):
-    """What a worker's runtime offers a client hook."""
-    net: nn.Module  # the one network every client of the worker trains in turn
-    output_layer: nn.Linear  # its head's last linear layer
-    device: torch.device  # where it trains; uploads stay there and are summed there
-    local_epochs: int
-    layouts: Mapping[str, DeviceLayout]
+class PackablePort(Protocol):
+    """What every runtime offers a client hook, a packed client's (engine.pack) included: a method whose client hook
+    needs nothing more may declare ``packable = True``."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where the client trains; uploads stay there and are summed there."""
+
+    @property
+    def local_epochs(self) -> int: ...
+
+    @property
+    def layouts(self) -> Mapping[str, DeviceLayout]: ...
 
     def initial(self, layout: str) -> np.ndarray:
         """The round-0 value of a layout (every client starts from the same model)."""
@@ -102,6 +113,22 @@ class RuntimePort(Protocol):
     def client_tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """A client's ``train`` or ``test`` images and labels on the model's device."""
 
+    def whole_runtime(self, what: str) -> RuntimePort:
+        """The worker's whole runtime, for a hook that ``what`` (e.g. "reads ctx.net"): the runtime itself, or, on
+        a packed client, which has no more than this port, a one-line error naming the method."""
+
+
+class RuntimePort(PackablePort, Protocol):
+    """A worker's whole runtime: the packable port, and the one network for a method that works on it itself."""
+
+    @property
+    def net(self) -> nn.Module:
+        """The one network every client of the worker trains in turn."""
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """Its head's last linear layer."""
+
     def score(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         """(mean loss, accuracy) of the model as it is on (x, y), in evaluation mode."""
 
@@ -114,7 +141,7 @@ class RuntimePort(Protocol):
 
 
 class ClientContext:
-    def __init__(self, runtime: RuntimePort, client: int, round_idx: int, broadcast: dict[str, np.ndarray],
+    def __init__(self, runtime: PackablePort, client: int, round_idx: int, broadcast: dict[str, np.ndarray],
                  generator: torch.Generator):
         self._rt = runtime
         self.client = client
@@ -132,7 +159,7 @@ class ClientContext:
     def net(self) -> nn.Module:
         """The network the client trains in, for a hook that needs the module itself (APFL's mixed forward). A
         packed client has none of its own, so such a method does not declare ``packable = True``."""
-        return self._rt.net
+        return self._rt.whole_runtime("reads ctx.net").net
 
     @property
     def full_keys(self) -> tuple[str, ...]:
@@ -212,32 +239,33 @@ class ClientContext:
         x, y = self.data() if data is None else data
         return self._rt.sgd(x, y, parts, epochs, self.generator, self.round, penalty=penalty, after_step=after_step)
 
-    # -- for a method with an objective of its own (Algorithm.own_objective): its own steps on the network ----------
+    # -- for a method with an objective of its own (Algorithm.own_objective): its own steps on the network. These ---
+    # -- need the worker's whole RuntimePort, so such a hook is not packable (a packed client refuses them) ---------
     def batches(self, epochs: int, data: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``epochs`` passes of training batches over this client's data (or ``data``: a subset of it, FedALA's
         sample), drawn from its generator exactly as ``sgd`` draws them (order, crops, flips)."""
         x, y = self.data() if data is None else data
         for _ in range(epochs):
-            yield from self._rt.batches(x, y, self.generator)
+            yield from self._rt.whole_runtime("steps its own batches (ctx.batches)").batches(x, y, self.generator)
 
     def param_groups(self, parts: frozenset[str]) -> list[dict]:
         """Param groups for a torch optimizer over the trainable tensors of ``parts`` (e.g. PARTS["full"]), one
         per part with this round's train.<part> settings (lr on its schedule, momentum, weight_decay): a method
         with its own steps trains as the run's config says. Scale a group's ``lr`` for a method's own step size."""
-        return self._rt.param_groups(parts, self.round)
+        return self._rt.whole_runtime("steps its own optimizer (ctx.param_groups)").param_groups(parts, self.round)
 
     def score(self, x: torch.Tensor | None = None, y: torch.Tensor | None = None) -> tuple[float, float]:
         """(mean loss, accuracy) of the network as it is, in evaluation mode, on (x, y) (default: the client's
         training data): IFCA's choice of cluster, FedFomo's weighing of other clients' models."""
         if x is None:
             x, y = self.data()
-        return self._rt.score(x, y)
+        return self._rt.whole_runtime("scores its model (ctx.score)").score(x, y)
 
     @property
     def output_layer(self) -> nn.Linear:
         """The head's last linear layer of the network."""
-        return self._rt.output_layer
+        return self._rt.whole_runtime("reads ctx.output_layer").output_layer
 
     def score_with(self, adjust: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         """From ``load_for_evaluation``: score this client with ``adjust(input of the output layer, its logits)`` in
@@ -249,9 +277,10 @@ class ClientContext:
         """(the representation entering the output layer, flattened; the logits) of one forward pass: FedRoD's
         and FedProto's heads work on the representation."""
         seen: list[torch.Tensor] = []
-        handle = self._rt.output_layer.register_forward_hook(lambda _, inputs, __: seen.append(inputs[0]))
+        whole = self._rt.whole_runtime("runs its network itself (ctx.features)")
+        handle = whole.output_layer.register_forward_hook(lambda _, inputs, __: seen.append(inputs[0]))
         try:
-            logits = self.net(x)
+            logits = whole.net(x)
         finally:
             handle.remove()
         return seen[-1].flatten(1), logits

@@ -67,7 +67,7 @@ def epoch_draws(n: int, generator: torch.Generator, batch: int,
                 augment: bool) -> Iterator[tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]]:
     """One epoch of a client's random draws, in the order training makes them: the epoch's order of its ``n``
     samples, then per batch its sample indices and (``augment``) crop/flip draws. Lazy, so the draws of a batch
-    come when it is asked for; sequential and packed training (fedsim.client.packed) both read these."""
+    come when it is asked for; sequential and packed training (fedsim.client.packed_trainer) both read these."""
     order = torch.randperm(n, generator=generator)
     for start in range(0, n, batch):
         idx = order[start:start + batch]

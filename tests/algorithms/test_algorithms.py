@@ -11,7 +11,8 @@ from conftest import TESTS, in_process_server, plan_for, synthetic_tree, train_o
 
 from fedsim.algorithms import ALGORITHMS, WEIGHTS, build_algorithm
 from fedsim.algorithms.context import ClientContext
-from fedsim.client.runtime import FINETUNE_STREAM, ClientRuntime, client_generator
+from fedsim.client.randomness import FINETUNE_STREAM, client_generator
+from fedsim.client.runtime import ClientRuntime
 from fedsim.config import OptimConfig, validate
 from fedsim.core.aggregate import weighted_average
 from fedsim.errors import ConfigError

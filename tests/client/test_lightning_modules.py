@@ -14,7 +14,7 @@ from user_plugins import CALLS
 
 from fedsim.algorithms import PARTS, WEIGHTS
 from fedsim.algorithms.context import ClientContext
-from fedsim.client.runtime import client_generator
+from fedsim.client.randomness import client_generator
 from fedsim.config import validate
 from fedsim.errors import ConfigError, UserCodeError
 from fedsim.metrics.logger import round_row
@@ -252,7 +252,7 @@ def test_optimizers_map_to_parts_by_parameter_identity_not_position(tmp_path):
 def test_logged_values_reduce_as_lightning_reduces_an_epoch():
     import torchmetrics
 
-    from fedsim.client.loop import LoggedValues
+    from fedsim.client.logged import LoggedValues
 
     logged = LoggedValues("M")
     metric = torchmetrics.MeanMetric()

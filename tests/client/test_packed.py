@@ -174,10 +174,33 @@ def test_a_slots_result_does_not_depend_on_its_place_or_its_pack_mates(model):
 
 def test_auto_measures_and_prints_the_pack_size(data_root, capsys):
     rt = client_runtime(data_root, "fedavg", engine__pack="auto")
-    size = rt.auto_pack_size()
-    assert size >= 2 and rt.auto_pack_size() == size
+    size = rt.packing.size()
+    assert size >= 2 and rt.packing.size() == size
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith(f"engine.pack auto: {size} clients at once on cpu") and "; 4: " in line
+
+
+def test_a_packed_client_offers_only_the_packable_port_and_refuses_the_rest_in_one_line(data_root):
+    from fedsim.algorithms import PARTS
+    from fedsim.algorithms.context import ClientContext
+    from fedsim.client.packed_client import PackedClient
+    from fedsim.errors import UserCodeError
+
+    rt = client_runtime(data_root, "fedavg")
+    port = PackedClient(rt, rt.layouts, rt.model.parameter_keys, "mine", thread=None)
+    assert not hasattr(port, "net") and not hasattr(port, "score")  # no stubs: the port is the packable one
+    ctx = ClientContext(port, 0, 1, {"weights": rt.initial("shared")}, torch.Generator())
+    asks = {"reads ctx.net": lambda: ctx.net, "scores its model (ctx.score)": ctx.score,
+            "steps its own batches (ctx.batches)": lambda: next(ctx.batches(1)),
+            "steps its own optimizer (ctx.param_groups)": lambda: ctx.param_groups(PARTS["full"])}
+    for what, ask in asks.items():
+        with pytest.raises(UserCodeError) as refused:
+            ask()
+        assert str(refused.value) == (f"engine.pack: algorithm mine {what}, which a packed client cannot; drop "
+                                      "packable = True from the method, or set engine.pack: 1")
+    with pytest.raises(UserCodeError, match="^engine.pack: algorithm mine asks ctx.sgd for an after_step callback, "
+                                           "which packed training does not run; drop packable = True"):
+        ctx.sgd(PARTS["full"], 1, after_step=lambda x, y: None)
 
 
 def test_a_subclass_that_writes_its_own_hook_is_packed_only_if_it_says_so():
@@ -215,7 +238,7 @@ def test_a_splitnet_with_a_forward_of_its_own_is_not_packed():
 
 
 def test_lockstep_serves_every_request_together_and_ends_cleanly_when_a_hook_fails():
-    from fedsim.client.packed import in_lockstep
+    from fedsim.client.lockstep import in_lockstep
 
     served = []
 

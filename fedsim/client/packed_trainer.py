@@ -1,11 +1,6 @@
-"""Packed training (engine.pack): a worker trains several of its clients at once as one batched computation.
-
-Each client of a pack runs its algorithm's own client hook, unchanged, on a :class:`PackedClient`: a
-:class:`~fedsim.algorithms.context.RuntimePort` whose model is the client's own tensors. The hooks run in
-lockstep (:func:`in_lockstep`): each runs until it asks for local training, and once every hook of the pack has
-asked (or finished), :class:`PackedTrainer` trains all the asking clients together -- every client with its own
-data order and augmentation draws (its own generator, drawn in the order of sequential training), its own
-optimizer state, BatchNorm statistics and penalty -- over the layers of ``fedsim.models.packed``.
+"""Local SGD of a pack of clients (engine.pack) as one batched computation over the network's packed form
+(``fedsim.models.packed``): every client with its own data order and augmentation draws (its own generator, drawn
+in the order of sequential training), its own optimizer state, BatchNorm statistics and penalty.
 
 What a client computes does not depend on its pack-mates or its place in the pack (a lone client is computed
 beside a copy of itself, never as a pack of one), so results are the same for any pack size and any number of
@@ -13,107 +8,25 @@ workers. They differ in the last bits from sequential training, whose kernels ar
 """
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from fedsim.algorithms.context import LinearTerm, Penalty, Proximal, StepCallback
-from fedsim.client.resident import BoundLayout
+from fedsim.algorithms.context import LinearTerm, Penalty, Proximal
+from fedsim.client.settings import Hyper
 from fedsim.data import crop_flip
 from fedsim.data.transforms import epoch_draws, to_device
 from fedsim.errors import UserCodeError
 from fedsim.models.packed import PackedNet
 
 
-# -- hooks in lockstep --------------------------------------------------------------------------------------------
-class _Abandoned(BaseException):
-    """Raised inside a hook whose pack-mate failed: its thread ends without doing more."""
-
-
-class _Hook(threading.Thread):
-    """One client hook on a thread of its own, running only while the coordinator waits for it."""
-
-    def __init__(self, fn: Callable[[_Hook], Any]):
-        super().__init__(daemon=True)
-        self.fn = fn
-        self.resume, self.parked = threading.Semaphore(0), threading.Semaphore(0)
-        self.request: Any = None
-        self.reply: Any = None
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done = self.abandoned = False
-
-    def run(self) -> None:
-        self.resume.acquire()
-        try:
-            if self.abandoned:  # a pack-mate failed before this hook ever ran
-                raise _Abandoned
-            self.result = self.fn(self)
-        except _Abandoned:
-            pass
-        except BaseException as err:  # handed to the coordinator, which raises it in the worker's own thread
-            self.error = err
-        finally:
-            self.done = True
-            self.parked.release()
-
-    def ask(self, request: Any) -> Any:
-        """From inside the hook: park with ``request`` until the coordinator has served it; its reply. A hook ended
-        because a pack-mate failed asks nothing more (its cleanup code could otherwise park for ever)."""
-        if self.abandoned:
-            raise _Abandoned
-        self.request = request
-        self.parked.release()
-        self.resume.acquire()
-        if self.abandoned:
-            raise _Abandoned
-        return self.reply
-
-    def step(self) -> None:
-        """From the coordinator: let the hook run until it asks or finishes."""
-        self.resume.release()
-        self.parked.acquire()
-
-
-def in_lockstep(hooks: list[Callable[[_Hook], Any]], serve: Callable[[list[Any]], list[Any]]) -> list[Any]:
-    """Run ``hooks`` one at a time, in order, each until it asks (``hook.ask(request)``) or returns; then
-    ``serve`` all the requests at once and repeat. Deterministic: only one thread runs at any moment. A hook
-    that raises ends the others and its error is raised here."""
-    threads: list[_Hook] = []
-    live = threads
-    try:
-        for fn in hooks:
-            threads.append(_Hook(fn))
-            threads[-1].start()
-        while live:
-            for t in live:
-                t.step()
-            failed = next((t for t in live if t.error is not None), None)
-            if failed is not None:
-                raise failed.error
-            live = [t for t in live if not t.done]
-            if live:
-                for t, reply in zip(live, serve([t.request for t in live])):
-                    t.reply = reply
-    finally:
-        for t in threads:  # one at a time: an ended hook's cleanup runs alone too
-            if not t.done:
-                t.abandoned = True
-                t.step()
-            t.join()
-    return [t.result for t in threads]
-
-
-# -- a client of a pack -------------------------------------------------------------------------------------------
 @dataclass
 class TrainRequest:
-    """What a packed client's hook asked for: ``ctx.sgd`` with these arguments."""
-    client: PackedClient
+    """What a packed client's hook asked for: ``ctx.sgd`` with these arguments, on the client's own tensors."""
+    state: dict[str, torch.Tensor]  # by state-dict key; trained in place
     x: torch.Tensor
     y: torch.Tensor
     parts: frozenset[str]
@@ -125,75 +38,6 @@ class TrainRequest:
     @property
     def kind(self) -> tuple:
         return self.parts, self.epochs, self.round_idx
-
-
-class PackedClient:
-    """The runtime port of one client of a pack: its own copy of the model's tensors, everything else the worker's.
-    ``sgd`` parks the hook until the whole pack trains."""
-
-    def __init__(self, runtime: Any, hook: _Hook, initial_full: np.ndarray):
-        self._rt = runtime
-        self._hook = hook
-        self.device = runtime.device
-        self.local_epochs = runtime.local_epochs
-        full = runtime.layouts["full"]
-        self.state = {key: t.detach().clone(memory_format=torch.contiguous_format) for key, t in zip(full.keys, full.targets)}
-        self.layouts = {name: BoundLayout.over(layout, self.state, self.device) for name, layout in runtime.layouts.items()}
-        self.layouts["full"].load(initial_full)
-        self._parameters = {key: self.state[key] for key in runtime.parameter_keys}
-
-    @property
-    def net(self):
-        raise self._unpacked("reads ctx.net")
-
-    def score(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-        raise self._unpacked("scores its model (ctx.score)")
-
-    def batches(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator):
-        raise self._unpacked("steps its own batches (ctx.batches)")
-
-    def param_groups(self, parts: frozenset[str], round_idx: int) -> list[dict]:
-        raise self._unpacked("steps its own optimizer (ctx.param_groups)")
-
-    def _unpacked(self, what: str) -> UserCodeError:
-        return UserCodeError(f"engine.pack: algorithm {self._rt.algorithm.name} {what}, which a packed client cannot; "
-                             "drop packable = True from the method, or set engine.pack: 1")
-
-    def initial(self, layout: str) -> np.ndarray:
-        return self._rt.initial(layout)
-
-    def parameters(self) -> dict[str, torch.Tensor]:
-        return self._parameters
-
-    def stored(self, slot: str, client: int) -> np.ndarray | None:
-        return self._rt.stored(slot, client)
-
-    def load_global(self, weights: np.ndarray) -> None:
-        self.layouts["shared"].load(weights)
-
-    def learning_rates(self, layout: str, round_idx: int) -> np.ndarray:
-        return self._rt.learning_rates(layout, round_idx)
-
-    def client_tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._rt.client_tensors(client, split)
-
-    def sgd(self, x: torch.Tensor, y: torch.Tensor, parts: frozenset[str], epochs: int, generator: torch.Generator,
-            round_idx: int, penalty: Penalty | None = None, after_step: StepCallback | None = None,
-            finetune: bool = False) -> list[torch.Tensor]:
-        if after_step is not None or finetune:  # a per-step callback, or evaluation's fine-tuning (never packed)
-            raise UserCodeError(f"engine.pack: algorithm {self._rt.algorithm.name} asks ctx.sgd for "
-                                f"{'an after_step callback' if after_step else 'fine-tuning'}, which packed training "
-                                "does not run; drop packable = True from the method, or set engine.pack: 1")
-        return self._hook.ask(TrainRequest(self, x, y, parts, epochs, generator, round_idx, penalty))
-
-
-# -- training a pack ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Hyper:
-    """One tensor's SGD settings in a local update (torch.optim.SGD's, without dampening or Nesterov)."""
-    lr: float
-    momentum: float
-    weight_decay: float
 
 
 Batch = tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]  # sample indices into the pack's data, crop/flip draws
@@ -220,7 +64,7 @@ class PackedTrainer:
         """Train ``trained`` (keys) of every requesting client; their states are updated in place. Returns each
         client's per-step losses (the data loss, as sequential training reports it)."""
         with torch.no_grad():
-            stacked = {k: torch.stack([r.client.state[k] for r in requests]) for k in self.keys}
+            stacked = {k: torch.stack([r.state[k] for r in requests]) for k in self.keys}
         data = (torch.cat([r.x for r in requests]), torch.cat([r.y for r in requests]))
         offsets = np.cumsum([0, *(len(r.y) for r in requests)])
         schedules = [_schedule(r, int(offset), batch, augment) for r, offset in zip(requests, offsets)]
@@ -241,7 +85,7 @@ class PackedTrainer:
         with torch.no_grad():
             for k in self.keys:
                 for i, r in enumerate(requests):
-                    r.client.state[k].copy_(stacked[k][i])
+                    r.state[k].copy_(stacked[k][i])
         return losses
 
     @staticmethod

@@ -1,0 +1,86 @@
+"""The evaluation protocol, FedBABU's for every algorithm: each client's *initial* accuracy, of the model it is
+scored with, and its *personalized* accuracy, after personalizing that model on its own training data."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from fedsim.algorithms import PARTS
+from fedsim.algorithms.base import Algorithm
+from fedsim.algorithms.context import ClientContext, RuntimePort
+from fedsim.client.loop import LocalLoop
+from fedsim.client.randomness import FINETUNE_STREAM, client_generator
+from fedsim.config import RunConfig
+from fedsim.core.protocol import ClientData
+
+EVAL_BATCH = 500
+LogitAdjustment = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Evaluation:
+    """Scores a worker's clients through its runtime port and its loop."""
+
+    def __init__(self, port: RuntimePort, loop: LocalLoop, algorithm: Algorithm, cfg: RunConfig,
+                 client_data: Mapping[int, ClientData]):
+        self.port, self.loop, self.algorithm = port, loop, algorithm
+        self.cfg, self.client_data = cfg, client_data
+
+    def _batch(self, n: int) -> int:
+        """Batch statistics depend on the batch: score a client's whole test set at once, as FedBABU's authors."""
+        return n if self.algorithm.bn_mode == "batch_stats" else EVAL_BATCH
+
+    def score(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """(mean loss, accuracy) of the model as it is on (x, y), in evaluation mode."""
+        loss, acc, _ = self.loop.score(x, y, self._batch(len(y)), "")
+        return loss, acc
+
+    def _record(self, client: int, suffix: str = "") -> dict[str, float]:
+        x, y = self.port.client_tensors(client, "test")
+        loss, acc, logged = self.loop.score(x, y, self._batch(len(y)), suffix)
+        return {f"loss{suffix}": loss, f"acc{suffix}": acc, **logged}
+
+    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
+        """Every client's record. Personalizing works on the loaded copy and is never packed back. A module's
+        validation_step / test_step logs join the record (``_personalized`` after personalizing, what it logs while
+        personalizing ``_finetune``)."""
+        results = []
+        for client in clients:
+            cd = self.client_data[client]
+            self.loop.working_on(client, round_idx, "evaluation")
+            gen = client_generator(self.cfg.seed, round_idx, client, FINETUNE_STREAM)
+            ctx = ClientContext(self.port, client, round_idx, broadcast, gen)
+            self.algorithm.load_for_evaluation(ctx)
+            with self._adjusted_logits(ctx.logit_adjustment):
+                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._record(client)}
+                if self.cfg.eval.personalizes:
+                    self._personalize(ctx, gen)
+                    rec |= self.loop.logged.collect("_finetune")
+                    rec |= self._record(client, "_personalized")
+            results.append(rec)
+        return results
+
+    def _personalize(self, ctx: ClientContext, gen: torch.Generator) -> None:
+        """eval.personalize: finetune runs eval.finetune_epochs of the fine-tuning optimizer on eval.finetune_part;
+        own_update runs the method's own client hook from the global model and the client's own state, at train's
+        settings, as FedRep's authors score FedRep. Its uploads and staged state are dropped: nothing of it is kept."""
+        ecfg = self.cfg.eval
+        if ecfg.personalize == "own_update":
+            self.algorithm.client_update(ClientContext(self.port, ctx.client, ctx.round, ctx.broadcast, gen))
+            return
+        x, y = ctx.data()
+        self.port.sgd(x, y, PARTS[ecfg.finetune_part], ecfg.finetune_epochs, gen, ctx.round, finetune=True)
+
+    @contextmanager
+    def _adjusted_logits(self, adjust: LogitAdjustment | None) -> Iterator[None]:
+        """A method's scoring logits (``ClientContext.score_with``) for one client's evaluation, then the network's own."""
+        if adjust is None:
+            yield
+            return
+        handle = self.port.output_layer.register_forward_hook(lambda _, inputs, logits: adjust(inputs[0], logits))
+        try:
+            yield
+        finally:
+            handle.remove()

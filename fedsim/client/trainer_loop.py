@@ -1,0 +1,83 @@
+"""A local update as one ``pl.Trainer.fit`` (model.client_loop: trainer): the Trainer runs the loop, hooks and
+callbacks; fedsim hands it the update's optimizers and its batches, and puts the penalty into every backward
+pass through the Fabric's :meth:`~fedsim.client.fabric.FedsimFabric.penalized`."""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from fedsim.algorithms.context import StepCallback
+from fedsim.client.fabric import FedsimFabric
+from fedsim.client.hooks import UserCode
+from fedsim.client.logged import LoggedValues
+from fedsim.client.optimizers import OptimizerSet
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class _Batches:
+    """Iterated once per epoch, as a DataLoader would be."""
+
+    def __init__(self, epoch_batches: Callable[[], Iterable[Batch]]):
+        self.epoch_batches = epoch_batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.epoch_batches())
+
+
+class TrainerLoop:
+    """One local update as a fresh Trainer's fit of the module."""
+
+    def __init__(self, module: pl.LightningModule, fabric: FedsimFabric, user: UserCode, logged: LoggedValues,
+                 listed: list[pl.Callback], precision: str):
+        self.module, self.fabric, self.user, self.logged = module, fabric, user, logged
+        self.listed = listed  # model.callbacks: a Trainer gets these (it asks the module for its own itself)
+        self.precision = precision  # model.precision
+
+    def run(self, active: OptimizerSet, epoch_batches: Callable[[], Iterable[Batch]], epochs: int,
+            after_step: StepCallback | None) -> tuple[list[torch.Tensor], int]:
+        """The fit: (per-step losses, steps)."""
+        module, f = self.module, self.fabric
+        losses: list[torch.Tensor] = []
+        steps = 0
+        step, backward = module.training_step, module.manual_backward
+
+        def training_step(batch: Batch, batch_idx: int) -> Any:
+            nonlocal steps
+            f.step_loss, steps = None, steps + 1
+            self.logged.batch_size = len(batch[1])
+            out = step(batch, batch_idx)
+            if not module.automatic_optimization:
+                loss = f.step_loss
+            elif isinstance(out, Mapping) and out.get("loss") is not None:
+                out, loss = {**out, "loss": f.penalized(out["loss"])}, f.step_loss
+            else:
+                out, loss = (None, None) if out is None else (f.penalized(out), f.step_loss)
+            if loss is not None:
+                losses.append(loss)
+            if after_step is not None:
+                after_step(*batch)
+            return out
+
+        trainer = pl.Trainer(max_epochs=epochs, accelerator=f.device.type, devices=1, precision=self.precision,
+                             logger=False, callbacks=list(self.listed), enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                             limit_val_batches=0)
+        saved = module._fabric, module._trainer
+        module.training_step = training_step
+        module.manual_backward = lambda loss, *a, **k: backward(f.penalized(loss), *a, **k)
+        module.configure_optimizers = active.with_schedulers
+        module._fabric = None  # the Trainer's strategy, not Fabric's, steps and backpropagates in this fit
+        try:
+            with warnings.catch_warnings():  # fedsim scores clients itself: a Trainer without validation data is meant
+                warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")
+                self.user.run("Trainer.fit", trainer.fit, module, _Batches(epoch_batches))
+        finally:
+            module._fabric, module._trainer = saved
+            for name in ("training_step", "manual_backward", "configure_optimizers"):
+                del module.__dict__[name]
+        return losses, steps
