@@ -30,7 +30,8 @@ from fedsim.client.packsize import choose_pack_size
 from fedsim.client.resident import BoundLayout, ExactSum, host_vector, to_device
 from fedsim.config import CallbackSpec, OptimConfig
 from fedsim.core.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
-from fedsim.core.protocol import ClientData, ClientReport, Reply, SumPlan, WorkerPartial, WorkerReplies, payload_bytes
+from fedsim.core.protocol import (ClientData, ClientReport, FixedPointScales, Reply, WorkerPartial, WorkerReplies,
+                                  payload_bytes)
 from fedsim.core.store import StateMemory, VectorStore
 from fedsim.data import ArrayDataset, load_dataset, shuffled_batches, to_float
 from fedsim.errors import UserCodeError
@@ -271,7 +272,7 @@ class ClientRuntime:
 
     # -- a round ---------------------------------------------------------------------------------
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
-                      plan: SumPlan) -> WorkerPartial:
+                      plan: FixedPointScales) -> WorkerPartial:
         """Train ``clients`` and sum their weighted uploads exactly (fixed point, on the device): one partial per
         worker reaches the server, never a vector per client. A client whose loss is not finite or whose upload
         leaves the fixed-point range keeps nothing and is reported diverged."""

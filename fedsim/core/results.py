@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-JSONL_RESULTS = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")  # appended each round, truncated on resume
-
 
 class ResultsDamaged(ValueError):
     """A result file of a run folder holds a line that is not a row: resume would lose what follows it."""

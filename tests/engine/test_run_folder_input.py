@@ -10,7 +10,7 @@ from fedsim.cli import main as cli
 from fedsim.config import validate
 from fedsim.core import checkpoint
 from fedsim.engine.runfolder import RunFolder, load_run_config
-from fedsim.engine.session import private_token
+from fedsim.engine.ray_cluster import private_token
 from fedsim.simulate import run
 
 FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")
