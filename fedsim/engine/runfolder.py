@@ -31,8 +31,7 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = (), trust_plugin
     code its config names (plug-in strings) is imported only with ``trust_plugins`` or when ``overrides`` name the
     same key, so resuming someone else's folder never runs their code unasked."""
     store = storage.Store(run_dir)
-    if not store.exists(runfiles.CONFIG):
-        raise ConfigError(f"{run_dir}: not a run folder (no {runfiles.CONFIG}); pass the folder a `fedsim run` created")
+    _refuse_no_config(store, run_dir)
     out_dir, name = storage.parent_and_name(str(run_dir))
     with tempfile.TemporaryDirectory(prefix="fedsim-config-") as tmp:
         config = Path(tmp, runfiles.CONFIG)
@@ -48,6 +47,11 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = (), trust_plugin
                           "accepts train.rounds, logging.* and engine settings other than threads_per_worker and "
                           "memory_format; start a new run with another name instead")
     return cfg
+
+
+def _refuse_no_config(store: storage.Store, where: str | Path) -> None:
+    if not store.exists(runfiles.CONFIG):
+        raise ConfigError(f"{where}: not a run folder (no {runfiles.CONFIG}); pass the folder a `fedsim run` created")
 
 
 def _refuse_folder_code(run_dir: str | Path, tree: dict, overrides: list[str]) -> None:
@@ -109,9 +113,7 @@ class RunFolder:
         partition and the checkpoint it continues from (None: round 0). The checkpoint is validated against
         the plan once the plan is built (``check_checkpoint``)."""
         if self.remote:
-            if not self.store.exists(runfiles.CONFIG):
-                raise ConfigError(f"{self.location}: not a run folder (no {runfiles.CONFIG}); pass the folder a `fedsim "
-                                  "run` created")
+            _refuse_no_config(self.store, self.location)
             self.store.download_tree(self.local)
             self.stored = {path: self._stamp(path) for path in self._files()}
         self._refuse_changed_data(data)

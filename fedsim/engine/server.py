@@ -132,19 +132,10 @@ class Server:
         # In client order, so logs and the client an error names do not depend on how work was split.
         reports.sort(key=lambda r: r.client)
         diverged = [r for r in reports if r.diverged]
-        if diverged and self.cfg.train.on_nonfinite == "stop":
-            first = diverged[0]
-            what = ("its update left the fixed-point range (over 2^16 x the global's largest value)"
-                    if first.out_of_range else "training loss is not finite")
-            return RoundFailed(round_idx, f"client {first.client}, round {round_idx}: {what}; lower train.body.lr / "
-                               "train.head.lr, or set train.on_nonfinite=drop to skip such updates")
         kept = [r for r in reports if not r.diverged]
-        fewest = self.plan.fewest_replies
-        if replying and kept and len(kept) < fewest:
-            s = self.cfg.server
-            return RoundFailed(round_idx, f"server.aggregator: {s.aggregator} with server.byzantine={s.byzantine} needs "
-                               f"{fewest} replies a round, round {round_idx} kept {len(kept)}; lower server.byzantine "
-                               "or sample more clients (train.fraction)")
+        failure = self._failure(round_idx, diverged, kept)
+        if failure:
+            return RoundFailed(round_idx, failure)
         asynchronous = timing is not None and bool(timing.versions)
         previous = self.state[WEIGHTS] if asynchronous else None  # a model clients still in flight started from
         if replying and kept:
@@ -163,6 +154,23 @@ class Server:
                 for r in kept]
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start,
                            timing=timing.row() if timing else {})
+
+    def _failure(self, round_idx: int, diverged: list[ClientReport], kept: list[ClientReport]) -> str | None:
+        """Why the run cannot go on after this round's training, if it cannot: a diverged client under
+        train.on_nonfinite=stop, or fewer kept replies than the robust rule is defined for."""
+        if diverged and self.cfg.train.on_nonfinite == "stop":
+            first = diverged[0]
+            what = ("its update left the fixed-point range (over 2^16 x the global's largest value)"
+                    if first.out_of_range else "training loss is not finite")
+            return (f"client {first.client}, round {round_idx}: {what}; lower train.body.lr / train.head.lr, or set "
+                    "train.on_nonfinite=drop to skip such updates")
+        fewest = self.plan.fewest_replies
+        if self.plan.sees_replies and kept and len(kept) < fewest:
+            s = self.cfg.server
+            return (f"server.aggregator: {s.aggregator} with server.byzantine={s.byzantine} needs {fewest} replies a "
+                    f"round, round {round_idx} kept {len(kept)}; lower server.byzantine or sample more clients "
+                    "(train.fraction)")
+        return None
 
     def _training_calls(self, sampled: list[int], round_idx: int, scaling: FixedPointScales | None,
                         timing: RoundTime | None) -> list:

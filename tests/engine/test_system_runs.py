@@ -164,32 +164,6 @@ def test_fedbuff_is_bit_identical_on_one_two_and_three_workers_and_after_a_resum
     assert round_records(head + tail) == runs[0][0]
 
 
-def test_fedbuffs_server_step_is_the_staleness_weighted_mean_update(tmp_path, data_root, monkeypatch):
-    """x_r = x_(r-1) + server_lr x sum_j n_j s_j (x_j - x_(v_j)) / sum_j n_j, s_j = (1 + staleness)^-0.5."""
-    from fedsim.core.protocol import ClientReport, FixedPointScales
-    from fedsim.plan.system import RoundTime
-
-    cfg = six_client_run(tmp_path, data_root, "fedavg", 1, 4, system={**FEDBUFF, "server_lr": 0.7})
-    server = in_process_server(monkeypatch, cfg)
-    rng = np.random.default_rng(0)
-    size = server.shared_size
-    x0, x1, xa, xb = (rng.standard_normal(size).astype(np.float32) for _ in range(4))
-    server.fedbuff.models = {0: x0}
-    timing = RoundTime(2, 0.0, 1.0, (3, 5), (3, 5), (), (), versions=(0, 1))  # client 3 from x0, 5 from x1
-    factors = {3: 2 ** -0.5, 5: 1.0}
-    kept = [ClientReport(3, 30, 0.1, 0), ClientReport(5, 10, 0.1, 0)]
-    scaling = FixedPointScales({}, {WEIGHTS: False}, factors)
-    mean = (30 * factors[3] * xa.astype(np.float64) + 10 * xb) / 40
-    expected = x1 + 0.7 * (30 * factors[3] * (xa.astype(np.float64) - x0) + 10 * (xb.astype(np.float64) - x1)) / 40
-    # BatchNorm's running statistics take the reports' staleness-weighted mean instead: a convex combination, so a
-    # variance stays positive (a step of stale differences can make it negative).
-    statistics = server.fedbuff.statistics
-    assert statistics.any() and not statistics.all()
-    expected[statistics] = ((30 * factors[3] * xa.astype(np.float64) + 10 * xb) / (30 * factors[3] + 10))[statistics]
-    stepped = server.fedbuff.step(scaling, kept, timing, x1).apply(x1, mean, 0, size)  # all one tensor
-    assert np.allclose(stepped, expected, rtol=0, atol=1e-6)
-
-
 def test_fedbuff_refuses_methods_with_server_state_and_buffers_beyond_the_clients(tmp_path, data_root):
     from conftest import plan_for
 
