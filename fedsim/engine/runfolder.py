@@ -235,7 +235,8 @@ class RunFolder:
         return storage.join(self.location, runfiles.CHECKPOINTS, ckpt.name) if self.remote else str(ckpt)
 
     def _files(self) -> list[Path]:
-        return sorted(p for p in self.local.rglob("*") if p.is_file() and p.relative_to(self.local).parts[0] != runfiles.CHECKPOINTS)
+        return sorted(p for p in self.local.rglob("*")
+                      if p.is_file() and p.relative_to(self.local).parts[0] != runfiles.CHECKPOINTS)
 
     @staticmethod
     def _stamp(path: Path) -> tuple[int, int]:

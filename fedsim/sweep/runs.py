@@ -32,7 +32,8 @@ def status(cfg: RunConfig) -> str:
         raise ConfigError(f"{storage.join(where, runfiles.CONFIG)}: not a fedsim config ({err}); remove the run folder "
                           "to run it again") from None
     if not isinstance(tree, dict):
-        raise ConfigError(f"{storage.join(where, runfiles.CONFIG)}: not a fedsim config; remove the run folder to run it again")
+        raise ConfigError(f"{storage.join(where, runfiles.CONFIG)}: not a fedsim config; remove the run folder to run it "
+                          "again")
     if plugin_settings(tree) != plugin_settings(cfg.model_dump()):
         return "changed"
     try:
