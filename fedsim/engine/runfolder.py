@@ -89,7 +89,7 @@ class RunFolder:
         """Check the folder for this run before Ray starts: refused while another process runs it; for a resume,
         the stored run brought here and checked (``open_for_resume``: its own partition and the checkpoint it
         continues from); for a new run, refused if it exists and ``overwrite`` is not given (``partition``, no
-        checkpoint). Nothing is written."""
+        checkpoint). Nothing is written to the folder."""
         self._refuse_live()
         if resume:
             return self.open_for_resume(data)
