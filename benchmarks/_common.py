@@ -106,15 +106,15 @@ def worker_runtime(cfg, clients: dict | None = None):
     return ClientRuntime(plan, dict(enumerate(plan.clients)) if clients is None else clients)
 
 
-def exact_sum_plan(rt, total_weight: int):
-    """The SumPlan the server fixes before a round (every upload scaled from the round-0 weights)."""
+def fixed_point_scales(rt, total_weight: int):
+    """The FixedPointScales the server fixes before a round (every upload scaled from the round-0 weights)."""
     from fedsim.core.aggregate import FixedPoint
-    from fedsim.core.protocol import SumPlan
+    from fedsim.core.protocol import FixedPointScales
 
     model = rt.plan.model
     scale = FixedPoint.plan(model.initial["shared"], model.layouts["shared"].offsets, total_weight)
-    return SumPlan({name: scale for name in rt.algorithm.uploads},
-                   {name: (w or rt.cfg.train.weighting) == "uniform" for name, w in rt.algorithm.uploads.items()})
+    return FixedPointScales({name: scale for name in rt.algorithm.uploads},
+                            {name: (w or rt.cfg.train.weighting) == "uniform" for name, w in rt.algorithm.uploads.items()})
 
 
 def median(xs):

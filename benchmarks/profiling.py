@@ -39,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from _common import (BENCH, REPO, Periodic, descendants, exact_sum_plan, log, machine, median, proc_memory, proc_table,
+from _common import (BENCH, REPO, Periodic, descendants, fixed_point_scales, log, machine, median, proc_memory, proc_table,
                      process_tree, quickstart, run_fedsim, save, worker_runtime)
 from fedsim.config import set_dotted  # after _common, which sets the environment fedsim reads
 
@@ -342,7 +342,7 @@ def step(args) -> None:
     idx = np.sort(np.random.default_rng(0).choice(len(data.train_y), args.samples, replace=False))
     runtimes = {fmt: worker_runtime(c, {0: ClientData(idx, np.arange(100))}) for fmt, c in configs.items()}
     broadcast = {WEIGHTS: runtimes["auto"].plan.model.initial["shared"]}
-    sums = exact_sum_plan(runtimes["auto"], args.samples)
+    sums = fixed_point_scales(runtimes["auto"], args.samples)
 
     torch.manual_seed(0)
     net = build_model("cnn4", data.num_classes, data.input_shape)
@@ -482,7 +482,7 @@ def memory_stages(n: int, trained: int, use_tracemalloc: bool, trim: bool, per_c
     rt = worker_runtime(cfg, mine)
     mark("worker constructed")
     broadcast, owned = {WEIGHTS: rt.plan.model.initial["shared"]}, sorted(mine)
-    sums = exact_sum_plan(rt, 5 * per_call)
+    sums = fixed_point_scales(rt, 5 * per_call)
 
     def train(clients: list[int], round_idx: int) -> None:
         # In chunks, as a Ray worker receives them (one call per round with its share of the sampled
@@ -576,7 +576,7 @@ def fixed_cost_child(model: str, algorithm: str, clients: int, reps: int) -> dic
                           test_fraction=cfg.data.test_fraction)
     rt = worker_runtime(cfg, {c: ClientData(part.train[c][:50], part.test[c]) for c in range(n)})
     broadcast = {WEIGHTS: rt.plan.model.initial["shared"]}
-    plan = exact_sum_plan(rt, 50 * n)
+    plan = fixed_point_scales(rt, 50 * n)
     x, y = rt.client_tensors(0, "train")
     module = rt.loop.module if hasattr(rt, "loop") else rt.client_module  # (a baseline tree before the loop)
     queue = iter(range(n))
@@ -684,14 +684,14 @@ def aggmem(args) -> None:
     from fedsim.algorithms import WEIGHTS, build_algorithm
     from fedsim.config import validate
     from fedsim.core.aggregate import FixedPoint, RoundSums
-    from fedsim.core.protocol import SumPlan, WorkerPartial
+    from fedsim.core.protocol import FixedPointScales, WorkerPartial
     from fedsim.engine.server import Server
     from fedsim.plan.build import build_model_plan
 
     cfg = validate(quickstart({"algorithm": "fedavg", "model.name": args.model}))
     model = build_model_plan(cfg, build_algorithm(cfg), 10, (3, 32, 32))
     layout, initial = model.layouts["shared"], model.initial["shared"]
-    plan = SumPlan({WEIGHTS: FixedPoint.plan(initial, layout.offsets, 3 * args.sampled)}, {WEIGHTS: False})
+    plan = FixedPointScales({WEIGHTS: FixedPoint.plan(initial, layout.offsets, 3 * args.sampled)}, {WEIGHTS: False})
     rng = np.random.default_rng(0)
     partials = [WorkerPartial([], {WEIGHTS: rng.integers(-2 ** 40, 2 ** 40, layout.size)}, {WEIGHTS: 3 * args.sampled})
                 for _ in range(args.workers)]

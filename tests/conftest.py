@@ -201,12 +201,14 @@ def in_process_server(monkeypatch, cfg, partition=None):
     the processes, so worker-count invariance can be checked for every method in seconds."""
     import types
 
+    import fedsim.engine.pool as pool_module
     import fedsim.engine.server as server_module
     from fedsim.client.runtime import ClientRuntime
 
-    monkeypatch.setattr(server_module, "ray", types.SimpleNamespace(get=lambda refs, timeout=None: refs,
-                                                                    put=lambda value: value, kill=lambda _: None,
-                                                                    wait=lambda refs, **_: (list(refs), [])))
+    ray = types.SimpleNamespace(get=lambda refs, timeout=None: refs, put=lambda value: value, kill=lambda _: None,
+                                wait=lambda refs, **_: (list(refs), []))
+    for module in (server_module, pool_module):  # one stand-in: a test that patches ray.get patches it for both
+        monkeypatch.setattr(module, "ray", ray)
     plan = plan_for(cfg, partition)
 
     def spawn(clients, bundle=None):

@@ -33,7 +33,7 @@ def test_a_users_algorithm_model_dataset_and_partition_run_unchanged_fedsim(tmp_
     result = server.round(1)
     assert [r["client"] for r in result.records] == [0, 1, 2, 3] and all(0 <= r["acc"] <= 1 for r in result.records)
     # HalfStep's own server hook: the new global is halfway between the old one and the average.
-    runtime = server.workers[0].runtime  # HalfStep keeps nothing per client: any worker trains any client
+    runtime = server.pool.workers[0].runtime  # HalfStep keeps nothing per client: any worker trains any client
     average = np.mean([train_one(runtime, {WEIGHTS: before}, c, 1)[0][WEIGHTS] for c in result.sampled], axis=0)
     np.testing.assert_allclose(server.state[WEIGHTS], (before + average) / 2, rtol=1e-5, atol=1e-6)
 
@@ -63,7 +63,7 @@ def test_a_run_starts_from_another_runs_final_global_weights(tmp_path, monkeypat
     lg = _config(tmp_path, name="lg", algorithm="lg_fedavg", model={"name": "user_plugins:tiny_net",
                                                                      "init_from": str(tmp_path / "avg")})
     warm = in_process_server(monkeypatch, lg)
-    runtime = warm.workers[0].runtime
+    runtime = warm.pool.workers[0].runtime
     assert np.array_equal(runtime.initial("full"), server.state[WEIGHTS])  # every weight, body and head
     assert runtime.layouts["personal"].size and runtime.layouts["shared"].size  # LG: body personal, head shared
     with pytest.raises(ConfigError, match="model.init_from: cannot read"):

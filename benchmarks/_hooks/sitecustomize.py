@@ -82,7 +82,12 @@ def patch(name: str, module) -> None:
         if hasattr(module.Server, "_fold_replies"):  # a server that sees replies (server.aggregator, issue 26)
             module.Server._fold_replies = timed("aggregate", module.Server._fold_replies)
         module.Server._evaluate = timed("evaluate", module.Server._evaluate)
-        if hasattr(module.Server, "_as_completed"):  # answers folded one by one as they arrive
+        pool = sys.modules.get("fedsim.engine.pool")  # the worker pool in its own class (issue 44)
+        if pool is not None:
+            module.RoundSums.add = timed("fold", module.RoundSums.add)
+            module.Server._publish = timed("publish", module.Server._publish)
+            pool.WorkerPool.as_completed = counted_answers(pool.WorkerPool.as_completed)
+        elif hasattr(module.Server, "_as_completed"):  # answers folded one by one as they arrive
             module.RoundSums.add = timed("fold", module.RoundSums.add)
             module.Server._publish = timed("publish", module.Server._publish)
             module.Server._as_completed = counted_answers(module.Server._as_completed)

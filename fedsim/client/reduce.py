@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fedsim.client.resident import ExactSum
-from fedsim.core.protocol import ClientReport, Reply, SumPlan, WorkerPartial, WorkerReplies, payload_bytes
+from fedsim.core.protocol import ClientReport, Reply, FixedPointScales, WorkerPartial, WorkerReplies, payload_bytes
 
 
 @dataclass(frozen=True)
@@ -64,17 +64,17 @@ class ClientSums:
     """The weighted uploads summed exactly (fixed point, on the device): one partial per worker reaches the server,
     never a vector per client. An upload that leaves the fixed-point range cannot be taken."""
 
-    def __init__(self, sum_plan: SumPlan, device: torch.device):
-        self.sum_plan = sum_plan
-        self.sums = {name: ExactSum(scale, device) for name, scale in sum_plan.scales.items()}
-        self.weights = dict.fromkeys(sum_plan.scales, 0)
+    def __init__(self, scaling: FixedPointScales, device: torch.device):
+        self.scaling = scaling
+        self.sums = {name: ExactSum(scale, device) for name, scale in scaling.scales.items()}
+        self.weights = dict.fromkeys(scaling.scales, 0)
 
     def _weight(self, trained: Trained) -> dict[str, int]:
-        return {name: 1 if self.sum_plan.uniform[name] else trained.n_train for name in trained.uploads}
+        return {name: 1 if self.scaling.uniform[name] else trained.n_train for name in trained.uploads}
 
     def stage(self, client: int, trained: Trained) -> torch.Tensor:
         weight: dict[str, float] = dict(self._weight(trained))
-        factor = self.sum_plan.factors.get(client)
+        factor = self.scaling.factors.get(client)
         if factor is not None:
             weight = {name: w * factor for name, w in weight.items()}
         staged = [self.sums[name].stage(vector, weight[name]) for name, vector in trained.uploads.items()]

@@ -25,7 +25,7 @@ from fedsim.client.reduce import ClientReplies, ClientSums, Trained, reduce_clie
 from fedsim.client.resident import host_vector, to_device
 from fedsim.client.setup import configure_process, set_up_worker
 from fedsim.client.states import ClientStates
-from fedsim.core.protocol import ClientData, SumPlan, WorkerPartial, WorkerReplies
+from fedsim.core.protocol import ClientData, FixedPointScales, WorkerPartial, WorkerReplies
 from fedsim.core.store import VectorStore
 from fedsim.data import ArrayDataset, load_dataset, shuffled_batches, to_float
 from fedsim.models.state import output_layer
@@ -154,9 +154,9 @@ class ClientRuntime:
 
     # -- a round ---------------------------------------------------------------------------------
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
-                      sum_plan: SumPlan) -> WorkerPartial:
+                      scaling: FixedPointScales) -> WorkerPartial:
         """Train ``clients`` and sum their weighted uploads exactly (``reduce.ClientSums``)."""
-        sums = ClientSums(sum_plan, self.device)
+        sums = ClientSums(scaling, self.device)
         return sums.partial(reduce_clients(clients, self.train_clients(broadcast, clients, round_idx), sums, self.keep))
 
     def train_and_reply(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> WorkerReplies:

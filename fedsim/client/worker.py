@@ -10,7 +10,7 @@ import os
 import numpy as np
 import ray
 
-from fedsim.core.protocol import ClientData, SumPlan, WorkerPartial, WorkerReplies
+from fedsim.core.protocol import ClientData, FixedPointScales, WorkerPartial, WorkerReplies
 from fedsim.errors import ConfigError, UserCodeError
 from fedsim.plan import RunPlan
 
@@ -36,7 +36,7 @@ class Worker:
         return self._runtime
 
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
-                      plan: SumPlan) -> WorkerPartial:
+                      plan: FixedPointScales) -> WorkerPartial:
         return self.runtime.train_and_sum(broadcast, clients, round_idx, plan)
 
     def train_and_reply(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> WorkerReplies:

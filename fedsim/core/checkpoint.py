@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedsim import storage
+from fedsim.core.runfiles import CHECKPOINTS
 
 if TYPE_CHECKING:
     from fedsim.core.store import VectorStore
@@ -70,11 +71,11 @@ def _fsync_dir(path: Path) -> None:
 
 def remove_all(run_dir: Path) -> None:
     """Every checkpoint of a run folder (a run started again with --overwrite)."""
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
 
 
 def staging_dir(run_dir: Path, round_idx: int) -> Path:
-    path = run_dir / "checkpoints" / f".tmp-round-{round_idx:04d}"
+    path = run_dir / CHECKPOINTS / f".tmp-round-{round_idx:04d}"
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
@@ -281,7 +282,7 @@ def latest(run_dir: Path) -> Path | None:
     """The newest intact checkpoint of a run, or None when it has none. ``latest`` names the newest;
     when it is missing, dangling or names a damaged checkpoint, the newest intact older one is used, so a
     crash or a broken disk block costs the rounds since that checkpoint instead of the whole run."""
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = run_dir / CHECKPOINTS
     pointer = ckpt_dir / "latest"
     try:
         named = ckpt_dir / pointer.read_text().strip()
@@ -331,7 +332,7 @@ def begin(run_location: str, round_idx: int) -> str:
     or the round's own folder in an object store."""
     if not storage.is_uri(run_location):
         return str(staging_dir(Path(run_location), round_idx))
-    folder = storage.join(run_location, "checkpoints", f"round-{round_idx:04d}")
+    folder = storage.join(run_location, CHECKPOINTS, f"round-{round_idx:04d}")
     storage.Store(folder).delete("")  # left from before a rollback; ``latest`` names an older round meanwhile
     return folder
 

@@ -46,7 +46,7 @@ def payload_bytes(values: int) -> int:
 
 
 @dataclass(frozen=True)
-class SumPlan:
+class FixedPointScales:
     """What the server fixes before a round so that workers can sum their clients' uploads exactly:
     per upload, its fixed-point scale and whether clients weigh by sample count or equally."""
     scales: dict[str, FixedPoint]

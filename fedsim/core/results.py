@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import Any, TypeGuard
 
-JSONL_RESULTS = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")  # appended each round, truncated on resume
-
 
 class ResultsDamaged(ValueError):
     """A result file of a run folder holds a line that is not a row: resume would lose what follows it."""

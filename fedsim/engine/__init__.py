@@ -1,4 +1,5 @@
-"""The Ray engine: the server actor (``server``), the driver loop and its callbacks (``driver``), the run
-folder (``runfolder``), one simulation from config to finished folder (``session``), worker placement and
-``--dry-run``'s estimate. It imports nothing of the client layer: workers are started through the spawn
-function it is given (``fedsim.simulate`` passes ``fedsim.client.worker.spawn_worker``)."""
+"""The Ray engine: the server actor (``server``) with its worker pool (``pool``) and FedBuff's asynchronous step
+(``fedbuff``), the driver loop and its callbacks (``driver``), the run folder (``runfolder``, its lock
+``runlock``), Ray's start-up and token (``ray_cluster``), one simulation from config to finished folder
+(``session``), worker placement and ``--dry-run``'s estimate. It imports nothing of the client layer: workers are
+started through the spawn function it is given (``fedsim.simulate`` passes ``fedsim.client.worker.spawn_worker``)."""

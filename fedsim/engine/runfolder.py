@@ -14,9 +14,9 @@ import numpy as np
 import yaml
 
 from fedsim import atomic, storage
-from fedsim.config import RunConfig, changed_settings, load_tree, validate
-from fedsim.core import checkpoint
-from fedsim.core.results import JSONL_RESULTS, ResultsDamaged, read_results
+from fedsim.config import RunConfig, load_tree, validate
+from fedsim.core import checkpoint, runfiles
+from fedsim.core.results import ResultsDamaged, read_results
 from fedsim.data import ArrayDataset, Partition
 from fedsim.data.array_dataset import recomputed_digest
 from fedsim.engine import runlock
@@ -25,35 +25,33 @@ from fedsim.errors import ConfigError, DataError, RunFailed
 from fedsim.plan import RunPlan
 from fedsim.plugins import plugin_settings
 
-DATASET_FILE = "dataset.json"
-CONFIG_FILE = "config.yaml"
-# What a new run starts without: the files of a run replaced by --overwrite.
-RESULT_FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl", "rounds.csv", "summary.json")
-
 
 def load_run_config(run_dir: str | Path, overrides: list[str] = (), trust_plugins: bool = False) -> RunConfig:
     """The resolved config a run folder (a path or a URI) was started with (for --resume). A run folder is input:
     code its config names (plug-in strings) is imported only with ``trust_plugins`` or when ``overrides`` name the
     same key, so resuming someone else's folder never runs their code unasked."""
     store = storage.Store(run_dir)
-    if not store.exists(CONFIG_FILE):
-        raise ConfigError(f"{run_dir}: not a run folder (no {CONFIG_FILE}); pass the folder a `fedsim run` created")
+    _refuse_no_config(store, run_dir)
     out_dir, name = storage.parent_and_name(str(run_dir))
     with tempfile.TemporaryDirectory(prefix="fedsim-config-") as tmp:
-        config = Path(tmp, CONFIG_FILE)
-        config.write_bytes(store.read_bytes(CONFIG_FILE))
+        config = Path(tmp, runfiles.CONFIG)
+        config.write_bytes(store.read_bytes(runfiles.CONFIG))
         tree, stored = load_tree(config, overrides), load_tree(config)
     if not trust_plugins:
         _refuse_folder_code(run_dir, tree, overrides)
-    for t in (tree, stored):
-        t.update(name=name, out_dir=out_dir)
+    tree.update(name=name, out_dir=out_dir)
     cfg = validate(tree)
-    changed = changed_settings(validate(stored).model_dump(), cfg.model_dump()) if overrides else []
+    changed = runfiles.compare_stored(stored, cfg)[1] if overrides else []
     if changed:
         raise ConfigError(f"{changed[0]}: a resumed run cannot change it (it changes what the run computes); resume "
                           "accepts train.rounds, logging.* and engine settings other than threads_per_worker and "
                           "memory_format; start a new run with another name instead")
     return cfg
+
+
+def _refuse_no_config(store: storage.Store, where: str | Path) -> None:
+    if not store.exists(runfiles.CONFIG):
+        raise ConfigError(f"{where}: not a run folder (no {runfiles.CONFIG}); pass the folder a `fedsim run` created")
 
 
 def _refuse_folder_code(run_dir: str | Path, tree: dict, overrides: list[str]) -> None:
@@ -62,7 +60,7 @@ def _refuse_folder_code(run_dir: str | Path, tree: dict, overrides: list[str]) -
     for key, spec in plugin_settings(tree).items():
         base = key.split("[")[0]
         if not any(base == g or base.startswith(g + ".") or g.startswith(base + ".") for g in given):
-            raise ConfigError(f"{key}: {run_dir}/{CONFIG_FILE} names code to run ({spec!r}); resume imports it only "
+            raise ConfigError(f"{key}: {run_dir}/{runfiles.CONFIG} names code to run ({spec!r}); resume imports it only "
                               f"if you trust this folder: pass --trust-plugins, or give {base}={spec} on the command line")
 
 
@@ -86,14 +84,26 @@ class RunFolder:
         return self.location if self.remote else str(self.local)
 
     # -- before Ray starts -----------------------------------------------------------------------
-    def refuse_live(self) -> None:
-        """Fail fast, before Ray starts, when another process runs this folder (``lock`` is the real guard)."""
+    def open(self, data: ArrayDataset, partition: Partition, resume: bool,
+             overwrite: bool) -> tuple[Partition, Path | None]:
+        """Check the folder for this run before Ray starts: refused while another process runs it; for a resume,
+        the stored run brought here and checked (``open_for_resume``: its own partition and the checkpoint it
+        continues from); for a new run, refused if it exists and ``overwrite`` is not given (``partition``, no
+        checkpoint). Nothing is written to the folder."""
+        self._refuse_live()
+        if resume:
+            return self.open_for_resume(data)
+        self._refuse_existing(overwrite)
+        return partition, None
+
+    def _refuse_live(self) -> None:
+        """Fail fast, before Ray starts, when another process runs this folder (``_lock`` is the real guard)."""
         if not self.remote:
             runlock.refuse_if_live(self.local)
 
-    def refuse_existing(self, overwrite: bool) -> None:
+    def _refuse_existing(self, overwrite: bool) -> None:
         exists = (self.store.files() if self.remote else
-                  self.local.exists() and any(p.name != runlock.LOCK_NAME for p in self.local.iterdir()))
+                  self.local.exists() and any(p.name != runfiles.LOCK for p in self.local.iterdir()))
         if exists and not overwrite:
             raise ConfigError(f"{self.location}: run folder already exists; pass --resume {self.location} to continue "
                               "it, --overwrite to replace it, or change name")
@@ -103,17 +113,15 @@ class RunFolder:
         partition and the checkpoint it continues from (None: round 0). The checkpoint is validated against
         the plan once the plan is built (``check_checkpoint``)."""
         if self.remote:
-            if not self.store.exists(CONFIG_FILE):
-                raise ConfigError(f"{self.location}: not a run folder (no {CONFIG_FILE}); pass the folder a `fedsim "
-                                  "run` created")
+            _refuse_no_config(self.store, self.location)
             self.store.download_tree(self.local)
             self.stored = {path: self._stamp(path) for path in self._files()}
         self._refuse_changed_data(data)
         ckpt = checkpoint.latest(self.local)
         self._check_results(0 if ckpt is None else int(checkpoint.round_of(ckpt)))
-        partition = Partition.load(self.local / "partition.npz")
+        partition = Partition.load(self.local / runfiles.PARTITION)
         if partition.num_clients != self.cfg.data.num_clients:
-            raise DataError(f"{self.local / 'partition.npz'}: holds {partition.num_clients} clients, the run's config "
+            raise DataError(f"{self.local / runfiles.PARTITION}: holds {partition.num_clients} clients, the run's config "
                             f"{self.cfg.data.num_clients}; restore the file from a backup, or start a new run")
         return partition, ckpt
 
@@ -121,14 +129,14 @@ class RunFolder:
         """The result files agree with the checkpoint resume continues from: every row readable, a row in
         rounds.jsonl for each of its rounds, and the checkpoint within train.rounds. Checked before anything
         is rewritten."""
-        rows = {name: read_results(self.local / name) for name in JSONL_RESULTS}
+        rows = {name: read_results(self.local / name) for name in runfiles.JSONL_RESULTS}
         if done > self.cfg.train.rounds:
             raise ConfigError(f"train.rounds: the run's checkpoint is at round {done}, beyond train.rounds="
                               f"{self.cfg.train.rounds}; resume with train.rounds={done} or more")
-        logged = {r["round"] for r in rows["rounds.jsonl"]}
+        logged = {r["round"] for r in rows[runfiles.ROUNDS]}
         missing = [r for r in range(1, done + 1) if r not in logged]
         if missing:
-            raise ResultsDamaged(f"{self.local / 'rounds.jsonl'}: no row for round {missing[0]} though the checkpoint is "
+            raise ResultsDamaged(f"{self.local / runfiles.ROUNDS}: no row for round {missing[0]} though the checkpoint is "
                                  f"at round {done}; restore the file from a backup, or start a new run")
 
     @staticmethod
@@ -139,18 +147,18 @@ class RunFolder:
         state, _, _ = checkpoint.read_state(ckpt, plan.fingerprint, plan.model.layouts["shared"].size)
         if state.get("partition", plan.partition_digest) != plan.partition_digest:
             raise checkpoint.CheckpointError(
-                f"{ckpt.parent.parent / 'partition.npz'}: not the partition this run's checkpoints were trained on "
+                f"{ckpt.parent.parent / runfiles.PARTITION}: not the partition this run's checkpoints were trained on "
                 "(its clients or their samples changed); restore it from a backup, or start a new run")
 
     def _refuse_changed_data(self, data: ArrayDataset) -> None:
         """The partition stored in the run folder indexes the data set as it was: same counts with other
         images would silently train on different data."""
         try:
-            started_with = json.loads((self.local / DATASET_FILE).read_text())["digest"]
+            started_with = json.loads((self.local / runfiles.DATASET).read_text())["digest"]
         except FileNotFoundError:
             return  # a run folder from before data digests: nothing to compare with
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise DataError(f"data.root: {self.local / DATASET_FILE} is unreadable ({err}); restore it from a "
+            raise DataError(f"data.root: {self.local / runfiles.DATASET} is unreadable ({err}); restore it from a "
                             "backup") from None
         if not started_with:
             return  # started on a user's data set before those had a content hash
@@ -161,7 +169,20 @@ class RunFolder:
 
     # -- while the run holds it ------------------------------------------------------------------
     @contextmanager
-    def lock(self) -> Iterator[None]:
+    def held(self, data: ArrayDataset, partition: Partition, resume: bool, overwrite: bool) -> Iterator[None]:
+        """The folder locked for the run until the block ends and made ready: a resumed run's config.yaml
+        rewritten (an extended train.rounds is remembered); a new run's folder refused again if it exists (another
+        run may have filled it since ``open``), then written (``create``)."""
+        with self._lock():
+            if resume:
+                self._write_config()
+            else:
+                self._refuse_existing(overwrite)
+                self.create(partition, data)
+            yield
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
         """Held until the run ends: a second run of this folder, or --overwrite meanwhile, is refused. An
         object store has no such lock: there the staging copy is private to this process anyway."""
         with nullcontext() if self.remote else runlock.hold(self.local):
@@ -181,25 +202,25 @@ class RunFolder:
     def _write_new(self, partition: Partition, data: ArrayDataset) -> None:
         run_dir = self.local
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in RESULT_FILES:
+        for stale in runfiles.RESULT_FILES:
             (run_dir / stale).unlink(missing_ok=True)
         checkpoint.remove_all(run_dir)
-        atomic.write_text(run_dir / DATASET_FILE, json.dumps({"dataset": self.cfg.data.dataset, "digest": data.digest}))
-        partition.save(run_dir / "partition.npz")
+        atomic.write_text(run_dir / runfiles.DATASET, json.dumps({"dataset": self.cfg.data.dataset, "digest": data.digest}))
+        partition.save(run_dir / runfiles.PARTITION)
         stats = partition.stats(data.train_y, data.test_y, data.num_classes)
-        atomic.write_text(run_dir / "partition_stats.json", json.dumps(stats, indent=1))
-        self.write_config()  # last: a folder with a config.yaml is a complete run folder, fit to resume
+        atomic.write_text(run_dir / runfiles.PARTITION_STATS, json.dumps(stats, indent=1))
+        self._write_config()  # last: a folder with a config.yaml is a complete run folder, fit to resume
 
-    def write_config(self) -> None:
+    def _write_config(self) -> None:
         """config.yaml always holds what the run is running now: a resume that extends train.rounds updates it,
         so a later plain resume (and summary.json) keep the new round count."""
-        atomic.write_text(self.local / CONFIG_FILE, yaml.safe_dump(self.cfg.model_dump(), sort_keys=False))
+        atomic.write_text(self.local / runfiles.CONFIG, yaml.safe_dump(self.cfg.model_dump(), sort_keys=False))
 
     def save_final_model(self, plan: RunPlan, global_vector: np.ndarray) -> None:
         """``model.npz``: the final global weights by state-dict key, what another run's model.init_from reads."""
         buffer = io.BytesIO()
         np.savez(buffer, **plan.model.layouts["shared"].arrays(global_vector))
-        atomic.write_bytes(self.local / "model.npz", buffer.getvalue())
+        atomic.write_bytes(self.local / runfiles.MODEL, buffer.getvalue())
 
     def publish(self) -> None:
         """Upload the run's new or changed files (metrics, config, W&B) from the staging copy; checkpoints are
@@ -211,10 +232,11 @@ class RunFolder:
                     self.store.upload(path, path.relative_to(self.local).as_posix())
 
     def checkpoint_location(self, ckpt: Path) -> str:
-        return storage.join(self.location, "checkpoints", ckpt.name) if self.remote else str(ckpt)
+        return storage.join(self.location, runfiles.CHECKPOINTS, ckpt.name) if self.remote else str(ckpt)
 
     def _files(self) -> list[Path]:
-        return sorted(p for p in self.local.rglob("*") if p.is_file() and p.relative_to(self.local).parts[0] != "checkpoints")
+        return sorted(p for p in self.local.rglob("*")
+                      if p.is_file() and p.relative_to(self.local).parts[0] != runfiles.CHECKPOINTS)
 
     @staticmethod
     def _stamp(path: Path) -> tuple[int, int]:

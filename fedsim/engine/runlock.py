@@ -13,14 +13,13 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+from fedsim.core.runfiles import LOCK
 from fedsim.errors import ConfigError
-
-LOCK_NAME = ".lock"
 
 
 def _refuse(run_dir: Path) -> None:
     try:
-        holder = (run_dir / LOCK_NAME).read_text().strip() or "another process"
+        holder = (run_dir / LOCK).read_text().strip() or "another process"
     except OSError:
         holder = "another process"
     raise ConfigError(f"name: run folder {run_dir} is in use by a live run ({holder}); wait for it to finish, "
@@ -30,7 +29,7 @@ def _refuse(run_dir: Path) -> None:
 def refuse_if_live(run_dir: Path) -> None:
     """Fail fast, before Ray starts, when another process holds the folder (the real guard is :func:`hold`)."""
     try:
-        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY)
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
     except OSError:
         return  # no lock file: no run has ever held this folder
     try:
@@ -45,7 +44,7 @@ def refuse_if_live(run_dir: Path) -> None:
 def hold(run_dir: Path) -> Iterator[None]:
     """Create the run folder if needed and hold its lock until the block ends; refuse if it is held."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

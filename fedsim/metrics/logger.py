@@ -19,7 +19,8 @@ import numpy as np
 from fedsim import atomic
 from fedsim.config import RunConfig
 from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys
-from fedsim.core.results import JSONL_RESULTS, read_results
+from fedsim.core import runfiles
+from fedsim.core.results import read_results
 from fedsim.engine.driver import Callback, Run, utc_now
 from fedsim.metrics.summary import summarize
 
@@ -59,7 +60,7 @@ class JsonlLogger(Callback):
 
     def on_run_start(self, run: Run, done: int) -> None:
         self.run_dir = run.run_dir
-        self.files = {name: open(self.run_dir / name, "a") for name in JSONL_RESULTS}
+        self.files = {name: open(self.run_dir / name, "a") for name in runfiles.JSONL_RESULTS}
         self.truncate(done)
 
     def on_rollback(self, run: Run, to_round: int) -> None:
@@ -78,7 +79,7 @@ class JsonlLogger(Callback):
     def on_round_end(self, run: Run, result: RoundResult) -> None:
         """Append one round."""
         row = round_row(result)
-        for name, rows in (("metrics.jsonl", result.records), ("comm.jsonl", result.comm), ("rounds.jsonl", [row])):
+        for name, rows in ((runfiles.METRICS, result.records), (runfiles.COMM, result.comm), (runfiles.ROUNDS, [row])):
             self.files[name].writelines(json.dumps(r) + "\n" for r in rows)
             self.files[name].flush()
         if result.records:
@@ -93,24 +94,24 @@ class JsonlLogger(Callback):
     def _write_csv(self) -> None:
         """rounds.csv: one row per evaluation round, every across-client statistic as a column. Replaced
         whole (a kill mid-write leaves the previous version, which `fedsim report` can still read)."""
-        rows = [r for r in read_jsonl(self.run_dir / "rounds.jsonl") if "acc" in r]
+        rows = [r for r in read_jsonl(self.run_dir / runfiles.ROUNDS) if "acc" in r]
         columns = [(key, stat) for key in ACCURACIES if rows and key in rows[0] for stat in rows[0][key]]
         text = io.StringIO(newline="")
         writer = csv.writer(text)
         writer.writerow(["round"] + [f"{key}_{stat}" for key, stat in columns])
         writer.writerows([r["round"]] + [r[key][stat] for key, stat in columns] for r in rows)
-        atomic.write_text(self.run_dir / "rounds.csv", text.getvalue())
+        atomic.write_text(self.run_dir / runfiles.ROUNDS_CSV, text.getvalue())
 
     def on_run_end(self, run: Run, error: BaseException | None) -> None:
         for handle in self.files.values():
             handle.close()
         if error is None and self.run_dir is not None:
             run.summary = self._summary(run)
-            atomic.write_text(self.run_dir / "summary.json", json.dumps(run.summary, indent=1))
+            atomic.write_text(self.run_dir / runfiles.SUMMARY, json.dumps(run.summary, indent=1))
 
     def _summary(self, run: Run) -> dict:
         cfg = run.plan.cfg
-        records = [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["round"] == cfg.train.rounds]
+        records = [r for r in read_jsonl(self.run_dir / runfiles.METRICS) if r["round"] == cfg.train.rounds]
         summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "rounds": cfg.train.rounds,
                    "never_sampled": sum(r.get("times_sampled") == 0 for r in records)}
         for key in ACCURACIES:
@@ -125,11 +126,11 @@ class JsonlLogger(Callback):
                                   ("unseen", [r for r in records if r.get("unseen")])):
                 summary[group] = {key: summarize([r[key] for r in chosen]) for key in ACCURACIES
                                   if chosen and key in chosen[0]} | {"clients": len(chosen)}
-        rounds = read_jsonl(self.run_dir / "rounds.jsonl")
+        rounds = read_jsonl(self.run_dir / runfiles.ROUNDS)
         summary["best_round"] = best_rounds(rounds)
         if run.plan.system is not None:
             summary["system"] = system_summary(cfg, rounds, records, run.plan.system.devices.kind)
-        comm = read_jsonl(self.run_dir / "comm.jsonl")
+        comm = read_jsonl(self.run_dir / runfiles.COMM)
         summary.update(comm={"bytes_down": sum(c["bytes_down"] for c in comm), "bytes_up": sum(c["bytes_up"] for c in comm)},
                        wall_seconds=time.perf_counter() - run.started, workers=run.workers,
                        started_at=run.started_at, finished_at=utc_now(), **run.extras)  # of the invocation that finished it

@@ -14,6 +14,7 @@ import numpy as np
 
 from fedsim import strict_yaml
 from fedsim.config import result_settings
+from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES, logged_keys
 from fedsim.core.results import read_results
 from fedsim.metrics.confidence import Estimate, mean_ci
@@ -76,11 +77,11 @@ def load_run(run_dir: Path) -> Run:
     """Read a run folder; curves come from metrics.jsonl so every statistic is computed by `summarize`,
     also for runs written before it reported p10/worst10/jain, and for runs still in progress. Every file is
     checked as it is read: a damaged one is a one-line error, never a wrong table."""
-    records = _checked_records(run_dir / "metrics.jsonl")
+    records = _checked_records(run_dir / runfiles.METRICS)
     if not records:
         raise ValueError(f"{run_dir}: no client metrics (metrics.jsonl missing or empty: not a run folder, or no "
                          "evaluation round has finished yet)")
-    summary, config = _read(run_dir / "summary.json", json.loads), _read(run_dir / "config.yaml", strict_yaml.load)
+    summary, config = _read(run_dir / runfiles.SUMMARY, json.loads), _read(run_dir / runfiles.CONFIG, strict_yaml.load)
     per_round: dict[str, dict[int, list[float]]] = {}
     for rec in records:
         for kind in ACCURACIES:
@@ -89,7 +90,7 @@ def load_run(run_dir: Path) -> Run:
     last = max(rec["round"] for rec in records)
     final = [rec for rec in records if rec["round"] == last]
     logged = {key: [rec[key] for rec in final if rec.get(key) is not None] for key in logged_keys(final)}
-    rows = read_results(run_dir / "rounds.jsonl")
+    rows = read_results(run_dir / runfiles.ROUNDS)
     # Older runs lack summary["comm"] and bytes_down; fall back to the per-round rows, else None.
     comm = summary.get("comm") or {d: sum(r[d] for r in rows if d in r) if any(d in r for r in rows) else None
                                    for d in DIRECTIONS}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fedsim import storage
 from fedsim.config import WandbConfig
+from fedsim.core import runfiles
 from fedsim.core.protocol import RoundResult
 from fedsim.core.results import read_results
 from fedsim.engine.driver import Callback, Run
@@ -26,8 +27,7 @@ from fedsim.metrics.logger import round_row
 from fedsim.metrics.series import evaluated, fairness, round_metrics
 from fedsim.metrics.wandb_files import wait_until_written
 
-ARTIFACT_FILES = ("summary.json", "rounds.csv", "rounds.jsonl", "partition_stats.json", "config.yaml")
-STATE_FILE = "wandb_run.json"
+ARTIFACT_FILES = (runfiles.SUMMARY, runfiles.ROUNDS_CSV, runfiles.ROUNDS, runfiles.PARTITION_STATS, runfiles.CONFIG)
 X_AXES = {"round": "round", "sim_time": "sim/time_s"}  # logging.wandb.x_axis -> the step metric of every chart
 
 
@@ -54,10 +54,10 @@ class WandbLogger(Callback):
         mode = wcfg.mode
         if mode == "online" and not _has_api_key():
             print("fedsim: no W&B API key found; logging offline - upload later with "
-                  f"`wandb sync {run_dir / 'wandb'}/offline-run-*`", file=sys.stderr)
+                  f"`wandb sync {run_dir / runfiles.WANDB}/offline-run-*`", file=sys.stderr)
             mode = "offline"
         self.per_client_limit = wcfg.per_client_limit
-        self.state_path = run_dir / STATE_FILE
+        self.state_path = run_dir / runfiles.WANDB_RUN
         saved = json.loads(self.state_path.read_text()) if resume and self.state_path.exists() else {}
         os.environ.setdefault("WANDB_SILENT", "true")
         # dir: an absolute path, so W&B's files land in the run folder whatever the process's working folder.
@@ -72,7 +72,7 @@ class WandbLogger(Callback):
         self.logged_through = saved.get("logged_through", 0)
         self.clock = cfg.system.devices is not None  # the run has simulated time to log
         self.classes = self._log_partition(run_dir, first=done == 0 and not saved)
-        self.bytes_total = sum(r["bytes_up"] + r["bytes_down"] for r in read_results(run_dir / "rounds.jsonl")
+        self.bytes_total = sum(r["bytes_up"] + r["bytes_down"] for r in read_results(run_dir / runfiles.ROUNDS)
                                if r["round"] <= done)
         self._save_state()
         run.extras["wandb"] = self.describe(run_dir, run.folder.location)
@@ -82,7 +82,7 @@ class WandbLogger(Callback):
         client sizes and of classes held. Returns each client's number of classes (the client tables' column)."""
         import wandb
 
-        stats = json.loads((run_dir / "partition_stats.json").read_text())
+        stats = json.loads((run_dir / runfiles.PARTITION_STATS).read_text())
         classes = [len(held) for held in stats["classes_per_client"]]
         if first and "train_class_counts" in stats:  # a run folder written before fedsim counted classes has none
             counts = stats["train_class_counts"]
@@ -145,7 +145,7 @@ class WandbLogger(Callback):
             return
         summary, run_dir = run.summary, run.run_dir
         if summary:
-            history = read_results(run_dir / "metrics.jsonl")  # every round, across resumes
+            history = read_results(run_dir / runfiles.METRICS)  # every round, across resumes
             final = max(r["round"] for r in history)
             self.run.log({"clients/accuracy_table": self._client_table(history), **self._every_client(history),
                           "final/client_table": self._client_table([r for r in history if r["round"] == final]),

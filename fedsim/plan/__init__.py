@@ -70,6 +70,12 @@ def balanced_owners(costs: Sequence[int], workers: int) -> list[int]:
     return owners
 
 
+def worker_count(cfg: RunConfig) -> int:
+    """The workers a run starts: engine.workers, but no more than there are clients (a worker without clients would
+    only hold resources). What the run reserves, places and asks a local Ray to hold."""
+    return min(cfg.engine.workers, cfg.data.num_clients)
+
+
 def steps_per_epoch(n_train: int, batch_size: int) -> int:
     """A client's SGD steps per local epoch: the cost that client -> worker balancing evens out."""
     return math.ceil(n_train / batch_size)
@@ -145,7 +151,7 @@ class RunPlan:
 
     @property
     def workers(self) -> int:
-        return min(self.cfg.engine.workers, self.num_clients)
+        return worker_count(self.cfg)
 
     @property
     def fixed_owners(self) -> bool:
@@ -165,13 +171,20 @@ class RunPlan:
         return [{c: d for c, d in data.items() if owners[c] == w} for w in range(self.workers)]
 
     @cached_property
+    def initial_server_state(self) -> dict[str, np.ndarray]:
+        """The method's round-0 server state (``Algorithm.server_state``), built once where it is first needed: the
+        server starts (and rolls back to round 0) from it and checks a checkpoint's server state against it; the
+        virtual clock sizes the round-0 broadcast by it. Never changed in place (a server hook sets new values by
+        assignment), so a rollback to round 0 finds it as it was built."""
+        return self.algorithm.server_state(self.model.initial["shared"], self.num_clients, self.cfg.seed)
+
+    @cached_property
     def traffic_per_client(self) -> tuple[int, int]:
         """(bytes down, bytes up) of one client in one round, as the server and workers account them: what the
         round-0 server sends its first client (a method that sends groups sends each client its own, of the same
         size), and a float32 vector of the shared size per upload (a method that folds replies itself may upload
         other sizes: the run's comm.jsonl has what it sent)."""
-        state = self.algorithm.server_state(self.model.initial["shared"], self.num_clients, self.cfg.seed)
-        [(_, first), *_] = self.algorithm.broadcast_groups(state, [0], True)
+        [(_, first), *_] = self.algorithm.broadcast_groups(self.initial_server_state, [0], True)
         return arrays_bytes(first), sum(payload_bytes(self.model.layouts["shared"].size) for _ in self.algorithm.uploads)
 
     # -- the schedule ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import torch
 
 from fedsim.algorithms import Algorithm, build_algorithm
 from fedsim.config import RunConfig, check_sections
+from fedsim.core import runfiles
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import ClientData
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
@@ -36,7 +37,7 @@ def initial_client(cfg: RunConfig, algorithm: Algorithm, num_classes: int,
 
 def read_initial_weights(run_dir: str) -> dict[str, np.ndarray]:
     """``model.init_from``: the final global weights a finished run saved (its ``model.npz``)."""
-    path = Path(run_dir) / "model.npz"
+    path = Path(run_dir) / runfiles.MODEL
     try:
         with np.load(path, allow_pickle=False) as z:
             return {key: z[key] for key in z.files}

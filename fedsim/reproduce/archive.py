@@ -17,10 +17,11 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from fedsim.core import runfiles
 from fedsim.errors import ConfigError
 
-KEPT = ("config.yaml", "summary.json", "rounds.jsonl", "metrics.jsonl")
-MODEL = "model.npz"  # kept only for a run another run starts from (model.init_from)
+KEPT = (runfiles.CONFIG, runfiles.SUMMARY, runfiles.ROUNDS, runfiles.METRICS)
+MODEL = runfiles.MODEL  # kept only for a run another run starts from (model.init_from)
 SUFFIX = ".tar.gz"
 
 
@@ -51,7 +52,7 @@ def is_kept(folder: Path, archive: Path, with_model: bool = False) -> bool:
     """Whether the archive holds this run as it is now: there, no older than the run's summary, and with its
     model where one is needed."""
     target = path_of(archive, folder.name)
-    summary = folder / "summary.json"
+    summary = folder / runfiles.SUMMARY
     if not target.exists() or not summary.exists() or target.stat().st_mtime < summary.stat().st_mtime:
         return False
     return not with_model or MODEL in _members(target)

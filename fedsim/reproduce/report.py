@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from fedsim import atomic
+from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fedsim.config import RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
+from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
 from fedsim.errors import ConfigError
 from fedsim.metrics.logger import read_jsonl
 from fedsim.reproduce import archive
 from fedsim.reproduce.claims import Claim, Paper, RunFolder
-from fedsim.sweep.runs import CONFIG_FILE, SUMMARY_FILE, claimed, status
+from fedsim.sweep.runs import claimed, status
 
 # The base configs ship inside the package (a built wheel carries them), so an installed fedsim reproduces the
 # papers from any folder.
@@ -226,7 +227,7 @@ def check_needs(item: PlannedRun) -> None:
     for dep in item.needs:
         state = status(dep)
         folder = Path(dep.out_dir) / dep.name
-        if state != "finished" or not (folder / "model.npz").exists():
+        if state != "finished" or not (folder / runfiles.MODEL).exists():
             what = {"new": "has no run folder", "changed": "holds other settings"}.get(state, "has not finished")
             raise ConfigError(f"reproduce: {item.config.name} starts from {dep.name}'s final model, but {dep.name} "
                               f"{what} ({folder}); bring {dep.name} to completion first (`fedsim reproduce` runs it "
@@ -236,11 +237,11 @@ def check_needs(item: PlannedRun) -> None:
 def _ran_again(item: PlannedRun) -> str | None:
     """A needed run whose model was written after this run started from it (its settings changed and it ran
     again): this run's start is stale. Read from the file times of the local run folders."""
-    own = item.folder / (SUMMARY_FILE if (item.folder / SUMMARY_FILE).exists() else CONFIG_FILE)
+    own = item.folder / (runfiles.SUMMARY if (item.folder / runfiles.SUMMARY).exists() else runfiles.CONFIG)
     if not own.exists():
         return None
     for dep in item.needs:
-        model = Path(dep.out_dir) / dep.name / "model.npz"
+        model = Path(dep.out_dir) / dep.name / runfiles.MODEL
         if model.exists() and model.stat().st_mtime > own.stat().st_mtime:
             return dep.name
     return None
@@ -268,7 +269,7 @@ def _complete(item: PlannedRun, where: str, say: Callable[[str], None]) -> None:
 
 
 def read_summary(folder: Path) -> dict | None:
-    path = folder / "summary.json"
+    path = folder / runfiles.SUMMARY
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -281,7 +282,7 @@ def client_values_at(folder: Path, metric: str, at: int | float) -> list[float] 
     if summary is None:
         return None
     round_idx = at if isinstance(at, int) else math.ceil(at * summary["rounds"])
-    rows = [r for r in read_jsonl(folder / "metrics.jsonl") if r["round"] == round_idx and metric in r]
+    rows = [r for r in read_jsonl(folder / runfiles.METRICS) if r["round"] == round_idx and metric in r]
     if not rows:
         raise ValueError(f"{folder}: metrics.jsonl has no {metric} for round {round_idx} (the run did not evaluate "
                          "that round: set train.eval_every so that it does)")
@@ -292,4 +293,4 @@ def run_seconds(folder: Path) -> float:
     """The run's rounds' time (training, aggregation, evaluation; Ray's start-up excluded), counted across
     every resume: rounds.jsonl holds each round once (a resume truncates it to its checkpoint), where
     summary.json's wall_seconds covers the last invocation only."""
-    return float(sum(row["seconds"] for row in read_jsonl(folder / "rounds.jsonl")))
+    return float(sum(row["seconds"] for row in read_jsonl(folder / runfiles.ROUNDS)))

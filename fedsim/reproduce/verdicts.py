@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.logger import read_jsonl
@@ -44,7 +45,7 @@ def best_value(folder: Path, metric: str) -> float | None:
 def evaluations(folder: Path, metric: str) -> int:
     """How many rounds of a finished run evaluated ``metric`` (its rounds.jsonl rows that carry it): with one, the
     best round is the final round by construction, not by measurement."""
-    return sum(metric in row for row in read_jsonl(folder / "rounds.jsonl"))
+    return sum(metric in row for row in read_jsonl(folder / runfiles.ROUNDS))
 
 
 def _arm_result(arm: Arm, per_seed: dict[int, list[float]], best: dict[int, float] | None = None,

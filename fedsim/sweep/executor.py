@@ -18,10 +18,12 @@ from pathlib import Path
 
 from fedsim import storage
 from fedsim.config import RunConfig, SearchConfig, validate
+from fedsim.core import runfiles
 from fedsim.engine.placement import worker_bundle
-from fedsim.engine.session import connect_ray
+from fedsim.engine.ray_cluster import connect_ray
 from fedsim.errors import ConfigError
 from fedsim.metrics.series import metric_names
+from fedsim.plan import worker_count
 from fedsim.sweep.runs import claimed, location, status
 from fedsim.sweep.trial import FINISHED, TrialFailed, TrialRun, train
 
@@ -88,7 +90,7 @@ def trial_bundles(cfg: RunConfig) -> list[dict[str, float]]:
     if not bundle:
         raise ConfigError(f"engine.cpus_per_worker: {cfg.name}'s workers ask for no resources, so Tune cannot place "
                           "its trial; give engine.cpus_per_worker (or engine.gpus_per_worker) above 0")
-    return [bundle] * min(cfg.engine.workers, cfg.data.num_clients)
+    return [bundle] * worker_count(cfg)
 
 
 def _need(cfg: RunConfig) -> dict[str, float]:
@@ -239,7 +241,7 @@ class _Progress:
 
 def _summary(item: TrialRun) -> dict | None:
     store = storage.Store(location(item.config))
-    return json.loads(store.read_bytes("summary.json")) if store.exists("summary.json") else None
+    return json.loads(store.read_bytes(runfiles.SUMMARY)) if store.exists(runfiles.SUMMARY) else None
 
 
 def _scores(last: dict) -> str:

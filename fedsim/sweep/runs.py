@@ -9,11 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedsim import storage, strict_yaml
-from fedsim.config import RunConfig, changed_settings, validate
+from fedsim.config import RunConfig
+from fedsim.core import runfiles
 from fedsim.errors import ConfigError
 from fedsim.plugins import plugin_settings
-
-CONFIG_FILE, SUMMARY_FILE = "config.yaml", "summary.json"
 
 
 def location(cfg: RunConfig) -> str:
@@ -26,27 +25,27 @@ def status(cfg: RunConfig) -> str:
     (never imported)."""
     where = location(cfg)
     store = storage.Store(where)
-    if not store.exists(CONFIG_FILE):
+    if not store.exists(runfiles.CONFIG):
         return "new"
     try:
-        tree = strict_yaml.load(store.read_bytes(CONFIG_FILE).decode())
+        tree = strict_yaml.load(store.read_bytes(runfiles.CONFIG).decode())
     except (strict_yaml.YamlError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{storage.join(where, CONFIG_FILE)}: not a fedsim config ({err}); remove the run folder "
+        raise ConfigError(f"{storage.join(where, runfiles.CONFIG)}: not a fedsim config ({err}); remove the run folder "
                           "to run it again") from None
     if not isinstance(tree, dict):
-        raise ConfigError(f"{storage.join(where, CONFIG_FILE)}: not a fedsim config; remove the run folder to run it again")
-    wanted = cfg.model_dump()
-    if plugin_settings(tree) != plugin_settings(wanted):
+        raise ConfigError(f"{storage.join(where, runfiles.CONFIG)}: not a fedsim config; remove the run folder to run it "
+                          "again")
+    if plugin_settings(tree) != plugin_settings(cfg.model_dump()):
         return "changed"
     try:
-        stored = validate({**tree, "name": cfg.name, "out_dir": cfg.out_dir}).model_dump()
+        stored, changed = runfiles.compare_stored(tree, cfg)
     except ConfigError as err:
-        raise ConfigError(f"{storage.join(where, CONFIG_FILE)}: {err}; remove the run folder to run it again") from None
-    if changed_settings(stored, wanted):
+        raise ConfigError(f"{storage.join(where, runfiles.CONFIG)}: {err}; remove the run folder to run it again") from None
+    if changed:
         return "changed"
-    if stored["train"]["rounds"] != wanted["train"]["rounds"]:
+    if stored.train.rounds != cfg.train.rounds:
         return "resumable"  # a constant-lr run that is extended (the engine accepts that)
-    return "finished" if store.exists(SUMMARY_FILE) else "resumable"
+    return "finished" if store.exists(runfiles.SUMMARY) else "resumable"
 
 
 def _locks_folder(cfg: RunConfig) -> Path:

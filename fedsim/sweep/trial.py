@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fedsim import storage
 from fedsim.config import RunConfig
+from fedsim.core import runfiles
 from fedsim.core.results import read_results
 from fedsim.engine.driver import Callback, Run
 from fedsim.errors import ConfigError, DataError, RunFailed
@@ -49,7 +50,7 @@ class TuneReporter(Callback):
         self.last: dict = {}  # the last evaluated round
 
     def on_run_start(self, run: Run, done: int) -> None:
-        self.replay([row for row in read_results(run.run_dir / "rounds.jsonl") if row["round"] <= done])
+        self.replay([row for row in read_results(run.run_dir / runfiles.ROUNDS) if row["round"] <= done])
 
     def on_round_end(self, run: Run, result) -> None:
         self.replay([round_row(result)])
@@ -87,8 +88,8 @@ def train(params: dict, runs: dict[str, TrialRun]) -> None:
 
 
 def _replay_folder(cfg: RunConfig, reporter: TuneReporter) -> None:
-    with storage.local_folder(storage.join(cfg.out_dir, cfg.name), skip="checkpoints") as folder:
-        reporter.replay(read_results(Path(folder) / "rounds.jsonl"))
-        summary = Path(folder) / "summary.json"
+    with storage.local_folder(storage.join(cfg.out_dir, cfg.name), skip=runfiles.CHECKPOINTS) as folder:
+        reporter.replay(read_results(Path(folder) / runfiles.ROUNDS))
+        summary = Path(folder) / runfiles.SUMMARY
         if summary.exists():
             reporter.report_final(json.loads(summary.read_text()))

@@ -47,7 +47,7 @@ def start(rt: ClientRuntime) -> dict:
 
 def owner(server, client: int) -> ClientRuntime:
     """The runtime holding ``client``'s state."""
-    return server.workers[server.owner.get(client, 0)].runtime
+    return server.pool.workers[server.owner.get(client, 0)].runtime
 
 
 def globals_over(server, rounds: int) -> list[np.ndarray]:

@@ -20,13 +20,13 @@ def test_the_worker_guard_refuses_an_oversized_payload(data_root):
     from conftest import client_runtime
 
     from fedsim.core.aggregate import FixedPoint
-    from fedsim.core.protocol import SumPlan
+    from fedsim.core.protocol import FixedPointScales
 
     rt = client_runtime(data_root, f"{__name__}:UploadsItsHead")
     shared = rt.layouts["shared"]
     assert rt.layouts["full"].size > shared.size  # FedPer's head is personal: it must never reach the server
     weights = shared.pack()
-    plan = SumPlan({WEIGHTS: FixedPoint.plan(weights, shared.offsets, 1000)}, {WEIGHTS: False})
+    scaling = FixedPointScales({WEIGHTS: FixedPoint.plan(weights, shared.offsets, 1000)}, {WEIGHTS: False})
     with pytest.raises(RuntimeError, match="personal weights"):
-        rt.train_and_sum({WEIGHTS: weights}, [0], 1, plan)
+        rt.train_and_sum({WEIGHTS: weights}, [0], 1, scaling)
     assert len(rt.slots["personal"]) == 0  # refused before the client's round was kept

@@ -12,12 +12,12 @@ def test_a_client_outside_the_fixed_point_range_keeps_nothing_and_is_reported(tm
 
     from fedsim.algorithms import WEIGHTS
     from fedsim.core.aggregate import FixedPoint
-    from fedsim.core.protocol import SumPlan
+    from fedsim.core.protocol import FixedPointScales
 
     rt = client_runtime(data_root, "fedper")
     weights = rt.layouts["shared"].pack()
-    fits = SumPlan({WEIGHTS: FixedPoint.plan(weights, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
-    tiny = SumPlan({WEIGHTS: FixedPoint.plan(weights * 1e-9, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
+    fits = FixedPointScales({WEIGHTS: FixedPoint.plan(weights, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
+    tiny = FixedPointScales({WEIGHTS: FixedPoint.plan(weights * 1e-9, rt.layouts["shared"].offsets, 1000)}, {WEIGHTS: False})
     out = rt.train_and_sum({WEIGHTS: weights}, [0, 1], 1, tiny)
     assert [(r.diverged, r.out_of_range) for r in out.reports] == [(True, True)] * 2 and not out.sums[WEIGHTS].any()
     assert out.weights[WEIGHTS] == 0 and len(rt.slots["personal"]) == 0  # no personal state kept either

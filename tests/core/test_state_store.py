@@ -22,7 +22,7 @@ def _setup(tmp_path, data_root, algorithm, workers, **engine):
 
 def _client_state(server) -> dict[tuple[str, int], bytes]:
     """Every worker's per-client state, bit for bit."""
-    return {(name, client): vector.tobytes() for worker in server.workers
+    return {(name, client): vector.tobytes() for worker in server.pool.workers
             for name, store in worker.runtime.slots.items() for client, vector in store.items()}
 
 

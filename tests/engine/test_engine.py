@@ -74,7 +74,7 @@ def test_fedper_beats_fedavg_at_k2(tmp_path, data_root, local_ray):
 def test_stateless_algorithms_balance_each_round_and_match_one_worker(tmp_path, data_root, local_ray):
     # FedAvg keeps nothing on clients, so every round's sample is split afresh by SGD steps.
     server = Server.__new__(Server)
-    server.plan, server.workers = SimpleNamespace(fixed_owners=False), [None, None]
+    server.plan, server.pool = SimpleNamespace(fixed_owners=False), [None, None]  # two workers
     split = server._by_worker([0, 2, 4, 6], [9, 0, 3, 0, 3, 0, 3])  # costs by client id
     assert split == {0: [0], 1: [2, 4, 6]}
     one = run(small_config(tmp_path, data_root, name="avg1", algorithm="fedavg", engine__workers=1, train__fraction=0.6))

@@ -4,7 +4,7 @@ import ray
 
 from fedsim.config import validate
 from fedsim.engine import placement
-from fedsim.engine.session import check_resources
+from fedsim.engine.ray_cluster import check_resources
 from fedsim.errors import ConfigError
 
 

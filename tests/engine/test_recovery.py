@@ -90,22 +90,6 @@ def test_cli_exit_code_3_is_one_line_with_the_resume_command(tmp_path, capsys, m
                    f"`fedsim run --resume {tmp_path / 'runs' / 'x'}`")
 
 
-def test_a_worker_silent_at_startup_is_named(tmp_path, monkeypatch):
-    """Before the workers answer pings (still importing torch), only the round timeout applies; when it
-    passes, the error names the worker that never answered instead of a bare timeout."""
-    import fedsim.engine.server as server_module
-    from conftest import in_process_server
-
-    cfg = validate(synthetic_tree(tmp_path, "silent", engine__round_timeout_s=1))
-    server = in_process_server(monkeypatch, cfg)
-    for index, worker in enumerate(server.workers):  # distinct stand-ins for the calls' ObjectRefs
-        worker.runtime.load_state = lambda ckpt, index=index: f"call on worker {index}"
-    monkeypatch.setattr(server_module.ray, "wait", lambda refs, **_: (list(refs[:1]), list(refs[1:])))
-    with pytest.raises(server_module.GetTimeoutError, match=r"^worker 1 \(clients [\d, ]+\) did not answer within "
-                                                            r"engine.round_timeout_s=1"):
-        server.restore(None)
-
-
 def test_run_time_failures_are_described_in_one_line():
     """What Ray raises in the entrypoint, reduced to the line `fedsim: error: run failed: ...` shows."""
     import errno
@@ -141,9 +125,9 @@ def test_a_worker_dying_while_the_run_starts_is_replaced(tmp_path, monkeypatch):
     def died(*_):
         raise RayActorError()
 
-    server.workers[0].runtime.load_state = died
-    server.workers[0].ping.remote = died
-    replacement = InProcessWorker(ClientRuntime(server.plan, server.assignments[0]))
-    server.spawn = lambda clients, bundle: replacement
+    server.pool.workers[0].runtime.load_state = died
+    server.pool.workers[0].ping.remote = died
+    replacement = InProcessWorker(ClientRuntime(server.plan, server.plan.assignments[0]))
+    server.pool.spawn = lambda clients, bundle: replacement
     assert server.restore(None) == 0
-    assert server.workers[0] is replacement and server.recoveries == 1
+    assert server.pool.workers[0] is replacement and server.pool.recoveries == 1

@@ -80,8 +80,6 @@ def test_robust_rounds_are_bit_identical_on_one_two_and_three_workers(tmp_path, 
                                              ("fedfomo", "mean")])
 def test_replies_give_the_same_round_in_any_completion_order(tmp_path, data_root, monkeypatch, algorithm, rule):
     """The server folds replies in client order, so workers answering in another order change nothing."""
-    import fedsim.engine.server as server_module
-
     def run(reverse: bool):
         cfg = six_client_run(tmp_path, data_root, algorithm, 3)
         cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"aggregator": rule, **RULES.get(rule, {})})})
@@ -89,8 +87,8 @@ def test_replies_give_the_same_round_in_any_completion_order(tmp_path, data_root
         server.restore(None)
         folded = _replies_seen(server)
         if reverse:
-            ordered = server_module.Server._as_completed
-            monkeypatch.setattr(server, "_as_completed", lambda refs: reversed(list(ordered(server, refs))))
+            ordered = server.pool.as_completed
+            monkeypatch.setattr(server.pool, "as_completed", lambda refs: reversed(list(ordered(refs))))
         outcome = round_records([server.round(r) for r in (1, 2)]), {k: v.copy() for k, v in server.state.items()}
         assert all([c for c, _ in replies] == sorted(c for c, _ in replies) for replies in folded)
         return outcome

@@ -10,7 +10,6 @@ from fedsim.cli import main as cli
 from fedsim.config import validate
 from fedsim.core import checkpoint
 from fedsim.engine.runfolder import RunFolder, load_run_config
-from fedsim.engine.session import private_token
 from fedsim.simulate import run
 
 FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")
@@ -89,18 +88,6 @@ def test_a_checkpoint_beyond_train_rounds_is_refused(finished, tmp_path):
 
     with pytest.raises(Exception, match="train.rounds: the run's checkpoint is at round 4, beyond train.rounds=3"):
         RunFolder(cfg).open_for_resume(load_inputs(cfg).data)
-
-
-def test_the_ray_token_is_made_private(tmp_path, monkeypatch):
-    folder = tmp_path / "ray"
-    folder.mkdir(mode=0o755)
-    token = folder / "auth_token"
-    token.write_text("secret")
-    token.chmod(0o644)
-    folder.chmod(0o755)
-    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
-    private_token()
-    assert folder.stat().st_mode & 0o777 == 0o700 and token.stat().st_mode & 0o777 == 0o600
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from fedsim.algorithms import WEIGHTS
 from fedsim.algorithms.base import Algorithm
 from fedsim.core.aggregate import FixedPoint, ReferenceExactSum, RoundSums
 from fedsim.core.pages import release_shared
-from fedsim.core.protocol import SumPlan
+from fedsim.core.protocol import FixedPointScales
 from fedsim.engine.server import Server
 
 
@@ -26,21 +26,21 @@ def test_aggregation_holds_the_totals_and_the_new_state_but_no_float64_model():
     offsets = tuple(range(0, 40 * 25_000 + 1, 25_000))  # 40 tensors of 25,000 values: 4 MB of float32
     size = offsets[-1]
     weights = rng.standard_normal(size).astype(np.float32)
-    plan = SumPlan({WEIGHTS: FixedPoint.plan(weights, offsets, 300)}, {WEIGHTS: False})
+    scaling = FixedPointScales({WEIGHTS: FixedPoint.plan(weights, offsets, 300)}, {WEIGHTS: False})
     partials = [rng.integers(-2 ** 40, 2 ** 40, size) for _ in range(3)]
     server = types.SimpleNamespace(algorithm=Algorithm(), state={WEIGHTS: weights}, num_clients=10,
                                    tensor_offsets=offsets)
     tracemalloc.start()
-    sums = RoundSums(plan.scales, size)
+    sums = RoundSums(scaling.scales, size)
     for partial in partials:
         sums.add({WEIGHTS: partial}, {WEIGHTS: 100})
-    Server._aggregate(server, plan, sums, [None] * 4, None)  # synchronous: the reports are only counted
+    Server._aggregate(server, scaling, sums, [None] * 4, None)  # synchronous: the reports are only counted
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 3.5 * 4 * size
     # Bit for bit the whole-vector arithmetic the server did before: float64 total x 2^L_t / S, then float32.
     mean = sum(partials).astype(np.float64)
-    mean *= np.repeat(np.ldexp(1.0, plan.scales[WEIGHTS].quantum_exponent), np.diff(offsets))
+    mean *= np.repeat(np.ldexp(1.0, scaling.scales[WEIGHTS].quantum_exponent), np.diff(offsets))
     mean /= 300
     assert np.array_equal(server.state[WEIGHTS], mean.astype(np.float32))
 
@@ -49,11 +49,11 @@ def _lazy_answers(monkeypatch, server) -> list[int]:
     """Workers' training answers made only when the server asks for them (as Ray hands them over), arriving in
     the reverse order of the calls. Returns, per answer added to the round's totals, how many answers added
     before it are still alive."""
-    import fedsim.engine.server as server_module
+    import fedsim.engine.pool as pool_module
 
     handed: list[weakref.ref] = []
     alive_at_add: list[int] = []
-    for worker in server.workers:
+    for worker in server.pool.workers:
         train = worker.runtime.train_and_sum
         worker.train_and_sum = types.SimpleNamespace(remote=lambda *args, train=train: lambda: train(*args))
     add = RoundSums.add
@@ -68,8 +68,8 @@ def _lazy_answers(monkeypatch, server) -> list[int]:
         return ref() if callable(ref) else ref
 
     monkeypatch.setattr(RoundSums, "add", counting_add)
-    monkeypatch.setattr(server_module.ray, "get", get)
-    monkeypatch.setattr(server_module.ray, "wait", lambda refs, **_: (list(refs)[::-1], []))
+    monkeypatch.setattr(pool_module.ray, "get", get)
+    monkeypatch.setattr(pool_module.ray, "wait", lambda refs, **_: (list(refs)[::-1], []))
     return alive_at_add
 
 
@@ -113,7 +113,7 @@ def test_a_hook_that_does_not_say_it_works_tensor_by_tensor_gets_whole_vectors()
     server_update_by_tensor, it is called once on whole vectors, as before; the built-in hooks tensor by tensor."""
     offsets = (0, 3, 10)
     weights = np.arange(10, dtype=np.float32)
-    plan = SumPlan({WEIGHTS: FixedPoint.plan(weights, offsets, 1)}, {WEIGHTS: True})
+    scaling = FixedPointScales({WEIGHTS: FixedPoint.plan(weights, offsets, 1)}, {WEIGHTS: True})
     seen = {}
 
     class GlobalNorm(Algorithm):
@@ -125,13 +125,13 @@ def test_a_hook_that_does_not_say_it_works_tensor_by_tensor_gets_whole_vectors()
         server_update_by_tensor = True
 
     for algorithm in (GlobalNorm(), Elementwise()):
-        exact = ReferenceExactSum(plan.scales[WEIGHTS])
+        exact = ReferenceExactSum(scaling.scales[WEIGHTS])
         exact.add(1, weights)
-        sums = RoundSums(plan.scales, 10)
+        sums = RoundSums(scaling.scales, 10)
         sums.add({WEIGHTS: exact.total}, {WEIGHTS: 1})
         server = types.SimpleNamespace(algorithm=algorithm, state={WEIGHTS: weights}, num_clients=2,
                                        tensor_offsets=offsets)
-        Server._aggregate(server, plan, sums, [None] * 2, None)
+        Server._aggregate(server, scaling, sums, [None] * 2, None)
         if isinstance(algorithm, Elementwise):
             assert seen["Elementwise"] == [3, 7]
         else:

@@ -1,0 +1,45 @@
+"""A run folder's layout, stated once: the name of every file a run writes there, and the comparison of the config
+stored in it with another. The engine writes these files, metrics and W&B log into them, sweeps and reproductions
+read them back, the CLI reports them. Torch- and Ray-free, so the lightest of those readers stay light.
+
+    RUN/config.yaml            the resolved config the run is running (written last: a folder with it is complete)
+    RUN/dataset.json           the data set's name and content digest (a resume over changed data is refused)
+    RUN/partition.npz          which client holds which samples; partition_stats.json: its per-client counts
+    RUN/metrics.jsonl          a record per client and evaluation round
+    RUN/rounds.jsonl           a row per round; rounds.csv: the evaluation rounds' statistics as columns
+    RUN/comm.jsonl             the traffic per client and round
+    RUN/summary.json           written when the run finishes
+    RUN/model.npz              the final global weights (what another run's model.init_from reads)
+    RUN/checkpoints/           the checkpoints (``fedsim.core.checkpoint``)
+    RUN/wandb/                 the W&B run's own files; wandb_run.json: which W&B run a resume continues
+    RUN/.lock                  held by the live run (``fedsim.engine.runlock``)
+"""
+from __future__ import annotations
+
+from fedsim.config import RunConfig, changed_settings, validate
+
+CONFIG = "config.yaml"
+DATASET = "dataset.json"
+PARTITION = "partition.npz"
+PARTITION_STATS = "partition_stats.json"
+METRICS = "metrics.jsonl"
+ROUNDS = "rounds.jsonl"
+ROUNDS_CSV = "rounds.csv"
+COMM = "comm.jsonl"
+SUMMARY = "summary.json"
+MODEL = "model.npz"
+CHECKPOINTS = "checkpoints"
+WANDB = "wandb"
+WANDB_RUN = "wandb_run.json"
+LOCK = ".lock"
+
+JSONL_RESULTS = (METRICS, ROUNDS, COMM)  # appended each round, truncated on resume
+RESULT_FILES = (*JSONL_RESULTS, ROUNDS_CSV, SUMMARY)  # what a new run starts without (--overwrite removes them)
+
+
+def compare_stored(stored: dict, cfg: RunConfig) -> tuple[RunConfig, list[str]]:
+    """The config tree a run folder stored, resolved as the run ``cfg`` names (that folder's name and out_dir), and
+    the settings a resume may not change (dotted keys) whose values differ between it and ``cfg``. Raises the
+    ConfigError of a stored tree that no longer validates."""
+    before = validate({**stored, "name": cfg.name, "out_dir": cfg.out_dir})
+    return before, changed_settings(before.model_dump(), cfg.model_dump())

@@ -1,0 +1,103 @@
+"""Ray for a run: attaching to a cluster or starting a local one sized for the workers, with its token file kept
+private; refusing resources the cluster does not have; pinning an actor to this node."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from fedsim.config import ConfigError, RunConfig
+from fedsim.plan import worker_count
+
+
+def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
+    """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers (or for
+    ``cpus``: what several runs at once need). The Ray token file is kept private before Ray starts and after
+    (Ray writes a new one with the process's umask)."""
+    if ray.is_initialized():
+        return
+    private_token()
+    quiet = {"log_to_driver": True, "configure_logging": True, "logging_level": "warning"}
+    # ray.init installs a C-level SIGTERM handler that dumps a trace and aborts (exit 134); a handler the caller
+    # set (the CLI's: SIGTERM unwinds the run like Ctrl-C) is put back.
+    main = threading.current_thread() is threading.main_thread()
+    on_term = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
+            return
+        refuse_stale_ray_settings()
+        engine = cfg.engine
+        need = worker_count(cfg) * engine.cpus_per_worker if cpus is None else cpus
+        cpus = max(os.cpu_count() or 1, math.ceil(need - 1e-9))
+        # The dashboard stays on loopback unless a user binds it elsewhere on purpose.
+        # address="local": always a fresh local instance, never a stray cluster left behind by `ray start`.
+        ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
+    finally:
+        if callable(on_term):
+            signal.signal(signal.SIGTERM, on_term)
+        private_token()
+
+
+def refuse_stale_ray_settings() -> None:
+    """Ray reads its loopback and token settings when it is imported (``fedsim/__init__.py`` sets them). Where
+    ``ray`` was imported first, it read them without: the cluster it starts would listen on the network address,
+    and its token-checking processes would refuse this process (Ray retries for a minute, then raises an
+    AuthenticationError that names neither cause). Refused in one line instead."""
+    from ray._common.utils import env_bool
+    from ray._private import ray_constants
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+
+    network = env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, not ray_constants.IS_WINDOWS_OR_OSX)
+    mode = os.environ.get("RAY_AUTH_MODE")  # unset: ray.init picks the mode itself, nothing to compare
+    token = get_authentication_mode() == AuthenticationMode.TOKEN
+    if ray_constants.ENABLE_RAY_CLUSTER != network or (mode is not None and token != (mode.lower() == "token")):
+        raise ConfigError("ray was imported before fedsim, so the local Ray cluster would miss fedsim's settings "
+                          "(ports on loopback, token authentication); import fedsim before ray, or export "
+                          "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=token before Python starts")
+
+
+def token_path() -> Path:
+    """Where Ray keeps the token of a cluster this process starts or joins (RAY_AUTH_TOKEN_PATH, else ~/.ray)."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token").expanduser()
+
+
+def private_token() -> None:
+    """The token lets whoever reads it attach to the cluster and submit jobs: its folder 0700, the file 0600.
+    Ray creates both with the umask (0755 / 0644 under umask 022, readable by every local account). Ours are
+    repaired; a token or folder of another account that others can read is refused with one line."""
+    path = token_path()
+    for target, mode in ((path.parent, 0o700), (path, 0o600)):
+        if not target.exists():
+            continue
+        info = target.stat()
+        if info.st_mode & 0o077 == 0:
+            continue
+        if info.st_uid != os.getuid():
+            raise ConfigError(f"{target}: the Ray token{' folder' if target.is_dir() else ''} belongs to another account "
+                              f"and others can read it (mode {info.st_mode & 0o777:o}); set RAY_AUTH_TOKEN_PATH to a "
+                              "private file of your own")
+        target.chmod(mode)
+
+
+def check_resources(cfg: RunConfig) -> None:
+    """Fail fast where Ray would otherwise wait forever for resources that do not exist."""
+    engine, have = cfg.engine, ray.cluster_resources()
+    workers = worker_count(cfg)
+    for resource, each in (("GPU", engine.gpus_per_worker), ("CPU", engine.cpus_per_worker)):
+        need = workers * each
+        if need > have.get(resource, 0) + 1e-9:
+            field = "gpus_per_worker" if resource == "GPU" else "cpus_per_worker"
+            raise ConfigError(f"engine.{field}: {workers} workers x {each} need {need:g} {resource}, the Ray cluster "
+                              f"has {have.get(resource, 0):g}; lower engine.workers or engine.{field}")
+
+
+def this_node() -> NodeAffinitySchedulingStrategy:
+    """Scheduling on the node of this process: the server actor stays on the submitting node so it shares that
+    node's view of the run folder."""
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)

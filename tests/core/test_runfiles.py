@@ -1,0 +1,19 @@
+"""A run folder's layout (fedsim/core/runfiles.py): the config a folder stored is compared with a run's as that run
+names it, by the settings a resume may not change (``fedsim run --resume`` and a sweep's status both ask)."""
+from conftest import synthetic_tree
+
+from fedsim.config import validate
+from fedsim.core import runfiles
+
+
+def test_a_stored_config_is_compared_by_what_a_resume_may_not_change(tmp_path):
+    cfg = validate(synthetic_tree(tmp_path, "run"))
+    moved = cfg.model_dump() | {"name": "elsewhere", "out_dir": "/another/folder"}  # a folder copied or renamed
+    stored, changed = runfiles.compare_stored(moved, cfg)
+    assert changed == [] and (stored.name, stored.out_dir) == (cfg.name, cfg.out_dir)
+    assert runfiles.compare_stored(cfg.model_dump() | {"seed": cfg.seed + 1}, cfg)[1] == ["seed"]
+    extended = cfg.model_dump()
+    extended["train"]["rounds"] += 5  # a constant learning rate: the run may be extended
+    stored, changed = runfiles.compare_stored(extended, cfg)
+    assert changed == [] and stored.train.rounds == cfg.train.rounds + 5
+
