@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fedsim import storage
 from fedsim.config import WandbConfig
