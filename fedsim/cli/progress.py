@@ -32,7 +32,7 @@ class ProgressBar(Callback):
         accuracies = [r["acc"] for r in result.records]
         if accuracies:
             self.running_bar.set_postfix(mean=f"{100 * sum(accuracies) / len(accuracies):.1f}%",
-                                 min=f"{100 * min(accuracies):.1f}%")
+                                         min=f"{100 * min(accuracies):.1f}%")
         self.running_bar.update(1)
 
     def on_rollback(self, run: Run, to_round: int) -> None:

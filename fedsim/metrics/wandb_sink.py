@@ -96,13 +96,14 @@ class WandbLogger(Callback):
         classes = [len(held) for held in stats["classes_per_client"]]
         if first and "train_class_counts" in stats:  # a run folder written before fedsim counted classes has none
             counts = stats["train_class_counts"]
-            columns: list[str | int] = ["client", "n_train", "n_test", "classes", *(f"class_{c}" for c in range(len(counts[0])))]
+            columns: list[str | int] = ["client", "n_train", "n_test", "classes",
+                                        *(f"class_{c}" for c in range(len(counts[0])))]
             rows = [[client, n, t, k, *row] for client, (n, t, k, row) in
                     enumerate(zip(stats["train_sizes"], stats["test_sizes"], classes, counts))]
             self.wandb_run.log({"partition/clients": wandb.Table(columns=columns, data=rows),
-                          "partition/train_sizes": wandb.Histogram(stats["train_sizes"]),
-                          "partition/classes_per_client": wandb.Histogram(classes), "round": 0,
-                          **({"sim/time_s": 0.0} if self.clock else {})})
+                                "partition/train_sizes": wandb.Histogram(stats["train_sizes"]),
+                                "partition/classes_per_client": wandb.Histogram(classes), "round": 0,
+                                **({"sim/time_s": 0.0} if self.clock else {})})
         return classes
 
     def _save_state(self) -> None:
@@ -142,7 +143,8 @@ class WandbLogger(Callback):
         """Client, round, size, classes held, accuracies (percent) and times sampled: one row per client and round."""
         import wandb
 
-        columns: list[str | int] = ["client", "round", "n_train", "classes", "acc", "acc_personalized", "times_sampled"]
+        columns: list[str | int] = ["client", "round", "n_train", "classes", "acc", "acc_personalized",
+                                    "times_sampled"]
         rows = [[r["client"], r["round"], r["n_train"], self.classes[r["client"]], 100 * r["acc"],
                  100 * r["acc_personalized"] if "acc_personalized" in r else None, r.get("times_sampled")]
                 for r in records]

@@ -67,8 +67,8 @@ PFLLIB = {"data.partition": "classes", "data.k": 10, "data.shards_per_client": N
           "train.head": {"lr": 0.005, "momentum": 0.0, "schedule": "constant"}, "eval.finetune_epochs": 0}
 # At paper scale the cross-check is PFLlib's own: all of CIFAR-100 over its 20 clients, 2,000 rounds, evaluated
 # every 100 (the FedBABU base there is MobileNet on 100 clients).
-PFLLIB_PAPER: Overrides = {"data.num_clients": 20, "data.train_fraction": 1.0, "data.test_fraction": 1.0, "model.name": "cnn4",
-                "train.rounds": 2000, "train.eval_every": 100}
+PFLLIB_PAPER: Overrides = {"data.num_clients": 20, "data.train_fraction": 1.0, "data.test_fraction": 1.0,
+                           "model.name": "cnn4", "train.rounds": 2000, "train.eval_every": 100}
 PFLLIB_FT = {"eval.finetune_epochs": 10, "eval.finetune_part": "full", "eval.finetune_lr": 0.005,
              "eval.finetune_momentum": 0.0, "eval.finetune_batch_size": 10}
 

@@ -166,7 +166,8 @@ def _sorted_pool_shards(r: Request, s: int) -> Partition:
 
 
 # A shard style draws from the request and its shards_per_client, checked present by _shards.
-_SHARD_STYLES: dict[str, Callable[[Request, int], Partition]] = {"fedbabu": _fedbabu_shards, "sorted_pool": _sorted_pool_shards}
+_SHARD_STYLES: dict[str, Callable[[Request, int], Partition]] = {"fedbabu": _fedbabu_shards,
+                                                                  "sorted_pool": _sorted_pool_shards}
 
 
 def _dirichlet(r: Request) -> Partition:
