@@ -23,7 +23,8 @@ from fedsim.config import EvalConfig, RunConfig, resume_fingerprint
 from fedsim.core.layout import KeyParts, Layout
 from fedsim.core.protocol import ClientData, arrays_bytes, payload_bytes
 from fedsim.core.robust import fewest_replies
-from fedsim.plan.system import AsyncClock, Clock, RoundTime, SystemModel
+from fedsim.plan.async_clock import AsyncClock
+from fedsim.plan.system import Clock, RoundTime, SystemModel
 
 
 def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
