@@ -237,14 +237,6 @@ class RunPlan:
             return list(range(self.num_clients))
         return self.cohort
 
-    def lr(self, part: str, round_idx: int, finetune: bool = False) -> float:
-        """The learning rate of ``part`` (body or head) in ``round_idx``: its schedule's, or eval.finetune_lr
-        when fine-tuning sets one."""
-        if finetune and self.cfg.eval.finetune_lr is not None:
-            return self.cfg.eval.finetune_lr
-        rate: float = getattr(self.cfg.train, part).lr_at(round_idx, self.cfg.train.rounds)
-        return rate
-
     @cached_property
     def partition_digest(self) -> str:
         """Which clients hold which samples (and label maps): recorded in every checkpoint, so a resume over an
