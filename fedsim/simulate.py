@@ -43,5 +43,6 @@ def run(cfg: RunConfig, overwrite: bool = False, resume: bool = False, callbacks
     Bad input raises ConfigError/DataError/CheckpointError before anything is written; a failure once the
     run is under way raises RunFailed (with the resume command)."""
     session = run_session(cfg, spawn_worker, [*standard_callbacks(cfg), *callbacks], overwrite, resume, reserved)
+    assert session.summary is not None  # a standard callback, the JSONL logger, writes it as the run finishes
     folder = session.folder
     return RunResult(cfg.name, folder.location if folder.remote else folder.local, session.summary)

@@ -152,11 +152,11 @@ def local_output(target: str) -> Iterator[Path]:
 
 
 @contextmanager
-def local_folder(location: str | None, skip: str | None = None) -> Iterator[Path | None]:
+def local_folder(location: str, skip: str | None = None) -> Iterator[Path]:
     """``location``'s files as a local folder: the folder itself, or a temporary download of a URI (without
     its top-level folder ``skip``). The copy keeps the location's name, which reports show."""
-    if location is None or not is_uri(location):
-        yield None if location is None else Path(location)
+    if not is_uri(location):
+        yield Path(location)
         return
     with tempfile.TemporaryDirectory(prefix="fedsim-in-") as tmp:
         local = Path(tmp, parent_and_name(location)[1])

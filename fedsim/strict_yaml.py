@@ -43,10 +43,11 @@ _FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]
 class _StrictLoader(yaml.SafeLoader):
     yaml_implicit_resolvers = _resolvers()
 
-    def construct_yaml_bool(self, node: yaml.Node) -> bool:
+    # Registered below for the bool and int tags, which only scalar nodes carry.
+    def construct_yaml_bool(self, node: yaml.ScalarNode) -> bool:
         return self.construct_scalar(node).lower() == "true"
 
-    def construct_yaml_int(self, node: yaml.Node) -> int:
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         text = self.construct_scalar(node)
         return int(text[2:], 8) if text.startswith("0o") else int(text, 16 if text.startswith("0x") else 10)
 

@@ -290,6 +290,13 @@ def round_records(outcomes) -> list:
     return [(o.round, o.sampled, o.records, o.comm) for o in outcomes]
 
 
+def write_csv(tmp_path: Path, name: str, text: str) -> str:
+    """A CSV file (a device or availability trace) in tmp_path, as the path a config names."""
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
 def png(pixels: np.ndarray) -> bytes:
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, format="PNG")

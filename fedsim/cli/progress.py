@@ -1,6 +1,8 @@
 """The progress bar of ``fedsim run``: a callback of the driver loop."""
 from __future__ import annotations
 
+from typing import Never
+
 from tqdm import tqdm
 
 from fedsim.core.protocol import RoundResult
@@ -13,7 +15,13 @@ class ProgressBar(Callback):
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
-        self.bar = None
+        self.bar: tqdm[Never] | None = None  # a bar that iterates over nothing: tqdm's stub types it tqdm[Never]
+
+    @property
+    def running_bar(self) -> tqdm[Never]:
+        """The run's bar: on_run_start makes it before any other hook updates it."""
+        assert self.bar is not None, "ProgressBar: a hook ran before on_run_start"
+        return self.bar
 
     def on_run_start(self, run: Run, done: int) -> None:
         cfg = run.plan.cfg
@@ -23,13 +31,13 @@ class ProgressBar(Callback):
     def on_round_end(self, run: Run, result: RoundResult) -> None:
         accuracies = [r["acc"] for r in result.records]
         if accuracies:
-            self.bar.set_postfix(mean=f"{100 * sum(accuracies) / len(accuracies):.1f}%",
-                                 min=f"{100 * min(accuracies):.1f}%")
-        self.bar.update(1)
+            self.running_bar.set_postfix(mean=f"{100 * sum(accuracies) / len(accuracies):.1f}%",
+                                         min=f"{100 * min(accuracies):.1f}%")
+        self.running_bar.update(1)
 
     def on_rollback(self, run: Run, to_round: int) -> None:
-        self.bar.n = to_round  # the rounds since the last checkpoint are redone
-        self.bar.refresh()
+        self.running_bar.n = to_round  # the rounds since the last checkpoint are redone
+        self.running_bar.refresh()
 
     def on_run_end(self, run: Run, error: BaseException | None) -> None:
         if self.bar is not None:

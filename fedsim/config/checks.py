@@ -2,7 +2,7 @@
 runs them once each section is valid, before any data loads, so ``--dry-run``, a run, each sweep variant and a
 resumed run's stored config are held to the same rules (what they ask of the population is counted from
 data.num_clients, which every partition has). A rule that needs the data, a trace file, the built model or the Ray
-cluster stays with what reads it (``fedsim.plan.build``, ``fedsim.plan.system``, ``fedsim.engine.session``).
+cluster stays with what reads it (``fedsim.plan.build``, ``fedsim.plan.devices``, ``fedsim.engine.session``).
 
 This is the config package's one import from a layer above (``fedsim.algorithms``): a method's own parameters
 and what it supports are its class's. Imported where used, as ``fedsim.algorithms`` imports config sections."""

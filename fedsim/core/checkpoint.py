@@ -24,6 +24,11 @@ checkpoint intact. Personal weights are written by the worker that owns them and
 through the driver. Old checkpoints are pruned by round number (names sort wrongly from round
 10,000 on), never the one ``latest`` names; when ``latest`` is missing or names a damaged
 checkpoint, resume falls back to the newest intact one.
+
+One file over ~350 lines on purpose: writing, publishing, finding, reading and pruning checkpoints are one job, the
+format above, and each part keeps what the others rely on (``latest`` written last, the ``bases`` chain with its
+ids, a base kept while a kept checkpoint names it); split, the rules a reader trusts would sit apart from the writer
+that keeps them.
 """
 from __future__ import annotations
 

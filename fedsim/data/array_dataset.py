@@ -45,7 +45,7 @@ def content_digest(*arrays: np.ndarray | None) -> str:
     for a in arrays:
         if a is not None:
             h.update(f"{a.dtype}{a.shape}".encode())
-            h.update(memoryview(np.ascontiguousarray(a)).cast("B"))
+            h.update(np.ascontiguousarray(a).data.cast("B"))  # .data: the array's memoryview
     return h.hexdigest()[:16]
 
 

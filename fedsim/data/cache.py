@@ -67,10 +67,11 @@ def open_cache(name: str, folder: Path, augmentable: bool) -> ArrayDataset | Non
         arrays = [np.load(folder / f"{a}.npy", mmap_mode="r", allow_pickle=False)
                   for a in ARRAYS + (GROUPS if meta.get("groups") else ())]
         train_x, train_y, test_x, test_y, *groups = arrays
+        train_groups, test_groups = groups or (None, None)
         # A constant channel (std 0) would divide by zero: left unscaled it is just 0 after centring.
         std = tuple(float(s) if s > 0 else 1.0 for s in meta["std"])
         dataset = ArrayDataset(name, train_x, train_y, test_x, test_y, tuple(meta["classes"]),
-                               tuple(meta["mean"]), std, *groups, augmentable=augmentable,
+                               tuple(meta["mean"]), std, train_groups, test_groups, augmentable=augmentable,
                                digest=meta.get("digest") or content_digest(*arrays))  # caches from before digests
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # AttributeError: meta not a dict
         return None

@@ -61,7 +61,9 @@ class Partition:
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder, so os.replace is atomic
         with tmp.open("wb") as f:  # a file object stops numpy appending ".npz" to the name
-            np.savez(f, **arrays)
+            # numpy >= 2.1's stub lets **arrays fill savez's allow_pickle: bool; its keys are train_i, test_i and
+            # label_map_i, and passing allow_pickle itself would store it as an array under numpy < 2.1.
+            np.savez(f, **arrays)  # type: ignore[arg-type]
         os.replace(tmp, path)
 
     @classmethod

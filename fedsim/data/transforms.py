@@ -8,6 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+CropFlipDraws = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # per image: row offset, column offset, flip
+
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device``; from the host to an accelerator without making the host wait for the device's
@@ -41,13 +43,13 @@ def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int =
     return crop_flip(x, *crop_flip_draws(len(x), generator, padding), padding)
 
 
-def crop_flip_draws(b: int, generator: torch.Generator, padding: int = 4) -> tuple[torch.Tensor, ...]:
+def crop_flip_draws(b: int, generator: torch.Generator, padding: int = 4) -> CropFlipDraws:
     """The random part of :func:`random_crop_flip` for ``b`` images: row and column offsets and flips, on the
     generator's device (packed training draws them per client and applies them to many clients at once)."""
-    draw = {"generator": generator, "device": generator.device}
-    dy = torch.randint(0, 2 * padding + 1, (b,), **draw)
-    dx = torch.randint(0, 2 * padding + 1, (b,), **draw)
-    return dy, dx, torch.rand(b, **draw) < 0.5
+    device = generator.device
+    dy = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=device)
+    dx = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=device)
+    return dy, dx, torch.rand(b, generator=generator, device=device) < 0.5
 
 
 def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor, padding: int = 4) -> torch.Tensor:
@@ -64,7 +66,7 @@ def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.T
 
 
 def epoch_draws(n: int, generator: torch.Generator, batch: int,
-                augment: bool) -> Iterator[tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]]:
+                augment: bool) -> Iterator[tuple[torch.Tensor, CropFlipDraws | None]]:
     """One epoch of a client's random draws, in the order training makes them: the epoch's order of its ``n``
     samples, then per batch its sample indices and (``augment``) crop/flip draws. Lazy, so the draws of a batch
     come when it is asked for; sequential and packed training (fedsim.client.packed_trainer) both read these."""

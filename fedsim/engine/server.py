@@ -31,6 +31,10 @@ from fedsim.plan import RunPlan, balanced_owners
 from fedsim.plan.system import RoundTime
 
 
+def _signature(state: dict[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    return {name: (v.shape, v.dtype) for name, v in state.items()}
+
+
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -53,7 +57,9 @@ class Server:
         for key, _, start, end in plan.model.layouts["shared"].spans():
             statistics[start:end] = key in plan.model.buffers
         self.fedbuff = FedBuff(self.cfg.system.server_lr, statistics)  # asynchronous rounds: the older models
-        self.state = dict(plan.initial_server_state)
+        self.state = plan.initial_server_state()
+        # What a checkpoint's server state must match: entries, shapes and types, never the round-0 values.
+        self.state_signature = _signature(self.state)
         self.broadcast_ref = self._publish()
         self.bytes_down = arrays_bytes({name: self.state[name] for name in self.algorithm.broadcast})
         self.received: dict[int, int] = {}  # client -> bytes of the broadcast it received this round
@@ -299,7 +305,7 @@ class Server:
 
     def _restore(self, ckpt: str | None) -> int:
         if ckpt is None:
-            round_idx, self.state, self.last_chain = 0, dict(self.plan.initial_server_state), []
+            round_idx, self.state, self.last_chain = 0, self.plan.initial_server_state(), []
             self.fedbuff.models = {}
         else:
             with storage.local_folder(ckpt) as local:
@@ -316,8 +322,7 @@ class Server:
     def _checked_state(self, ckpt: str, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A checkpoint's server state, refused unless it holds exactly the entries, shapes and types this method's
         server starts with (a checkpoint is input: an edited server.npz must not change what the run computes)."""
-        expected = {name: (v.shape, v.dtype) for name, v in self.plan.initial_server_state.items()}
-        found = {name: (v.shape, v.dtype) for name, v in state.items()}
+        expected, found = self.state_signature, _signature(state)
         if found != expected:
             wrong = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))[0]
             raise checkpoint.CheckpointError(f"{ckpt}: server state {wrong!r} is {found.get(wrong, 'missing')}, this "

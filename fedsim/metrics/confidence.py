@@ -32,7 +32,9 @@ class Estimate:
 
     @property
     def half_width(self) -> float | None:
-        return None if self.low is None else (self.high - self.low) / 2
+        if self.low is None or self.high is None:  # one seed: mean_ci sets neither
+            return None
+        return (self.high - self.low) / 2
 
 
 def mean_ci(values: list[float]) -> Estimate:

@@ -58,6 +58,12 @@ class JsonlLogger(Callback):
         self.run_dir: Path | None = None
         self.files: dict[str, io.TextIOWrapper] = {}
 
+    @property
+    def folder(self) -> Path:
+        """The run's folder: on_run_start sets it before any other hook writes."""
+        assert self.run_dir is not None, "JsonlLogger: a hook ran before on_run_start"
+        return self.run_dir
+
     def on_run_start(self, run: Run, done: int) -> None:
         self.run_dir = run.run_dir
         self.files = {name: open(self.run_dir / name, "a") for name in runfiles.JSONL_RESULTS}
@@ -69,11 +75,11 @@ class JsonlLogger(Callback):
     def truncate(self, last_round: int) -> None:
         """Keep only rows of rounds <= last_round (after a rollback or on resume): the rounds after it are redone.
         Every file is read (and a damaged one refused) before any is rewritten."""
-        kept = {name: [r for r in read_results(self.run_dir / name) if r["round"] <= last_round] for name in self.files}
+        kept = {name: [r for r in read_results(self.folder / name) if r["round"] <= last_round] for name in self.files}
         for name, handle in self.files.items():
             handle.close()
-            atomic.write_text(self.run_dir / name, "".join(json.dumps(r) + "\n" for r in kept[name]))
-            self.files[name] = open(self.run_dir / name, "a")
+            atomic.write_text(self.folder / name, "".join(json.dumps(r) + "\n" for r in kept[name]))
+            self.files[name] = open(self.folder / name, "a")
         self._write_csv()
 
     def on_round_end(self, run: Run, result: RoundResult) -> None:
@@ -94,13 +100,13 @@ class JsonlLogger(Callback):
     def _write_csv(self) -> None:
         """rounds.csv: one row per evaluation round, every across-client statistic as a column. Replaced
         whole (a kill mid-write leaves the previous version, which `fedsim report` can still read)."""
-        rows = [r for r in read_jsonl(self.run_dir / runfiles.ROUNDS) if "acc" in r]
+        rows = [r for r in read_jsonl(self.folder / runfiles.ROUNDS) if "acc" in r]
         columns = [(key, stat) for key in ACCURACIES if rows and key in rows[0] for stat in rows[0][key]]
         text = io.StringIO(newline="")
         writer = csv.writer(text)
         writer.writerow(["round"] + [f"{key}_{stat}" for key, stat in columns])
         writer.writerows([r["round"]] + [r[key][stat] for key, stat in columns] for r in rows)
-        atomic.write_text(self.run_dir / runfiles.ROUNDS_CSV, text.getvalue())
+        atomic.write_text(self.folder / runfiles.ROUNDS_CSV, text.getvalue())
 
     def on_run_end(self, run: Run, error: BaseException | None) -> None:
         for handle in self.files.values():
@@ -111,7 +117,7 @@ class JsonlLogger(Callback):
 
     def _summary(self, run: Run) -> dict:
         cfg = run.plan.cfg
-        records = [r for r in read_jsonl(self.run_dir / runfiles.METRICS) if r["round"] == cfg.train.rounds]
+        records = [r for r in read_jsonl(self.folder / runfiles.METRICS) if r["round"] == cfg.train.rounds]
         summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "rounds": cfg.train.rounds,
                    "never_sampled": sum(r.get("times_sampled") == 0 for r in records)}
         for key in ACCURACIES:
@@ -126,11 +132,11 @@ class JsonlLogger(Callback):
                                   ("unseen", [r for r in records if r.get("unseen")])):
                 summary[group] = {key: summarize([r[key] for r in chosen]) for key in ACCURACIES
                                   if chosen and key in chosen[0]} | {"clients": len(chosen)}
-        rounds = read_jsonl(self.run_dir / runfiles.ROUNDS)
+        rounds = read_jsonl(self.folder / runfiles.ROUNDS)
         summary["best_round"] = best_rounds(rounds)
         if run.plan.system is not None:
             summary["system"] = system_summary(cfg, rounds, records, run.plan.system.devices.kind)
-        comm = read_jsonl(self.run_dir / runfiles.COMM)
+        comm = read_jsonl(self.folder / runfiles.COMM)
         summary.update(comm={"bytes_down": sum(c["bytes_down"] for c in comm), "bytes_up": sum(c["bytes_up"] for c in comm)},
                        wall_seconds=time.perf_counter() - run.started, workers=run.workers,
                        started_at=run.started_at, finished_at=utc_now(), **run.extras)  # of the invocation that finished it

@@ -30,7 +30,9 @@ def records(log: Path) -> Iterator:
         buf += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (FULL, LAST):
-            rec = pb.Record()
+            # wandb's generated module makes its message classes at import (protobuf's builder fills its globals()),
+            # so no checker can see Record.
+            rec = pb.Record()  # type: ignore[attr-defined]
             rec.ParseFromString(buf)
             buf = b""
             yield rec

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedsim import storage
 from fedsim.config import WandbConfig
@@ -26,6 +27,9 @@ from fedsim.engine.driver import Callback, Run
 from fedsim.metrics.logger import round_row
 from fedsim.metrics.series import evaluated, fairness, round_metrics
 from fedsim.metrics.wandb_files import wait_until_written
+
+if TYPE_CHECKING:  # wandb itself is imported only when a run logs to it (~1 s)
+    import wandb
 
 ARTIFACT_FILES = (runfiles.SUMMARY, runfiles.ROUNDS_CSV, runfiles.ROUNDS, runfiles.PARTITION_STATS, runfiles.CONFIG)
 X_AXES = {"round": "round", "sim_time": "sim/time_s"}  # logging.wandb.x_axis -> the step metric of every chart
@@ -44,7 +48,13 @@ def _mean(values: list[float]) -> float:
 
 class WandbLogger(Callback):
     def __init__(self) -> None:
-        self.run = None  # the W&B run, once the fedsim run has started
+        self.run: wandb.Run | None = None  # the W&B run, once the fedsim run has started
+
+    @property
+    def wandb_run(self) -> wandb.Run:
+        """The W&B run: on_run_start starts it before any other hook logs."""
+        assert self.run is not None, "WandbLogger: a hook ran before on_run_start"
+        return self.run
 
     def on_run_start(self, run: Run, done: int) -> None:
         import wandb
@@ -66,8 +76,8 @@ class WandbLogger(Callback):
                               dir=str(run_dir.resolve()), mode=mode, id=wcfg.run_id or saved.get("id"),
                               resume="allow" if resume else None, reinit="finish_previous")
         for axis in dict.fromkeys(("round", X_AXES[wcfg.x_axis])):  # the round always, and the chosen x-axis
-            self.run.define_metric(axis)
-        self.run.define_metric("*", step_metric=X_AXES[wcfg.x_axis])
+            self.wandb_run.define_metric(axis)
+        self.wandb_run.define_metric("*", step_metric=X_AXES[wcfg.x_axis])
         self.mode = mode
         self.logged_through = saved.get("logged_through", 0)
         self.clock = cfg.system.devices is not None  # the run has simulated time to log
@@ -86,17 +96,18 @@ class WandbLogger(Callback):
         classes = [len(held) for held in stats["classes_per_client"]]
         if first and "train_class_counts" in stats:  # a run folder written before fedsim counted classes has none
             counts = stats["train_class_counts"]
-            columns = ["client", "n_train", "n_test", "classes", *(f"class_{c}" for c in range(len(counts[0])))]
+            columns: list[str | int] = ["client", "n_train", "n_test", "classes",
+                                        *(f"class_{c}" for c in range(len(counts[0])))]
             rows = [[client, n, t, k, *row] for client, (n, t, k, row) in
                     enumerate(zip(stats["train_sizes"], stats["test_sizes"], classes, counts))]
-            self.run.log({"partition/clients": wandb.Table(columns=columns, data=rows),
-                          "partition/train_sizes": wandb.Histogram(stats["train_sizes"]),
-                          "partition/classes_per_client": wandb.Histogram(classes), "round": 0,
-                          **({"sim/time_s": 0.0} if self.clock else {})})
+            self.wandb_run.log({"partition/clients": wandb.Table(columns=columns, data=rows),
+                                "partition/train_sizes": wandb.Histogram(stats["train_sizes"]),
+                                "partition/classes_per_client": wandb.Histogram(classes), "round": 0,
+                                **({"sim/time_s": 0.0} if self.clock else {})})
         return classes
 
     def _save_state(self) -> None:
-        self.state_path.write_text(json.dumps({"id": self.run.id, "logged_through": self.logged_through}))
+        self.state_path.write_text(json.dumps({"id": self.wandb_run.id, "logged_through": self.logged_through}))
 
     def on_round_end(self, run: Run, result: RoundResult) -> None:
         row, records = round_row(result), result.records
@@ -112,7 +123,7 @@ class WandbLogger(Callback):
                 data[f"client_acc_personalized/{r['client']:05d}"] = r["acc_personalized"]
         if evaluated(row):
             data["clients/round_table"] = self._client_table([{**r, "round": row["round"]} for r in records])
-        self.run.log(data)
+        self.wandb_run.log(data)
         self.logged_through = row["round"]
         self._save_state()
 
@@ -132,7 +143,8 @@ class WandbLogger(Callback):
         """Client, round, size, classes held, accuracies (percent) and times sampled: one row per client and round."""
         import wandb
 
-        columns = ["client", "round", "n_train", "classes", "acc", "acc_personalized", "times_sampled"]
+        columns: list[str | int] = ["client", "round", "n_train", "classes", "acc", "acc_personalized",
+                                    "times_sampled"]
         rows = [[r["client"], r["round"], r["n_train"], self.classes[r["client"]], 100 * r["acc"],
                  100 * r["acc_personalized"] if "acc_personalized" in r else None, r.get("times_sampled")]
                 for r in records]
@@ -187,10 +199,10 @@ class WandbLogger(Callback):
     def describe(self, run_dir: Path, location: str) -> dict:
         """Where the W&B run lives, for the run summary (and the CLI's sync hint). ``location``: where the
         run folder ``run_dir`` is stored (itself, or a URI when it is a staging copy)."""
-        inside = Path(self.run.dir).parent.resolve().relative_to(run_dir.resolve())
+        inside = Path(self.wandb_run.dir).parent.resolve().relative_to(run_dir.resolve())
         folder = storage.join(location, *inside.parts)
         if self.mode != "offline":
-            return {"mode": self.mode, "dir": folder, "url": self.run.url}
+            return {"mode": self.mode, "dir": folder, "url": self.wandb_run.url}
         if storage.is_uri(folder):
             sync = f"copy {folder} to this machine, then upload it with `wandb sync {inside.name}`"
         else:

@@ -166,10 +166,11 @@ def part_parameters(module: pl.LightningModule, keys: KeyParts) -> dict[str, lis
     return {"body": [named[k] for k in keys.body if k in named], "head": [named[k] for k in keys.head if k in named]}
 
 
-def config_optimizers(params: dict[str, list[nn.Parameter]], settings: dict[str, OptimConfig]) -> list:
+def config_optimizers(params: dict[str, list[nn.Parameter]],
+                      settings: dict[str, OptimConfig]) -> list[torch.optim.Optimizer]:
     """One optimizer per non-empty part from train.body / train.head: what a module without its own
     configure_optimizers trains with (FedClient's design card: separate base and head optimizers)."""
-    out = []
+    out: list[torch.optim.Optimizer] = []
     for part in PART_NAMES:
         s = settings[part]
         if not params[part]:

@@ -48,7 +48,8 @@ def _conv(prefix: str, m: nn.Conv2d) -> Layer:
 
 
 def _batch_norm(prefix: str, m: nn.modules.batchnorm._BatchNorm) -> Layer:
-    if m.momentum is None:  # a cumulative average would weight by each slot's own step count
+    momentum = m.momentum
+    if momentum is None:  # a cumulative average would weight by each slot's own step count
         raise Unpackable(f"{prefix}: BatchNorm with momentum=None")
 
     def layer(h: torch.Tensor, s: Tensors, training: bool) -> torch.Tensor:
@@ -58,7 +59,7 @@ def _batch_norm(prefix: str, m: nn.modules.batchnorm._BatchNorm) -> Layer:
         if mean is not None and training:
             s[prefix + "num_batches_tracked"].add_(1)
         return F.batch_norm(h, None if mean is None else mean.view(-1), None if var is None else var.view(-1),
-                            flat[0], flat[1], training or mean is None, m.momentum, m.eps)
+                            flat[0], flat[1], training or mean is None, momentum, m.eps)
     return layer
 
 
@@ -122,7 +123,7 @@ def translate(module: nn.Module, prefix: str = "") -> Layer:
         return _sequence([translate(child, f"{prefix}{name}.") for name, child in module.named_children()])
     if type(module) is nn.Conv2d:
         return _conv(prefix, module)
-    if type(module) in (nn.BatchNorm1d, nn.BatchNorm2d):
+    if type(module) is nn.BatchNorm1d or type(module) is nn.BatchNorm2d:
         return _batch_norm(prefix, module)
     if type(module) is nn.Linear:
         return _linear(prefix)

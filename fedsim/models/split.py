@@ -6,6 +6,8 @@ K_P = 0 means nothing is personal.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
@@ -13,7 +15,7 @@ from torch import nn
 class SplitNet(nn.Module):
     """``stem`` (always base, may be empty) -> ``blocks`` -> ``classifier``."""
 
-    def __init__(self, stem: nn.Module, blocks: list[nn.Module], classifier: nn.Module):
+    def __init__(self, stem: nn.Module, blocks: Iterable[nn.Module], classifier: nn.Module):
         super().__init__()
         self.stem = stem
         self.blocks = nn.ModuleList(blocks)
@@ -57,7 +59,8 @@ class SplitNet(nn.Module):
     def split_keys(self, personal_layers: int) -> tuple[list[str], list[str]]:
         """(base keys, head keys) over the full state dict (parameters *and* buffers)."""
         prefixes = self.head_prefixes(personal_layers)
-        base, head = [], []
+        base: list[str] = []
+        head: list[str] = []
         for key in self.state_dict():
             (head if key.startswith(prefixes) and prefixes else base).append(key)
         return base, head

@@ -23,7 +23,8 @@ from fedsim.config import EvalConfig, RunConfig, resume_fingerprint
 from fedsim.core.layout import KeyParts, Layout
 from fedsim.core.protocol import ClientData, arrays_bytes, payload_bytes
 from fedsim.core.robust import fewest_replies
-from fedsim.plan.system import AsyncClock, Clock, RoundTime, SystemModel
+from fedsim.plan.async_clock import AsyncClock
+from fedsim.plan.system import Clock, RoundTime, SystemModel
 
 
 def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
@@ -170,12 +171,12 @@ class RunPlan:
         owners = balanced_owners(self.train_steps, self.workers)
         return [{c: d for c, d in data.items() if owners[c] == w} for w in range(self.workers)]
 
-    @cached_property
     def initial_server_state(self) -> dict[str, np.ndarray]:
-        """The method's round-0 server state (``Algorithm.server_state``), built once where it is first needed: the
-        server starts (and rolls back to round 0) from it and checks a checkpoint's server state against it; the
-        virtual clock sizes the round-0 broadcast by it. Never changed in place (a server hook sets new values by
-        assignment), so a rollback to round 0 finds it as it was built."""
+        """The method's round-0 server state (``Algorithm.server_state``), derived from the seed: the one place it
+        is built. The server starts from it (and a rollback to round 0 builds it again, identically); the virtual
+        clock sizes the round-0 broadcast by it. Not kept: for a method with per-client models on the server
+        (FedAMP, FedFOMO) it is a clients x model table that the server replaces every round, and a kept round-0
+        copy would double the server's memory for the whole run."""
         return self.algorithm.server_state(self.model.initial["shared"], self.num_clients, self.cfg.seed)
 
     @cached_property
@@ -184,7 +185,7 @@ class RunPlan:
         round-0 server sends its first client (a method that sends groups sends each client its own, of the same
         size), and a float32 vector of the shared size per upload (a method that folds replies itself may upload
         other sizes: the run's comm.jsonl has what it sent)."""
-        [(_, first), *_] = self.algorithm.broadcast_groups(self.initial_server_state, [0], True)
+        [(_, first), *_] = self.algorithm.broadcast_groups(self.initial_server_state(), [0], True)
         return arrays_bytes(first), sum(payload_bytes(self.model.layouts["shared"].size) for _ in self.algorithm.uploads)
 
     # -- the schedule ----------------------------------------------------------------------------
@@ -235,14 +236,6 @@ class RunPlan:
         if round_idx == self.cfg.train.rounds or (every and round_idx % every == 0):
             return list(range(self.num_clients))
         return self.cohort
-
-    def lr(self, part: str, round_idx: int, finetune: bool = False) -> float:
-        """The learning rate of ``part`` (body or head) in ``round_idx``: its schedule's, or eval.finetune_lr
-        when fine-tuning sets one."""
-        if finetune and self.cfg.eval.finetune_lr is not None:
-            return self.cfg.eval.finetune_lr
-        rate: float = getattr(self.cfg.train, part).lr_at(round_idx, self.cfg.train.rounds)
-        return rate
 
     @cached_property
     def partition_digest(self) -> str:

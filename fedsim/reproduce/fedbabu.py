@@ -4,7 +4,7 @@ PFLlib leaderboard as a cross-check.
 One file over ~350 lines on purpose: it only declares one paper's reproduction plan, read top to bottom as
 fedper.py is for FedPer (the runs, with the settings they vary and the sources those cite, then the claims that
 name the runs); split, a claim would sit in one file and the runs it names in another."""
-from fedsim.reproduce.claims import Arm, Claim, Paper, RunFolder, gap_shrinks, greater, trend
+from fedsim.reproduce.claims import Arm, Claim, Metric, Overrides, Paper, RunFolder, gap_shrinks, greater, trend
 
 
 def _total_epochs(base: dict) -> int:
@@ -67,8 +67,8 @@ PFLLIB = {"data.partition": "classes", "data.k": 10, "data.shards_per_client": N
           "train.head": {"lr": 0.005, "momentum": 0.0, "schedule": "constant"}, "eval.finetune_epochs": 0}
 # At paper scale the cross-check is PFLlib's own: all of CIFAR-100 over its 20 clients, 2,000 rounds, evaluated
 # every 100 (the FedBABU base there is MobileNet on 100 clients).
-PFLLIB_PAPER = {"data.num_clients": 20, "data.train_fraction": 1.0, "data.test_fraction": 1.0, "model.name": "cnn4",
-                "train.rounds": 2000, "train.eval_every": 100}
+PFLLIB_PAPER: Overrides = {"data.num_clients": 20, "data.train_fraction": 1.0, "data.test_fraction": 1.0,
+                           "model.name": "cnn4", "train.rounds": 2000, "train.eval_every": 100}
 PFLLIB_FT = {"eval.finetune_epochs": 10, "eval.finetune_part": "full", "eval.finetune_lr": 0.005,
              "eval.finetune_momentum": 0.0, "eval.finetune_batch_size": 10}
 
@@ -85,7 +85,7 @@ APPF = {"algorithm": "fedavg", "data.dataset": "cifar10", "data.num_clients": 10
 # On the CPU base's 3 workers App. F's 10 clients a round would fall 4 + 3 + 3 on 2 cores: the fourth client then
 # trains alone, 5.5 client-times a round against 5 for 2 workers' 5 + 5 (arithmetic, not measured). The worker
 # count never changes results.
-APPF_CPU_ENGINE = {"engine.workers": 2, "engine.cpus_per_worker": 1}
+APPF_CPU_ENGINE: Overrides = {"engine.workers": 2, "engine.cpus_per_worker": 1}
 
 
 def momentum(m: float) -> dict:
@@ -93,7 +93,7 @@ def momentum(m: float) -> dict:
     return {"train.body.momentum": m, "train.head.momentum": m}
 
 
-RUNS = {
+RUNS: dict[str, Overrides] = {
     "fedavg": {},
     "fedavg-f1": {"train.fraction": 1.0},
     "fedavg-tau1": local_epochs(1),
@@ -132,7 +132,7 @@ RUNS = {
     "fedprox_babu-f1": {"train.fraction": 1.0, "algorithm": {**BABU, "name": "fedprox_babu", "mu": 0.01}},
 }
 
-PERSONALIZED = "acc_personalized"
+PERSONALIZED: Metric = "acc_personalized"
 METHODS = ("FedAvg+FT", "FedPer", "LG-FedAvg", "FedRep")
 AUTHORS_FEDPER = "FedPer (authors' code)"
 RANDOM_LG = "LG-FedAvg (random start)"

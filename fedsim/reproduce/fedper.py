@@ -1,11 +1,11 @@
 """The FedPer paper (Arivazhagan et al. 2019, arXiv:1912.00818), claim by claim."""
 from dataclasses import replace
 
-from fedsim.reproduce.claims import Arm, Claim, Paper, gap_shrinks, gap_trend, greater
+from fedsim.reproduce.claims import Arm, Claim, Overrides, Paper, gap_shrinks, gap_trend, greater
 
 FEDPER_FT = {"name": "fedper_ft", "head_epochs": 1}  # Knowl 8: the personal layers alone for 1 epoch first
 
-RUNS = {
+RUNS: dict[str, Overrides] = {
     "k4-fedavg": {"algorithm": "fedavg"},
     "k4-fedper": {},
     # The paper's optimizer (Algorithm 1 line 5: plain SGD, lr 0.01) at the CPU scale, batch 50 kept (the paper gives
@@ -41,7 +41,7 @@ DEEP_MODEL = ("The paper's reason local training fails is that a client's data i
               "images alone, so this half of the claim is likely a regime effect of the model cut, not a "
               "disagreement. The deep-model test is `--scale paper` (not run here: it needs a GPU cluster).")
 
-CLAIMS = (
+CLAIMS: tuple[Claim, ...] = (
     Claim("k4", "FedPer beats FedAvg under k = 4 and is fairer",
           "Knowl 4: with at most k = 4 classes per client (CIFAR-10, 10 clients), FedPer reaches a much higher "
           "client-averaged accuracy than FedAvg and substantially lower variance across clients (figures, no "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ def run_key(setting: str, entry: Entry) -> str:
     return f"{setting}-{entry.method}"
 
 
-def plan(scale: str, seeds: int, runs_dir: Path, overrides: list[str] = (), only: str | None = None,
+def plan(scale: str, seeds: int, runs_dir: Path, overrides: Sequence[str] = (), only: str | None = None,
          configs: Path = CONFIGS) -> list[PlannedRun]:
     """Every run, seed-major (all of seed 0 first), so a partial leaderboard already ranks every method at fewer
     seeds. ``overrides`` (key=value) apply to every run after the entry's own."""
@@ -138,7 +139,8 @@ def _settings(item: PlannedRun) -> str:
     return resume_fingerprint(item.config.model_dump())
 
 
-def complete(planned: list[PlannedRun], kept: Path, max_concurrent: int | None = None, say=print) -> None:
+def complete(planned: list[PlannedRun], kept: Path, max_concurrent: int | None = None,
+             say: Callable[[str], None] = print) -> None:
     """Bring every run to completion (the reproduction runner: finished runs skipped, interrupted ones resumed,
     each kept in ``kept`` as it finishes), recording a run that diverges instead of stopping the leaderboard.
     ``max_concurrent``: as Ray Tune trials on the current cluster (a diverged trial is then reported by Tune as
@@ -153,9 +155,11 @@ def complete(planned: list[PlannedRun], kept: Path, max_concurrent: int | None =
         if why:
             say(f"{where}: diverged before ({why}), skipped")
             continue
+        def say_where(line: str) -> None:  # execute numbers its one run [1/1]: show its place in the leaderboard
+            say(line.replace("[1/1] " + item.config.name, where))
+
         try:
-            execute([item], say=lambda line, where=where: say(line.replace("[1/1] " + item.config.name, where)),
-                    kept=kept)
+            execute([item], say=say_where, kept=kept)
         except TrainingDiverged as err:
             diverged.record(item, str(err))
             say(f"{where}: diverged: {err}")
@@ -187,7 +191,7 @@ def evaluate(planned: list[PlannedRun], kept: Path) -> dict:
     by_key: dict[str, list[PlannedRun]] = {}
     for item in planned:
         by_key.setdefault(item.key, []).append(item)
-    table = {}
+    table: dict[str, dict[str, dict[str, Any] | None]] = {}
     for setting in SETTINGS:
         table[setting] = {}
         for entry in ENTRIES:

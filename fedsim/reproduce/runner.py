@@ -8,9 +8,10 @@ import copy
 import json
 import math
 import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fedsim.config import RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
 from fedsim.core import runfiles
@@ -51,7 +52,7 @@ def run_name(paper: Paper, scale: str, key: str, seed: int) -> str:
     return f"{paper.key}-{scale}-{key}-s{seed}"
 
 
-def run_trees(paper: Paper, scale: str, overrides: list[str] = (),
+def run_trees(paper: Paper, scale: str, overrides: Sequence[str] = (),
               configs: Path = CONFIGS) -> dict[str, dict]:
     """Each run key's config tree at this scale (name, seed and out_dir still to set)."""
     base, extra = base_tree(paper, scale, configs), parse_overrides(list(overrides))
@@ -109,7 +110,7 @@ def dependency_order(keys: list[str], needs: dict[str, list[str]]) -> list[str]:
 
 
 def plan(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int | None, runs_dir: Path,
-         overrides: list[str] = (), configs: Path = CONFIGS) -> list[PlannedRun]:
+         overrides: Sequence[str] = (), configs: Path = CONFIGS) -> list[PlannedRun]:
     """Every run the claims need, once, for the seeds each claim fixes (``Claim.seeds``: a run read by several
     claims gets the most of them; ``seeds``, when given, caps every claim at that many, which leaves a capped claim
     inconclusive), seed-major (all runs of seed 0 first), so a partial suite already holds every claim at fewer

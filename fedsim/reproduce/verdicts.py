@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
-from fedsim.metrics.confidence import mean_ci
+from fedsim.metrics.confidence import Estimate, mean_ci
 from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce.claims import Arm, Claim, Paper, Test
@@ -48,30 +49,32 @@ def evaluations(folder: Path, metric: str) -> int:
     return sum(metric in row for row in read_jsonl(folder / runfiles.ROUNDS))
 
 
-def _arm_result(arm: Arm, per_seed: dict[int, list[float]], best: dict[int, float] | None = None,
-                evaluated: dict[int, int] | None = None) -> dict:
+def _arm_result(arm: Arm, per_seed: dict[int, list[float]], best: dict[int, float | None] | None = None,
+                evaluated: dict[int, int] | None = None) -> dict[str, Any]:
     """Mean client accuracy per seed (final round) and its CI; the per-client spread averaged over seeds; the best
     round's client mean per seed and its CI where every finished seed has one and some seed evaluated more than one
     round (``evaluated``: the seed's evaluation count; with one everywhere, ``best_is_final`` says so instead);
     all in points."""
     stats = {seed: summarize(values) for seed, values in per_seed.items()}
     means = [100 * stats[s]["mean"] for s in sorted(stats)]
-    result = {"label": arm.label, "run": arm.run, "metric": arm.metric, "round": arm.round, "seeds": sorted(stats),
-              "per_seed_mean": means, "per_seed_std": [100 * stats[s]["std"] for s in sorted(stats)]}
+    result: dict[str, Any] = {"label": arm.label, "run": arm.run, "metric": arm.metric, "round": arm.round,
+                              "seeds": sorted(stats), "per_seed_mean": means,
+                              "per_seed_std": [100 * stats[s]["std"] for s in sorted(stats)]}
     if stats:
         result["estimate"] = asdict(mean_ci(means))
         for key in ("std", "min", "p10"):
             result[f"client_{key}"] = float(np.mean([100 * stats[s][key] for s in stats]))
-        best, evaluated = best or {}, evaluated or {}
+        measured = {seed: value for seed, value in (best or {}).items() if value is not None}
+        evaluated = evaluated or {}
         if evaluated and all(evaluated.get(s) == 1 for s in stats):
             result["best_is_final"] = True
-        elif all(best.get(s) is not None for s in stats):
-            result["per_seed_best"] = [100 * best[s] for s in sorted(stats)]
+        elif all(s in measured for s in stats):
+            result["per_seed_best"] = [100 * measured[s] for s in sorted(stats)]
             result["estimate_best"] = asdict(mean_ci(result["per_seed_best"]))
     return result
 
 
-def _test_result(test: Test, arms: dict[str, dict], seeds: int = 2) -> dict:
+def _test_result(test: Test, arms: dict[str, dict[str, Any]], seeds: int = 2) -> dict[str, Any]:
     """The test's contrast over the seeds where every arm it names has finished; decided only once ``seeds``
     (the claim's own, at least 2) have: holds when the interval's low clears the threshold, fails when its high
     is below threshold + margin, inconclusive otherwise."""
@@ -79,18 +82,20 @@ def _test_result(test: Test, arms: dict[str, dict], seeds: int = 2) -> dict:
     finished = sorted(set.intersection(*(set(arms[label]["seeds"]) for label, _ in test.terms)))
     values = [sum(coef * arms[label][column][arms[label]["seeds"].index(s)] for label, coef in test.terms)
               for s in finished]
-    result = {"text": test.text, "above": test.above, "margin": test.margin, "fails_if": test.fails_if(),
-              "seeds": finished, "seeds_fixed": seeds, "values": values, "estimate": None, "verdict": INCONCLUSIVE}
+    result: dict[str, Any] = {"text": test.text, "above": test.above, "margin": test.margin,
+                              "fails_if": test.fails_if(), "seeds": finished, "seeds_fixed": seeds, "values": values,
+                              "estimate": None, "verdict": INCONCLUSIVE}
     if values:
         est = mean_ci(values)
         result["estimate"] = _as_written(test, est)
         if len(values) >= max(2, seeds):
+            assert est.low is not None and est.high is not None  # two or more values: mean_ci gives an interval
             result["verdict"] = (HOLDS if est.low > test.above else FAILS if est.high < test.above + test.margin
                                  else INCONCLUSIVE)
     return result
 
 
-def _as_written(test: Test, est) -> dict:
+def _as_written(test: Test, est: Estimate) -> dict[str, Any]:
     """The estimate in the test's own terms: an upper bound ("FedAvg < 20") is computed as -FedAvg > -20
     but shown as FedAvg's value."""
     if not test.upper_bound:

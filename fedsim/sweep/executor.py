@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedsim import storage
 from fedsim.config import RunConfig, SearchConfig, validate
@@ -26,6 +27,9 @@ from fedsim.metrics.series import metric_names
 from fedsim.plan import worker_count
 from fedsim.sweep.runs import claimed, location, status
 from fedsim.sweep.trial import FINISHED, TrialFailed, TrialRun, train
+
+if TYPE_CHECKING:  # ray.tune is imported only by a sweep
+    from ray.tune import Callback as TuneCallback
 
 LEDGER = "sweep.json"
 VERBS = {"run": "running", "resume": "resuming from its checkpoint", "overwrite": "its settings changed; running it again",
@@ -152,7 +156,8 @@ def run_sweep(sweep: Sweep, max_concurrent: int | None = None, say: Callable[[st
     with ExitStack() as stack:
         runs, outcomes = _actions(sweep.configs, stopped, stack, say)
         if runs:
-            progress = _Progress(sweep, runs, stopped, say)
+            trial_outcomes: dict[str, Outcome] = {}
+            progress = _progress(sweep, runs, stopped, say, trial_outcomes)
             tuner = tune.Tuner(
                 tune.with_resources(tune.with_parameters(train, runs=runs),
                                     lambda params: _resources(runs[params["run"]].config)),
@@ -163,7 +168,7 @@ def run_sweep(sweep: Sweep, max_concurrent: int | None = None, say: Callable[[st
                 run_config=tune.RunConfig(name=sweep.id, storage_path=_tune_storage(sweep), verbose=0,
                                           callbacks=[progress], failure_config=tune.FailureConfig(max_failures=0)))
             tuner.fit()
-            outcomes += progress.outcomes.values()
+            outcomes += trial_outcomes.values()
     order = {cfg.name: i for i, cfg in enumerate(sweep.configs)}
     return sorted(outcomes, key=lambda o: order[o.name])
 
@@ -195,48 +200,50 @@ def _tune_storage(sweep: Sweep) -> str:
     return str(Path(sweep.folder, "tune").resolve())
 
 
-class _Progress:
+def _progress(sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Callable[[str], None],
+              outcomes: dict[str, Outcome]) -> TuneCallback:
     """A Tune callback (built lazily: ray.tune is imported only by a sweep): one line per trial start and end,
-    and the outcome of each."""
+    and the outcome of each into ``outcomes``."""
+    from ray.tune import Callback
 
-    def __new__(cls, *args, **kwargs):
-        from ray.tune import Callback
+    class Progress(Callback):
+        # Everything it holds comes in as arguments, none from the enclosing call: cloudpickle pickles this local
+        # class by value, and a closure over ``say`` would carry the printer that __getstate__ leaves out.
+        def __init__(self, sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Callable[[str], None],
+                     outcomes: dict[str, Outcome]):
+            self.sweep, self.runs, self.stopped, self.say = sweep, runs, stopped, say
+            self.outcomes = outcomes
 
-        class Progress(Callback):
-            def __init__(self, sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Callable[[str], None]):
-                self.sweep, self.runs, self.stopped, self.say = sweep, runs, stopped, say
-                self.outcomes: dict[str, Outcome] = {}
+        def __getstate__(self) -> dict:
+            # Tune pickles its callbacks into the experiment state for Tuner.restore, which fedsim never uses
+            # (the run folders are a sweep's state). The printer stays out: once a Ray worker logs, Ray swaps
+            # builtins.print for its tqdm-safe one, and the original `print` no longer pickles by name.
+            return {**self.__dict__, "say": None}
 
-            def __getstate__(self) -> dict:
-                # Tune pickles its callbacks into the experiment state for Tuner.restore, which fedsim never uses
-                # (the run folders are a sweep's state). The printer stays out: once a Ray worker logs, Ray swaps
-                # builtins.print for its tqdm-safe one, and the original `print` no longer pickles by name.
-                return {**self.__dict__, "say": None}
+        def on_trial_start(self, iteration, trials, trial, **info):
+            name = trial.config["run"]
+            self.say(f"{name}: {VERBS[self.runs[name].action]}")
 
-            def on_trial_start(self, iteration, trials, trial, **info):
-                name = trial.config["run"]
-                self.say(f"{name}: {VERBS[self.runs[name].action]}")
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            name, last = trial.config["run"], trial.last_result or {}
+            if last.get(FINISHED):
+                self.outcomes[name] = Outcome(name, "finished", last.get("round"), summary=_summary(self.runs[name]))
+                self.say(f"{name}: finished ({_scores(last)})")
+                return
+            self.outcomes[name] = Outcome(name, "stopped", last.get("round"))
+            if name not in self.stopped:
+                self.stopped[name] = {"round": last.get("round"), self.sweep.search.metric: last.get(self.sweep.search.metric)}
+                self.sweep.remember_stopped(self.stopped)
+            self.say(f"{name}: stopped by ASHA at round {last.get('round')} ({self.sweep.search.metric} "
+                     f"{last.get(self.sweep.search.metric)})")
 
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                name, last = trial.config["run"], trial.last_result or {}
-                if last.get(FINISHED):
-                    self.outcomes[name] = Outcome(name, "finished", last.get("round"), summary=_summary(self.runs[name]))
-                    self.say(f"{name}: finished ({_scores(last)})")
-                    return
-                self.outcomes[name] = Outcome(name, "stopped", last.get("round"))
-                if name not in self.stopped:
-                    self.stopped[name] = {"round": last.get("round"), self.sweep.search.metric: last.get(self.sweep.search.metric)}
-                    self.sweep.remember_stopped(self.stopped)
-                self.say(f"{name}: stopped by ASHA at round {last.get('round')} ({self.sweep.search.metric} "
-                         f"{last.get(self.sweep.search.metric)})")
+        def on_trial_error(self, iteration, trials, trial, **info):
+            name = trial.config["run"]
+            cause = _cause(trial)
+            self.outcomes[name] = Outcome(name, "failed", (trial.last_result or {}).get("round"), cause=cause)
+            self.say(f"{name}: failed: {cause}")
 
-            def on_trial_error(self, iteration, trials, trial, **info):
-                name = trial.config["run"]
-                cause = _cause(trial)
-                self.outcomes[name] = Outcome(name, "failed", (trial.last_result or {}).get("round"), cause=cause)
-                self.say(f"{name}: failed: {cause}")
-
-        return Progress(*args, **kwargs)
+    return Progress(sweep, runs, stopped, say, outcomes)
 
 
 def _summary(item: TrialRun) -> dict | None:
@@ -258,8 +265,8 @@ def _cause(trial) -> str:
         from ray import cloudpickle
 
         err = cloudpickle.loads(Path(trial.pickled_error_file).read_bytes())
-    while getattr(err, "cause", None) is not None:  # Ray's RayTaskError around the trial's exception
-        err = err.cause
+    while (cause := getattr(err, "cause", None)) is not None:  # Ray's RayTaskError around the trial's exception
+        err = cause
     if isinstance(err, TrialFailed):
         return str(err)
     if err is None:

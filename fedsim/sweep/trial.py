@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from fedsim import storage
 from fedsim.config import RunConfig
@@ -89,7 +88,7 @@ def train(params: dict, runs: dict[str, TrialRun]) -> None:
 
 def _replay_folder(cfg: RunConfig, reporter: TuneReporter) -> None:
     with storage.local_folder(storage.join(cfg.out_dir, cfg.name), skip=runfiles.CHECKPOINTS) as folder:
-        reporter.replay(read_results(Path(folder) / runfiles.ROUNDS))
-        summary = Path(folder) / runfiles.SUMMARY
+        reporter.replay(read_results(folder / runfiles.ROUNDS))
+        summary = folder / runfiles.SUMMARY
         if summary.exists():
             reporter.report_final(json.loads(summary.read_text()))

@@ -13,6 +13,7 @@ from fedsim.algorithms import ALGORITHMS, WEIGHTS, build_algorithm
 from fedsim.algorithms.context import ClientContext
 from fedsim.client.randomness import FINETUNE_STREAM, client_generator
 from fedsim.client.runtime import ClientRuntime
+from fedsim.client.settings import OptimizerSettings
 from fedsim.config import OptimConfig, validate
 from fedsim.core.aggregate import weighted_average
 from fedsim.errors import ConfigError
@@ -358,10 +359,11 @@ def test_finetuning_has_its_own_optimizer(tmp_path):
     loaded = [p.detach().clone() for p in still.net.parameters()]
     still.evaluate(state, [CLIENT], round_idx=1)  # leaves the fine-tuned copy loaded in the model
     assert all(torch.equal(a, b) for a, b in zip(loaded, still.net.parameters()))  # lr 0: nothing moved
-    tuned = plan_for(config(tmp_path, "fedper", eval__finetune_lr=0.05))
+    tuned = OptimizerSettings(plan_for(config(tmp_path, "fedper", eval__finetune_lr=0.05)).cfg, own_optimizers=False)
     assert tuned.lr("body", 1, finetune=True) == 0.05 and tuned.lr("body", 1) == 0.01
     # By default fine-tuning uses each part's training lr of that round: FedBABU's final, decayed lr.
-    decayed = plan_for(config(tmp_path, "fedper", train__body={"lr": 0.1, "schedule": "step"}, train__rounds=4))
+    decayed = OptimizerSettings(plan_for(config(tmp_path, "fedper", train__body={"lr": 0.1, "schedule": "step"},
+                                                train__rounds=4)).cfg, own_optimizers=False)
     assert decayed.lr("body", 4, finetune=True) == pytest.approx(0.001)
 
 

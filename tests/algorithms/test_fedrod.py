@@ -27,7 +27,7 @@ def _hand_step(rt, generic: np.ndarray, balanced: bool) -> np.ndarray:
              - torch.log((weights * logits.exp()).sum(1))).mean()
     rt.net.zero_grad()
     loss.backward()
-    lr = rt.plan.lr("body", 1)
+    lr = rt.settings.lr("body", 1)
     with torch.no_grad():
         return torch.cat([(p - lr * p.grad).flatten() for p in rt.net.parameters()]).numpy()
 

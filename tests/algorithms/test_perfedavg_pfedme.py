@@ -59,8 +59,8 @@ def test_perfedavg_step_is_the_maml_step_and_hf_adds_exactly_the_hessian_term(tm
     alpha = 0.5  # large, so the MAML term is far above rounding
     fo = runtime(tmp_path, {"name": "perfedavg", "variant": "fo", "alpha": alpha}, **PLAIN)
     hf = runtime(tmp_path, {"name": "perfedavg", "variant": "hf", "alpha": alpha}, **PLAIN)
-    (d1, d2, d3), lr = _batches(fo, 3), fo.plan.lr("body", 1)
-    assert lr == fo.plan.lr("head", 1)  # beta: the run's lr
+    (d1, d2, d3), lr = _batches(fo, 3), fo.settings.lr("body", 1)
+    assert lr == fo.settings.lr("head", 1)  # beta: the run's lr
     w = _global(fo)
     temp = _step(w, grad(_loss_fn(fo, *d1))(w), alpha)
     at_temp = grad(_loss_fn(fo, *d2))(temp)
@@ -106,7 +106,7 @@ def test_perfedavg_scores_the_global_model_after_exactly_one_alpha_step(tmp_path
 def test_pfedme_solves_for_theta_and_moves_the_local_model_toward_it(tmp_path, monkeypatch):
     lam, plr, k = 15.0, 0.01, 3
     rt = runtime(tmp_path, {"name": "pfedme", "lambda": lam, "personal_lr": plr, "K": k}, **PLAIN)
-    batch, eta = _batches(rt, 1)[0], rt.plan.lr("body", 1)
+    batch, eta = _batches(rt, 1)[0], rt.settings.lr("body", 1)
     _feed(monkeypatch, [batch])
     w = _global(rt)
     upload = _upload(rt, _start(rt))

@@ -1,12 +1,15 @@
 """The virtual clock: devices, availability, dropouts, over-selection and deadlines as pure functions of the seed
-and the config (tests/engine/test_system_runs.py runs them through the engine)."""
+and the config (tests/engine/test_system_runs.py runs them through the engine; the device traces are in
+test_devices.py, FedBuff's clock in test_async_clock.py)."""
 import numpy as np
 import pytest
+
+from conftest import write_csv
 
 from fedsim.config import SystemConfig
 from fedsim.errors import ConfigError
 from fedsim.plan import sample_clients
-from fedsim.plan.system import AsyncClock, Clock, build_system
+from fedsim.plan.system import Clock, build_system
 
 N, FRACTION, SEED = 40, 0.25, 7
 TARGET = 10  # max(1, round(0.25 x 40))
@@ -80,40 +83,9 @@ def test_diurnal_availability_selects_only_clients_that_are_on_and_waits_for_one
         assert len(t.selected) == min(TARGET, int(on.sum()))
 
 
-def _csv(tmp_path, name: str, text: str):
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
-
-
-def test_a_device_trace_gives_each_client_its_device_and_class(tmp_path):
-    rows = "".join(f"{c},{10 + c},{1 + c % 3},{4},{'phone' if c % 2 else 'tablet'}\n" for c in range(N))
-    trace = _csv(tmp_path, "devices.csv", "client,speed,up_mbps,down_mbps,class\n" + rows)
-    system = build_system(SystemConfig.model_validate({"devices": {"trace": trace}}), SEED, N)
-    assert system.devices.speed[5] == 15 and system.devices.up_bytes_s[5] == 3e6 / 8
-    assert system.devices.kind[:2] == ("tablet", "phone")
-
-
-@pytest.mark.parametrize("body, message", [
-    ("client,speed,up_mbps,down_mbps\n", "has no rows"),
-    ("client,speed,up\n0,1,1\n", "has no column 'up_mbps'"),
-    ("client,speed,up_mbps,down_mbps\n0,-3,1,1\n", "line 2: speed is '-3'; give a positive number"),
-    ("client,speed,up_mbps,down_mbps\n0,nan,1,1\n", "line 2: speed is 'nan'"),
-    ("client,speed,up_mbps,down_mbps\n40,1,1,1\n", "line 2: client '40' is not one of the run's clients 0..39"),
-    ("client,speed,up_mbps,down_mbps\nphone,1,1,1\n", "client 'phone' is not one of"),
-    ("client,speed,up_mbps,down_mbps\n0,1,1,1\n0,1,1,1\n", "line 3: client 0 appears twice"),
-    ("client,speed,up_mbps,down_mbps\n0,1,1,1\n", "has no row for client 1 (39 of 40 clients missing)"),
-])
-def test_hostile_device_traces_are_one_line_naming_the_file_and_line(tmp_path, body, message):
-    trace = _csv(tmp_path, "devices.csv", body)
-    with pytest.raises(ConfigError, match="system.devices.trace: ") as err:
-        build_system(SystemConfig.model_validate({"devices": {"trace": trace}}), SEED, N)
-    assert message in str(err.value) and "\n" not in str(err.value)
-
-
 def test_an_availability_trace_repeats_every_period_and_hostile_ones_are_refused(tmp_path):
     rows = "".join(f"{c},{(c % 4) * 10},{(c % 4) * 10 + 10}\n" for c in range(N))
-    trace = _csv(tmp_path, "on.csv", "client,start_s,end_s\n" + rows)
+    trace = write_csv(tmp_path, "on.csv", "client,start_s,end_s\n" + rows)
     c = clock(availability={"pattern": "trace", "trace": trace, "period_s": 40.0})
     previous_end = 0.0
     for r in range(1, 40):
@@ -122,7 +94,8 @@ def test_an_availability_trace_repeats_every_period_and_hostile_ones_are_refused
         assert all(s % 4 == quarter for s in t.selected)
         assert t.start_s == previous_end  # someone is always on: no round waits
         previous_end = t.end_s
-    gaps = _csv(tmp_path, "gaps.csv", "client,start_s,end_s\n" + "".join(f"{c},{30 + c % 2},35\n" for c in range(N)))
+    gaps = write_csv(tmp_path, "gaps.csv",
+                     "client,start_s,end_s\n" + "".join(f"{c},{30 + c % 2},35\n" for c in range(N)))
     waiting = clock(availability={"pattern": "trace", "trace": gaps, "period_s": 40.0})
     first, second, third = (waiting.round(r) for r in (1, 2, 3))  # each lasts 3.2 s
     assert first.start_s == 30.0 and all(s % 2 == 0 for s in first.selected)  # waits for the first on: the even ones
@@ -132,42 +105,9 @@ def test_an_availability_trace_repeats_every_period_and_hostile_ones_are_refused
                           ("client,start_s,end_s\n0,5,1\n", "is not an interval"),
                           ("client,start_s,end_s\n0,0,10\n", "gives client 1 no interval"),
                           ("client,start_s,end_s\n99,0,10\n", "client '99' is not one of")]:
-        bad = _csv(tmp_path, "bad.csv", body)
+        bad = write_csv(tmp_path, "bad.csv", body)
         with pytest.raises(ConfigError, match="system.availability.trace: ") as err:
             clock(availability={"pattern": "trace", "trace": bad, "period_s": 40.0})
         assert message in str(err.value)
     with pytest.raises(ConfigError, match="cannot read"):
         clock(availability={"pattern": "trace", "trace": str(tmp_path / "absent.csv")})
-
-
-def async_clock(concurrency: int = 8, buffer: int = 4, seed: int = SEED, **system) -> AsyncClock:
-    cfg = SystemConfig.model_validate({"devices": {"preset": "lognormal", "sigma": 1.0}, "mode": "async", **system})
-    return AsyncClock(build_system(cfg, seed, N), seed, FRACTION, np.full(N, 200.0), 1_000_000, 500_000,
-                      np.ones(N, bool), concurrency=concurrency, buffer=buffer)
-
-
-def test_fedbuffs_schedule_steps_every_k_reports_with_each_clients_model_version():
-    c = async_clock(dropout=0.1, availability={"pattern": "diurnal", "period_s": 50.0, "on_fraction": 0.5})
-    previous_end, stale = 0.0, []
-    for r in range(1, 80):
-        t = c.round(r)
-        assert len(t.participants) == 4 == len(set(t.participants))  # a client reports at most once per step
-        assert all(0 <= v <= r - 1 for v in t.versions) and t.start_s == previous_end and t.seconds >= 0
-        assert all(v < r for v in t.live_versions)
-        previous_end = t.end_s
-        stale += t.staleness()
-    assert max(stale) >= 2 and 0 in stale  # fast devices report fresh, slow ones several steps late
-    assert [c.round(r) for r in range(1, 80)] == [async_clock(dropout=0.1, availability={
-        "pattern": "diurnal", "period_s": 50.0, "on_fraction": 0.5}).round(r) for r in range(1, 80)]
-    assert [c.round(r).participants for r in range(1, 20)] != [
-        async_clock(seed=SEED + 1).round(r).participants for r in range(1, 20)]
-
-
-def test_fedbuffs_clients_in_flight_never_exceed_the_concurrency():
-    c = async_clock(concurrency=5, buffer=3)
-    for r in range(1, 60):
-        c.round(r)
-        assert len(c._flight) <= 5
-    stepped = sum(len(t.participants) for t in c.rounds)
-    selected = sum(len(t.selected) for t in c.rounds) + len(c._window["selected"])  # and those since the last step
-    assert selected - stepped == len(c._flight) + len(c._buffered)  # every dispatch reported in a step, or is pending

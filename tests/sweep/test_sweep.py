@@ -170,9 +170,9 @@ def test_the_progress_callback_pickles_after_ray_swaps_builtins_print(tmp_path, 
 
     from ray import cloudpickle
 
-    from fedsim.sweep.executor import Sweep, _Progress
+    from fedsim.sweep.executor import Sweep, _progress
 
     configs = expand_sweep(synthetic_tree(tmp_path, "pk", sweep={"algorithm": ["fedavg"]}))
-    progress = _Progress(Sweep("pk", configs, configs[0].search), {}, {}, print)
+    progress = _progress(Sweep("pk", configs, configs[0].search), {}, {}, print, {})
     monkeypatch.setattr(builtins, "print", lambda *args, **kwargs: None)
     assert cloudpickle.loads(cloudpickle.dumps(progress)).say is None

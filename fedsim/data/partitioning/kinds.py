@@ -6,6 +6,7 @@ Adding a partition kind is one function here and one entry in ``KINDS``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -72,10 +73,10 @@ def _shards(r: Request) -> Partition:
     if style is None:
         raise DataError(f"data.partition.style: unknown shard style {r.shard_style!r}; choose one of "
                         f"{', '.join(_SHARD_STYLES)}")
-    return style(r)
+    return style(r, s)
 
 
-def _fedbabu_shards(r: Request) -> Partition:
+def _fedbabu_shards(r: Request, s: int) -> Partition:
     """FedBABU's ``noniid`` (jhoon-oh/FedBABU, utils/sampling.py): single-class shards; test drawn like train.
 
     Each of the C classes is cut into P = n*s/C shards (sizes differ by at most one within a class,
@@ -92,7 +93,7 @@ def _fedbabu_shards(r: Request) -> Partition:
     ``random``, which their scripts never seed, ours by the run's seed.
     """
     train_pool, test_pool = r.pools()
-    s, n = r.shards_per_client, r.num_clients
+    n = r.num_clients
     train_by_class = _members_by_class(r.train_y, train_pool)
     test_by_class = _members_by_class(r.test_y, test_pool)
     per_class = _fedbabu_shards_per_class(s, n, train_by_class, test_by_class)
@@ -138,21 +139,21 @@ def _fedbabu_shards_per_class(s: int, n: int, train_by_class: dict[int, np.ndarr
     return per_class
 
 
-def _hand_out(drawn: np.ndarray, shards: dict[int, list[np.ndarray] | np.ndarray],
+def _hand_out(drawn: np.ndarray, shards: Mapping[int, list[np.ndarray] | np.ndarray],
               rng: np.random.Generator) -> list[np.ndarray]:
     """Give each client (a row of ``drawn`` class labels) a random unused shard of every class in its row."""
     unused = {c: iter(rng.permutation(len(class_shards)).tolist()) for c, class_shards in shards.items()}
     return [np.sort(np.concatenate([shards[c][next(unused[c])] for c in row])) for row in drawn.tolist()]
 
 
-def _sorted_pool_shards(r: Request) -> Partition:
+def _sorted_pool_shards(r: Request, s: int) -> Partition:
     """fedsim's shards before FedBABU's style: label-sorted train pool cut into n*s shards, s random per client.
 
     A shard may straddle two classes. Each client is tested on the classes its shards hold, each
     class's test samples split evenly among its holders, as in the "classes" kind.
     """
     train_pool, test_pool = r.pools()
-    s, n = r.shards_per_client, r.num_clients
+    n = r.num_clients
     if s * n > len(train_pool):
         raise DataError(f"data.partition.shards_per_client: the 'shards' partition needs num_clients x shards_per_client <= "
                         f"{len(train_pool)} train samples, got {s}; lower it or data.num_clients")
@@ -164,7 +165,9 @@ def _sorted_pool_shards(r: Request) -> Partition:
     return Partition(tuple(train), tuple(test))
 
 
-_SHARD_STYLES: dict[str, Splitter] = {"fedbabu": _fedbabu_shards, "sorted_pool": _sorted_pool_shards}
+# A shard style draws from the request and its shards_per_client, checked present by _shards.
+_SHARD_STYLES: dict[str, Callable[[Request, int], Partition]] = {"fedbabu": _fedbabu_shards,
+                                                                  "sorted_pool": _sorted_pool_shards}
 
 
 def _dirichlet(r: Request) -> Partition:
