@@ -11,7 +11,8 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from fedsim.config import ConfigError, RunConfig
+from fedsim.config import RunConfig
+from fedsim.errors import ConfigError
 from fedsim.plan import worker_count
 
 
