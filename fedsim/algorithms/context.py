@@ -14,7 +14,7 @@ algorithms never see the runtime itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol, overload
 
 import numpy as np
 import torch
@@ -22,7 +22,8 @@ from torch import nn
 
 from fedsim.core.protocol import WEIGHTS
 
-Penalty = Callable[[], torch.Tensor]
+# A term added to the loss before every backward pass; a plain 0 where it covers no parameters (sum of nothing).
+Penalty = Callable[[], torch.Tensor | float]
 StepCallback = Callable[[torch.Tensor, torch.Tensor], None]
 
 
@@ -35,7 +36,7 @@ class Proximal:
         self.live = live
         self.anchors = {k: p.detach().clone() for k, p in live.items()}
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self) -> torch.Tensor | float:
         return self.coef / 2 * sum(((self.live[k] - a) ** 2).sum() for k, a in self.anchors.items())
 
 
@@ -47,7 +48,7 @@ class LinearTerm:
         self.coefs = coefs
         self.live = live
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self) -> torch.Tensor | float:
         return sum((self.live[k] * c).sum() for k, c in self.coefs.items())
 
 
@@ -135,7 +136,7 @@ class RuntimePort(PackablePort, Protocol):
     def batches(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         """One epoch of training batches, drawn as ``sgd`` draws them."""
 
-    def param_groups(self, parts: frozenset[str], round_idx: int) -> list[dict]:
+    def param_groups(self, parts: frozenset[str], round_idx: int) -> list[dict[str, Any]]:
         """torch optimizer param groups of the trainable tensors of ``parts``, one per part, each with fedsim's own
         SGD settings of that part in ``round_idx`` (lr on its schedule, momentum, weight_decay)."""
 
@@ -249,17 +250,24 @@ class ClientContext:
         for _ in range(epochs):
             yield from self._rt.whole_runtime("steps its own batches (ctx.batches)").batches(x, y, self.generator)
 
-    def param_groups(self, parts: frozenset[str]) -> list[dict]:
+    def param_groups(self, parts: frozenset[str]) -> list[dict[str, Any]]:
         """Param groups for a torch optimizer over the trainable tensors of ``parts`` (e.g. PARTS["full"]), one
         per part with this round's train.<part> settings (lr on its schedule, momentum, weight_decay): a method
         with its own steps trains as the run's config says. Scale a group's ``lr`` for a method's own step size."""
         return self._rt.whole_runtime("steps its own optimizer (ctx.param_groups)").param_groups(parts, self.round)
+
+    @overload
+    def score(self) -> tuple[float, float]: ...
+
+    @overload
+    def score(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]: ...
 
     def score(self, x: torch.Tensor | None = None, y: torch.Tensor | None = None) -> tuple[float, float]:
         """(mean loss, accuracy) of the network as it is, in evaluation mode, on (x, y) (default: the client's
         training data): IFCA's choice of cluster, FedFomo's weighing of other clients' models."""
         if x is None:
             x, y = self.data()
+        assert y is not None  # the overloads admit x and y together or neither
         return self._rt.whole_runtime("scores its model (ctx.score)").score(x, y)
 
     @property

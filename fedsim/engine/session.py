@@ -130,9 +130,10 @@ def _interrupt_behind(err: BaseException) -> BaseException | None:
     """The Ctrl-C or SIGTERM (a BaseException that is no Exception) behind ``err``, if any: a signal handler that
     raises while C code runs comes back wrapped, as "SystemError: ... returned a result with an exception set"."""
     seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if not isinstance(err, Exception):
-            return err
-        err = err.__cause__ or err.__context__
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if not isinstance(link, Exception):
+            return link
+        link = link.__cause__ or link.__context__
     return None
