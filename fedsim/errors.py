@@ -1,4 +1,5 @@
-"""Errors the CLI turns into exit codes (kept free of heavy imports: `fedsim report` never loads Ray or torch)."""
+"""Every user-facing error type and the exit code the CLI turns it into. Kept free of heavy imports: `fedsim report`
+never loads Ray or torch."""
 from __future__ import annotations
 
 import shlex
@@ -24,6 +25,10 @@ class RunFailed(RuntimeError):
 class DataError(ValueError):
     """A data setting is wrong or the data on disk is unusable: one line naming the setting (e.g. ``data.root``)
     and how to fix it, which the CLI prints as is (exit 2) instead of a traceback."""
+
+
+class CheckpointError(ValueError):
+    """A missing, truncated or foreign checkpoint (one line naming the file and the fix); the CLI exits with code 2."""
 
 
 class UserCodeError(ValueError):

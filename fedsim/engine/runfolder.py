@@ -22,7 +22,7 @@ from fedsim.data import ArrayDataset, Partition
 from fedsim.data.array_dataset import recomputed_digest
 from fedsim.engine import runlock
 from fedsim.engine.failures import describe_failure
-from fedsim.errors import ConfigError, DataError, RunFailed
+from fedsim.errors import CheckpointError, ConfigError, DataError, RunFailed
 from fedsim.plan import RunPlan
 from fedsim.plugins import plugin_settings
 
@@ -149,7 +149,7 @@ class RunFolder:
             return
         state, _, _ = checkpoint.read_state(ckpt, plan.fingerprint, plan.model.layouts["shared"].size)
         if state.get("partition", plan.partition_digest) != plan.partition_digest:
-            raise checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"{ckpt.parent.parent / runfiles.PARTITION}: not the partition this run's checkpoints were trained on "
                 "(its clients or their samples changed); restore it from a backup, or start a new run")
 

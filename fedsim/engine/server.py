@@ -27,6 +27,7 @@ from fedsim.core.protocol import (WEIGHTS, ClientReport, FixedPointScales, Reply
 from fedsim.core.robust import robust_means
 from fedsim.engine.fedbuff import FedBuff
 from fedsim.engine.pool import Spawn, WorkerPool
+from fedsim.errors import CheckpointError
 from fedsim.plan import RunPlan, balanced_owners
 from fedsim.plan.system import RoundTime
 
@@ -328,7 +329,7 @@ class Server:
         expected, found = self.state_signature, _signature(state)
         if found != expected:
             wrong = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))[0]
-            raise checkpoint.CheckpointError(f"{ckpt}: server state {wrong!r} is {found.get(wrong, 'missing')}, this "
+            raise CheckpointError(f"{ckpt}: server state {wrong!r} is {found.get(wrong, 'missing')}, this "
                                              f"run's server holds {expected.get(wrong, 'no such entry')}; resume with "
                                              "the run's own config, or delete the checkpoint")
         return state
