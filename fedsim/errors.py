@@ -36,6 +36,26 @@ class UserCodeError(ValueError):
     message, reported once as a user error (exit 2), never retried as a lost worker."""
 
 
+class StorageError(OSError):
+    """A run location that cannot be reached (one line naming out_dir and the fix)."""
+
+
+class PluginError(ValueError):
+    """A ``package.module:name`` that cannot be imported (one line naming the field and the fix)."""
+
+
+class YamlError(ValueError):
+    """Not acceptable YAML: one line, saying where (line number) and why, never quoting the input."""
+
+
+class ResultsDamaged(ValueError):
+    """A result file of a run folder holds a line that is not a row: resume would lose what follows it."""
+
+
+class TrainingDiverged(ValueError):
+    """A client's loss became NaN/Inf and train.on_nonfinite is 'stop'."""
+
+
 def user_error(err: BaseException | None) -> UserCodeError | None:
     """The UserCodeError inside ``err``, also through the RayTaskError wrapper of each actor it crossed (Ray's
     wrapper subclasses the original's class; its ``cause`` is the original)."""

@@ -17,12 +17,12 @@ import yaml
 from fedsim import atomic, storage
 from fedsim.config import RunConfig, load_tree, validate
 from fedsim.core import checkpoint, runfiles
-from fedsim.core.results import ResultsDamaged, read_results
+from fedsim.core.results import read_results
 from fedsim.data import ArrayDataset, Partition
 from fedsim.data.array_dataset import recomputed_digest
 from fedsim.engine import runlock
 from fedsim.engine.failures import describe_failure
-from fedsim.errors import CheckpointError, ConfigError, DataError, RunFailed
+from fedsim.errors import CheckpointError, ConfigError, DataError, ResultsDamaged, RunFailed
 from fedsim.plan import RunPlan
 from fedsim.plugins import plugin_settings
 

@@ -18,11 +18,12 @@ from ray.util.placement_group import PlacementGroup
 from fedsim.config import RunConfig
 from fedsim.engine import placement
 from fedsim.engine.driver import Callback, Run, drive, end
-from fedsim.engine.failures import TrainingDiverged, describe_failure
+from fedsim.engine.failures import describe_failure
 from fedsim.engine.ray_cluster import check_resources, connect_ray, this_node
 from fedsim.engine.runfolder import RunFolder
 from fedsim.engine.server import ServerActor
-from fedsim.errors import CheckpointError, ConfigError, DataError, RunFailed, UserCodeError, user_error
+from fedsim.errors import (CheckpointError, ConfigError, DataError, RunFailed, TrainingDiverged, UserCodeError,
+                           user_error)
 from fedsim.plan import RunPlan
 from fedsim.plan.build import build_plan, load_inputs
 
