@@ -25,6 +25,8 @@ from fedsim.core.protocol import WEIGHTS
 # A term added to the loss before every backward pass; a plain 0 where it covers no parameters (sum of nothing).
 Penalty = Callable[[], torch.Tensor | float]
 StepCallback = Callable[[torch.Tensor, torch.Tensor], None]
+# (input of the output layer, its logits) -> the logits a client is scored with (ctx.score_with)
+LogitAdjustment = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Proximal:
@@ -145,15 +147,15 @@ class ClientContext:
     def __init__(self, runtime: PackablePort, client: int, round_idx: int, broadcast: dict[str, np.ndarray],
                  generator: torch.Generator):
         self._rt = runtime
-        self.client = client
-        self.round = round_idx
-        self.broadcast = broadcast
+        self.client = client  # this client's index (0 .. data.num_clients - 1)
+        self.round = round_idx  # the round this client trains or is scored in
+        self.broadcast = broadcast  # what the server sent this round: WEIGHTS and the method's server state, read-only
         self.generator = generator  # all of this client's randomness in this round
-        self.local_epochs = runtime.local_epochs
-        self.uploads: dict[str, torch.Tensor] = {}  # on the worker's device
+        self.local_epochs = runtime.local_epochs  # train.local_epochs: a round's epochs of local training
+        self.uploads: dict[str, torch.Tensor] = {}  # staged uploads by name, on the worker's device (see ``upload``)
         self.slots: dict[str, np.ndarray] = {}  # staged per-client state, kept if the round succeeds
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.logit_adjustment: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self.logit_adjustment: LogitAdjustment | None = None  # what score_with set, applied while this client is scored
 
     # -- the model -------------------------------------------------------------------------------
     @property
@@ -164,6 +166,7 @@ class ClientContext:
 
     @property
     def full_keys(self) -> tuple[str, ...]:
+        """The state-dict keys of the whole model, in the order of its flat vectors (the ``full`` layout)."""
         return self._rt.layouts["full"].keys
 
     def load(self, weights: np.ndarray | None = None) -> None:
@@ -174,9 +177,11 @@ class ClientContext:
         self.unpack("personal", self.slot("personal", default=self._rt.initial("personal")))
 
     def unpack(self, layout: str, vector: np.ndarray | torch.Tensor) -> None:
+        """Copy a flat vector of ``layout`` (``shared``, ``personal``, ``full``) into the network."""
         self._rt.layouts[layout].load(vector)
 
     def pack(self, layout: str) -> np.ndarray:
+        """The network's current values of ``layout`` as a new flat float32 vector on the host."""
         return self._rt.layouts[layout].pack()
 
     def initial(self, layout: str) -> np.ndarray:
@@ -188,6 +193,7 @@ class ClientContext:
         return self._rt.layouts[layout].tensors(vector)
 
     def vector(self, layout: str, tensors: dict[str, torch.Tensor]) -> np.ndarray:
+        """Named tensors of ``layout`` as one flat float32 vector on the host (the inverse of ``tensors``)."""
         return self._rt.layouts[layout].vector(tensors)
 
     def commit_model(self, keep_personal: bool = True) -> None:
@@ -206,9 +212,11 @@ class ClientContext:
         return stored if stored is not None else np.asarray(default, np.float32)
 
     def set_slot(self, name: str, vector: np.ndarray | Iterable[float]) -> None:
+        """Stage this client's new value of a per-client state slot (float32), kept only if the round succeeds."""
         self.slots[name] = np.asarray(vector, np.float32)
 
     def upload(self, name: str, vector: np.ndarray | torch.Tensor) -> None:
+        """Stage this client's upload ``name`` (one of the method's ``uploads``) for the server, on its device."""
         self.uploads[name] = torch.as_tensor(vector, device=self._rt.device)
 
     # -- training --------------------------------------------------------------------------------
@@ -275,7 +283,7 @@ class ClientContext:
         """The head's last linear layer of the network."""
         return self._rt.whole_runtime("reads ctx.output_layer").output_layer
 
-    def score_with(self, adjust: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    def score_with(self, adjust: LogitAdjustment) -> None:
         """From ``load_for_evaluation``: score this client with ``adjust(input of the output layer, its logits)`` in
         place of the output layer's logits (FedRoD's generic + personal logits). The runtime applies it while it
         scores this client and removes it after."""
