@@ -1,4 +1,5 @@
-"""Errors the CLI turns into exit codes (kept free of heavy imports: `fedsim report` never loads Ray or torch)."""
+"""Every user-facing error type and the exit code the CLI turns it into. Kept free of heavy imports: `fedsim report`
+never loads Ray or torch."""
 from __future__ import annotations
 
 import shlex
@@ -26,9 +27,33 @@ class DataError(ValueError):
     and how to fix it, which the CLI prints as is (exit 2) instead of a traceback."""
 
 
+class CheckpointError(ValueError):
+    """A missing, truncated or foreign checkpoint (one line naming the file and the fix); the CLI exits with code 2."""
+
+
 class UserCodeError(ValueError):
     """The user's own module (model.client) raised, or broke a rule fedsim enforces: one line with its own
     message, reported once as a user error (exit 2), never retried as a lost worker."""
+
+
+class StorageError(OSError):
+    """A run location that cannot be reached (one line naming out_dir and the fix)."""
+
+
+class PluginError(ValueError):
+    """A ``package.module:name`` that cannot be imported (one line naming the field and the fix)."""
+
+
+class YamlError(ValueError):
+    """Not acceptable YAML: one line, saying where (line number) and why, never quoting the input."""
+
+
+class ResultsDamaged(ValueError):
+    """A result file of a run folder holds a line that is not a row: resume would lose what follows it."""
+
+
+class TrainingDiverged(ValueError):
+    """A client's loss became NaN/Inf and train.on_nonfinite is 'stop'."""
 
 
 def user_error(err: BaseException | None) -> UserCodeError | None:

@@ -13,13 +13,11 @@ import inspect
 import sys
 from typing import Any
 
+from fedsim.errors import PluginError
+
 # Where a config may name a plug-in (dotted keys of the raw config); a list's items are each one.
 PLUGIN_KEYS = ("algorithm", "algorithm.name", "model.name", "model.client", "model.callbacks", "data.dataset",
                "data.partition", "data.partition.name")
-
-
-class PluginError(ValueError):
-    """A ``package.module:name`` that cannot be imported (one line naming the field and the fix)."""
 
 
 def is_plugin(spec: str) -> bool:

@@ -21,9 +21,7 @@ from pathlib import Path, PurePosixPath
 
 import pyarrow.fs as pafs
 
-
-class StorageError(OSError):
-    """A run location that cannot be reached (one line naming out_dir and the fix)."""
+from fedsim.errors import StorageError
 
 
 def is_uri(location: str | Path) -> bool:

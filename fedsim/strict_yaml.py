@@ -17,12 +17,10 @@ from typing import Any
 
 import yaml
 
+from fedsim.errors import YamlError
+
 MAX_BYTES = 1 << 20  # a config is a few kB; a megabyte is already far past any real one
 MAX_NODES = 100_000  # nodes after alias expansion (sweeps over hundreds of values stay far below)
-
-
-class YamlError(ValueError):
-    """Not acceptable YAML: one line, saying where (line number) and why, never quoting the input."""
 
 
 def _resolvers() -> dict[str, list[tuple[str, re.Pattern]]]:

@@ -87,7 +87,8 @@ def test_clients_never_sampled_are_reported_as_such(tmp_path, monkeypatch):
     ("user_plugins:np", "is a module"),
 ])
 def test_plugin_strings_resolve_only_to_user_code(spec, message):
-    from fedsim.plugins import PluginError, load_plugin
+    from fedsim.errors import PluginError
+    from fedsim.plugins import load_plugin
 
     with pytest.raises(PluginError, match=f"data.dataset: .*{message}") as err:
         load_plugin(spec, "data.dataset")

@@ -8,7 +8,7 @@ from conftest import s3_objects, small_config
 from fedsim import storage
 from fedsim.core import checkpoint
 from fedsim.engine import placement
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, StorageError
 
 RUN = "s3://fedsim-runs/unit/run"
 
@@ -106,6 +106,6 @@ def test_a_store_that_does_not_answer_is_one_line_within_the_deadline(monkeypatc
 
     monkeypatch.setattr(storage, "ANSWER_TIMEOUT_S", 2)
     start = time.monotonic()
-    with pytest.raises(storage.StorageError, match="out_dir: gs://fedsim-no-such-bucket-0/runs") as err:
+    with pytest.raises(StorageError, match="out_dir: gs://fedsim-no-such-bucket-0/runs") as err:
         storage.Store("gs://fedsim-no-such-bucket-0/runs")
     assert time.monotonic() - start < 10 and "\n" not in str(err.value)

@@ -14,7 +14,7 @@ algorithms never see the runtime itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol, overload
 
 import numpy as np
 import torch
@@ -22,8 +22,11 @@ from torch import nn
 
 from fedsim.core.protocol import WEIGHTS
 
-Penalty = Callable[[], torch.Tensor]
+# A term added to the loss before every backward pass; a plain 0 where it covers no parameters (sum of nothing).
+Penalty = Callable[[], torch.Tensor | float]
 StepCallback = Callable[[torch.Tensor, torch.Tensor], None]
+# (input of the output layer, its logits) -> the logits a client is scored with (ctx.score_with)
+LogitAdjustment = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Proximal:
@@ -35,7 +38,7 @@ class Proximal:
         self.live = live
         self.anchors = {k: p.detach().clone() for k, p in live.items()}
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self) -> torch.Tensor | float:
         return self.coef / 2 * sum(((self.live[k] - a) ** 2).sum() for k, a in self.anchors.items())
 
 
@@ -47,7 +50,7 @@ class LinearTerm:
         self.coefs = coefs
         self.live = live
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self) -> torch.Tensor | float:
         return sum((self.live[k] * c).sum() for k, c in self.coefs.items())
 
 
@@ -135,7 +138,7 @@ class RuntimePort(PackablePort, Protocol):
     def batches(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         """One epoch of training batches, drawn as ``sgd`` draws them."""
 
-    def param_groups(self, parts: frozenset[str], round_idx: int) -> list[dict]:
+    def param_groups(self, parts: frozenset[str], round_idx: int) -> list[dict[str, Any]]:
         """torch optimizer param groups of the trainable tensors of ``parts``, one per part, each with fedsim's own
         SGD settings of that part in ``round_idx`` (lr on its schedule, momentum, weight_decay)."""
 
@@ -144,15 +147,15 @@ class ClientContext:
     def __init__(self, runtime: PackablePort, client: int, round_idx: int, broadcast: dict[str, np.ndarray],
                  generator: torch.Generator):
         self._rt = runtime
-        self.client = client
-        self.round = round_idx
-        self.broadcast = broadcast
+        self.client = client  # this client's index (0 .. data.num_clients - 1)
+        self.round = round_idx  # the round this client trains or is scored in
+        self.broadcast = broadcast  # what the server sent this round: WEIGHTS and the method's server state, read-only
         self.generator = generator  # all of this client's randomness in this round
-        self.local_epochs = runtime.local_epochs
-        self.uploads: dict[str, torch.Tensor] = {}  # on the worker's device
+        self.local_epochs = runtime.local_epochs  # train.local_epochs: a round's epochs of local training
+        self.uploads: dict[str, torch.Tensor] = {}  # staged uploads by name, on the worker's device (see ``upload``)
         self.slots: dict[str, np.ndarray] = {}  # staged per-client state, kept if the round succeeds
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.logit_adjustment: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self.logit_adjustment: LogitAdjustment | None = None  # what score_with set, applied while this client is scored
 
     # -- the model -------------------------------------------------------------------------------
     @property
@@ -163,6 +166,7 @@ class ClientContext:
 
     @property
     def full_keys(self) -> tuple[str, ...]:
+        """The state-dict keys of the whole model, in the order of its flat vectors (the ``full`` layout)."""
         return self._rt.layouts["full"].keys
 
     def load(self, weights: np.ndarray | None = None) -> None:
@@ -173,9 +177,11 @@ class ClientContext:
         self.unpack("personal", self.slot("personal", default=self._rt.initial("personal")))
 
     def unpack(self, layout: str, vector: np.ndarray | torch.Tensor) -> None:
+        """Copy a flat vector of ``layout`` (``shared``, ``personal``, ``full``) into the network."""
         self._rt.layouts[layout].load(vector)
 
     def pack(self, layout: str) -> np.ndarray:
+        """The network's current values of ``layout`` as a new flat float32 vector on the host."""
         return self._rt.layouts[layout].pack()
 
     def initial(self, layout: str) -> np.ndarray:
@@ -187,6 +193,7 @@ class ClientContext:
         return self._rt.layouts[layout].tensors(vector)
 
     def vector(self, layout: str, tensors: dict[str, torch.Tensor]) -> np.ndarray:
+        """Named tensors of ``layout`` as one flat float32 vector on the host (the inverse of ``tensors``)."""
         return self._rt.layouts[layout].vector(tensors)
 
     def commit_model(self, keep_personal: bool = True) -> None:
@@ -205,9 +212,11 @@ class ClientContext:
         return stored if stored is not None else np.asarray(default, np.float32)
 
     def set_slot(self, name: str, vector: np.ndarray | Iterable[float]) -> None:
+        """Stage this client's new value of a per-client state slot (float32), kept only if the round succeeds."""
         self.slots[name] = np.asarray(vector, np.float32)
 
     def upload(self, name: str, vector: np.ndarray | torch.Tensor) -> None:
+        """Stage this client's upload ``name`` (one of the method's ``uploads``) for the server, on its device."""
         self.uploads[name] = torch.as_tensor(vector, device=self._rt.device)
 
     # -- training --------------------------------------------------------------------------------
@@ -249,17 +258,24 @@ class ClientContext:
         for _ in range(epochs):
             yield from self._rt.whole_runtime("steps its own batches (ctx.batches)").batches(x, y, self.generator)
 
-    def param_groups(self, parts: frozenset[str]) -> list[dict]:
+    def param_groups(self, parts: frozenset[str]) -> list[dict[str, Any]]:
         """Param groups for a torch optimizer over the trainable tensors of ``parts`` (e.g. PARTS["full"]), one
         per part with this round's train.<part> settings (lr on its schedule, momentum, weight_decay): a method
         with its own steps trains as the run's config says. Scale a group's ``lr`` for a method's own step size."""
         return self._rt.whole_runtime("steps its own optimizer (ctx.param_groups)").param_groups(parts, self.round)
+
+    @overload
+    def score(self) -> tuple[float, float]: ...
+
+    @overload
+    def score(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]: ...
 
     def score(self, x: torch.Tensor | None = None, y: torch.Tensor | None = None) -> tuple[float, float]:
         """(mean loss, accuracy) of the network as it is, in evaluation mode, on (x, y) (default: the client's
         training data): IFCA's choice of cluster, FedFomo's weighing of other clients' models."""
         if x is None:
             x, y = self.data()
+        assert y is not None  # the overloads admit x and y together or neither
         return self._rt.whole_runtime("scores its model (ctx.score)").score(x, y)
 
     @property
@@ -267,7 +283,7 @@ class ClientContext:
         """The head's last linear layer of the network."""
         return self._rt.whole_runtime("reads ctx.output_layer").output_layer
 
-    def score_with(self, adjust: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    def score_with(self, adjust: LogitAdjustment) -> None:
         """From ``load_for_evaluation``: score this client with ``adjust(input of the output layer, its logits)`` in
         place of the output layer's logits (FedRoD's generic + personal logits). The runtime applies it while it
         scores this client and removes it after."""

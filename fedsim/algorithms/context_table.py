@@ -41,9 +41,15 @@ def _class_rows(klass: type) -> list[tuple[str, tuple[str, str]]]:
             rows.append(_attribute(node.target.id, lines, node.lineno))
         elif isinstance(node, ast.FunctionDef) and node.name == "__init__":
             rows += [_attribute(name, lines, lineno) for name, lineno in _instance_attributes(node)]
-        elif isinstance(node, ast.FunctionDef):
+        elif isinstance(node, ast.FunctionDef) and not _is_overload(node):  # the implementation has the docstring
             rows.append((node.name, (_written(klass, node), _first_sentence(ast.get_docstring(node) or ""))))
     return [(name, row) for name, row in rows if not name.startswith("_")]
+
+
+def _is_overload(node: ast.FunctionDef) -> bool:
+    """A ``@overload`` signature (``@overload`` or ``@typing.overload``), which only states a call's types."""
+    return any(isinstance(d, ast.Name) and d.id == "overload" or isinstance(d, ast.Attribute) and d.attr == "overload"
+               for d in node.decorator_list)
 
 
 def _instance_attributes(init: ast.FunctionDef) -> list[tuple[str, int]]:

@@ -2,7 +2,7 @@
 scored with, and its *personalized* accuracy, after personalizing that model on its own training data."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import numpy as np
@@ -10,14 +10,13 @@ import torch
 
 from fedsim.algorithms import PARTS
 from fedsim.algorithms.base import Algorithm
-from fedsim.algorithms.context import ClientContext, RuntimePort
+from fedsim.algorithms.context import ClientContext, LogitAdjustment, RuntimePort
 from fedsim.client.loop import LocalLoop
 from fedsim.client.randomness import FINETUNE_STREAM, client_generator
 from fedsim.config import RunConfig
 from fedsim.core.protocol import ClientData
 
 EVAL_BATCH = 500
-LogitAdjustment = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Evaluation:

@@ -71,9 +71,9 @@ def in_lockstep(hooks: list[Callable[[LockstepThread], Any]],
         while live:
             for t in live:
                 t.step()
-            failed = next((t for t in live if t.error is not None), None)
-            if failed is not None:
-                raise failed.error
+            error = next((t.error for t in live if t.error is not None), None)
+            if error is not None:
+                raise error
             live = [t for t in live if not t.done]
             if live:
                 for t, reply in zip(live, serve([t.request for t in live])):

@@ -73,4 +73,7 @@ def install_logging(module: pl.LightningModule, sink: LoggedValues) -> None:
         for name, value in dict(dictionary).items():
             sink.add(name, value, reduce_fx, batch_size)
 
-    module.log, module.log_dict = log, log_dict
+    # Instance attributes over the module's own methods, on purpose: set by name, as a type checker refuses assigning
+    # to a method.
+    for name, method in (("log", log), ("log_dict", log_dict)):
+        setattr(module, name, method)

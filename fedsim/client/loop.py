@@ -24,6 +24,7 @@ from fedsim.client.hooks import UserCode
 from fedsim.client.logged import LoggedValues, install_logging
 from fedsim.client.optimizers import GroupSettings, OptimizerSet
 from fedsim.client.trainer_loop import TrainerLoop
+from fedsim.config.learning import Precision
 from fedsim.core.layout import KeyParts
 from fedsim.errors import UserCodeError
 from fedsim.models.lightning import network_of, overrides, part_parameters
@@ -36,7 +37,7 @@ class LocalLoop:
 
     def __init__(self, module: pl.LightningModule, fabric: FedsimFabric, sets: dict[str, OptimizerSet],
                  keys: KeyParts, callbacks: list[pl.Callback], num_classes: int, listed: list[pl.Callback],
-                 precision: str = "32", with_trainer: bool = False):
+                 precision: Precision = "32", with_trainer: bool = False):
         # The plain module, under fabric.autocast(): on one device Fabric's wrapper hands out the module's own
         # methods (training_step included) without its precision context.
         self.module, self.fabric = module, fabric

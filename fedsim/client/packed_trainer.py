@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from fedsim.algorithms.context import LinearTerm, Penalty, Proximal
 from fedsim.client.settings import Hyper
 from fedsim.data import crop_flip
-from fedsim.data.transforms import epoch_draws, to_device
+from fedsim.data.transforms import CropFlipDraws, epoch_draws, to_device
 from fedsim.errors import UserCodeError
 from fedsim.models.packed import PackedNet
 
@@ -40,7 +40,7 @@ class TrainRequest:
         return self.parts, self.epochs, self.round_idx
 
 
-Batch = tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]  # sample indices into the pack's data, crop/flip draws
+Batch = tuple[torch.Tensor, CropFlipDraws | None]  # sample indices into the pack's data, crop/flip draws
 
 
 def _schedule(request: TrainRequest, offset: int, batch: int, augment: bool) -> list[Batch]:
@@ -94,8 +94,10 @@ class PackedTrainer:
         x_all, y_all = data
         idx = to_device(torch.cat([b[0] for b in batches]), x_all.device)
         x, y = x_all.index_select(0, idx), y_all.index_select(0, idx)
-        if batches[0][1] is not None:
-            x = crop_flip(x, *(torch.cat(parts) for parts in zip(*(b[1] for b in batches))))
+        draws = [b[1] for b in batches if b[1] is not None]  # all or none: data.augment holds for the whole pack
+        if draws:
+            dy, dx, flip = (torch.cat(parts) for parts in zip(*draws))
+            x = crop_flip(x, dy, dx, flip)
         return x.view(len(batches), -1, *x.shape[1:]), y.view(len(batches), -1)
 
     def _step(self, rows: list[int], batches: list[Batch], data: tuple[torch.Tensor, torch.Tensor],
@@ -138,7 +140,7 @@ class PackedTrainer:
             by_setting.setdefault(hyper[k], []).append(k)
         for h, keys in by_setting.items():
             params = [_rows(stacked[k], rows) for k in keys]
-            d = [grads[k] for k in keys]
+            d: list[torch.Tensor] | tuple[torch.Tensor, ...] = [grads[k] for k in keys]
             if h.weight_decay:
                 d = torch._foreach_add(d, torch._foreach_mul(params, h.weight_decay))
             if h.momentum:

@@ -71,7 +71,7 @@ def choose_pack_size(trainer: PackedTrainer, model: WorkerModel, input_shape: tu
             break
         rate = size / seconds
         measured.append(f"{size}: {rate:.0f}/s" + (f", {peak / 2**20:.0f} MiB" if cuda else ""))
-        if cuda:
+        if budget is not None:  # on a GPU
             if peak > budget:
                 break
             chosen = size

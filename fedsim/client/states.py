@@ -7,8 +7,9 @@ import numpy as np
 
 from fedsim import storage
 from fedsim.config import EngineConfig
-from fedsim.core.checkpoint import CheckpointError, local_checkpoint, worker_vectors, write_worker_state
+from fedsim.core.checkpoint import local_checkpoint, worker_vectors, write_worker_state
 from fedsim.core.store import StateMemory, VectorStore
+from fedsim.errors import CheckpointError
 
 
 class ClientStates:

@@ -61,7 +61,8 @@ class Worker:
 
 # Pings run on a thread of their own, so a worker busy training still answers them (the server tells
 # busy from frozen that way); every other call stays on the one default thread, in order.
-WorkerActor = ray.remote(concurrency_groups={"health": 1})(Worker)
+# ray.remote's typed overloads list task options only; concurrency_groups is an actor option it takes all the same.
+WorkerActor = ray.remote(concurrency_groups={"health": 1})(Worker)  # type: ignore[call-overload]
 
 
 def spawn_worker(plan: RunPlan | ray.ObjectRef, clients: dict[int, ClientData], bundle="SPREAD", cpus: float = 1,

@@ -10,6 +10,9 @@ from pydantic import Field, SerializeAsAny, ValidationError, field_validator, mo
 from fedsim.config.base import SHORT, Section, format_error
 
 
+# Lightning precisions fedsim trains and scores with (model.precision).
+Precision = Literal["32", "32-true", "16-mixed", "bf16-mixed"]
+
 class PartitionSettings(Section):
     """Which samples each client holds: ``data.partition: {name: dirichlet, beta: 0.3}`` (a bare name keeps the
     kind's defaults). Each kind takes only its own settings."""
@@ -157,7 +160,7 @@ class ModelConfig(Section):
                                    "FedPer, fixed under FedBABU); null: a fedsim model's K_P, else its `head` submodule")
     callbacks: list[str | CallbackSpec] = Field([], description="Lightning callbacks for every local update: "
                                                "'package.module:Class' or {class_path: ..., init_args: {...}}")
-    precision: Literal["32", "32-true", "16-mixed", "bf16-mixed"] = Field(
+    precision: Precision = Field(
         "32", description="Lightning precision of local training and scoring, through Fabric (16-mixed needs a GPU)")
     client_loop: Literal["fabric", "trainer"] = Field(
         "fabric", description="fabric: fedsim drives training_step (fast); trainer: every local update is a "

@@ -13,7 +13,7 @@ from fedsim import strict_yaml
 from fedsim.config.base import format_error
 from fedsim.config.checks import check_sections
 from fedsim.config.schema import MOVED_KEYS, RunConfig
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, YamlError
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -38,7 +38,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             raise ConfigError(f"override {pair!r}: expected key=value, e.g. train.rounds=3")
         try:
             value = strict_yaml.load(raw)
-        except strict_yaml.YamlError as err:
+        except YamlError as err:
             raise ConfigError(f"override {key.strip()}: {err}") from None
         key = key.strip()
         if key.startswith("sweep.") and len(key) > len("sweep."):  # a sweep's keys are dotted settings themselves
@@ -92,7 +92,7 @@ def load_tree(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]
         raise ConfigError(f"{path}: config file not found; pass the path of a YAML file such as experiments/quickstart.yaml")
     try:
         tree = strict_yaml.load(path.read_text())
-    except strict_yaml.YamlError as err:
+    except YamlError as err:
         raise ConfigError(f"{path}: not valid YAML ({err}); fix the syntax") from None
     if tree is None:
         raise ConfigError(f"{path}: the file is empty; a config names at least its data and method (start from "

@@ -50,15 +50,12 @@ import numpy as np
 
 from fedsim import storage
 from fedsim.core.runfiles import CHECKPOINTS
+from fedsim.errors import CheckpointError
 
 if TYPE_CHECKING:
     from fedsim.core.store import VectorStore
 
 KEEP = 2  # complete checkpoints kept on disk
-
-
-class CheckpointError(ValueError):
-    """A missing, truncated or foreign checkpoint (one line naming the file and the fix)."""
 
 
 def _fsync_file(path: Path) -> None:

@@ -6,9 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, TypeGuard
 
-
-class ResultsDamaged(ValueError):
-    """A result file of a run folder holds a line that is not a row: resume would lose what follows it."""
+from fedsim.errors import ResultsDamaged
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:

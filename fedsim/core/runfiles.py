@@ -16,6 +16,8 @@ read them back, the CLI reports them. Torch- and Ray-free, so the lightest of th
 """
 from __future__ import annotations
 
+from typing import Any
+
 from fedsim.config import RunConfig, changed_settings, validate
 
 CONFIG = "config.yaml"
@@ -37,7 +39,7 @@ JSONL_RESULTS = (METRICS, ROUNDS, COMM)  # appended each round, truncated on res
 RESULT_FILES = (*JSONL_RESULTS, ROUNDS_CSV, SUMMARY)  # what a new run starts without (--overwrite removes them)
 
 
-def compare_stored(stored: dict, cfg: RunConfig) -> tuple[RunConfig, list[str]]:
+def compare_stored(stored: dict[str, Any], cfg: RunConfig) -> tuple[RunConfig, list[str]]:
     """The config tree a run folder stored, resolved as the run ``cfg`` names (that folder's name and out_dir), and
     the settings a resume may not change (dotted keys) whose values differ between it and ``cfg``. Raises the
     ConfigError of a stored tree that no longer validates."""

@@ -17,8 +17,8 @@ from fedsim.data.cache import build_cache, cache_dir, open_cache, source_key
 from fedsim.data.formats import (CIFAR10_PICKLES, CIFAR100_PICKLES, FEMNIST_NPZ, IMAGE_FOLDER, IMAGE_ZIP, Arrays,
                                  Reader)
 from fedsim.data.synthetic import synthetic
-from fedsim.errors import DataError
-from fedsim.plugins import PluginError, is_plugin, load_plugin
+from fedsim.errors import DataError, PluginError
+from fedsim.plugins import is_plugin, load_plugin
 
 
 def resolve_root(root: str | Path | None) -> Path:

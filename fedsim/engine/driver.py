@@ -18,8 +18,8 @@ import numpy as np
 import ray
 
 from fedsim.core.protocol import RolledBack, RoundFailed, RoundResult
-from fedsim.engine.failures import TrainingDiverged
 from fedsim.engine.runfolder import RunFolder
+from fedsim.errors import TrainingDiverged
 from fedsim.plan import RunPlan
 
 SERVER_MARGIN_S = 60  # the driver waits on the server this much longer than the server waits on workers

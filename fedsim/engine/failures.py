@@ -4,10 +4,6 @@ from __future__ import annotations
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 
-class TrainingDiverged(ValueError):
-    """A client's loss became NaN/Inf and train.on_nonfinite is 'stop'."""
-
-
 def describe_failure(err: BaseException) -> str:
     """One line for what broke."""
     if isinstance(err, RayTaskError) and isinstance(err.cause, RayActorError):  # raised in the server

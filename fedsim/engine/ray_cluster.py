@@ -2,11 +2,13 @@
 private; refusing resources the cluster does not have; pinning an actor to this node."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
 import threading
 from pathlib import Path
+from typing import TypedDict
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -16,6 +18,14 @@ from fedsim.errors import ConfigError
 from fedsim.plan import worker_count
 
 
+class _RayLogging(TypedDict):
+    """ray.init's logging settings for every run: warnings and above, the workers' output shown here."""
+
+    log_to_driver: bool
+    configure_logging: bool
+    logging_level: int
+
+
 def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
     """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers (or for
     ``cpus``: what several runs at once need). The Ray token file is kept private before Ray starts and after
@@ -23,7 +33,7 @@ def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
     if ray.is_initialized():
         return
     private_token()
-    quiet = {"log_to_driver": True, "configure_logging": True, "logging_level": "warning"}
+    quiet: _RayLogging = {"log_to_driver": True, "configure_logging": True, "logging_level": logging.WARNING}
     # ray.init installs a C-level SIGTERM handler that dumps a trace and aborts (exit 134); a handler the caller
     # set (the CLI's: SIGTERM unwinds the run like Ctrl-C) is put back.
     main = threading.current_thread() is threading.main_thread()
@@ -52,7 +62,8 @@ def refuse_stale_ray_settings() -> None:
     AuthenticationError that names neither cause). Refused in one line instead."""
     from ray._common.utils import env_bool
     from ray._private import ray_constants
-    from ray._raylet import AuthenticationMode, get_authentication_mode
+    # ray/_raylet.pyi, the stub of the compiled module, lists neither name; both exist in the module itself.
+    from ray._raylet import AuthenticationMode, get_authentication_mode  # type: ignore[attr-defined]
 
     network = env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, not ray_constants.IS_WINDOWS_OR_OSX)
     mode = os.environ.get("RAY_AUTH_MODE")  # unset: ray.init picks the mode itself, nothing to compare

@@ -6,9 +6,10 @@ from __future__ import annotations
 import io
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -16,17 +17,17 @@ import yaml
 from fedsim import atomic, storage
 from fedsim.config import RunConfig, load_tree, validate
 from fedsim.core import checkpoint, runfiles
-from fedsim.core.results import ResultsDamaged, read_results
+from fedsim.core.results import read_results
 from fedsim.data import ArrayDataset, Partition
 from fedsim.data.array_dataset import recomputed_digest
 from fedsim.engine import runlock
 from fedsim.engine.failures import describe_failure
-from fedsim.errors import ConfigError, DataError, RunFailed
+from fedsim.errors import CheckpointError, ConfigError, DataError, ResultsDamaged, RunFailed
 from fedsim.plan import RunPlan
 from fedsim.plugins import plugin_settings
 
 
-def load_run_config(run_dir: str | Path, overrides: list[str] = (), trust_plugins: bool = False) -> RunConfig:
+def load_run_config(run_dir: str | Path, overrides: Sequence[str] = (), trust_plugins: bool = False) -> RunConfig:
     """The resolved config a run folder (a path or a URI) was started with (for --resume). A run folder is input:
     code its config names (plug-in strings) is imported only with ``trust_plugins`` or when ``overrides`` name the
     same key, so resuming someone else's folder never runs their code unasked."""
@@ -54,7 +55,7 @@ def _refuse_no_config(store: storage.Store, where: str | Path) -> None:
         raise ConfigError(f"{where}: not a run folder (no {runfiles.CONFIG}); pass the folder a `fedsim run` created")
 
 
-def _refuse_folder_code(run_dir: str | Path, tree: dict, overrides: list[str]) -> None:
+def _refuse_folder_code(run_dir: str | Path, tree: dict[str, Any], overrides: Sequence[str]) -> None:
     """Every plug-in the resumed config names must come from the user's command line, or be trusted."""
     given = [o.split("=", 1)[0].strip() for o in overrides]
     for key, spec in plugin_settings(tree).items():
@@ -73,7 +74,7 @@ class RunFolder:
         self.cfg = cfg
         self.location = storage.join(cfg.out_dir, cfg.name)
         self.remote = storage.is_uri(self.location)
-        self.store = storage.Store(self.location) if self.remote else None
+        self.store = storage.Store(self.location) if self.remote else None  # None exactly when not remote
         # Absolute: the server actor and the marker check must not depend on a process's working folder.
         self.local = storage.staging_folder(self.location) if self.remote else Path(self.location).resolve()
         self.stored: dict[Path, tuple[int, int]] = {}  # staging file -> (mtime, size) when it was last uploaded
@@ -102,7 +103,7 @@ class RunFolder:
             runlock.refuse_if_live(self.local)
 
     def _refuse_existing(self, overwrite: bool) -> None:
-        exists = (self.store.files() if self.remote else
+        exists = (self.store.files() if self.store is not None else
                   self.local.exists() and any(p.name != runfiles.LOCK for p in self.local.iterdir()))
         if exists and not overwrite:
             raise ConfigError(f"{self.location}: run folder already exists; pass --resume {self.location} to continue "
@@ -112,13 +113,15 @@ class RunFolder:
         """Bring a stored run's files here and check them against this config and data; returns the run's own
         partition and the checkpoint it continues from (None: round 0). The checkpoint is validated against
         the plan once the plan is built (``check_checkpoint``)."""
-        if self.remote:
+        if self.store is not None:
             _refuse_no_config(self.store, self.location)
             self.store.download_tree(self.local)
             self.stored = {path: self._stamp(path) for path in self._files()}
         self._refuse_changed_data(data)
         ckpt = checkpoint.latest(self.local)
-        self._check_results(0 if ckpt is None else int(checkpoint.round_of(ckpt)))
+        done = 0 if ckpt is None else checkpoint.round_of(ckpt)
+        assert done is not None  # latest() chooses round-N folders only
+        self._check_results(done)
         partition = Partition.load(self.local / runfiles.PARTITION)
         if partition.num_clients != self.cfg.data.num_clients:
             raise DataError(f"{self.local / runfiles.PARTITION}: holds {partition.num_clients} clients, the run's config "
@@ -146,7 +149,7 @@ class RunFolder:
             return
         state, _, _ = checkpoint.read_state(ckpt, plan.fingerprint, plan.model.layouts["shared"].size)
         if state.get("partition", plan.partition_digest) != plan.partition_digest:
-            raise checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"{ckpt.parent.parent / runfiles.PARTITION}: not the partition this run's checkpoints were trained on "
                 "(its clients or their samples changed); restore it from a backup, or start a new run")
 
@@ -192,7 +195,7 @@ class RunFolder:
         """Write the new run's folder. Failing here (a full disk) is a run-time failure, but there is nothing to
         resume yet: the folder has no config.yaml, and the way on is to start again."""
         try:
-            if self.remote:
+            if self.store is not None:
                 self.store.delete("")  # --overwrite: the stored run goes before the new one is written
             self._write_new(partition, data)
             self.publish()
@@ -219,13 +222,15 @@ class RunFolder:
     def save_final_model(self, plan: RunPlan, global_vector: np.ndarray) -> None:
         """``model.npz``: the final global weights by state-dict key, what another run's model.init_from reads."""
         buffer = io.BytesIO()
-        np.savez(buffer, **plan.model.layouts["shared"].arrays(global_vector))
+        # numpy's stub puts **kwds beside the flag allow_pickle: bool, so mypy takes any key of the dict for the flag;
+        # these keys are the model's state-dict keys, saved as arrays.
+        np.savez(buffer, **plan.model.layouts["shared"].arrays(global_vector))  # type: ignore[arg-type]
         atomic.write_bytes(self.local / runfiles.MODEL, buffer.getvalue())
 
     def publish(self) -> None:
         """Upload the run's new or changed files (metrics, config, W&B) from the staging copy; checkpoints are
         not among them (workers and the server write those to the store themselves)."""
-        if self.remote:
+        if self.store is not None:
             for path in self._files():
                 if self.stored.get(path) != self._stamp(path):
                     self.stored[path] = self._stamp(path)

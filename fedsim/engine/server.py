@@ -27,6 +27,7 @@ from fedsim.core.protocol import (WEIGHTS, ClientReport, FixedPointScales, Reply
 from fedsim.core.robust import robust_means
 from fedsim.engine.fedbuff import FedBuff
 from fedsim.engine.pool import Spawn, WorkerPool
+from fedsim.errors import CheckpointError
 from fedsim.plan import RunPlan, balanced_owners
 from fedsim.plan.system import RoundTime
 
@@ -142,18 +143,19 @@ class Server:
         failure = self._failure(round_idx, diverged, kept)
         if failure:
             return RoundFailed(round_idx, failure)
-        asynchronous = timing is not None and bool(timing.versions)
-        previous = self.state[WEIGHTS] if asynchronous else None  # a model clients still in flight started from
+        # An asynchronous step: the model clients still in flight started from, kept with the step's timing.
+        previous = (self.state[WEIGHTS], timing) if timing is not None and timing.versions else None
         if replying and kept:
             self._fold_replies(sorted(replies, key=lambda r: r.client))
             del replies  # a model size per client
             self.broadcast_ref = self._publish()
         elif self.shared_size and kept:
+            assert scaling is not None  # made for every round that sampled clients and sums their uploads
             self._aggregate(scaling, sums, kept, timing)
             del sums  # two model sizes of int64, not to be held while the new state is published and evaluated
             self.broadcast_ref = self._publish()
-        if asynchronous:
-            self.fedbuff.keep(previous, timing)
+        if previous is not None:
+            self.fedbuff.keep(*previous)
         self.times_sampled[sampled] += 1
         records = self._evaluate(round_idx, {r.client: r for r in kept}) if self.plan.evaluates(round_idx) else []
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.received[r.client], "bytes_up": r.bytes_up}
@@ -221,7 +223,9 @@ class Server:
         them, tensor by tensor where the hook allows (``Algorithm.server_by_tensor``): float64 means of one tensor
         at a time, never of the whole model; in an asynchronous step, FedBuff's step on the weights' means first.
         The caller publishes the new state."""
-        step = self.fedbuff.step(scaling, kept, timing, self.state[WEIGHTS]) if scaling.factors else None
+        # Staleness factors exist only in an asynchronous step, which always has its timing.
+        step = self.fedbuff.step(scaling, kept, timing, self.state[WEIGHTS]) \
+            if timing is not None and scaling.factors else None
         new = {name: np.empty_like(vector) for name, vector in self.state.items()}
         tensors = range(len(self.tensor_offsets) - 1)
         for group in ([[t] for t in tensors] if self.algorithm.server_by_tensor() else [list(tensors)]):
@@ -325,7 +329,7 @@ class Server:
         expected, found = self.state_signature, _signature(state)
         if found != expected:
             wrong = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))[0]
-            raise checkpoint.CheckpointError(f"{ckpt}: server state {wrong!r} is {found.get(wrong, 'missing')}, this "
+            raise CheckpointError(f"{ckpt}: server state {wrong!r} is {found.get(wrong, 'missing')}, this "
                                              f"run's server holds {expected.get(wrong, 'no such entry')}; resume with "
                                              "the run's own config, or delete the checkpoint")
         return state

@@ -16,14 +16,14 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from fedsim.config import RunConfig
-from fedsim.core.checkpoint import CheckpointError
 from fedsim.engine import placement
 from fedsim.engine.driver import Callback, Run, drive, end
-from fedsim.engine.failures import TrainingDiverged, describe_failure
+from fedsim.engine.failures import describe_failure
 from fedsim.engine.ray_cluster import check_resources, connect_ray, this_node
 from fedsim.engine.runfolder import RunFolder
 from fedsim.engine.server import ServerActor
-from fedsim.errors import ConfigError, DataError, RunFailed, UserCodeError, user_error
+from fedsim.errors import (CheckpointError, ConfigError, DataError, RunFailed, TrainingDiverged, UserCodeError,
+                           user_error)
 from fedsim.plan import RunPlan
 from fedsim.plan.build import build_plan, load_inputs
 
@@ -130,9 +130,10 @@ def _interrupt_behind(err: BaseException) -> BaseException | None:
     """The Ctrl-C or SIGTERM (a BaseException that is no Exception) behind ``err``, if any: a signal handler that
     raises while C code runs comes back wrapped, as "SystemError: ... returned a result with an exception set"."""
     seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if not isinstance(err, Exception):
-            return err
-        err = err.__cause__ or err.__context__
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if not isinstance(link, Exception):
+            return link
+        link = link.__cause__ or link.__context__
     return None

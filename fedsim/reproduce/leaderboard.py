@@ -16,8 +16,7 @@ import numpy as np
 from fedsim import atomic
 from fedsim.config import load_tree, merge_trees, parse_overrides, resume_fingerprint, validate
 from fedsim.core import runfiles
-from fedsim.engine.failures import TrainingDiverged
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, TrainingDiverged
 from fedsim.metrics.confidence import mean_ci
 from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, read_summary, run_seconds
 

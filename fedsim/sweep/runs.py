@@ -11,7 +11,7 @@ from pathlib import Path
 from fedsim import storage, strict_yaml
 from fedsim.config import RunConfig
 from fedsim.core import runfiles
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, YamlError
 from fedsim.plugins import plugin_settings
 
 
@@ -29,7 +29,7 @@ def status(cfg: RunConfig) -> str:
         return "new"
     try:
         tree = strict_yaml.load(store.read_bytes(runfiles.CONFIG).decode())
-    except (strict_yaml.YamlError, UnicodeDecodeError) as err:
+    except (YamlError, UnicodeDecodeError) as err:
         raise ConfigError(f"{storage.join(where, runfiles.CONFIG)}: not a fedsim config ({err}); remove the run folder "
                           "to run it again") from None
     if not isinstance(tree, dict):

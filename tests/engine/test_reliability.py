@@ -14,9 +14,8 @@ from conftest import each_round, in_process_server, own_ray_pids
 
 from fedsim.config import validate
 from fedsim.simulate import run
-from fedsim.core.checkpoint import CheckpointError
-from fedsim.engine.failures import TrainingDiverged
 from fedsim.engine.runfolder import load_run_config
+from fedsim.errors import CheckpointError, TrainingDiverged
 
 
 def tiny(tmp_path, data_root, name, **over):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import in_process_server, six_client_run
 
-from fedsim.core.checkpoint import CheckpointError
+from fedsim.errors import CheckpointError
 
 
 def test_a_server_state_of_another_shape_is_refused(tmp_path, data_root, monkeypatch):

@@ -112,7 +112,7 @@ def test_resumed_run_continues_its_wandb_run_without_logging_a_round_twice(tmp_p
 def test_failed_run_is_marked_failed_in_wandb(tmp_path, data_root, local_ray):
     import pytest
 
-    from fedsim.engine.failures import TrainingDiverged
+    from fedsim.errors import TrainingDiverged
 
     huge = {"lr": 1e30, "momentum": 0.9, "weight_decay": 0}
     cfg = config(tmp_path, data_root, "wbf", "fedper", logging={"wandb": {"mode": "offline"}},

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from fedsim.cli.main import main
-from fedsim.engine.failures import TrainingDiverged
+from fedsim.errors import TrainingDiverged
 from fedsim.metrics.confidence import t975
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce import leaderboard

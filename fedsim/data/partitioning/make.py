@@ -8,8 +8,8 @@ import numpy as np
 from fedsim.data.partition import Partition
 from fedsim.data.partitioning.kinds import KINDS
 from fedsim.data.partitioning.request import Request, Splitter
-from fedsim.errors import DataError
-from fedsim.plugins import PluginError, is_plugin, load_plugin
+from fedsim.errors import DataError, PluginError
+from fedsim.plugins import is_plugin, load_plugin
 
 
 def _user_partition(spec: str) -> Splitter:
