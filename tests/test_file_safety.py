@@ -75,3 +75,57 @@ def test_a_full_disk_while_creating_the_run_folder_is_exit_3_and_leaves_no_confi
                                         "start the run again with --overwrite"):
         RunFolder(cfg).create(inputs.partition, inputs.data)
     assert not (tmp_path / "full" / "config.yaml").exists()
+
+
+# -- a planted lock file never redirects a write --------------------------------------------------------------------
+def _planted(tmp_path, lock, kind: str):
+    """A victim file outside the folder and ``lock`` made to reach it: a symbolic link, a hard link, or a FIFO."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    {"symlink": lambda: lock.symlink_to(victim), "hardlink": lambda: os.link(victim, lock),
+     "fifo": lambda: os.mkfifo(lock)}[kind]()
+    return victim
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo"])
+def test_a_run_folders_planted_lock_is_refused_and_nothing_outside_is_written(tmp_path, kind):
+    from fedsim.engine import runlock
+    from fedsim.errors import ConfigError
+
+    run_dir = tmp_path / "runs" / "r"
+    victim = _planted(tmp_path, run_dir / ".lock", kind)
+    for check in (runlock.refuse_if_live, lambda d: runlock.hold(d).__enter__()):
+        with pytest.raises(ConfigError, match=r"\.lock: .*(symbolic link|hard link|not a regular file).*remove"):
+            check(run_dir)
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo"])
+def test_a_sweeps_planted_lock_is_refused_and_nothing_outside_is_written(tmp_path, kind):
+    from conftest import synthetic_tree
+
+    from fedsim.config import validate
+    from fedsim.errors import ConfigError
+    from fedsim.sweep.runs import claimed
+
+    cfg = validate(synthetic_tree(tmp_path, "r"))
+    victim = _planted(tmp_path, tmp_path / ".locks" / "r.lock", kind)  # out_dir is tmp_path
+    with pytest.raises(ConfigError, match=r"r\.lock: .*(symbolic link|hard link|not a regular file).*remove"):
+        with claimed(cfg):
+            pass
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_sweep_lock_is_shared_by_name_and_never_truncated(tmp_path):
+    from conftest import synthetic_tree
+
+    from fedsim.config import validate
+    from fedsim.sweep.runs import claimed
+
+    cfg = validate(synthetic_tree(tmp_path, "r"))
+    with claimed(cfg) as first:
+        with claimed(cfg) as second:  # another open of the same lock: refused while the first holds it
+            assert first and not second
+    with claimed(cfg) as again:
+        assert again

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 from fedsim import storage, strict_yaml
 from fedsim.config import RunConfig
 from fedsim.core import runfiles
+from fedsim.engine.runlock import open_lock_file
 from fedsim.errors import ConfigError, YamlError
 from fedsim.plugins import plugin_settings
 
@@ -62,10 +64,13 @@ def claimed(cfg: RunConfig) -> Iterator[bool]:
     frees the lock when its process ends, so a crashed process never leaves a run blocked."""
     locks = _locks_folder(cfg)
     locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{cfg.name}.lock", "w") as handle:
+    fd = open_lock_file(locks / f"{cfg.name}.lock")  # never truncated: another process may hold it
+    try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             yield False
             return
         yield True
+    finally:
+        os.close(fd)  # releases the lock
