@@ -12,12 +12,11 @@ import torch
 
 from fedsim.algorithms.context import StepCallback
 from fedsim.client.fabric import FedsimFabric
+from fedsim.client.fabric_loop import Batch
 from fedsim.client.hooks import UserCode
 from fedsim.client.logged import LoggedValues
 from fedsim.client.optimizers import OptimizerSet
 from fedsim.config.learning import Precision
-
-Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class _Batches:

@@ -57,8 +57,8 @@ def refuse_if_live(run_dir: Path) -> None:
     """Fail fast, before Ray starts, when another process holds the folder (the real guard is :func:`hold`)."""
     try:
         fd = open_lock_file(run_dir / LOCK, os.O_RDONLY)
-    except FileNotFoundError:
-        return  # no lock file: no run has ever held this folder
+    except OSError:
+        return  # no lock file (no run has ever held this folder), or one not readable here: hold() decides
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -310,7 +310,7 @@ class Server:
     def _restore(self, ckpt: str | None) -> int:
         if ckpt is None:
             round_idx, self.state, self.last_chain = 0, self.plan.initial_server_state(), []
-            self.fedbuff.models = {}
+            self.fedbuff.restore({})  # round 0: no older model is held
         else:
             with storage.local_folder(ckpt) as local:
                 state, global_vector, server_state = checkpoint.read_state(local, self.plan.fingerprint, self.shared_size)

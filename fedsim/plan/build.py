@@ -116,7 +116,7 @@ class Inputs:
 
 def load_inputs(cfg: RunConfig) -> Inputs:
     """Everything that can be wrong with the inputs is found here, before Ray starts or a file is written."""
-    # validate() ran these already; a config built by model_copy (a sweep trial's, a test's) skipped them.
+    # validate() ran these already; a config made by model_copy or built as RunConfig(...) skipped them.
     check_sections(cfg)
     d = cfg.data
     data = load_dataset(d.dataset, d.root, d.download, options=d.options)  # decodes once; workers then mmap

@@ -142,6 +142,8 @@ def test_values_beyond_the_headroom_are_out_of_range_not_overflow():
     assert summed.fits(np.full(4, 2.0 ** (HEADROOM_BITS - 1), np.float32))
     assert not summed.fits(np.full(4, 2.0 ** (HEADROOM_BITS - 1) * 1.01, np.float32))
     assert not summed.fits(np.array([0, 0, np.nan, 0], np.float32))
+    with pytest.raises(RuntimeError, match="personal weights"):  # the reference refuses any other layout too
+        summed.fits(np.zeros(6, np.float32))
     for _ in range(2 ** 4):  # the whole planned weight at the largest value still fits in int64
         summed.add(2 ** 16, np.full(4, 2.0 ** (HEADROOM_BITS - 1), np.float32))
     assert summed.total.max() < 2 ** 63 - 1 and summed.total.max() > 2 ** 60

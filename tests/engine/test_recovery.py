@@ -90,6 +90,23 @@ def test_cli_exit_code_3_is_one_line_with_the_resume_command(tmp_path, capsys, m
                    f"`fedsim run --resume {tmp_path / 'runs' / 'x'}`")
 
 
+def test_a_worker_silent_at_startup_is_named_by_the_servers_restore(tmp_path, monkeypatch):
+    """Before the workers answer pings (still importing torch), only the round timeout applies; when it passes, the
+    server's restore names the worker that never answered instead of a bare timeout (the pool's own test:
+    tests/engine/test_pool.py)."""
+    import fedsim.engine.pool as pool_module
+    from conftest import in_process_server
+
+    cfg = validate(synthetic_tree(tmp_path, "silent", engine__round_timeout_s=1))
+    server = in_process_server(monkeypatch, cfg)
+    for index, worker in enumerate(server.pool.workers):  # distinct stand-ins for the calls' ObjectRefs
+        worker.runtime.load_state = lambda ckpt, index=index: f"call on worker {index}"
+    monkeypatch.setattr(pool_module.ray, "wait", lambda refs, **_: (list(refs[:1]), list(refs[1:])))
+    with pytest.raises(pool_module.GetTimeoutError, match=r"^worker 1 \(clients [\d, ]+\) did not answer within "
+                                                          r"engine.round_timeout_s=1"):
+        server.restore(None)
+
+
 def test_run_time_failures_are_described_in_one_line():
     """What Ray raises in the entrypoint, reduced to the line `fedsim: error: run failed: ...` shows."""
     import errno

@@ -164,6 +164,13 @@ def test_fedbuff_is_bit_identical_on_one_two_and_three_workers_and_after_a_resum
     assert round_records(head + tail) == runs[0][0]
 
 
+def test_the_servers_fedbuff_step_treats_batchnorms_statistics_apart(tmp_path, data_root, monkeypatch):
+    """The mask engine/fedbuff.py's step averages instead of stepping, as the server builds it from the model."""
+    cfg = six_client_run(tmp_path, data_root, "fedavg", 1, 4, system={**FEDBUFF, "server_lr": 0.7})
+    statistics = in_process_server(monkeypatch, cfg).fedbuff.statistics
+    assert statistics.any() and not statistics.all()
+
+
 def test_fedbuff_refuses_methods_with_server_state_and_buffers_beyond_the_clients(tmp_path, data_root):
     from conftest import plan_for
 
