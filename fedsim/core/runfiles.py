@@ -56,7 +56,9 @@ def anchored_init_from(stored: dict[str, Any], cfg: RunConfig) -> dict[str, Any]
     path, which is not a change. Whether that run's model changed since is told by its file times (the
     reproduction runner's ``_ran_again``), as a changed data set is told by its digest, not by a path."""
     model, anchor, wanted = stored.get("model"), stored.get("out_dir"), cfg.model.init_from
-    source = model.get("init_from") if isinstance(model, dict) else None
+    if not isinstance(model, dict):
+        return {}
+    source = model.get("init_from")
     if not isinstance(source, str) or not isinstance(anchor, str) or wanted is None or source == wanted:
         return {}
     path, root = PurePosixPath(source), PurePosixPath(anchor)
