@@ -93,3 +93,24 @@ def test_a_users_lightning_module_loads_from_checkpoint_only_with_trust(tmp_path
     assert main(["export", str(run_dir), "--clients", "1", "--fine-tuned", "--trust-plugins"]) == 0
     module = TwoPartModule.load_from_checkpoint(run_dir / "export" / "round-0002-fine-tuned" / "client-1.ckpt")
     assert _accuracy(module, cfg, run_dir, 1) == _logged(run_dir, 2, "acc_personalized")[1]
+
+
+def test_fine_tuned_is_refused_where_evaluation_does_not_personalize(tmp_path, capsys):
+    tree = synthetic_tree(tmp_path, "plain", **{"eval.finetune_epochs": 0})
+    write_yaml(tmp_path / "plain" / "config.yaml", tree)  # all a refusal before any file is read needs
+    assert main(["export", str(tmp_path / "plain"), "--fine-tuned"]) == 2
+    assert "--fine-tuned:" in capsys.readouterr().err
+
+
+def test_a_model_scored_with_logits_beside_the_networks_is_refused():
+    """FedRoD scores with its generic and personal logits added: the network alone is not the scored model."""
+    from types import SimpleNamespace
+
+    from fedsim.cli.export import _take
+    from fedsim.errors import ConfigError
+
+    runtime = SimpleNamespace(algorithm=SimpleNamespace(name="fedrod"))
+    seen = _take(runtime, "initial", {})
+    seen(SimpleNamespace(logit_adjustment=None), "fine_tuned")  # another stage: not taken, nothing checked
+    with pytest.raises(ConfigError, match="fedrod: scores each client with its own logits"):
+        seen(SimpleNamespace(logit_adjustment=lambda representation, logits: logits), "initial")
