@@ -30,12 +30,13 @@ def _data(cfg):
 def _accuracy(module: torch.nn.Module, cfg, run_dir: Path, client: int) -> float:
     """The module's accuracy on the client's test data, as a user computes it: plain torch, no fedsim loop."""
     data = _data(cfg)
-    test = Partition.load(run_dir / "partition.npz").test[client]
-    x = to_float(data.test_x[test], data.mean, data.std)
+    partition = Partition.load(run_dir / "partition.npz")
+    test = partition.test[client]
+    labels = data.test_y[test] if partition.label_maps is None else partition.label_maps[client][data.test_y[test]]
     module.eval()
     with torch.no_grad():
-        predicted = module(torch.as_tensor(x)).argmax(dim=1).numpy()
-    return float(np.float32(np.mean(predicted == data.test_y[test])))
+        predicted = module(torch.as_tensor(to_float(data.test_x[test], data.mean, data.std))).argmax(dim=1).numpy()
+    return float(np.float32(np.mean(predicted == labels)))
 
 
 def _logged(run_dir: Path, round_idx: int, metric: str) -> dict[int, float]:
