@@ -1,5 +1,5 @@
 """The ``fedsim`` command line: its argument parser, and the dispatch to one module per subcommand (``run``,
-``sweep``, ``reproduce``, ``report``; ``algorithms`` prints the method catalog) with the exit code of what happened.
+``sweep``, ``reproduce``, ``report``, ``export``; ``algorithms`` prints the method catalog) with the exit code of what happened.
 
 Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
 3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it);
@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 
+from fedsim.cli.export import export_command
 from fedsim.cli.interrupts import Interrupted, Terminated, raise_terminated
 from fedsim.cli.report import report_command
 from fedsim.cli.reproduce import KEPT_DEFAULT, RUNS_DEFAULT, reproduce_command
@@ -38,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
     _sweep_parser(sub)
     _reproduce_parser(sub)
+    _export_parser(sub)
     algorithms = sub.add_parser("algorithms", help="every method with its parameters and what it does")
     algorithms.add_argument("--markdown", action="store_true", help="the table of docs/algorithms.md")
     return parser
@@ -51,6 +53,20 @@ def _sweep_parser(sub) -> None:
                        help="at most N trials at once (default: as many as the cluster has room for)")
     sweep.add_argument("--dry-run", action="store_true", help="validate, list each variant with its status and "
                        "resources and the metrics a scheduler can use; starts no Ray")
+
+
+def _export_parser(sub) -> None:
+    export = sub.add_parser("export", help="each client's complete model (shared and personal parts) from a run's "
+                            "checkpoint: a state_dict file and a Lightning checkpoint per client")
+    export.add_argument("run", help="the run folder (or its URI), e.g. runs/quickstart-fedper")
+    export.add_argument("--round", type=_positive, metavar="N", help="the round whose checkpoint to export (one the run "
+                        "keeps; default: the newest)")
+    export.add_argument("--clients", type=int, nargs="+", metavar="C", help="these clients (default: every client)")
+    export.add_argument("--fine-tuned", action="store_true", help="the model the protocol scores as personalized: "
+                        "fine-tuned (or personalized by the method's own update) as evaluation does, from the run's seed")
+    export.add_argument("--out", metavar="DIR", help="where the files go (default: RUN/export/round-NNNN[-fine-tuned])")
+    export.add_argument("--trust-plugins", action="store_true", help="import the code (plug-in strings) the run "
+                        "folder's config names, its LightningModule included; without it, a run that names any is refused")
 
 
 def _reproduce_parser(sub) -> None:
@@ -106,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, raise_terminated) if threading.current_thread() is threading.main_thread() else None
     caller_ray = _ray_connected()
     try:
-        commands = {"report": report_command, "reproduce": reproduce_command, "run": run_command,
+        commands = {"export": export_command, "report": report_command, "reproduce": reproduce_command, "run": run_command,
                     "sweep": sweep_command}
         return commands[args.command](args)
     except Interrupted as err:
