@@ -18,7 +18,7 @@ import numpy as np
 
 from fedsim import atomic
 from fedsim.config import RunConfig
-from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys
+from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys, lower_is_better
 from fedsim.core import runfiles
 from fedsim.core.results import read_results
 from fedsim.engine.driver import Callback, Run, utc_now
@@ -49,7 +49,7 @@ def round_row(result: RoundResult) -> dict:
         if records and key in records[0]:
             row[key] = summarize([r[key] for r in records])
     for key in logged_keys(records):  # a user module's self.log values, across the clients that logged them
-        row[key] = summarize([r[key] for r in records if r.get(key) is not None])
+        row[key] = summarize([r[key] for r in records if r.get(key) is not None], lower_is_better(key))
     return row
 
 
@@ -126,7 +126,7 @@ class JsonlLogger(Callback):
                 summary[key] = summarize(list(per_client.values()))
                 summary[f"per_client_{key}"] = per_client
         for key in logged_keys(records):
-            summary[key] = summarize([r[key] for r in records if r.get(key) is not None])
+            summary[key] = summarize([r[key] for r in records if r.get(key) is not None], lower_is_better(key))
         if cfg.eval.unseen is not None:  # the generalization protocol: held-out clients apart from the others
             for group, chosen in (("seen", [r for r in records if not r.get("unseen")]),
                                   ("unseen", [r for r in records if r.get("unseen")])):
@@ -176,6 +176,6 @@ def system_summary(cfg: RunConfig, rounds: list[dict], records: list[dict], kind
     out["participation_median"] = median
     stale = [(c, s) for r in rounds for c, s in zip(r["participants"], r.get("staleness", ()))]
     if stale:  # asynchronous: how many server steps old each client's updates were
-        out["staleness"] = summarize([s for _, s in stale])
+        out["staleness"] = summarize([s for _, s in stale], lower_is_better=True)
         out["per_client_staleness"] = {c: float(np.mean([s for k, s in stale if k == c])) for c in sorted({c for c, _ in stale})}
     return out

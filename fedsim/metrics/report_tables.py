@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsim.core.protocol import ACCURACIES
+from fedsim.core.protocol import ACCURACIES, lower_is_better
 from fedsim.metrics.report_runs import DIRECTIONS, MB, Run, group_label, seed_curve
 from fedsim.metrics.summary import summarize
 
@@ -58,7 +58,7 @@ def logged_table(runs: list[Run]) -> list[str]:
     lines = ["| run | logged | clients | mean | std | min | p10 | worst10 | Jain |", "|" + "---|" * 9]
     for run in runs:
         for key, values in run.logged.items():
-            s = summarize(values)
+            s = summarize(values, lower_is_better(key))
             lines.append(f"| {run.name} | {key} | {len(values)} | {s['mean']:.4g} | {s['std']:.4g} | {s['min']:.4g} | "
                          f"{s['p10']:.4g} | {s['worst10_mean']:.4g} | {s['jain']:.3f} |")
     return lines
