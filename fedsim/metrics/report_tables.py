@@ -6,7 +6,7 @@ import numpy as np
 
 from fedsim.core.protocol import ACCURACIES, lower_is_better
 from fedsim.metrics.report_runs import DIRECTIONS, MB, Run, group_label, seed_curve
-from fedsim.metrics.summary import summarize
+from fedsim.metrics.summary import summarize, times_to_accuracy
 
 
 def seed_table(groups: list[list[Run]]) -> list[str]:
@@ -32,6 +32,16 @@ def device_table(runs: list[Run]) -> list[str]:
                 for group, s in groups.items():
                     lines.append(f"| {run.name} | {ACCURACIES[kind]} | {by} | {group} | {100 * s['mean']:.2f} | "
                                  f"{100 * s['p10']:.2f} | {100 * s['min']:.2f} |")
+    return lines
+
+
+def time_to_accuracy_table(runs: list[Run]) -> list[str]:
+    """When each run's clients' mean first reached each system.target_accuracy, in simulated seconds."""
+    lines = ["| run | accuracy | target % | simulated s |", "|" + "---|" * 4]
+    for run in runs:
+        for kind, target, seconds in times_to_accuracy(run.system):
+            lines.append(f"| {run.name} | {ACCURACIES.get(kind, kind)} | {100 * target:g} | "
+                         f"{'never reached' if seconds is None else f'{seconds:.1f}'} |")
     return lines
 
 

@@ -24,3 +24,10 @@ def summarize(values: list[float], lower_is_better: bool = False) -> dict[str, f
     return {"mean": float(arr.mean()), "std": float(arr.std()), "min": float(arr[0]), "max": float(arr[-1]),
             "p10": float(np.percentile(arr, 90 if lower_is_better else 10)),
             "worst10_mean": float(worst_first[:worst].mean()), "jain": jain}
+
+
+def times_to_accuracy(system: dict) -> list[tuple[str, float, float | None]]:
+    """(accuracy, target in 0-1, the simulated seconds at which the clients' mean first reached it, or None: never)
+    for each system.target_accuracy, from summary.json's ``system`` block (empty without system.devices)."""
+    return [(key, float(target), seconds) for key, times in system.get("time_to_accuracy", {}).items()
+            for target, seconds in times.items()]

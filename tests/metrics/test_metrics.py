@@ -75,3 +75,12 @@ def test_metric_direction_from_its_name(name, lower):
     from fedsim.core.protocol import lower_is_better
 
     assert lower_is_better(name) is lower
+
+
+@pytest.mark.parametrize("name, mode", [("fairness/acc_p10", "max"), ("fairness/acc_personalized_worst10_mean", "max"),
+                                        ("fairness/acc_std", "min"), ("val_loss/mean", "min"), ("val_loss/jain", "max"),
+                                        ("val_acc/p10", "max"), ("comm/bytes_up", "min"), ("round_seconds", "min")])
+def test_a_series_direction(name, mode):
+    from fedsim.metrics.series import series_mode
+
+    assert series_mode(name) == mode
