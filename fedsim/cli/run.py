@@ -7,8 +7,8 @@ import argparse
 from fedsim.cli.interrupts import interrupts_named
 from fedsim.config import load_tree, refuse_defaults_only
 from fedsim.core.protocol import ACCURACIES
-from fedsim.metrics.summary import times_to_accuracy
 from fedsim.errors import ConfigError
+from fedsim.metrics.summary import times_to_accuracy
 from fedsim.sweep.expand import expand_sweep
 
 

@@ -86,9 +86,9 @@ class RunFolder:
 
     def written(self) -> str:
         """What the folder holds of a run that stopped under way, for the line that says how to continue it."""
-        ckpt = None if self.remote else checkpoint.latest(self.local)
         if self.remote:
             return "its config, partition, metrics and checkpoints so far"
+        ckpt = checkpoint.latest(self.local)
         if ckpt is None:
             return "its config and partition, no checkpoint yet (resume starts at round 1)"
         return f"its config, partition, metrics and checkpoints up to round {checkpoint.round_of(ckpt)}"
