@@ -3,6 +3,8 @@
 
 Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
 3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it);
+4 the user's own code (model.client, a callback) raised once the run was under way (one line with its error, what
+the run folder holds, and the ``--resume`` command that continues it after the fix);
 130 / 143 interrupted by Ctrl-C / SIGTERM (one line with the ``--resume`` command; the run keeps its checkpoints)."""
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from fedsim.cli.report import report_command
 from fedsim.cli.reproduce import KEPT_DEFAULT, RUNS_DEFAULT, reproduce_command
 from fedsim.cli.run import run_command
 from fedsim.cli.sweep import sweep_command
-from fedsim.errors import ConfigError, DataError, RunFailed
+from fedsim.errors import ConfigError, DataError, RunFailed, UserCodeFailed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -133,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if isinstance(err, Terminated) else 130
     except RunFailed as err:
         return _fail(err, 3)
+    except UserCodeFailed as err:
+        return _fail(err, 4)
     except (ConfigError, DataError, ValueError, OSError) as err:
         # User-facing input problems: one line naming the field and the fix, no traceback.
         where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,18 @@ ACCURACIES = {"acc": "initial", "acc_personalized": "personalized"}
 # The columns of a per-client record (metrics.jsonl) fedsim itself writes; any other is a user module's self.log.
 RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "loss", "acc", "loss_personalized", "acc_personalized",
                          "train_loss", "times_sampled", "unseen"})
+
+
+# Words that make a metric lower-is-better (a loss, an error): fedsim's own losses and a user module's self.log names
+# alike, e.g. loss, train_loss, val_loss, val/error, test_mse, nll; every other metric (an accuracy, an F1) is higher-is-better.
+LOWER_IS_BETTER = frozenset({"loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl"})
+
+
+def lower_is_better(name: str) -> bool:
+    """Whether a smaller value of the metric ``name`` is better: one of its words (split at anything that is not a
+    letter or a digit) is in LOWER_IS_BETTER. Every statistic over clients (p10, worst10) and ASHA's default mode
+    follow it."""
+    return any(word in LOWER_IS_BETTER for word in re.split(r"[^a-z0-9]+", name.lower()))
 
 
 def logged_keys(records: list[dict[str, Any]]) -> list[str]:

@@ -9,6 +9,7 @@ read them back, the CLI reports them. Torch- and Ray-free, so the lightest of th
     RUN/rounds.jsonl           a row per round; rounds.csv: the evaluation rounds' statistics as columns
     RUN/comm.jsonl             the traffic per client and round
     RUN/summary.json           written when the run finishes
+    RUN/parts.json             each invocation that ran it (the first, each resume) and its wall time
     RUN/model.npz              the final global weights (what another run's model.init_from reads)
     RUN/checkpoints/           the checkpoints (``fedsim.core.checkpoint``)
     RUN/wandb/                 the W&B run's own files; wandb_run.json: which W&B run a resume continues
@@ -30,6 +31,7 @@ ROUNDS = "rounds.jsonl"
 ROUNDS_CSV = "rounds.csv"
 COMM = "comm.jsonl"
 SUMMARY = "summary.json"
+PARTS = "parts.json"
 MODEL = "model.npz"
 CHECKPOINTS = "checkpoints"
 WANDB = "wandb"
@@ -37,7 +39,7 @@ WANDB_RUN = "wandb_run.json"
 LOCK = ".lock"
 
 JSONL_RESULTS = (METRICS, ROUNDS, COMM)  # appended each round, truncated on resume
-RESULT_FILES = (*JSONL_RESULTS, ROUNDS_CSV, SUMMARY)  # what a new run starts without (--overwrite removes them)
+RESULT_FILES = (*JSONL_RESULTS, ROUNDS_CSV, SUMMARY, PARTS)  # what a new run starts without (--overwrite removes them)
 
 
 def compare_stored(stored: dict[str, Any], cfg: RunConfig) -> tuple[RunConfig, list[str]]:

@@ -29,6 +29,7 @@ from fedsim.config import ModelConfig, OptimConfig
 from fedsim.core.layout import KeyParts
 from fedsim.errors import ConfigError
 from fedsim.models import SplitNet, build_model
+from fedsim.models.shape import image_size_of
 from fedsim.plugins import load_plugin
 
 PART_NAMES = ("body", "head")
@@ -113,7 +114,7 @@ def client_arguments(cls: type[pl.LightningModule], model: ModelConfig, num_clas
         return kwargs
     accepted = inspect.signature(cls.__init__).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-    offered = dict(zip(DATA_ARGUMENTS, (num_classes, input_shape[0], input_shape[1])))
+    offered = dict(zip(DATA_ARGUMENTS, (num_classes, input_shape[0], image_size_of(input_shape))))
     return {**{k: v for k, v in offered.items() if takes_any or k in accepted}, **kwargs}
 
 

@@ -124,3 +124,19 @@ def test_report_reads_config_yaml_strictly(tmp_path, capsys, config):
     assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "config.yaml" in err
+
+
+def test_time_to_accuracy_on_the_virtual_clock_gets_its_table(tmp_path):
+    import json
+
+    run_dir = make_run(tmp_path / "runs", "timed", "fedavg", [[0.4, 0.5], [0.6, 0.7]])
+    rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    (run_dir / "rounds.jsonl").write_text("".join(json.dumps({**r, "sim_time_s": 100.0 * r["round"]}) + "\n"
+                                                  for r in rows))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["system"] = {"sim_seconds": 200.0, "dropouts": 0, "late": 0,
+                         "time_to_accuracy": {"acc": {"0.5": 200.0, "0.9": None}}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    write_report([run_dir], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| timed | initial | 50 | 200.0 |" in md and "| timed | initial | 90 | never reached |" in md
