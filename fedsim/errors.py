@@ -22,6 +22,11 @@ class RunFailed(RuntimeError):
         super().__init__(f"run failed: {cause}; {then}")
 
 
+class RayUnavailable(RuntimeError):
+    """Ray did not start, or the cluster did not answer, within the time fedsim waits: one line naming what it
+    waited for; the CLI exits with code 3. Nothing of the run was written yet."""
+
+
 class DataError(ValueError):
     """A data setting is wrong or the data on disk is unusable: one line naming the setting (e.g. ``data.root``)
     and how to fix it, which the CLI prints as is (exit 2) instead of a traceback."""

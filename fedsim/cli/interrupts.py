@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+from pathlib import Path
 
 
 class Terminated(BaseException):
@@ -15,11 +16,13 @@ def raise_terminated(signum, frame) -> None:
 
 
 class Interrupted(Exception):
-    """A run stopped by Ctrl-C or SIGTERM: one line with the command that continues it; exit 130 or 143."""
+    """A run stopped by Ctrl-C or SIGTERM: one line with the command that continues it (or, stopped before its
+    folder was written, saying so); exit 130 or 143."""
 
-    def __init__(self, location: str, exit_code: int):
+    def __init__(self, location: str, exit_code: int, written: bool = True):
         self.exit_code = exit_code
-        super().__init__(f"interrupted; continue with `fedsim run --resume {shlex.quote(location)}`")
+        super().__init__(f"interrupted; continue with `fedsim run --resume {shlex.quote(location)}`" if written else
+                         f"interrupted before the run started; nothing was written to {location}")
 
 
 @contextlib.contextmanager
@@ -27,8 +30,12 @@ def interrupts_named(cfg):
     """Ctrl-C or SIGTERM during ``cfg``'s run become one line naming how to continue it (the run keeps its
     checkpoints: the rounds since the last one are redone)."""
     from fedsim import storage
+    from fedsim.core.runfiles import CONFIG
 
     try:
         yield
     except (KeyboardInterrupt, Terminated) as err:
-        raise Interrupted(storage.join(cfg.out_dir, cfg.name), 143 if isinstance(err, Terminated) else 130) from None
+        location = storage.join(cfg.out_dir, cfg.name)
+        # A run folder is written from its config on (before Ray starts, nothing is); a bucket is not looked into.
+        written = storage.is_uri(location) or (Path(location) / CONFIG).exists()
+        raise Interrupted(location, 143 if isinstance(err, Terminated) else 130, written) from None

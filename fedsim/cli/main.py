@@ -17,7 +17,7 @@ from fedsim.cli.report import report_command
 from fedsim.cli.reproduce import KEPT_DEFAULT, RUNS_DEFAULT, reproduce_command
 from fedsim.cli.run import run_command
 from fedsim.cli.sweep import sweep_command
-from fedsim.errors import ConfigError, DataError, RunFailed
+from fedsim.errors import ConfigError, DataError, RayUnavailable, RunFailed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, Terminated) as err:  # before a run folder was chosen
         print("fedsim: interrupted", file=sys.stderr)
         return 143 if isinstance(err, Terminated) else 130
-    except RunFailed as err:
+    except (RunFailed, RayUnavailable) as err:
         return _fail(err, 3)
     except (ConfigError, DataError, ValueError, OSError) as err:
         # User-facing input problems: one line naming the field and the fix, no traceback.
@@ -144,7 +144,9 @@ def _disconnect_ray() -> None:
     """The CLI owns the Ray connection it made and ends it; one its in-process caller made (a notebook's, a test's)
     is the caller's and stays up."""
     if _ray_connected():
-        sys.modules["ray"].shutdown()
+        from fedsim.engine.ray_start import stop_ray
+
+        stop_ray()
 
 
 if __name__ == "__main__":
