@@ -2,6 +2,7 @@
 never loads Ray or torch."""
 from __future__ import annotations
 
+import errno
 import shlex
 from pathlib import Path
 
@@ -43,6 +44,22 @@ class UserCodeError(ValueError):
 
 class StorageError(OSError):
     """A run location that cannot be reached (one line naming out_dir and the fix)."""
+
+
+class DiskFull(OSError):
+    """A write ran out of disk space: one line naming the disk (a path on it), what the write needed and what was
+    free, never the raw "N requested and M written" of a short write."""
+
+    def __init__(self, path: Path | str, needed: int, free: int):
+        super().__init__(errno.ENOSPC, f"the disk holding {path} is full: writing it needed {_size(needed)}, "
+                                       f"{_size(free)} were free; free space there or write elsewhere")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:,.1f} MB" if count >= 2**20 else f"{count:,} bytes"
 
 
 class PluginError(ValueError):

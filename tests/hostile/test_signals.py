@@ -115,3 +115,49 @@ def test_a_finished_local_run_removes_its_ray_session_folder_only(tmp_path, ray_
     done = fedsim_cli("run", str(cfg), "--quiet", env=cli_env(TMPDIR=str(ray_tmp)), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _sessions(ray_tmp) == [other.name] and _survivors(ray_tmp) == []
+
+
+@pytest.mark.parametrize("write", ["checkpoint", "atomic"])
+def test_a_full_disk_is_named_with_what_the_write_needed(tmp_path, monkeypatch, write):
+    """Every write lands on /dev/full (ENOSPC; numpy's fwrite then says only "N requested and M written")."""
+    import builtins
+
+    import numpy as np
+
+    from fedsim import atomic
+    from fedsim.core import checkpoint
+    from fedsim.errors import DiskFull
+
+    def full(file, mode="r", *args, **kwargs):
+        return builtins.open("/dev/full", mode, *args, **kwargs) if "w" in mode else builtins.open(file, mode, *args, **kwargs)
+
+    vector = np.zeros(100_000, np.float32)
+    if write == "checkpoint":
+        monkeypatch.setattr(checkpoint, "open", full, raising=False)
+        target = tmp_path / "global.npy"
+        call = lambda: checkpoint.commit(tmp_path, 1, vector, {})  # noqa: E731
+    else:
+        monkeypatch.setattr(atomic, "open", full, raising=False)
+        target = tmp_path / "model.npz"
+        call = lambda: atomic.write_bytes(target, vector.tobytes())  # noqa: E731
+    with pytest.raises(DiskFull) as caught:
+        call()
+    message = str(caught.value)
+    assert message.startswith(f"the disk holding {target} is full: writing it needed 400,000 bytes"), message
+    assert "requested" not in message and "\n" not in message
+
+
+def test_report_refuses_an_endless_line_reading_a_bounded_part(tmp_path):
+    """metrics.jsonl is one 300 MB line of NUL bytes (a sparse file): before, `fedsim report` read it whole (732 MB
+    of memory) and called it "missing or empty"."""
+    from conftest import make_run
+
+    from fedsim.core.results import MAX_ROW_BYTES
+
+    run_dir = make_run(tmp_path, "nul", "fedavg", [[0.5, 0.5]])
+    with open(run_dir / "metrics.jsonl", "wb") as f:
+        f.truncate(300 * 2**20)
+    done = fedsim_cli("report", str(run_dir), "--out", str(tmp_path / "report"), timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert f"{run_dir / 'metrics.jsonl'}:1: a line longer than {MAX_ROW_BYTES:,} bytes" in lines[0]
