@@ -2,8 +2,10 @@
 ``sweep``, ``reproduce``, ``report``; ``algorithms`` prints the method catalog) with the exit code of what happened.
 
 Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
-3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it);
-130 / 143 interrupted by Ctrl-C / SIGTERM (one line with the ``--resume`` command; the run keeps its checkpoints)."""
+3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it), or Ray
+did not start within its bounded wait (one line naming what it waited for);
+130 / 143 interrupted by Ctrl-C / SIGTERM (one line with the ``--resume`` command, or saying that nothing was
+written; the run keeps its checkpoints, and no process of it is left)."""
 from __future__ import annotations
 
 import argparse

@@ -96,7 +96,7 @@ def file_digest(path: Path) -> str:
 def write_worker_state(path: Path, slots: Mapping[str, VectorStore | Mapping[int, np.ndarray]]) -> str:
     """An ``.npz`` of ``<slot>.<client>`` arrays, as ``np.savez`` writes it, but one row read at a time: a store
     that spilled to disk then pages its rows in and out as it goes instead of all at once. Returns its digest."""
-    needed = sum(vector.nbytes for store in slots.values() for vector in store.values())
+    needed = sum(vector.nbytes for store in slots.values() for _, vector in store.items())
     with space_named(path, needed), open(path, "wb") as f:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name, store in slots.items():
