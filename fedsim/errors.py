@@ -59,7 +59,10 @@ class DiskFull(OSError):
 
 
 def _size(count: int) -> str:
-    return f"{count / 2**20:,.1f} MB" if count >= 2**20 else f"{count:,} bytes"
+    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
+        if count >= scale:
+            return f"{count / scale:,.1f} {unit}"
+    return f"{count:,} bytes"
 
 
 class PluginError(ValueError):

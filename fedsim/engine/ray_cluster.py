@@ -32,6 +32,7 @@ WORKER_MEMORY_FLOOR_MB = 256
 """The least memory one worker process takes: measured, a worker of the smallest run (an MLP on synthetic data) holds
 ~400 MB of its own (USS) once torch and Lightning are loaded, an idle Ray worker ~60 MB."""
 
+
 def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
     """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers (or for
     ``cpus``: what several runs at once need), once the workers are known to fit this machine. Either waits at

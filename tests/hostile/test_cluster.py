@@ -93,3 +93,14 @@ def test_attaching_to_a_cluster_that_does_not_answer_gives_up(tmp_path, monkeypa
     monkeypatch.setattr(ray_start, "RAY_START_TIMEOUT_S", 0.2)
     with pytest.raises(RayUnavailable, match=r"\(attaching to the Ray cluster at 10.0.0.1:6379\)"):
         ray_cluster.connect_ray(validate(synthetic_tree(tmp_path)))
+
+
+def test_a_sweep_variant_beyond_this_machine_is_refused_before_ray_starts(tmp_path, monkeypatch):
+    """Ray is sized for the sweep's largest variants, which need not be its first."""
+    from fedsim.sweep import executor
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(executor, "connect_ray", lambda *a, **k: pytest.fail("Ray was started"))
+    small, huge = (validate(synthetic_tree(tmp_path, engine__cpus_per_worker=cpus)) for cpus in (1, 1e9))
+    with pytest.raises(ConfigError, match=r"^engine.cpus_per_worker: 1e\+09 CPUs per worker, this machine has"):
+        executor.connect([small, huge], None)
