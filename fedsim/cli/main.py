@@ -145,10 +145,19 @@ def _ray_connected() -> bool:
 def _disconnect_ray() -> None:
     """The CLI owns the Ray connection it made and ends it; one its in-process caller made (a notebook's, a test's)
     is the caller's and stays up."""
-    if _ray_connected():
-        from fedsim.engine.ray_start import stop_ray
+    if not _ray_connected():
+        return
+    from fedsim.engine.ray_start import stop_ray
 
+    # A second Ctrl-C or SIGTERM while Ray's processes are ended (bounded: a few seconds) would escape as a
+    # traceback and leave them running: held off until they are gone.
+    main = threading.current_thread() is threading.main_thread()
+    held = [(s, signal.signal(s, signal.SIG_IGN)) for s in (signal.SIGINT, signal.SIGTERM)] if main else []
+    try:
         stop_ray()
+    finally:
+        for signum, handler in held:
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":
