@@ -1,8 +1,40 @@
-"""Whole-file replacement that a crash can never leave half-written."""
+"""Whole-file replacement that a crash can never leave half-written; a write that runs out of disk space said as
+such (``space_named``)."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import re
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
+
+from fedsim.errors import DiskFull
+
+# What numpy raises when fwrite writes less than asked (a full disk, with no errno): "%ld requested and %ld written".
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
+def is_disk_full(err: OSError) -> bool:
+    return err.errno in (errno.ENOSPC, errno.EDQUOT) or bool(_SHORT_WRITE.fullmatch(str(err)))
+
+
+@contextlib.contextmanager
+def space_named(path: Path, needed: int) -> Iterator[None]:
+    """Writing ``needed`` bytes to ``path``: a full disk becomes DiskFull, naming the path and the free space."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        try:
+            free = shutil.disk_usage(path.parent).free
+        except OSError:
+            free = 0
+        raise DiskFull(path, needed, free) from None
 
 
 def write_text(path: Path, text: str) -> None:
@@ -16,7 +48,7 @@ def write_bytes(path: Path, data: bytes) -> None:
     """``write_text`` for bytes (an ``.npz`` built in memory, say)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        with space_named(path, len(data)), open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

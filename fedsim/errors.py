@@ -2,6 +2,7 @@
 never loads Ray or torch."""
 from __future__ import annotations
 
+import errno
 import shlex
 from pathlib import Path
 
@@ -28,6 +29,11 @@ class RunFailed(RuntimeError):
         super().__init__(f"run failed: {cause}; {then}")
 
 
+class RayUnavailable(RuntimeError):
+    """Ray did not start, or the cluster did not answer, within the time fedsim waits: one line naming what it
+    waited for; the CLI exits with code 3. Nothing of the run was written yet."""
+
+
 class DataError(ValueError):
     """A data setting is wrong or the data on disk is unusable: one line naming the setting (e.g. ``data.root``)
     and how to fix it, which the CLI prints as is (exit 2) instead of a traceback."""
@@ -50,6 +56,25 @@ class UserCodeFailed(UserCodeError):
 
 class StorageError(OSError):
     """A run location that cannot be reached (one line naming out_dir and the fix)."""
+
+
+class DiskFull(OSError):
+    """A write ran out of disk space: one line naming the disk (a path on it), what the write needed and what was
+    free, never the raw "N requested and M written" of a short write."""
+
+    def __init__(self, path: Path | str, needed: int, free: int):
+        super().__init__(errno.ENOSPC, f"the disk holding {path} is full: writing it needed {_size(needed)}, "
+                                       f"{_size(free)} were free; free space there or write elsewhere")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
+        if count >= scale:
+            return f"{count / scale:,.1f} {unit}"
+    return f"{count:,} bytes"
 
 
 class PluginError(ValueError):

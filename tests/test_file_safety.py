@@ -19,7 +19,7 @@ def test_a_failed_replacement_keeps_the_old_file(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", disk_full)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="is full"):
         atomic.write_text(target, '{"new": true}')
     assert target.read_text() == '{"old": true}'
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left behind

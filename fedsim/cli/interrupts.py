@@ -3,6 +3,7 @@ run, turned into one line naming the ``--resume`` command that continues it."""
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 
 class Terminated(BaseException):
@@ -14,11 +15,13 @@ def raise_terminated(signum, frame) -> None:
 
 
 class Interrupted(Exception):
-    """A run stopped by Ctrl-C or SIGTERM: one line with the command that continues it; exit 130 or 143."""
+    """A run stopped by Ctrl-C or SIGTERM: one line with the command that continues it (or, stopped before its
+    folder was written, saying so); exit 130 or 143."""
 
-    def __init__(self, command: str, exit_code: int):
+    def __init__(self, location: str, command: str, exit_code: int, written: bool = True):
         self.exit_code = exit_code
-        super().__init__(f"interrupted; continue with `{command}`")
+        super().__init__(f"interrupted; continue with `{command}`" if written else
+                         f"interrupted before the run started; nothing was written to {location}")
 
 
 @contextlib.contextmanager
@@ -26,11 +29,15 @@ def interrupts_named(cfg):
     """Ctrl-C or SIGTERM during ``cfg``'s run become one line naming how to continue it (the run keeps its
     checkpoints: the rounds since the last one are redone)."""
     from fedsim import storage
+    from fedsim.core.runfiles import CONFIG
     from fedsim.errors import resume_command
     from fedsim.plugins import names_code
 
     try:
         yield
     except (KeyboardInterrupt, Terminated) as err:
-        command = resume_command(storage.join(cfg.out_dir, cfg.name), names_code(cfg))
-        raise Interrupted(command, 143 if isinstance(err, Terminated) else 130) from None
+        location = storage.join(cfg.out_dir, cfg.name)
+        # A run folder is written from its config on (before Ray starts, nothing is); a bucket is not looked into.
+        written = storage.is_uri(location) or (Path(location) / CONFIG).exists()
+        raise Interrupted(location, resume_command(location, names_code(cfg)),
+                          143 if isinstance(err, Terminated) else 130, written) from None

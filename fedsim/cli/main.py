@@ -2,10 +2,12 @@
 ``sweep``, ``reproduce``, ``report``, ``export``; ``algorithms`` prints the method catalog) with the exit code of what happened.
 
 Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
-3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it);
+3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it), or Ray
+did not start within its bounded wait (one line naming what it waited for);
 4 the user's own code (model.client, a callback) raised once the run was under way (one line with its error, what
 the run folder holds, and the ``--resume`` command that continues it after the fix);
-130 / 143 interrupted by Ctrl-C / SIGTERM (one line with the ``--resume`` command; the run keeps its checkpoints)."""
+130 / 143 interrupted by Ctrl-C / SIGTERM (one line with the ``--resume`` command, or saying that nothing was
+written; the run keeps its checkpoints, and no process of it is left)."""
 from __future__ import annotations
 
 import argparse
@@ -20,7 +22,7 @@ from fedsim.cli.report import report_command
 from fedsim.cli.reproduce import KEPT_DEFAULT, RUNS_DEFAULT, reproduce_command
 from fedsim.cli.run import run_command
 from fedsim.cli.sweep import sweep_command
-from fedsim.errors import ConfigError, DataError, RunFailed, UserCodeFailed
+from fedsim.errors import ConfigError, DataError, RayUnavailable, RunFailed, UserCodeFailed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, Terminated) as err:  # before a run folder was chosen
         print("fedsim: interrupted", file=sys.stderr)
         return 143 if isinstance(err, Terminated) else 130
-    except RunFailed as err:
+    except (RunFailed, RayUnavailable) as err:
         return _fail(err, 3)
     except UserCodeFailed as err:
         return _fail(err, 4)
@@ -163,8 +165,19 @@ def _ray_connected() -> bool:
 def _disconnect_ray() -> None:
     """The CLI owns the Ray connection it made and ends it; one its in-process caller made (a notebook's, a test's)
     is the caller's and stays up."""
-    if _ray_connected():
-        sys.modules["ray"].shutdown()
+    if not _ray_connected():
+        return
+    from fedsim.engine.ray_start import stop_ray
+
+    # A second Ctrl-C or SIGTERM while Ray's processes are ended (bounded: a few seconds) would escape as a
+    # traceback and leave them running: held off until they are gone.
+    main = threading.current_thread() is threading.main_thread()
+    held = [(s, signal.signal(s, signal.SIG_IGN)) for s in (signal.SIGINT, signal.SIGTERM)] if main else []
+    try:
+        stop_ray()
+    finally:
+        for signum, handler in held:
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

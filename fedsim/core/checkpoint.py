@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedsim import storage
+from fedsim.atomic import space_named
 from fedsim.core.runfiles import CHECKPOINTS
 from fedsim.errors import CheckpointError
 
@@ -95,7 +96,8 @@ def file_digest(path: Path) -> str:
 def write_worker_state(path: Path, slots: Mapping[str, VectorStore | Mapping[int, np.ndarray]]) -> str:
     """An ``.npz`` of ``<slot>.<client>`` arrays, as ``np.savez`` writes it, but one row read at a time: a store
     that spilled to disk then pages its rows in and out as it goes instead of all at once. Returns its digest."""
-    with open(path, "wb") as f:
+    needed = sum(vector.nbytes for store in slots.values() for _, vector in store.items())
+    with space_named(path, needed), open(path, "wb") as f:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name, store in slots.items():
                 for client, vector in store.items():
@@ -186,12 +188,13 @@ def local_checkpoint(location: str | None) -> Iterator[Path | None]:
 def commit(staging: Path, round_idx: int, global_vector: np.ndarray, meta: dict[str, Any],
            server_state: dict[str, np.ndarray] | None = None) -> Path:
     """Write the server's part, fsync everything, and atomically publish the checkpoint."""
-    with open(staging / "global.npy", "wb") as f:
+    with space_named(staging / "global.npy", global_vector.nbytes), open(staging / "global.npy", "wb") as f:
         np.save(f, global_vector)
         f.flush()
         os.fsync(f.fileno())
     if server_state:
-        with open(staging / "server.npz", "wb") as f:
+        needed = sum(array.nbytes for array in server_state.values())
+        with space_named(staging / "server.npz", needed), open(staging / "server.npz", "wb") as f:
             # numpy >= 2.1's stub lets **server_state fill savez's allow_pickle: bool; its keys are state names, and
             # passing allow_pickle itself would store it as an array under numpy < 2.1 (pyproject allows 1.24).
             np.savez(f, **server_state)  # type: ignore[arg-type]

@@ -9,32 +9,48 @@ from typing import Any, TypeGuard
 from fedsim.errors import ResultsDamaged
 
 
+MAX_ROW_BYTES = 1 << 20
+"""The longest line a result file may hold: a row is at most a few KB (a client's record with its logged values, a
+round's statistics), so a longer line is damage, refused having read at most this much of it (a 300 MB line of NUL
+bytes was read whole before)."""
+
+
 def read_results(path: Path) -> list[dict[str, Any]]:
     """A run's own result rows (metrics.jsonl, rounds.jsonl, comm.jsonl), for a resume that rewrites the file:
     only a torn *last* line (a crash mid-write: no newline after it) is dropped; any other line that is not a row
-    with a round is a one-line error naming file and line, so no row is lost without account."""
+    with a round, and any line over MAX_ROW_BYTES, is a one-line error naming file and line, so no row is lost
+    without account. Read one line at a time, each at most MAX_ROW_BYTES."""
     if not path.exists():
         return []
-    lines = path.read_text().split("\n")
-    torn = lines.pop()  # what follows the last newline: nothing, or a line a crash cut short (its round is redone)
-    rows = [_result_row(path, number, line) for number, line in enumerate(lines, start=1)]
+    rows = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(iter(lambda: f.readline(MAX_ROW_BYTES + 1), b""), start=1):
+            if len(line) > MAX_ROW_BYTES:
+                raise ResultsDamaged(f"{path}:{number}: a line longer than {MAX_ROW_BYTES:,} bytes, the most a result "
+                                     "row takes; the file is damaged: restore it from a backup, or start a new run")
+            if line.endswith(b"\n"):
+                rows.append(_result_row(path, number, line[:-1]))
+            else:  # the last line, a crash cut short: its round is redone
+                last = _parsed(line)
+                rows += [last] if _is_row(last) else []
+    return rows
+
+
+def _parsed(line: bytes) -> object:
     try:
-        last = json.loads(torn) if torn.strip() else None
-    except json.JSONDecodeError:
-        last = None
-    return rows + ([last] if _is_row(last) else [])
+        return json.loads(line) if line.strip() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
 
 
 def _is_row(row: object) -> TypeGuard[dict[str, Any]]:
     return isinstance(row, dict) and type(row.get("round")) is int and row["round"] >= 1
 
 
-def _result_row(path: Path, number: int, line: str) -> dict[str, Any]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError:
-        row = None
+def _result_row(path: Path, number: int, line: bytes) -> dict[str, Any]:
+    row = _parsed(line)
     if not _is_row(row):
-        raise ResultsDamaged(f"{path}:{number}: not a result row ({line[:60]!r}); resume rewrites this file and would "
+        shown = line[:60].decode("utf-8", "backslashreplace")
+        raise ResultsDamaged(f"{path}:{number}: not a result row ({shown!r}); resume rewrites this file and would "
                              "lose the rows after it: restore the file from a backup, or start a new run")
     return row

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim.atomic import space_named
 from fedsim.data.array_dataset import ARRAYS, GROUPS, ArrayDataset, content_digest
 from fedsim.data.formats import Arrays
 
@@ -98,7 +99,8 @@ def build_cache(folder: Path, source: Path, arrays: Arrays, augmentable: bool) -
     try:
         tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache is meant to be shared
         for a in names:
-            np.save(tmp / f"{a}.npy", getattr(arrays, a))
+            with space_named(folder / f"{a}.npy", getattr(arrays, a).nbytes):
+                np.save(tmp / f"{a}.npy", getattr(arrays, a))
         meta = {"classes": list(arrays.classes), "mean": mean, "std": std, "source": str(source), "groups": has_groups,
                 "digest": content_digest(*(getattr(arrays, a) for a in names))}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))

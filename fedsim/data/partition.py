@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim.atomic import space_named
 from fedsim.errors import DataError
 
 
@@ -60,7 +61,8 @@ class Partition:
         arrays |= {f"label_map_{i}": m for i, m in enumerate(self.label_maps or ())}
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder, so os.replace is atomic
-        with tmp.open("wb") as f:  # a file object stops numpy appending ".npz" to the name
+        # A file object stops numpy appending ".npz" to the name.
+        with space_named(path, sum(a.nbytes for a in arrays.values())), tmp.open("wb") as f:
             # numpy >= 2.1's stub lets **arrays fill savez's allow_pickle: bool; its keys are train_i, test_i and
             # label_map_i, and passing allow_pickle itself would store it as an array under numpy < 2.1.
             np.savez(f, **arrays)  # type: ignore[arg-type]

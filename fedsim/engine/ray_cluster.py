@@ -1,19 +1,21 @@
-"""Ray for a run: attaching to a cluster or starting a local one sized for the workers, with its token file kept
-private; refusing resources the cluster does not have; pinning an actor to this node."""
+"""Ray for a run: attaching to a cluster or starting a local one sized for the workers (``ray_start``: a bounded
+wait), with its token file kept private; refusing workers this machine (local) or the cluster cannot hold;
+pinning an actor to this node."""
 from __future__ import annotations
 
 import logging
 import math
 import os
-import signal
-import threading
 from pathlib import Path
 from typing import TypedDict
 
+import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fedsim.config import RunConfig
+from fedsim.engine.ray_footprint import Footprint
+from fedsim.engine.ray_start import start_within
 from fedsim.errors import ConfigError
 from fedsim.plan import worker_count
 
@@ -26,33 +28,55 @@ class _RayLogging(TypedDict):
     logging_level: int
 
 
+WORKER_MEMORY_FLOOR_MB = 256
+"""The least memory one worker process takes: measured, a worker of the smallest run (an MLP on synthetic data) holds
+~400 MB of its own (USS) once torch and Lightning are loaded, an idle Ray worker ~60 MB."""
+
+
 def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
     """Attach to a cluster when RAY_ADDRESS is set, else start a local Ray sized for the workers (or for
-    ``cpus``: what several runs at once need). The Ray token file is kept private before Ray starts and after
-    (Ray writes a new one with the process's umask)."""
+    ``cpus``: what several runs at once need), once the workers are known to fit this machine. Either waits at
+    most RAY_START_TIMEOUT_S. The Ray token file is kept private before Ray starts and after (Ray writes a new
+    one with the process's umask)."""
     if ray.is_initialized():
         return
     private_token()
     quiet: _RayLogging = {"log_to_driver": True, "configure_logging": True, "logging_level": logging.WARNING}
-    # ray.init installs a C-level SIGTERM handler that dumps a trace and aborts (exit 134); a handler the caller
-    # set (the CLI's: SIGTERM unwinds the run like Ctrl-C) is put back.
-    main = threading.current_thread() is threading.main_thread()
-    on_term = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
+        address = os.environ.get("RAY_ADDRESS")
+        if address:
+            start_within(lambda: ray.init(address=address, **quiet), f"attaching to the Ray cluster at {address}")
             return
         refuse_stale_ray_settings()
         engine = cfg.engine
+        refuse_beyond_this_machine(cfg)
         need = worker_count(cfg) * engine.cpus_per_worker if cpus is None else cpus
         cpus = max(os.cpu_count() or 1, math.ceil(need - 1e-9))
         # The dashboard stays on loopback unless a user binds it elsewhere on purpose.
         # address="local": always a fresh local instance, never a stray cluster left behind by `ray start`.
-        ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
+        start_within(lambda: ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard,
+                                      dashboard_host="127.0.0.1", **quiet),
+                     f"starting a local Ray with {cpus} CPUs", Footprint())
     finally:
-        if callable(on_term):
-            signal.signal(signal.SIGTERM, on_term)
         private_token()
+
+
+def refuse_beyond_this_machine(cfg: RunConfig) -> None:
+    """A local run's workers all run on this machine: a worker that asks for more CPUs than it has, or more
+    workers than its memory could hold at WORKER_MEMORY_FLOOR_MB each, can never run. Refused before Ray starts
+    (asked for 1e9 CPUs, ``ray.init`` never returned)."""
+    engine, workers = cfg.engine, worker_count(cfg)
+    have_cpus = os.cpu_count() or 1
+    if engine.cpus_per_worker > have_cpus:
+        raise ConfigError(f"engine.cpus_per_worker: {engine.cpus_per_worker:g} CPUs per worker, this machine has "
+                          f"{have_cpus}; give at most {have_cpus}, or set RAY_ADDRESS to a cluster with larger nodes")
+    have_mb = psutil.virtual_memory().total / 2**20
+    need_mb = workers * WORKER_MEMORY_FLOOR_MB
+    if need_mb > have_mb:
+        fit = max(1, int(have_mb // WORKER_MEMORY_FLOOR_MB))
+        raise ConfigError(f"engine.workers: {workers} worker processes need at least {need_mb / 2**10:,.0f} GB of "
+                          f"memory ({WORKER_MEMORY_FLOOR_MB} MB each), this machine has {have_mb / 2**10:,.0f} GB; "
+                          f"give at most {fit} workers, or set RAY_ADDRESS to a cluster")
 
 
 def refuse_stale_ray_settings() -> None:

@@ -18,7 +18,7 @@ from fedsim.config import RunConfig
 from fedsim.engine import placement
 from fedsim.engine.driver import Callback, Run, drive, end
 from fedsim.engine.failures import describe_failure
-from fedsim.engine.ray_cluster import check_resources, connect_ray, this_node
+from fedsim.engine.ray_cluster import check_resources, connect_ray, refuse_beyond_this_machine, this_node
 from fedsim.engine.runfolder import RunFolder
 from fedsim.engine.server import ServerActor
 from fedsim.errors import (CheckpointError, ConfigError, DataError, RunFailed, TrainingDiverged, UserCodeFailed,
@@ -51,6 +51,8 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
     bundle)`` starts one worker actor. ``reserved``: a placement group the caller holds with one bundle per worker
     (a Ray Tune trial's), used instead of reserving one. Bad input raises ConfigError/DataError/CheckpointError
     before anything is written; a failure once the run is under way raises RunFailed (with the resume command)."""
+    if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+        refuse_beyond_this_machine(cfg)  # before the data loads: a million workers' data could take hours
     inputs = load_inputs(cfg)  # every input is checked before Ray starts or a file is written
     folder = RunFolder(cfg)
     try:

@@ -21,7 +21,7 @@ from fedsim import storage
 from fedsim.config import RunConfig, SearchConfig, validate
 from fedsim.core import runfiles
 from fedsim.engine.placement import worker_bundle
-from fedsim.engine.ray_cluster import connect_ray
+from fedsim.engine.ray_cluster import connect_ray, refuse_beyond_this_machine
 from fedsim.errors import ConfigError
 from fedsim.metrics.series import logged_series, metric_names, series_mode
 from fedsim.plan import worker_count
@@ -120,6 +120,8 @@ def connect(configs: Sequence[RunConfig], max_concurrent: int | None) -> None:
     needs = sorted((_need(cfg) for cfg in configs), key=lambda n: (n["GPU"], n["CPU"]), reverse=True)
     at_once = min(max_concurrent or 1, len(configs))
     attached = bool(os.environ.get("RAY_ADDRESS"))
+    for cfg in configs if not attached else ():
+        refuse_beyond_this_machine(cfg)  # every variant's workers, before Ray is sized for the largest
     connect_ray(configs[0], cpus=sum(n["CPU"] for n in needs[:at_once]))
     import ray
 
