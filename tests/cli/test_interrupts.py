@@ -4,11 +4,14 @@ from conftest import lightning_tree, synthetic_tree
 
 from fedsim.cli.interrupts import Interrupted, Terminated, interrupts_named
 from fedsim.config import validate
+from fedsim.core.runfiles import CONFIG
 
 
 @pytest.mark.parametrize("tree, flag", [(synthetic_tree, ""), (lightning_tree, " --trust-plugins")])
 def test_the_resume_command_names_trust_plugins_when_the_config_names_code(tmp_path, tree, flag):
     cfg = validate(tree(tmp_path, "TwoPartModule") if tree is lightning_tree else tree(tmp_path, "x"))
+    (tmp_path / cfg.name).mkdir()
+    (tmp_path / cfg.name / CONFIG).write_text("")  # the run folder was written: the line names how to continue it
     with pytest.raises(Interrupted) as info:
         with interrupts_named(cfg):
             raise Terminated()
