@@ -52,8 +52,14 @@ def load_plugin(spec: str, field: str, kind: type | None = None) -> Any:
     return obj
 
 
+# A section given as its name alone (``algorithm: pkg.mod:Cls``) sets the same field as its ``name`` key.
+SHORT_FORMS = {"algorithm": "algorithm.name", "data.partition": "data.partition.name"}
+
+
 def plugin_settings(tree: dict[str, Any]) -> dict[str, str]:
-    """Dotted key -> plug-in string, for every plug-in a raw config tree names (what importing it would run)."""
+    """Field -> plug-in string, for every plug-in a raw config tree names (what importing it would run). A field
+    is named the same whichever form the tree gives it in (``algorithm`` and ``algorithm.name`` are one field;
+    a list's items are ``model.callbacks[0]``, ...)."""
     found: dict[str, str] = {}
     for key in PLUGIN_KEYS:
         node: Any = tree
@@ -63,5 +69,6 @@ def plugin_settings(tree: dict[str, Any]) -> dict[str, str]:
         for i, item in enumerate(items):
             spec = item.get("class_path") if isinstance(item, dict) else item
             if isinstance(spec, str) and is_plugin(spec):
-                found[f"{key}[{i}]" if isinstance(node, list) else key] = spec
+                field = SHORT_FORMS.get(key, key)
+                found[f"{field}[{i}]" if isinstance(node, list) else field] = spec
     return found
