@@ -88,10 +88,11 @@ def test_clients_never_sampled_are_reported_as_such(tmp_path, monkeypatch):
 ])
 def test_plugin_strings_resolve_only_to_user_code(spec, message):
     from fedsim.errors import PluginError
+    from fedsim.data.datasets import USER_DATASET
     from fedsim.plugins import load_plugin
 
     with pytest.raises(PluginError, match=f"data.dataset: .*{message}") as err:
-        load_plugin(spec, "data.dataset")
+        load_plugin(spec, "data.dataset", USER_DATASET)
     assert "\n" not in str(err.value)
 
 

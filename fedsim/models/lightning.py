@@ -25,13 +25,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedsim.config import ModelConfig, OptimConfig
+from fedsim.config import CallbackSpec, ModelConfig, OptimConfig
 from fedsim.core.layout import KeyParts
 from fedsim.errors import ConfigError
 from fedsim.models import SplitNet, build_model
-from fedsim.plugins import load_plugin
+from fedsim.plugins import Subclass, load_plugin
 
 PART_NAMES = ("body", "head")
+USER_CLIENT = Subclass(pl.LightningModule, "pytorch_lightning.LightningModule (or fedsim.models.lightning.FedClient)")
+USER_CALLBACK = Subclass(pl.Callback, "pytorch_lightning.Callback")
 # Arguments fedsim offers a module's __init__ from the data, when it takes them and model.client_args does not.
 DATA_ARGUMENTS = ("num_classes", "in_channels", "image_size")
 
@@ -70,13 +72,20 @@ def load_client_class(path: str | None) -> type[pl.LightningModule]:
     if path is None:
         return FedClient
     try:
-        cls = load_plugin(path, "model.client")
+        cls: type[pl.LightningModule] = load_plugin(path, "model.client", USER_CLIENT)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
-        raise ConfigError(f"model.client: {path!r} is not a LightningModule class; subclass "
-                          "pytorch_lightning.LightningModule (or fedsim.models.lightning.FedClient)")
     return cls
+
+
+def load_callback_classes(model: ModelConfig) -> list[tuple[CallbackSpec, type[pl.Callback]]]:
+    """``model.callbacks``: each spec with its Lightning Callback class; checked on the driver before any work (the
+    workers make them), so a wrong one is one line before the run folder is written."""
+    specs = [spec if isinstance(spec, CallbackSpec) else CallbackSpec(class_path=spec) for spec in model.callbacks]
+    try:
+        return [(spec, load_plugin(spec.class_path, "model.callbacks", USER_CALLBACK)) for spec in specs]
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, int, int],
