@@ -41,7 +41,7 @@ def test_a_users_algorithm_model_dataset_and_partition_run_unchanged_fedsim(tmp_
 def test_plugins_that_cannot_be_imported_or_are_the_wrong_kind_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="algorithm.name: cannot import 'nowhere:Thing'"):
         _config(tmp_path, algorithm="nowhere:Thing")
-    with pytest.raises(ConfigError, match="not a subclass of fedsim.algorithms.Algorithm"):
+    with pytest.raises(ConfigError, match="not a class subclassing fedsim.algorithms.Algorithm"):
         _config(tmp_path, algorithm="user_plugins:tiny_net")
     with pytest.raises(DataError, match="data.dataset: cannot import"):
         load_dataset("user_plugins:nothing")
