@@ -152,19 +152,16 @@ def _opened(source: Path) -> Iterator[tarfile.TarFile]:
     unreadable = f"{source}: not a readable run archive ({{}}); {_fix(source)}"
     try:
         stream = _BoundedStream(source, _limit(source) + _TAR_OVERHEAD)
-        tar = tarfile.open(fileobj=stream, mode="r:")  # type: ignore[call-overload]
-    except _Bomb:
-        raise ConfigError(_too_big(source)) from None
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as err:
+    except OSError as err:
         raise ConfigError(unreadable.format(err)) from None
     try:
-        yield tar
+        with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
+            yield tar
     except _Bomb:
         raise ConfigError(_too_big(source)) from None
     except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise ConfigError(unreadable.format(err)) from None
     finally:
-        tar.close()
         stream.close()
 
 
