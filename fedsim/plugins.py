@@ -27,7 +27,11 @@ LIBRARIES = frozenset({"numpy", "torch", "torchvision", "ray", "pytorch_lightnin
 
 
 class Kind(Protocol):
-    """What a plug-in field takes; ``str(kind)`` words it for an error message."""
+    """What a plug-in field takes; ``str(kind)`` words it for an error message. ``from_libraries``: whether a
+    library fedsim runs on may provide it."""
+    @property
+    def from_libraries(self) -> bool: ...
+
     def fits(self, obj: Any) -> bool: ...
 
 
@@ -36,6 +40,7 @@ class Subclass:
     """A class plug-in: a subclass of ``base``, named ``name`` in messages (its public path)."""
     base: type
     name: str
+    from_libraries: bool = True  # a library's subclass of the base is of the kind (Lightning's own callbacks)
 
     def fits(self, obj: Any) -> bool:
         return inspect.isclass(obj) and issubclass(obj, self.base)
@@ -51,6 +56,7 @@ class Signature:
     positional: tuple[str, ...] = ()
     keywords: tuple[str, ...] = ()
     returns: str = ""
+    from_libraries: bool = False  # a library's function is never the user's, though it may take these arguments
 
     def fits(self, obj: Any) -> bool:
         try:
@@ -77,26 +83,26 @@ def is_plugin(spec: str) -> bool:
     return ":" in spec
 
 
-def _not_user_code(module_name: str) -> str | None:
-    """What a module is when it is not a user's: the standard library, the program Python runs, or a library
-    fedsim runs on. None for anything else."""
+def _not_user_code(module_name: str, kind: Kind) -> str | None:
+    """What a module is when it may not provide the plug-in: the standard library, the program Python runs, or
+    (unless ``kind`` takes theirs) a library fedsim runs on. None for anything else."""
     top = module_name.split(".")[0]
     if top == "__main__":
         return "the program Python runs (__main__)"
     if top in sys.stdlib_module_names:
         return "the Python standard library"
-    return f"{top}, a library fedsim runs on" if top in LIBRARIES else None
+    return f"{top}, a library fedsim runs on" if top in LIBRARIES and not kind.from_libraries else None
 
 
 def load_plugin(spec: str, field: str, kind: Kind) -> Any:
     """The object ``spec`` names, of the ``kind`` the field takes, defined in the user's own code (neither the
-    standard library, ``__main__``, nor a library fedsim runs on). Anything else is a one-line error on ``field``
-    naming what it takes."""
+    standard library, ``__main__``, nor, for a function, a library fedsim runs on). Anything else is a one-line
+    error on ``field`` naming what it takes."""
     module_name, _, attr = spec.partition(":")
     if not (module_name and attr.isidentifier() and all(p.isidentifier() for p in module_name.split("."))):
         raise PluginError(f"{field}: {spec!r} is not 'package.module:name'; give an importable module and the name "
                           f"of {kind} in it")
-    foreign = _not_user_code(module_name)
+    foreign = _not_user_code(module_name, kind)
     if foreign is not None:
         raise PluginError(f"{field}: {spec!r} names {foreign}, not your code; {field} takes {kind}")
     try:
@@ -106,12 +112,12 @@ def load_plugin(spec: str, field: str, kind: Kind) -> Any:
                           "on every worker (an installed package, or PYTHONPATH)") from None
     own = inspect.isfunction(obj) or inspect.isclass(obj)
     defined_in = getattr(obj, "__module__", "") or ""
-    if not own or _not_user_code(defined_in) is not None:
+    if not own or _not_user_code(defined_in, kind) is not None:
         raise PluginError(f"{field}: {spec!r} is a {type(obj).__name__} from {defined_in or '?'}, not your code; "
                           f"{field} takes {kind}")
     if not kind.fits(obj):
         has = f" (it takes {inspect.signature(obj)})" if isinstance(kind, Signature) else ""
-        raise PluginError(f"{field}: {spec!r} is not {kind}{has}; name one")
+        raise PluginError(f"{field}: {spec!r} is not {kind}{has}; name one of your own code")
     return obj
 
 

@@ -96,6 +96,17 @@ def test_plugin_strings_resolve_only_to_user_code(spec, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_librarys_class_of_the_fields_base_is_of_its_kind():
+    """A library fedsim runs on never provides a function plug-in (numpy:load takes a partition's four arguments),
+    but Lightning's own callbacks are Lightning callbacks."""
+    import pytorch_lightning as pl
+
+    from fedsim.models.lightning import USER_CALLBACK
+    from fedsim.plugins import load_plugin
+
+    assert load_plugin("pytorch_lightning.callbacks:Timer", "model.callbacks", USER_CALLBACK) is pl.callbacks.Timer
+
+
 def _folder_naming_code(tmp_path, monkeypatch):
     """A run folder whose config.yaml was edited to name a module that leaves a marker when imported."""
     (tmp_path / "marker_mod.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n"
