@@ -83,9 +83,16 @@ def load_callback_classes(model: ModelConfig) -> list[tuple[CallbackSpec, type[p
     workers make them), so a wrong one is one line before the run folder is written."""
     specs = [spec if isinstance(spec, CallbackSpec) else CallbackSpec(class_path=spec) for spec in model.callbacks]
     try:
-        return [(spec, load_plugin(spec.class_path, "model.callbacks", USER_CALLBACK)) for spec in specs]
+        loaded = [(spec, load_plugin(spec.class_path, "model.callbacks", USER_CALLBACK)) for spec in specs]
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    for spec, cls in loaded:
+        try:
+            inspect.signature(cls).bind(**spec.init_args)
+        except TypeError as err:
+            raise ConfigError(f"model.callbacks: {spec.class_path} cannot be made with init_args {spec.init_args} "
+                              f"({err}; it takes {inspect.signature(cls)}); fix its init_args") from None
+    return loaded
 
 
 def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, int, int],

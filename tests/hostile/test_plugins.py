@@ -77,6 +77,13 @@ def test_a_plugin_of_the_wrong_kind_is_one_line_on_a_dry_run(tmp_path, capsys, o
     assert not (tmp_path / "runs").exists()
 
 
+def test_callback_init_args_it_does_not_take_are_one_line_on_a_dry_run(tmp_path, capsys):
+    spec = "model.callbacks=[{class_path: user_plugins:ListedCallback, init_args: {colour: red}}]"
+    err = _one_line_exit_2(capsys, ["run", _config(tmp_path), spec, "--dry-run"])
+    assert err.startswith("fedsim: error: model.callbacks: user_plugins:ListedCallback cannot be made with init_args"), err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_wrong_callback_is_refused_before_ray_or_the_run_folder(tmp_path, monkeypatch, capsys):
     def ray_starts(*args, **kwargs):
         raise AssertionError("Ray started")
