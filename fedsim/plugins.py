@@ -20,7 +20,8 @@ from typing import Any, Protocol
 from fedsim.errors import PluginError
 
 # The libraries fedsim runs on, by top-level module (the dependencies in pyproject.toml; a test keeps the two
-# together): their functions and classes are never a user's plug-in, and their modules are never imported for one.
+# together): a function of theirs is never a user's plug-in (numpy.load takes a partition's four arguments), so a
+# function field never imports their modules; a class of theirs of the field's base is of its kind.
 LIBRARIES = frozenset({"numpy", "torch", "torchvision", "ray", "pytorch_lightning", "lightning", "lightning_fabric",
                        "torchmetrics", "wandb", "PIL", "yaml", "pydantic", "pydantic_core", "tqdm", "matplotlib",
                        "pyarrow"})
@@ -73,6 +74,7 @@ class Signature:
 
     def __str__(self) -> str:
         return f"a function {self.call} returning {self.returns}"
+
 
 # Where a config may name a plug-in (dotted keys of the raw config); a list's items are each one.
 PLUGIN_KEYS = ("algorithm", "algorithm.name", "model.name", "model.client", "model.callbacks", "data.dataset",
