@@ -1,7 +1,7 @@
 """A user's algorithm, model, data set and partition, each named in a config as ``module:name``."""
 import numpy as np
 import pytest
-from conftest import in_process_server, train_one
+from conftest import TESTS, in_process_server, train_one
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.config import validate
@@ -138,3 +138,21 @@ def test_a_client_module_from_the_standard_library_fails_before_any_work(tmp_pat
 
     with pytest.raises(ConfigError, match="model.client: 'os:system' names the Python standard library"):
         load_inputs(validate(lightning_tree(tmp_path, "TwoPartModule", model__client="os:system")))
+
+
+def test_the_libraries_fedsim_runs_on_are_each_refused():
+    """Every dependency of pyproject.toml is in LIBRARIES by its top-level module (a new one must be added)."""
+    import re
+    import tomllib
+    from importlib import metadata
+
+    from fedsim.plugins import LIBRARIES
+
+    project = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["project"]
+    modules_of: dict[str, set[str]] = {}
+    for module, dists in metadata.packages_distributions().items():
+        for dist in dists:
+            modules_of.setdefault(re.sub(r"[-_.]+", "-", dist).lower(), set()).add(module)
+    for requirement in project["dependencies"]:
+        dist = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", requirement).group()).lower()
+        assert modules_of.get(dist, set()) & LIBRARIES, f"{dist}: none of its modules {modules_of.get(dist)} in LIBRARIES"

@@ -104,24 +104,3 @@ def test_a_malformed_ledger_is_one_line_naming_file_and_field_before_ray_starts(
     assert main(["sweep", str(write_yaml(tmp_path / "led.yaml", tree))]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{sweep.folder}/sweep.json: {named}" in err, err
-
-
-def test_a_stop_a_sweep_records_counts_when_the_same_sweep_runs_again(tmp_path):
-    """The ledger's round trip: what the progress callback writes for a stopped trial is read back as this sweep's."""
-    from types import SimpleNamespace
-
-    from fedsim.sweep.executor import _progress
-    from fedsim.sweep.trial import TrialRun
-
-    tree = synthetic_tree(tmp_path, "led", sweep={"algorithm": ["fedavg", "fedper"]},
-                          search={"scheduler": "asha", "metric": "fairness/acc_mean"})
-    configs = expand_sweep(tree)
-    sweep = Sweep("led", configs, executor.validate(tree).search)
-    runs = {cfg.name: TrialRun(cfg, "run") for cfg in sweep.configs}
-    progress = _progress(sweep, runs, {}, lambda line: None, {})
-    trial = SimpleNamespace(config={"run": configs[1].name}, last_result={"round": 2, "fairness/acc_mean": 0.3})
-    progress.on_trial_complete(0, [], trial)
-    said: list[str] = []
-    again = Sweep("led", expand_sweep(tree), sweep.search)
-    assert again.stopped_runs(said.append) == {configs[1].name: {"round": 2, "config": sweep.fingerprints[configs[1].name],
-                                                                 "fairness/acc_mean": 0.3}} and not said
