@@ -2,18 +2,79 @@
 module or callback - imported without editing fedsim.
 
 A plug-in string runs code: importing its module runs that module. So a string resolves only to user code of
-the kind its field expects (a subclass of the field's base class, or a Python function or class defined outside
-the standard library), never to ``builtins:eval`` or ``os:system``; and a run folder's own config names no code
-that resume imports unless the user says so (``fedsim run --resume RUN --trust-plugins``, or the same string
-given on the command line: :func:`plugin_settings` lists what a config names)."""
+the kind its field expects (:class:`Subclass` of the field's base class, or a function or class called as the
+field's :class:`Signature`), never to ``builtins:eval``, ``os:system``, ``__main__`` or a function of a library
+fedsim runs on (``numpy:load`` takes four arguments as a partition does); and a run folder's own config names no
+code that resume imports unless the user says so (``fedsim run --resume RUN --trust-plugins``, or the same string
+given to the same field on the command line: :func:`plugin_settings` lists what a config names)."""
 from __future__ import annotations
 
 import importlib
 import inspect
 import sys
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from fedsim.errors import PluginError
+
+# The libraries fedsim runs on, by top-level module (the dependencies in pyproject.toml; a test keeps the two
+# together): a function of theirs is never a user's plug-in (numpy.load takes a partition's four arguments), so a
+# function field never imports their modules; a class of theirs of the field's base is of its kind.
+LIBRARIES = frozenset({"numpy", "torch", "torchvision", "ray", "pytorch_lightning", "lightning", "lightning_fabric",
+                       "torchmetrics", "wandb", "PIL", "yaml", "pydantic", "pydantic_core", "tqdm", "matplotlib",
+                       "pyarrow"})
+
+
+class Kind(Protocol):
+    """What a plug-in field takes; ``str(kind)`` words it for an error message. ``from_libraries``: whether a
+    library fedsim runs on may provide it."""
+    @property
+    def from_libraries(self) -> bool: ...
+
+    def fits(self, obj: Any) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Subclass:
+    """A class plug-in: a subclass of ``base``, named ``name`` in messages (its public path)."""
+    base: type
+    name: str
+    from_libraries: bool = True  # a library's subclass of the base is of the kind (Lightning's own callbacks)
+
+    def fits(self, obj: Any) -> bool:
+        return inspect.isclass(obj) and issubclass(obj, self.base)
+
+    def __str__(self) -> str:
+        return f"a class subclassing {self.name}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A function plug-in (or a class): called with ``positional`` arguments in this order, then ``keywords``;
+    returning what ``returns`` says."""
+    positional: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    returns: str = ""
+    from_libraries: bool = False  # a library's function is never the user's, though it may take these arguments
+
+    def fits(self, obj: Any) -> bool:
+        try:
+            inspect.signature(obj).bind(*self.positional, **dict.fromkeys(self.keywords))
+        except TypeError:
+            return False
+        except ValueError:
+            return True  # nothing to read the parameters from: the call itself tells (:func:`user_call`)
+        return True
+
+    @property
+    def call(self) -> str:
+        return f"f({', '.join([*self.positional, *(f'{k}=' for k in self.keywords)])})"
+
+    def __str__(self) -> str:
+        return f"a function {self.call} returning {self.returns}"
+
 
 # Where a config may name a plug-in (dotted keys of the raw config); a list's items are each one.
 PLUGIN_KEYS = ("algorithm", "algorithm.name", "model.name", "model.client", "model.callbacks", "data.dataset",
@@ -24,36 +85,63 @@ def is_plugin(spec: str) -> bool:
     return ":" in spec
 
 
-def _standard_library(module_name: str) -> bool:
-    return module_name.split(".")[0] in sys.stdlib_module_names
+def _not_user_code(module_name: str, kind: Kind) -> str | None:
+    """What a module is when it may not provide the plug-in: the standard library, the program Python runs, or
+    (unless ``kind`` takes theirs) a library fedsim runs on. None for anything else."""
+    top = module_name.split(".")[0]
+    if top == "__main__":
+        return "the program Python runs (__main__)"
+    if top in sys.stdlib_module_names:
+        return "the Python standard library"
+    return f"{top}, a library fedsim runs on" if top in LIBRARIES and not kind.from_libraries else None
 
 
-def load_plugin(spec: str, field: str, kind: type | None = None) -> Any:
-    """The object ``spec`` names: a subclass of ``kind`` when given, else a Python function or class; either
-    defined outside the standard library. Anything else is a one-line error on ``field``."""
+def load_plugin(spec: str, field: str, kind: Kind) -> Any:
+    """The object ``spec`` names, of the ``kind`` the field takes, defined in the user's own code (neither the
+    standard library, ``__main__``, nor, for a function, a library fedsim runs on). Anything else is a one-line
+    error on ``field`` naming what it takes."""
     module_name, _, attr = spec.partition(":")
     if not (module_name and attr.isidentifier() and all(p.isidentifier() for p in module_name.split("."))):
         raise PluginError(f"{field}: {spec!r} is not 'package.module:name'; give an importable module and the name "
-                          "of a function or class in it")
-    if _standard_library(module_name):
-        raise PluginError(f"{field}: {spec!r} names the Python standard library; a plug-in is your own code "
-                          "(a function or class in your package)")
+                          f"of {kind} in it")
+    foreign = _not_user_code(module_name, kind)
+    if foreign is not None:
+        raise PluginError(f"{field}: {spec!r} names {foreign}, not your code; {field} takes {kind}")
     try:
         obj = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as err:
         raise PluginError(f"{field}: cannot import {spec!r} ({err}); give 'package.module:name' importable "
                           "on every worker (an installed package, or PYTHONPATH)") from None
     own = inspect.isfunction(obj) or inspect.isclass(obj)
-    if not own or _standard_library(getattr(obj, "__module__", "") or ""):
-        raise PluginError(f"{field}: {spec!r} is a {type(obj).__name__} from {getattr(obj, '__module__', '?')}; a "
-                          "plug-in is a function or class of your own code")
-    if kind is not None and not (inspect.isclass(obj) and issubclass(obj, kind)):
-        raise PluginError(f"{field}: {spec!r} is not a {kind.__module__}.{kind.__qualname__} subclass; name one")
+    defined_in = getattr(obj, "__module__", "") or ""
+    if not own or _not_user_code(defined_in, kind) is not None:
+        raise PluginError(f"{field}: {spec!r} is a {type(obj).__name__} from {defined_in or '?'}, not your code; "
+                          f"{field} takes {kind}")
+    if not kind.fits(obj):
+        has = f" (it takes {inspect.signature(obj)})" if isinstance(kind, Signature) else ""
+        raise PluginError(f"{field}: {spec!r} is not {kind}{has}; name one of your own code")
     return obj
 
 
+@contextmanager
+def user_call(spec: str, field: str, kind: Signature) -> Iterator[None]:
+    """Around fedsim's call of a function plug-in as ``kind`` documents it (and the unpacking of what it returns):
+    a TypeError is the user's code, said in one line naming the plug-in, never a traceback."""
+    try:
+        yield
+    except TypeError as err:
+        raise PluginError(f"{field}: {spec!r} failed when called as {kind.call} (TypeError: {err}); it must take "
+                          f"those arguments and return {kind.returns}") from None
+
+
+# A section given as its name alone (``algorithm: pkg.mod:Cls``) sets the same field as its ``name`` key.
+SHORT_FORMS = {"algorithm": "algorithm.name", "data.partition": "data.partition.name"}
+
+
 def plugin_settings(tree: dict[str, Any]) -> dict[str, str]:
-    """Dotted key -> plug-in string, for every plug-in a raw config tree names (what importing it would run)."""
+    """Field -> plug-in string, for every plug-in a raw config tree names (what importing it would run). A field
+    is named the same whichever form the tree gives it in (``algorithm`` and ``algorithm.name`` are one field;
+    a list's items are ``model.callbacks[0]``, ...)."""
     found: dict[str, str] = {}
     for key in PLUGIN_KEYS:
         node: Any = tree
@@ -63,7 +151,8 @@ def plugin_settings(tree: dict[str, Any]) -> dict[str, str]:
         for i, item in enumerate(items):
             spec = item.get("class_path") if isinstance(item, dict) else item
             if isinstance(spec, str) and is_plugin(spec):
-                found[f"{key}[{i}]" if isinstance(node, list) else key] = spec
+                field = SHORT_FORMS.get(key, key)
+                found[f"{field}[{i}]" if isinstance(node, list) else field] = spec
     return found
 
 

@@ -1,7 +1,7 @@
 """A user's algorithm, model, data set and partition, each named in a config as ``module:name``."""
 import numpy as np
 import pytest
-from conftest import in_process_server, train_one
+from conftest import TESTS, in_process_server, train_one
 
 from fedsim.algorithms import WEIGHTS
 from fedsim.config import validate
@@ -41,7 +41,7 @@ def test_a_users_algorithm_model_dataset_and_partition_run_unchanged_fedsim(tmp_
 def test_plugins_that_cannot_be_imported_or_are_the_wrong_kind_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="algorithm.name: cannot import 'nowhere:Thing'"):
         _config(tmp_path, algorithm="nowhere:Thing")
-    with pytest.raises(ConfigError, match="not a subclass of fedsim.algorithms.Algorithm"):
+    with pytest.raises(ConfigError, match="not a class subclassing fedsim.algorithms.Algorithm"):
         _config(tmp_path, algorithm="user_plugins:tiny_net")
     with pytest.raises(DataError, match="data.dataset: cannot import"):
         load_dataset("user_plugins:nothing")
@@ -88,11 +88,23 @@ def test_clients_never_sampled_are_reported_as_such(tmp_path, monkeypatch):
 ])
 def test_plugin_strings_resolve_only_to_user_code(spec, message):
     from fedsim.errors import PluginError
+    from fedsim.data.datasets import USER_DATASET
     from fedsim.plugins import load_plugin
 
     with pytest.raises(PluginError, match=f"data.dataset: .*{message}") as err:
-        load_plugin(spec, "data.dataset")
+        load_plugin(spec, "data.dataset", USER_DATASET)
     assert "\n" not in str(err.value)
+
+
+def test_a_librarys_class_of_the_fields_base_is_of_its_kind():
+    """A library fedsim runs on never provides a function plug-in (numpy:load takes a partition's four arguments),
+    but Lightning's own callbacks are Lightning callbacks."""
+    import pytorch_lightning as pl
+
+    from fedsim.models.lightning import USER_CALLBACK
+    from fedsim.plugins import load_plugin
+
+    assert load_plugin("pytorch_lightning.callbacks:Timer", "model.callbacks", USER_CALLBACK) is pl.callbacks.Timer
 
 
 def _folder_naming_code(tmp_path, monkeypatch):
@@ -126,3 +138,21 @@ def test_a_client_module_from_the_standard_library_fails_before_any_work(tmp_pat
 
     with pytest.raises(ConfigError, match="model.client: 'os:system' names the Python standard library"):
         load_inputs(validate(lightning_tree(tmp_path, "TwoPartModule", model__client="os:system")))
+
+
+def test_the_libraries_fedsim_runs_on_are_each_refused():
+    """Every dependency of pyproject.toml is in LIBRARIES by its top-level module (a new one must be added)."""
+    import re
+    import tomllib
+    from importlib import metadata
+
+    from fedsim.plugins import LIBRARIES
+
+    project = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["project"]
+    modules_of: dict[str, set[str]] = {}
+    for module, dists in metadata.packages_distributions().items():
+        for dist in dists:
+            modules_of.setdefault(re.sub(r"[-_.]+", "-", dist).lower(), set()).add(module)
+    for requirement in project["dependencies"]:
+        dist = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", requirement).group()).lower()
+        assert modules_of.get(dist, set()) & LIBRARIES, f"{dist}: none of its modules {modules_of.get(dist)} in LIBRARIES"

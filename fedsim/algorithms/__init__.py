@@ -31,7 +31,7 @@ from fedsim.algorithms.pfedme import PFedMe
 from fedsim.algorithms.scaffold import Scaffold
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import WEIGHTS
-from fedsim.plugins import is_plugin, load_plugin
+from fedsim.plugins import Subclass, is_plugin, load_plugin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (
     FedAvg, FedPer, Local, FedBABU, FedRep, FedPerFT, LGFedAvg, FedProx, FedProxBABU, Ditto,
@@ -42,9 +42,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (
 def algorithm_class(name: str) -> type[Algorithm]:
     """A registered method by name, or a user's ``package.module:Class``."""
     if is_plugin(name):
-        cls = load_plugin(name, "algorithm.name")
-        if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-            raise ValueError(f"algorithm.name: {name!r} is not a subclass of fedsim.algorithms.Algorithm")
+        cls: type[Algorithm] = load_plugin(name, "algorithm.name", Subclass(Algorithm, "fedsim.algorithms.Algorithm"))
         return cls
     if name not in ALGORITHMS:
         raise ValueError(f"algorithm.name: unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)} "

@@ -15,14 +15,13 @@ from fedsim.client.loop import LocalLoop
 from fedsim.client.optimizers import OptimizerSet
 from fedsim.client.resident import BoundLayout
 from fedsim.client.settings import OptimizerSettings
-from fedsim.config import CallbackSpec, RunConfig
+from fedsim.config import RunConfig
 from fedsim.core.layout import KeyParts
 from fedsim.errors import UserCodeError
-from fedsim.models.lightning import (config_optimizers, module_optimizers, network_of, optimizer_parts, overrides,
-                                     part_parameters)
+from fedsim.models.lightning import (config_optimizers, load_callback_classes, module_optimizers, network_of,
+                                     optimizer_parts, overrides, part_parameters)
 from fedsim.plan import RunPlan
 from fedsim.plan.build import initial_client
-from fedsim.plugins import load_plugin
 
 
 @dataclass(frozen=True)
@@ -109,10 +108,9 @@ def callbacks(module: pl.LightningModule, cfg: RunConfig) -> tuple[list[pl.Callb
     # Lightning would take its items.
     own = list(own) if isinstance(own, (list, tuple)) else [own]  # type: ignore[list-item]
     listed = []
-    for spec in cfg.model.callbacks:
-        spec = spec if isinstance(spec, CallbackSpec) else CallbackSpec(class_path=spec)
+    for spec, cls in load_callback_classes(cfg.model):
         try:
-            listed.append(load_plugin(spec.class_path, "model.callbacks")(**spec.init_args))
+            listed.append(cls(**spec.init_args))
         except (ValueError, TypeError) as err:
             raise UserCodeError(f"model.callbacks: {spec.class_path}: {err}") from None
     for cb in [*own, *listed]:

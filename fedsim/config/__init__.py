@@ -7,7 +7,7 @@ expansion into runs lives in ``fedsim.sweep.expand``, ``ConfigError`` in ``fedsi
 from fedsim.config.checks import check_sections
 from fedsim.config.execution import (AvailabilityConfig, DevicesConfig, EngineConfig, LoggingConfig, SystemConfig,
                                      WandbConfig)
-from fedsim.config.fingerprint import changed_settings, result_settings, resume_fingerprint
+from fedsim.config.fingerprint import changed_settings, result_settings, results_fingerprint, resume_fingerprint
 from fedsim.config.learning import (PARTITIONS, CallbackSpec, DataConfig, EvalConfig, ModelConfig, OptimConfig,
                                     PartitionSettings, ServerConfig, TrainConfig)
 from fedsim.config.loading import load_tree, merge_trees, parse_overrides, refuse_defaults_only, set_dotted, validate
@@ -17,4 +17,4 @@ __all__ = ["PARTITIONS", "AlgorithmConfig", "AvailabilityConfig", "CallbackSpec"
            "Distribution", "EngineConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig",
            "PartitionSettings", "RunConfig", "SearchConfig", "ServerConfig", "SystemConfig", "TrainConfig",
            "WandbConfig", "changed_settings", "check_sections", "load_tree", "merge_trees", "parse_overrides",
-           "refuse_defaults_only", "result_settings", "resume_fingerprint", "set_dotted", "validate"]
+           "refuse_defaults_only", "result_settings", "results_fingerprint", "resume_fingerprint", "set_dotted", "validate"]

@@ -70,6 +70,12 @@ def _resume_settings(cfg_dict: dict) -> dict:
     return settings
 
 
+def results_fingerprint(cfg_dict: dict) -> str:
+    """What a run's results depend on, all of it (train.rounds included): a sweep's ledger entry counts only for
+    a run whose settings still have it."""
+    return hashlib.sha256(json.dumps(result_settings(cfg_dict), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def resume_fingerprint(cfg_dict: dict) -> str:
     """What a checkpoint must match to continue this run."""
     return hashlib.sha256(json.dumps(_resume_settings(cfg_dict), sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -21,7 +21,7 @@ from fedsim.data.formats import (CIFAR10_PICKLES, CIFAR100_PICKLES, CLASS_FOLDER
                                  Arrays, Reader)
 from fedsim.data.synthetic import synthetic
 from fedsim.errors import DataError, PluginError
-from fedsim.plugins import is_plugin, load_plugin
+from fedsim.plugins import Signature, is_plugin, load_plugin, user_call
 
 
 def resolve_root(root: str | Path | None) -> Path:
@@ -100,10 +100,15 @@ def _read_checked(spec: _Spec, source: Path, read: Callable[[Path], Arrays]) -> 
     return arrays
 
 
+USER_DATASET = Signature(("root", "options"), returns="a fedsim.data.ArrayDataset")
+
+
 def _user_dataset(name: str, root: str | Path | None, options: dict) -> ArrayDataset:
-    """``data.dataset: package.module:function``, called as function(root, options) -> ArrayDataset."""
+    """``data.dataset: package.module:function``, called as ``USER_DATASET`` says."""
     try:
-        dataset = load_plugin(name, "data.dataset")(root, options)
+        make = load_plugin(name, "data.dataset", USER_DATASET)
+        with user_call(name, "data.dataset", USER_DATASET):
+            dataset = make(root, options)
     except PluginError as err:
         raise DataError(str(err)) from None
     if not isinstance(dataset, ArrayDataset):

@@ -15,7 +15,7 @@ import numpy as np
 import yaml
 
 from fedsim import atomic, storage
-from fedsim.config import RunConfig, load_tree, validate
+from fedsim.config import RunConfig, load_tree, parse_overrides, validate
 from fedsim.core import checkpoint, runfiles
 from fedsim.core.results import read_results
 from fedsim.data import ArrayDataset, Partition
@@ -56,11 +56,13 @@ def _refuse_no_config(store: storage.Store, where: str | Path) -> None:
 
 
 def _refuse_folder_code(run_dir: str | Path, tree: dict[str, Any], overrides: Sequence[str]) -> None:
-    """Every plug-in the resumed config names must come from the user's command line, or be trusted."""
-    given = [o.split("=", 1)[0].strip() for o in overrides]
+    """Every plug-in the resumed config names must be the user's: the command line gives that very field that very
+    plug-in string, or the folder is trusted. A command-line key that merely contains the field (``algorithm={}``)
+    leaves the folder's string in place, so it does not count."""
+    given = plugin_settings(parse_overrides(list(overrides)))
     for key, spec in plugin_settings(tree).items():
-        base = key.split("[")[0]
-        if not any(base == g or base.startswith(g + ".") or g.startswith(base + ".") for g in given):
+        if given.get(key) != spec:
+            base = key.split("[")[0]
             raise ConfigError(f"{key}: {run_dir}/{runfiles.CONFIG} names code to run ({spec!r}); resume imports it only "
                               f"if you trust this folder: pass --trust-plugins, or give {base}={spec} on the command line")
 

@@ -11,12 +11,13 @@ from fedsim.models.resnet import resnet34
 from fedsim.models.shape import image_size_of
 from fedsim.models.split import SplitNet
 from fedsim.models.state import use_batch_statistics
-from fedsim.plugins import is_plugin, load_plugin
+from fedsim.plugins import Signature, is_plugin, load_plugin, user_call
 
 MODELS: dict[str, Callable[..., SplitNet]] = {
     "cnn4": cnn4, "resnet34": resnet34, "mobilenet_v1": mobilenet_v1, "mlp": mlp, "linear_base": linear_base,
     "pfllib_cnn": pfllib_cnn,
 }
+USER_MODEL = Signature(keywords=("num_classes", "in_channels", "image_size"), returns="a fedsim.models.SplitNet")
 
 
 def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int],
@@ -25,16 +26,13 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int],
     ``f(num_classes=, in_channels=C, image_size=)``, image_size the side of square images, else (H, W);
     ``batch_statistics``: BatchNorm without running statistics (model.batchnorm: batch_stats)."""
     if is_plugin(name):
-        factory = load_plugin(name, "model.name")
+        factory = load_plugin(name, "model.name", USER_MODEL)
     elif name in MODELS:
         factory = MODELS[name]
     else:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(MODELS)}")
-    try:
+    with user_call(name, "model.name", USER_MODEL):
         net = factory(num_classes=num_classes, in_channels=input_shape[0], image_size=image_size_of(input_shape))
-    except TypeError as err:
-        raise ValueError(f"model.name: {name!r} cannot be called as f(num_classes=, in_channels=, image_size=) "
-                         f"({err})") from None
     if not isinstance(net, SplitNet):
         raise ValueError(f"model.name: {name!r} built a {type(net).__name__}; a model must return a "
                          "fedsim.models.SplitNet (stem, blocks, classifier)")

@@ -25,14 +25,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedsim.config import ModelConfig, OptimConfig
+from fedsim.config import CallbackSpec, ModelConfig, OptimConfig
 from fedsim.core.layout import KeyParts
 from fedsim.errors import ConfigError
 from fedsim.models import SplitNet, build_model
 from fedsim.models.shape import image_size_of
-from fedsim.plugins import load_plugin
+from fedsim.plugins import Subclass, load_plugin
 
 PART_NAMES = ("body", "head")
+USER_CLIENT = Subclass(pl.LightningModule, "pytorch_lightning.LightningModule (or fedsim.models.lightning.FedClient)")
+USER_CALLBACK = Subclass(pl.Callback, "pytorch_lightning.Callback")
 # Arguments fedsim offers a module's __init__ from the data, when it takes them and model.client_args does not.
 DATA_ARGUMENTS = ("num_classes", "in_channels", "image_size")
 
@@ -71,13 +73,27 @@ def load_client_class(path: str | None) -> type[pl.LightningModule]:
     if path is None:
         return FedClient
     try:
-        cls = load_plugin(path, "model.client")
+        cls: type[pl.LightningModule] = load_plugin(path, "model.client", USER_CLIENT)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
-        raise ConfigError(f"model.client: {path!r} is not a LightningModule class; subclass "
-                          "pytorch_lightning.LightningModule (or fedsim.models.lightning.FedClient)")
     return cls
+
+
+def load_callback_classes(model: ModelConfig) -> list[tuple[CallbackSpec, type[pl.Callback]]]:
+    """``model.callbacks``: each spec with its Lightning Callback class; checked on the driver before any work (the
+    workers make them), so a wrong one is one line before the run folder is written."""
+    specs = [spec if isinstance(spec, CallbackSpec) else CallbackSpec(class_path=spec) for spec in model.callbacks]
+    try:
+        loaded = [(spec, load_plugin(spec.class_path, "model.callbacks", USER_CALLBACK)) for spec in specs]
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    for spec, cls in loaded:
+        try:
+            inspect.signature(cls).bind(**spec.init_args)
+        except TypeError as err:
+            raise ConfigError(f"model.callbacks: {spec.class_path} cannot be made with init_args {spec.init_args} "
+                              f"({err}; it takes {inspect.signature(cls)}); fix its init_args") from None
+    return loaded
 
 
 def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, int, int],

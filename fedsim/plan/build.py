@@ -16,8 +16,9 @@ from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import ClientData
 from fedsim.data import ArrayDataset, Partition, load_run_data, make_partition
 from fedsim.errors import ConfigError
-from fedsim.models.lightning import (FedClient, build_client, describe_optimizers, module_optimizers, network_of,
-                                     optimizer_parts, overrides, part_parameters, split_keys)
+from fedsim.models.lightning import (FedClient, build_client, describe_optimizers, load_callback_classes,
+                                     module_optimizers, network_of, optimizer_parts, overrides, part_parameters,
+                                     split_keys)
 from fedsim.models.packed import why_unpackable
 from fedsim.models.shape import check_forward
 from fedsim.models.state import layout_of, load_arrays, pack
@@ -129,6 +130,7 @@ def load_inputs(cfg: RunConfig) -> Inputs:
                                train_fraction=d.train_fraction, test_fraction=d.test_fraction,
                                **d.partition.arguments())
     init_weights = read_initial_weights(cfg.model.init_from) if cfg.model.init_from else None
+    load_callback_classes(cfg.model)  # the workers make them: a wrong one is refused here, before the run folder
     algorithm = build_algorithm(cfg)
     model = build_model_plan(cfg, algorithm, data.num_classes, data.input_shape, init_weights)
     return Inputs(data, partition, algorithm, model)

@@ -9,7 +9,6 @@ sweep, so two processes sharing a runs folder never train one run twice."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -18,20 +17,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedsim import storage
-from fedsim.config import RunConfig, SearchConfig, validate
-from fedsim.core import runfiles
+from fedsim.config import RunConfig, SearchConfig, results_fingerprint, validate
 from fedsim.engine.placement import worker_bundle
 from fedsim.engine.ray_cluster import connect_ray, refuse_beyond_this_machine
 from fedsim.errors import ConfigError
 from fedsim.metrics.series import logged_series, metric_names, series_mode
 from fedsim.plan import worker_count
-from fedsim.sweep.runs import claimed, location, status
+from fedsim.sweep import ledger
+from fedsim.sweep.runs import claimed, finished_summary, status
 from fedsim.sweep.trial import FINISHED, TrialFailed, TrialRun, train
 
 if TYPE_CHECKING:  # ray.tune is imported only by a sweep
     from ray.tune import Callback as TuneCallback
 
-LEDGER = "sweep.json"
 VERBS = {"run": "running", "resume": "resuming from its checkpoint", "overwrite": "its settings changed; running it again",
          "replay": "done before, replaying its rounds"}
 
@@ -55,6 +53,7 @@ class Sweep:
         self.id = f"{name}-{hashlib.sha256(' '.join(c.name for c in configs).encode()).hexdigest()[:8]}"
         self.configs = [_tagged(cfg, f"sweep:{self.id}") for cfg in configs]
         self.folder = storage.join(configs[0].out_dir, "_sweeps", name)
+        self.fingerprints = {cfg.name: results_fingerprint(cfg.model_dump()) for cfg in self.configs}
 
     def check(self) -> None:
         """Before any trial: the scheduler's metric is one every run reports."""
@@ -77,18 +76,12 @@ class Sweep:
         assert self.search.metric is not None, "Sweep.mode: only a scheduler that compares a metric asks"
         return self.search.mode or series_mode(self.search.metric)
 
-    def ledger(self) -> dict:
-        store = storage.Store(self.folder)
-        if not store.exists(LEDGER):
-            return {}
-        try:
-            return json.loads(store.read_bytes(LEDGER))["stopped"]
-        except (ValueError, KeyError, TypeError) as err:
-            raise ConfigError(f"{storage.join(self.folder, LEDGER)}: damaged ({err}); remove it to run the stopped "
-                              "trials again") from None
+    def stopped_runs(self, say: Callable[[str], None]) -> dict[str, dict]:
+        """The runs the ledger says the scheduler stopped: only entries this sweep wrote for its runs' settings."""
+        return ledger.read_stopped(self.folder, self.id, self.fingerprints, say)
 
     def remember_stopped(self, stopped: dict) -> None:
-        storage.Store(self.folder).write_bytes(LEDGER, json.dumps({"sweep": self.id, "stopped": stopped}, indent=1).encode())
+        ledger.write_stopped(self.folder, self.id, stopped)
 
 
 def _tagged(cfg: RunConfig, tag: str) -> RunConfig:
@@ -162,8 +155,8 @@ def run_sweep(sweep: Sweep, max_concurrent: int | None = None, say: Callable[[st
     from ray import tune
 
     sweep.check()
+    stopped = sweep.stopped_runs(say)  # a malformed ledger is refused before Ray starts
     connect(sweep.configs, max_concurrent)
-    stopped = sweep.ledger()
     with ExitStack() as stack:
         runs, outcomes = _actions(sweep.configs, stopped, stack, say)
         if runs:
@@ -238,12 +231,14 @@ def _progress(sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Calla
         def on_trial_complete(self, iteration, trials, trial, **info):
             name, last = trial.config["run"], trial.last_result or {}
             if last.get(FINISHED):
-                self.outcomes[name] = Outcome(name, "finished", last.get("round"), summary=_summary(self.runs[name]))
+                self.outcomes[name] = Outcome(name, "finished", last.get("round"),
+                                              summary=finished_summary(self.runs[name].config))
                 self.say(f"{name}: finished ({_scores(last)})")
                 return
             self.outcomes[name] = Outcome(name, "stopped", last.get("round"))
             if name not in self.stopped:
-                self.stopped[name] = {"round": last.get("round"), self.sweep.search.metric: last.get(self.sweep.search.metric)}
+                self.stopped[name] = {"round": last.get("round"), "config": self.sweep.fingerprints[name],
+                                      self.sweep.search.metric: last.get(self.sweep.search.metric)}
                 self.sweep.remember_stopped(self.stopped)
             self.say(f"{name}: stopped by ASHA at round {last.get('round')} ({self.sweep.search.metric} "
                      f"{_number(last.get(self.sweep.search.metric))})")
@@ -255,11 +250,6 @@ def _progress(sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Calla
             self.say(f"{name}: failed: {cause}")
 
     return Progress(sweep, runs, stopped, say, outcomes)
-
-
-def _summary(item: TrialRun) -> dict | None:
-    store = storage.Store(location(item.config))
-    return json.loads(store.read_bytes(runfiles.SUMMARY)) if store.exists(runfiles.SUMMARY) else None
 
 
 def _number(value: float | None) -> str:

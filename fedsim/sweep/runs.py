@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +23,8 @@ def location(cfg: RunConfig) -> str:
 
 
 def status(cfg: RunConfig) -> str:
-    """finished | resumable | changed | new: what the run folder ``cfg`` names holds against ``cfg``. The folder's
+    """finished | resumable | changed | new: what the run folder ``cfg`` names holds against ``cfg`` (finished: its
+    summary records the config's rounds, :func:`finished_summary`). The folder's
     config is input: read with the strict loader, and a plug-in it names that ``cfg`` does not is a change
     (never imported)."""
     where = location(cfg)
@@ -47,7 +49,21 @@ def status(cfg: RunConfig) -> str:
         return "changed"
     if stored.train.rounds != cfg.train.rounds:
         return "resumable"  # a constant-lr run that is extended (the engine accepts that)
-    return "finished" if store.exists(runfiles.SUMMARY) else "resumable"
+    return "finished" if finished_summary(cfg) is not None else "resumable"
+
+
+def finished_summary(cfg: RunConfig) -> dict | None:
+    """The run's summary.json when it records the config's train.rounds: a summary that exists is not enough (a run
+    extended by a resume that then broke keeps the shorter run's summary until it ends). None for a summary that is
+    missing, unreadable or of another round count."""
+    store = storage.Store(location(cfg))
+    if not store.exists(runfiles.SUMMARY):
+        return None
+    try:
+        summary = json.loads(store.read_bytes(runfiles.SUMMARY))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("rounds") == cfg.train.rounds else None
 
 
 def _locks_folder(cfg: RunConfig) -> Path:

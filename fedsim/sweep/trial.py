@@ -6,7 +6,6 @@ checkpoint from ``rounds.jsonl``, and a run that is already done replays all of 
 every trial's whole history whatever the sweep's process went through."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from fedsim import storage
@@ -17,6 +16,7 @@ from fedsim.engine.driver import Callback, Run
 from fedsim.errors import ConfigError, DataError, RunFailed
 from fedsim.metrics.logger import round_row
 from fedsim.metrics.series import evaluated, fairness, round_metrics
+from fedsim.sweep.runs import finished_summary
 
 FINISHED = "finished"  # the key of a trial's last result when its run is complete
 
@@ -87,8 +87,10 @@ def train(params: dict, runs: dict[str, TrialRun]) -> None:
 
 
 def _replay_folder(cfg: RunConfig, reporter: TuneReporter) -> None:
+    """The folder's rounds to Tune; then, only where its summary records the config's rounds, the mark of a run that
+    is complete (a trial without it is listed as stopped, never as finished)."""
     with storage.local_folder(storage.join(cfg.out_dir, cfg.name), skip=runfiles.CHECKPOINTS) as folder:
         reporter.replay(read_results(folder / runfiles.ROUNDS))
-        summary = folder / runfiles.SUMMARY
-        if summary.exists():
-            reporter.report_final(json.loads(summary.read_text()))
+    summary = finished_summary(cfg)
+    if summary is not None:
+        reporter.report_final(summary)

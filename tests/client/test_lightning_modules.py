@@ -164,7 +164,7 @@ def test_bf16_mixed_precision_trains_through_fabric_and_16_mixed_needs_a_gpu(tmp
 # -- the contract, checked before work ------------------------------------------------------------------
 @pytest.mark.parametrize("over, message", [
     ({"model__client": "user_plugins:NeedsWidth"}, r"model.client: NeedsWidth\(\*\*model.client_args\) raised TypeError"),
-    ({"model__client": "user_plugins:NotLightning"}, "is not a LightningModule class"),
+    ({"model__client": "user_plugins:NotLightning"}, "is not a class subclassing pytorch_lightning.LightningModule"),
     ({"model__client": "user_plugins:TwoOptimizersAutomatic"}, "returns 2 optimizers with automatic optimization"),
     ({"model__personal_layers": 2}, "model.personal_layers: 2 needs a fedsim SplitNet's blocks"),
     ({"model__head": ["classifier"]}, r"model.head: 'classifier' is not a submodule of TwoPartModule \(its submodules: "

@@ -131,3 +131,12 @@ def test_the_repositorys_kept_runs_are_kept_at_another_absolute_path(tmp_path):
     assert restore_kept(planned, kept) == len(planned)
     assert {item.config.name: status(item.config) for item in planned} == \
         {item.config.name: "finished" for item in planned}
+
+
+def test_every_kept_archive_of_the_repository_is_within_the_bounds():
+    """The bounds (issue 47) sit far above what a kept run holds."""
+    kept = sorted((TESTS.parent / "reproduction" / "runs").glob("*.tar.gz"))
+    if not kept:
+        pytest.skip("no kept runs in this checkout")
+    for source in kept:
+        assert archive.KEPT[0] in archive._members(source)

@@ -108,8 +108,9 @@ def test_a_run_asha_stopped_stays_stopped_a_finished_one_is_replayed_and_a_claim
 
     configs = expand_sweep(synthetic_tree(tmp_path, "st", sweep={"algorithm": ["fedavg", "fedper", "fedprox"]}))
     for cfg, files in zip(configs, (["config.yaml", "summary.json"], ["config.yaml"], ["config.yaml"])):
-        for name in files:
-            write_yaml(tmp_path / cfg.name / name, cfg.model_dump() if name == "config.yaml" else {})
+        write_yaml(tmp_path / cfg.name / "config.yaml", cfg.model_dump())
+        if "summary.json" in files:  # finished: its summary records the config's rounds
+            (tmp_path / cfg.name / "summary.json").write_text(json.dumps({"rounds": cfg.train.rounds}))
     with ExitStack() as stack:
         runs, skipped = _actions(configs, {configs[1].name: {"round": 2}}, stack, print)
     assert [runs[c.name].action for c in configs] == ["replay", "replay", "resume"] and not skipped

@@ -9,19 +9,25 @@ from fedsim.data.partition import Partition
 from fedsim.data.partitioning.kinds import KINDS
 from fedsim.data.partitioning.request import Request, Splitter
 from fedsim.errors import DataError, PluginError
-from fedsim.plugins import is_plugin, load_plugin
+from fedsim.plugins import Signature, is_plugin, load_plugin, user_call
+
+USER_PARTITION = Signature(("train_y", "test_y", "num_clients", "rng"),
+                           returns="(train index arrays, test index arrays), one of each per client")
 
 
 def _user_partition(spec: str) -> Splitter:
-    """``data.partition: package.module:function``, called as function(train_y, test_y, num_clients, rng)
-    and returning (train index arrays, test index arrays), one of each per client."""
+    """``data.partition: package.module:function``, called as ``USER_PARTITION`` says."""
     try:
-        split = load_plugin(spec, "data.partition")
+        split = load_plugin(spec, "data.partition", USER_PARTITION)
     except PluginError as err:
         raise DataError(str(err)) from None
 
     def splitter(r: Request) -> Partition:
-        train, test = split(r.train_y, r.test_y, r.num_clients, r.rng)
+        try:
+            with user_call(spec, "data.partition", USER_PARTITION):
+                train, test = split(r.train_y, r.test_y, r.num_clients, r.rng)
+        except PluginError as err:
+            raise DataError(str(err)) from None
         return Partition(tuple(np.sort(np.asarray(t, np.int64)) for t in train),
                          tuple(np.sort(np.asarray(t, np.int64)) for t in test))
 
