@@ -9,13 +9,18 @@ from pydantic import Field, field_validator, model_validator
 from fedsim.config.base import Section
 
 
+# The longest wait a setting may ask for: 10^7 s, about 116 days, longer than any run waits on one thing; far below
+# where a wait overflows (Ray counts milliseconds in a 64-bit integer, Python's locks threading.TIMEOUT_MAX ~ 292 years).
+MAX_WAIT_S = 1e7
+
+
 class EngineConfig(Section):
     workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(1.0, ge=0)
     gpus_per_worker: float = Field(0.0, ge=0, le=1)
     threads_per_worker: int = Field(1, ge=1, description="torch threads per worker; fixed so results do not depend on workers")
-    round_timeout_s: float = Field(3600.0, gt=0, description="a round taking longer fails instead of hanging silently")
-    heartbeat_timeout_s: float = Field(60.0, gt=0, description="a worker not answering a ping this long during a "
+    round_timeout_s: float = Field(3600.0, gt=0, le=MAX_WAIT_S, description="a round taking longer fails instead of hanging silently")
+    heartbeat_timeout_s: float = Field(60.0, gt=0, le=MAX_WAIT_S, description="a worker not answering a ping this long during a "
                                        "round (frozen, or its machine gone) is replaced and the round redone")
     max_recoveries: int = Field(3, ge=0, description="worker losses in a row (no round completing in between) "
                                 "before the run stops with an error naming the worker")
@@ -30,7 +35,7 @@ class EngineConfig(Section):
     memory_format: Literal["auto", "channels_last", "contiguous"] = Field(
         "auto", description="image tensor layout; auto = channels_last on CPU (conv steps measured 1.7x faster "
         "there, benchmarks/profiling.py compute), contiguous on GPU")
-    wait_for_resources_s: float = Field(600.0, ge=0, description="on a cluster: how long to wait for the autoscaler "
+    wait_for_resources_s: float = Field(600.0, ge=0, le=MAX_WAIT_S, description="on a cluster: how long to wait for the autoscaler "
                                         "to add nodes for the workers (a local run fails at once when it is short)")
     dashboard: bool = Field(False, description="start Ray's dashboard (bound to 127.0.0.1) for local runs")
     pack: int | Literal["auto"] = Field(1, description="clients a worker trains at once as one batched computation "

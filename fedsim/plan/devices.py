@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -109,7 +112,7 @@ def build_availability(cfg: AvailabilityConfig, seed: int, num_clients: int) -> 
 def _rows(path: Path, key: str, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
     """The CSV's rows with their line numbers, after checking it exists and has the columns."""
     try:
-        with path.open(newline="") as handle:
+        with _regular_file(path, key) as handle:
             reader = csv.DictReader(handle)
             missing = [c for c in columns if c not in (reader.fieldnames or ())]
             if missing:
@@ -121,6 +124,20 @@ def _rows(path: Path, key: str, columns: tuple[str, ...]) -> list[tuple[int, dic
     if not rows:
         raise ConfigError(f"{key}: {path} has no rows; give one per client")
     return rows
+
+
+def _regular_file(path: Path, key: str) -> TextIO:
+    """``path`` opened for reading as text, refused unless it is a regular file: a FIFO would block the read
+    forever, a device never end. Opened without blocking and checked on the open file, so nothing swapped in
+    between the check and the read is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ConfigError(f"{key}: {path.resolve()} is not a regular file (a FIFO, a device or a folder); give a "
+                          "CSV file")
+    os.set_blocking(fd, True)
+    return open(fd, newline="", closefd=True)  # noqa: SIM115 - the caller's with-block closes it
 
 
 def _number(key: str, path: Path, line: int, row: dict[str, str], column: str, positive: bool = True) -> float:
