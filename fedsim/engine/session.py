@@ -137,11 +137,15 @@ def _raised_in_an_actor(err: BaseException) -> ConfigError | DataError | Checkpo
     """The bad-input error a worker or the server raised, inside the RayTaskErrors that carried it here, one for
     each actor it crossed (Ray's wrapper subclasses the error's class, so it is caught as one; its ``cause`` is
     what it wraps)."""
-    cause, seen = err, set()
-    while getattr(cause, "cause", None) is not None and id(cause) not in seen:
+    cause: BaseException = err
+    seen = set()
+    while isinstance(getattr(cause, "cause", None), BaseException) and id(cause) not in seen:
         seen.add(id(cause))
-        cause = cause.cause
-    return cause if cause is not err and type(cause) in (ConfigError, DataError, CheckpointError) else None
+        cause = getattr(cause, "cause")
+    if cause is err or type(cause) not in (ConfigError, DataError, CheckpointError):
+        return None
+    assert isinstance(cause, (ConfigError, DataError, CheckpointError))
+    return cause
 
 
 def _interrupt_behind(err: BaseException) -> BaseException | None:
