@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -27,10 +28,8 @@ def synthetic(options: dict) -> ArrayDataset:
     if unknown:
         raise DataError(f"data.options: unknown synthetic option(s) {unknown}; use {', '.join(_SYNTHETIC_OPTIONS)}")
     o = _SYNTHETIC_OPTIONS | options
-    try:
-        alpha, beta, n, seed = float(o["alpha"]), float(o["beta"]), int(o["num_clients"]), int(o["seed"])
-    except (TypeError, ValueError, OverflowError) as e:
-        raise DataError(f"data.options: synthetic options must be numbers ({e})") from None
+    alpha, beta, n, seed = (_number(o, "alpha", float), _number(o, "beta", float), _number(o, "num_clients", int),
+                            _number(o, "seed", int))
     for key, value in (("alpha", alpha), ("beta", beta)):
         if not (math.isfinite(value) and value >= 0):
             raise DataError(f"data.options.{key}: synthetic needs a finite number >= 0, got {value}")
@@ -60,3 +59,11 @@ def synthetic(options: dict) -> ArrayDataset:
                         (0.0,) * dim, (1.0,) * dim,  # features stay as generated: to_float is the identity
                         groups[train], groups[~train], augmentable=False,
                         digest=content_digest(*arrays, groups[train], groups[~train]))
+
+
+def _number(options: dict, key: str, kind: type[int] | type[float]) -> Any:
+    try:
+        return kind(options[key])
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
+        raise DataError(f"data.options.{key}: synthetic needs a {'whole ' if kind is int else ''}number, got "
+                        f"{options[key]!r}") from None
