@@ -18,7 +18,10 @@ class EngineConfig(Section):
     workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(1.0, ge=0)
     gpus_per_worker: float = Field(0.0, ge=0, le=1)
-    threads_per_worker: int = Field(1, ge=1, description="torch threads per worker; fixed so results do not depend on workers")
+    # More threads than cores only slow a worker, and no machine has 1024 cores a worker could use; past that lies
+    # a crash when the worker first computes (1e9 threads: libgomp asked for 216 GB, measured).
+    threads_per_worker: int = Field(1, ge=1, le=1024, description="torch threads per worker; fixed so results do "
+                                    "not depend on workers")
     round_timeout_s: float = Field(3600.0, gt=0, le=MAX_WAIT_S, description="a round taking longer fails instead of hanging silently")
     heartbeat_timeout_s: float = Field(60.0, gt=0, le=MAX_WAIT_S, description="a worker not answering a ping this long during a "
                                        "round (frozen, or its machine gone) is replaced and the round redone")
@@ -141,6 +144,16 @@ class WandbConfig(Section):
     group: str | None = Field(None, description="W&B group; default: the run's name without its seed (the seeds of a "
                               "sweep variant share it, so W&B averages seeds, never methods)")
     tags: list[str] = Field(default_factory=list)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_wandb_takes(cls, tags: list[str]) -> list[str]:
+        # W&B refuses them in wandb.init, after the run folder is written.
+        wrong = next((tag for tag in tags if not 1 <= len(tag) <= 64), None)
+        if wrong is not None:
+            raise ValueError(f"{wrong[:20]!r}{'...' if len(wrong) > 20 else ''} has {len(wrong)} characters; W&B takes "
+                             "tags of 1 to 64")
+        return tags
     run_id: str | None = Field(None, description="W&B run id; set to continue the same W&B run on --resume")
     per_client_limit: int = Field(100, ge=0, description="clients logged as their own curve (all go into the final table)")
     x_axis: Literal["round", "sim_time"] = Field("round", description="the charts' x-axis: the round, or simulated "
