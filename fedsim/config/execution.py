@@ -62,6 +62,11 @@ class EngineConfig(Section):
         return self
 
 
+# The slowest device rate (samples/s, Mbit/s) a setting may give: slower is no device an experiment models, and near
+# 0 (5e-324 passes gt=0) a round's simulated time overflows to inf.
+MIN_RATE = 1e-6
+
+
 class DevicesConfig(Section):
     """Each client's device: a preset drawn from the seed, or a CSV trace (``client,speed,up_mbps,down_mbps`` and
     an optional ``class`` column; one row per client)."""
@@ -70,9 +75,9 @@ class DevicesConfig(Section):
         "sigma (classes slow/medium/fast by speed tercile); mobile: a stylized mix of high-end (25%, 4x), "
         "mid-range (50%, 1x) and low-end (25%, 0.25x) devices")
     trace: str | None = Field(None, description="CSV file of per-client devices (replaces the preset)")
-    speed: float = Field(100.0, gt=0, description="samples per second (forward and backward) of the median device")
-    up_mbps: float = Field(5.0, gt=0, description="upload bandwidth of the median device, megabits per second")
-    down_mbps: float = Field(20.0, gt=0, description="download bandwidth of the median device, megabits per second")
+    speed: float = Field(100.0, ge=MIN_RATE, description="samples per second (forward and backward) of the median device")
+    up_mbps: float = Field(5.0, ge=MIN_RATE, description="upload bandwidth of the median device, megabits per second")
+    down_mbps: float = Field(20.0, ge=MIN_RATE, description="download bandwidth of the median device, megabits per second")
     sigma: float = Field(0.5, ge=0, description="lognormal: standard deviation of log speed and log bandwidth")
 
 

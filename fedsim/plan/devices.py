@@ -16,6 +16,7 @@ from typing import TextIO
 import numpy as np
 
 from fedsim.config import AvailabilityConfig, DevicesConfig
+from fedsim.config.execution import MIN_RATE
 from fedsim.errors import ConfigError
 
 # The stylized mobile mix: (class, share of clients, speed and bandwidth relative to the median device).
@@ -145,8 +146,8 @@ def _number(key: str, path: Path, line: int, row: dict[str, str], column: str, p
         value = float(row[column])
     except (TypeError, ValueError):
         value = math.nan
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        need = "a positive number" if positive else "a number at least 0"
+    if not math.isfinite(value) or value < 0 or (positive and value < MIN_RATE):
+        need = f"a positive number (at least {MIN_RATE:g})" if positive else "a number at least 0"
         raise ConfigError(f"{key}: {path} line {line}: {column} is {row[column]!r}; give {need}")
     return value
 
