@@ -22,9 +22,10 @@ class EngineConfig(Section):
     # a crash when the worker first computes (1e9 threads: libgomp asked for 216 GB, measured).
     threads_per_worker: int = Field(1, ge=1, le=1024, description="torch threads per worker; fixed so results do "
                                     "not depend on workers")
-    round_timeout_s: float = Field(3600.0, gt=0, le=MAX_WAIT_S, description="a round taking longer fails instead of hanging silently")
-    heartbeat_timeout_s: float = Field(60.0, gt=0, le=MAX_WAIT_S, description="a worker not answering a ping this long during a "
-                                       "round (frozen, or its machine gone) is replaced and the round redone")
+    round_timeout_s: float = Field(3600.0, gt=0, le=MAX_WAIT_S, description="a round taking longer fails instead of "
+                                   "hanging silently")
+    heartbeat_timeout_s: float = Field(60.0, gt=0, le=MAX_WAIT_S, description="a worker not answering a ping this long "
+                                       "during a round (frozen, or its machine gone) is replaced and the round redone")
     max_recoveries: int = Field(3, ge=0, description="worker losses in a row (no round completing in between) "
                                 "before the run stops with an error naming the worker")
     checkpoint_every: int = Field(1, ge=0, description="rounds between checkpoints (0 = never); also the rollback unit on worker loss")
@@ -38,8 +39,9 @@ class EngineConfig(Section):
     memory_format: Literal["auto", "channels_last", "contiguous"] = Field(
         "auto", description="image tensor layout; auto = channels_last on CPU (conv steps measured 1.7x faster "
         "there, benchmarks/profiling.py compute), contiguous on GPU")
-    wait_for_resources_s: float = Field(600.0, ge=0, le=MAX_WAIT_S, description="on a cluster: how long to wait for the autoscaler "
-                                        "to add nodes for the workers (a local run fails at once when it is short)")
+    wait_for_resources_s: float = Field(600.0, ge=0, le=MAX_WAIT_S, description="on a cluster: how long to wait for "
+                                        "the autoscaler to add nodes for the workers (a local run fails at once when it "
+                                        "is short)")
     dashboard: bool = Field(False, description="start Ray's dashboard (bound to 127.0.0.1) for local runs")
     pack: int | Literal["auto"] = Field(1, description="clients a worker trains at once as one batched computation "
                                         "(1: one after another; auto: sized by measuring the worker's device); any "
@@ -75,9 +77,11 @@ class DevicesConfig(Section):
         "sigma (classes slow/medium/fast by speed tercile); mobile: a stylized mix of high-end (25%, 4x), "
         "mid-range (50%, 1x) and low-end (25%, 0.25x) devices")
     trace: str | None = Field(None, description="CSV file of per-client devices (replaces the preset)")
-    speed: float = Field(100.0, ge=MIN_RATE, description="samples per second (forward and backward) of the median device")
+    speed: float = Field(100.0, ge=MIN_RATE, description="samples per second (forward and backward) of the median "
+                         "device")
     up_mbps: float = Field(5.0, ge=MIN_RATE, description="upload bandwidth of the median device, megabits per second")
-    down_mbps: float = Field(20.0, ge=MIN_RATE, description="download bandwidth of the median device, megabits per second")
+    down_mbps: float = Field(20.0, ge=MIN_RATE, description="download bandwidth of the median device, megabits per "
+                             "second")
     sigma: float = Field(0.5, ge=0, description="lognormal: standard deviation of log speed and log bandwidth")
 
 
@@ -149,6 +153,10 @@ class WandbConfig(Section):
     group: str | None = Field(None, description="W&B group; default: the run's name without its seed (the seeds of a "
                               "sweep variant share it, so W&B averages seeds, never methods)")
     tags: list[str] = Field(default_factory=list)
+    run_id: str | None = Field(None, description="W&B run id; set to continue the same W&B run on --resume")
+    per_client_limit: int = Field(100, ge=0, description="clients logged as their own curve (all go into the final table)")
+    x_axis: Literal["round", "sim_time"] = Field("round", description="the charts' x-axis: the round, or simulated "
+                                                  "seconds on the virtual clock (needs system.devices)")
 
     @field_validator("tags")
     @classmethod
@@ -159,10 +167,6 @@ class WandbConfig(Section):
             raise ValueError(f"{wrong[:20]!r}{'...' if len(wrong) > 20 else ''} has {len(wrong)} characters; W&B takes "
                              "tags of 1 to 64")
         return tags
-    run_id: str | None = Field(None, description="W&B run id; set to continue the same W&B run on --resume")
-    per_client_limit: int = Field(100, ge=0, description="clients logged as their own curve (all go into the final table)")
-    x_axis: Literal["round", "sim_time"] = Field("round", description="the charts' x-axis: the round, or simulated "
-                                                  "seconds on the virtual clock (needs system.devices)")
 
 
 class LoggingConfig(Section):
