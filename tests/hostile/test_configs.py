@@ -205,6 +205,18 @@ def test_a_trace_that_is_a_fifo_is_refused_without_reading_it(case, extra, field
     assert "give a CSV file" in err
 
 
+def test_init_weights_that_are_a_fifo_are_refused_without_reading_them(in_tmp, capsys):
+    finished = in_tmp / "finished"
+    finished.mkdir()
+    os.mkfifo(finished / "model.npz")
+    timer = unblocking(finished / "model.npz")
+    try:
+        refused(capsys, in_tmp, ["run", str(write_probe(in_tmp, model__init_from=str(finished)))],
+                f"model.init_from: {finished / 'model.npz'} is not a regular file")
+    finally:
+        timer.cancel()
+
+
 def test_a_trace_that_is_a_device_is_refused(in_tmp, capsys):
     refused(capsys, in_tmp, ["run", str(write_probe(in_tmp, "system: {devices: {trace: /dev/zero}}"))],
             "system.devices.trace: /dev/zero is not a regular file")
