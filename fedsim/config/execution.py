@@ -82,7 +82,9 @@ class DevicesConfig(Section):
     up_mbps: float = Field(5.0, ge=MIN_RATE, description="upload bandwidth of the median device, megabits per second")
     down_mbps: float = Field(20.0, ge=MIN_RATE, description="download bandwidth of the median device, megabits per "
                              "second")
-    sigma: float = Field(0.5, ge=0, description="lognormal: standard deviation of log speed and log bandwidth")
+    # At 10 the middle 99.7% of devices already span e^60 (10^26) in speed; a few hundred overflows e^(sigma z) to
+    # inf or 0, a device of no speed at all.
+    sigma: float = Field(0.5, ge=0, le=10, description="lognormal: standard deviation of log speed and log bandwidth")
 
 
 class AvailabilityConfig(Section):

@@ -140,6 +140,7 @@ ABSURD = [
     ("a W&B tag W&B refuses", "logging: {wandb: {tags: [''], mode: offline}}", "logging.wandb.tags: '' has 0 characters"),
     ("a W&B tag of 65 characters", f"logging: {{wandb: {{tags: [{'t' * 65}]}}}}", "W&B takes tags of 1 to 64"),
     ("a device of 5e-324 samples/s", "system: {devices: {speed: 5.0e-324}}", "system.devices.speed"),
+    ("a device spread past float", "system: {devices: {preset: lognormal, sigma: 1000}}", "system.devices.sigma"),
     ("a billion synthetic draws", "sweep: {train.body.lr: {uniform: [0.01, 0.1]}}\nsearch: {samples: 1000000000}",
      "search.samples: the sweep has 1e+09 runs"),
 ]
