@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -55,6 +56,10 @@ class _StrictLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (list, dict)):  # `? [a, b]`: no setting is named so (PyYAML would fail unhashable)
+                kind = "list" if isinstance(key, list) else "mapping"
+                raise YamlError(f"line {key_node.start_mark.line + 1}: a key is a {kind}; a key names a setting: "
+                                "write it as text")
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 raise YamlError(f"line {key_node.start_mark.line + 1}: key {str(key)[:60]!r} is given twice in one "
                                 "mapping; keep one (a repeated section would replace the first one whole)")
@@ -81,6 +86,20 @@ def _check_expanded_size(value: Any) -> None:
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
+
+
+def read_text(path: Path) -> str:
+    """The text of the YAML file at ``path``, read no further than the size limit; YamlError (saying the fix) for a
+    file past it or one that is not UTF-8 text."""
+    with path.open("rb") as handle:
+        data = handle.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise YamlError(f"larger than {MAX_BYTES >> 20} MiB; a config is a few kB, check the file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise YamlError(f"not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); save the file as "
+                        "UTF-8") from None
 
 
 def load(text: str) -> Any:

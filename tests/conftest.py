@@ -21,6 +21,14 @@ os.environ.setdefault("WANDB_MODE", "offline")
 TESTS = Path(__file__).resolve().parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The hostile-input suite's counts (tests/hostile/conftest.py), registered here: this conftest is loaded by
+    every pytest process, xdist's controller included, which prints the summary but never collects tests/hostile."""
+    from hostile.conftest import HostileTally
+
+    config.pluginmanager.register(HostileTally(), "hostile-tally")
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     """The shared real data (FEDSIM_DATA). `make test` sets it; without it, data tests skip."""

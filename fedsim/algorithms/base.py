@@ -40,7 +40,8 @@ PARTS: dict[str, frozenset[str]] = {
 
 class Params(BaseModel):
     """Base of every method's parameters: typed, documented, unknown keys refused."""
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # inf/nan are never a method's setting (mu: .inf would train on NaN losses), as in every config section.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class Algorithm:

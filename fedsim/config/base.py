@@ -6,7 +6,7 @@ import re
 import reprlib
 import types
 import typing
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
@@ -15,6 +15,9 @@ SHORT = reprlib.Repr()
 SHORT.maxstring = SHORT.maxother = 40
 SHORT.maxlist = SHORT.maxdict = 3
 SHORT.maxlevel = 1
+
+
+INT64 = 2**63  # every count and size ends up in numpy, torch or Ray, which hold 64-bit integers
 
 
 def scalar_types(annotation: Any) -> set:
@@ -29,6 +32,8 @@ class Section(BaseModel):
     """A config section: its keys are exactly its fields."""
     # inf/nan are never meaningful settings (round_timeout_s: .inf would reach Ray as a timeout).
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # Fields whose product fedsim.config.checks.check_work bounds: too large, they are refused with the estimate.
+    counted_by_the_work_estimate: ClassVar[frozenset[str]] = frozenset()
 
     @field_validator("*", mode="before")
     @classmethod
@@ -40,6 +45,21 @@ class Section(BaseModel):
             raise ValueError("expected true or false")
         if isinstance(value, bool) and bool not in wanted and wanted & {int, float}:
             raise ValueError("expected a number, not true/false")
+        if isinstance(value, float) and value.is_integer() and int in wanted and float not in wanted:
+            return int(value)  # 1e26 as the number it is (pydantic takes 1e6 but not a float past 64 bits)
+        return value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul_and_no_overflow(cls, value: Any, info: ValidationInfo) -> Any:
+        """Values every consumer can take: checked here, where the field is named, not where they fail later."""
+        if isinstance(value, str) and "\0" in value:
+            # The OS refuses a path holding a NUL with a bare "embedded null byte", far from the field.
+            raise ValueError("holds a NUL byte (\\0), which no path or name can contain; remove it")
+        if (isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64
+                and info.field_name not in cls.counted_by_the_work_estimate):
+            raise ValueError(f"{value:.3g} is beyond a 64-bit integer, which numpy, torch and Ray count in; give a "
+                             "smaller number")
         return value
 
 

@@ -8,6 +8,7 @@ This is the config package's one import from a layer above (``fedsim.algorithms`
 and what it supports are its class's. Imported where used, as ``fedsim.algorithms`` imports config sections."""
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,7 @@ def check_sections(cfg: RunConfig) -> None:
                           "training_step; use the built-in client (unset model.client) or a method that trains "
                           "through the module")
     check_population(cfg)
+    check_work(cfg)
 
 
 def method_with_its_parameters(cfg: RunConfig) -> type[Algorithm]:
@@ -123,3 +125,46 @@ def asynchronous_methods() -> list[str]:
     from fedsim.algorithms import ALGORITHMS
 
     return sorted(name for name, cls in ALGORITHMS.items() if steps_asynchronously(cls))
+
+
+# A client-epoch is one client's pass over its training data, in local training or in evaluation's fine-tuning. Even
+# at a millisecond each (a few samples through a small MLP) 10^12 of them take 30 years of one core: a run asking
+# for more could never finish, whatever its cluster, and is a typo (train.rounds: 1e26) rather than a plan.
+MAX_CLIENT_EPOCHS = 10**12
+
+
+def client_epochs(cfg: RunConfig) -> tuple[int, int]:
+    """(local training, fine-tuning) client-epochs the run asks for, counted from the config alone (before data
+    loads): every round's reports times train.local_epochs, and every evaluation's clients times
+    eval.finetune_epochs (all clients: an upper bound when eval.clients scores a cohort)."""
+    t = cfg.train
+    reports, _ = reports_a_round(cfg)
+    evaluations = t.rounds // t.eval_every + 1  # every eval_every rounds, and the final round
+    return t.rounds * reports * t.local_epochs, evaluations * cfg.data.num_clients * cfg.eval.finetune_epochs
+
+
+def reports_a_round(cfg: RunConfig) -> tuple[int, str]:
+    """How many clients train in a round (a server step, under system.mode=async), and the setting that says so."""
+    if cfg.system.mode == "async":
+        return cfg.system.async_buffer, "system.async_buffer"
+    trainable = cfg.data.num_clients - cfg.eval.held_out(cfg.data.num_clients)
+    selected = max(1, round(cfg.train.fraction * trainable))
+    return math.ceil(selected * (1 + cfg.system.over_selection)), "data.num_clients"
+
+
+def check_work(cfg: RunConfig) -> None:
+    """Refuse a run that could never finish, with the estimate, naming the largest of the settings that multiply."""
+    training, finetuning = client_epochs(cfg)
+    if training + finetuning <= MAX_CLIENT_EPOCHS:
+        return
+    t, e, clients = cfg.train, cfg.eval, cfg.data.num_clients
+    reports, key = reports_a_round(cfg)
+    factors = {"train.rounds": t.rounds, key: reports, "train.local_epochs": t.local_epochs,
+               "data.num_clients": clients, "eval.finetune_epochs": e.finetune_epochs}
+    largest = max(factors, key=lambda name: factors[name])
+    raise ConfigError(f"{largest}: the run asks for {training + finetuning:.3g} client-epochs ({training:.3g} of local "
+                      f"training: train.rounds {t.rounds:.3g} x {reports:.3g} clients a round x train.local_epochs "
+                      f"{t.local_epochs:.3g}; {finetuning:.3g} of fine-tuning: {clients:.3g} clients x "
+                      f"eval.finetune_epochs {e.finetune_epochs:.3g} at each evaluation), past the "
+                      f"{MAX_CLIENT_EPOCHS:.0e} any run could finish (30 years of one core at a millisecond each); "
+                      f"lower {largest}")

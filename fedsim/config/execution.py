@@ -9,14 +9,23 @@ from pydantic import Field, field_validator, model_validator
 from fedsim.config.base import Section
 
 
+# The longest wait a setting may ask for: 10^7 s, about 116 days, longer than any run waits on one thing; far below
+# where a wait overflows (Ray counts milliseconds in a 64-bit integer, Python's locks threading.TIMEOUT_MAX ~ 292 years).
+MAX_WAIT_S = 1e7
+
+
 class EngineConfig(Section):
     workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(1.0, ge=0)
     gpus_per_worker: float = Field(0.0, ge=0, le=1)
-    threads_per_worker: int = Field(1, ge=1, description="torch threads per worker; fixed so results do not depend on workers")
-    round_timeout_s: float = Field(3600.0, gt=0, description="a round taking longer fails instead of hanging silently")
-    heartbeat_timeout_s: float = Field(60.0, gt=0, description="a worker not answering a ping this long during a "
-                                       "round (frozen, or its machine gone) is replaced and the round redone")
+    # More threads than cores only slow a worker, and no machine has 1024 cores a worker could use; past that lies
+    # a crash when the worker first computes (1e9 threads: libgomp asked for 216 GB, measured).
+    threads_per_worker: int = Field(1, ge=1, le=1024, description="torch threads per worker; fixed so results do "
+                                    "not depend on workers")
+    round_timeout_s: float = Field(3600.0, gt=0, le=MAX_WAIT_S, description="a round taking longer fails instead of "
+                                   "hanging silently")
+    heartbeat_timeout_s: float = Field(60.0, gt=0, le=MAX_WAIT_S, description="a worker not answering a ping this long "
+                                       "during a round (frozen, or its machine gone) is replaced and the round redone")
     max_recoveries: int = Field(3, ge=0, description="worker losses in a row (no round completing in between) "
                                 "before the run stops with an error naming the worker")
     checkpoint_every: int = Field(1, ge=0, description="rounds between checkpoints (0 = never); also the rollback unit on worker loss")
@@ -30,8 +39,9 @@ class EngineConfig(Section):
     memory_format: Literal["auto", "channels_last", "contiguous"] = Field(
         "auto", description="image tensor layout; auto = channels_last on CPU (conv steps measured 1.7x faster "
         "there, benchmarks/profiling.py compute), contiguous on GPU")
-    wait_for_resources_s: float = Field(600.0, ge=0, description="on a cluster: how long to wait for the autoscaler "
-                                        "to add nodes for the workers (a local run fails at once when it is short)")
+    wait_for_resources_s: float = Field(600.0, ge=0, le=MAX_WAIT_S, description="on a cluster: how long to wait for "
+                                        "the autoscaler to add nodes for the workers (a local run fails at once when it "
+                                        "is short)")
     dashboard: bool = Field(False, description="start Ray's dashboard (bound to 127.0.0.1) for local runs")
     pack: int | Literal["auto"] = Field(1, description="clients a worker trains at once as one batched computation "
                                         "(1: one after another; auto: sized by measuring the worker's device); any "
@@ -54,6 +64,11 @@ class EngineConfig(Section):
         return self
 
 
+# The slowest device rate (samples/s, Mbit/s) a setting may give: slower is no device an experiment models, and near
+# 0 (5e-324 passes gt=0) a round's simulated time overflows to inf.
+MIN_RATE = 1e-6
+
+
 class DevicesConfig(Section):
     """Each client's device: a preset drawn from the seed, or a CSV trace (``client,speed,up_mbps,down_mbps`` and
     an optional ``class`` column; one row per client)."""
@@ -62,10 +77,14 @@ class DevicesConfig(Section):
         "sigma (classes slow/medium/fast by speed tercile); mobile: a stylized mix of high-end (25%, 4x), "
         "mid-range (50%, 1x) and low-end (25%, 0.25x) devices")
     trace: str | None = Field(None, description="CSV file of per-client devices (replaces the preset)")
-    speed: float = Field(100.0, gt=0, description="samples per second (forward and backward) of the median device")
-    up_mbps: float = Field(5.0, gt=0, description="upload bandwidth of the median device, megabits per second")
-    down_mbps: float = Field(20.0, gt=0, description="download bandwidth of the median device, megabits per second")
-    sigma: float = Field(0.5, ge=0, description="lognormal: standard deviation of log speed and log bandwidth")
+    speed: float = Field(100.0, ge=MIN_RATE, description="samples per second (forward and backward) of the median "
+                         "device")
+    up_mbps: float = Field(5.0, ge=MIN_RATE, description="upload bandwidth of the median device, megabits per second")
+    down_mbps: float = Field(20.0, ge=MIN_RATE, description="download bandwidth of the median device, megabits per "
+                             "second")
+    # At 10 the middle 99.7% of devices already span e^60 (10^26) in speed; a few hundred overflows e^(sigma z) to
+    # inf or 0, a device of no speed at all.
+    sigma: float = Field(0.5, ge=0, le=10, description="lognormal: standard deviation of log speed and log bandwidth")
 
 
 class AvailabilityConfig(Section):
@@ -140,6 +159,16 @@ class WandbConfig(Section):
     per_client_limit: int = Field(100, ge=0, description="clients logged as their own curve (all go into the final table)")
     x_axis: Literal["round", "sim_time"] = Field("round", description="the charts' x-axis: the round, or simulated "
                                                   "seconds on the virtual clock (needs system.devices)")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_wandb_takes(cls, tags: list[str]) -> list[str]:
+        # W&B refuses them in wandb.init, after the run folder is written.
+        wrong = next((tag for tag in tags if not 1 <= len(tag) <= 64), None)
+        if wrong is not None:
+            raise ValueError(f"{wrong[:20]!r}{'...' if len(wrong) > 20 else ''} has {len(wrong)} characters; W&B takes "
+                             "tags of 1 to 64")
+        return tags
 
 
 class LoggingConfig(Section):

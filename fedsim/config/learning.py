@@ -99,6 +99,7 @@ def _typed_partition(value: Any) -> PartitionSettings:
 
 
 class DataConfig(Section):
+    counted_by_the_work_estimate = frozenset({"num_clients"})
     dataset: str = "cifar10"
     root: str | None = Field(None, description="folder holding the data; default: env FEDSIM_DATA")
     download: bool = Field(False, description="let torchvision download when the data is missing (needs internet)")
@@ -191,6 +192,17 @@ class OptimConfig(Section):
     milestones: list[float] = Field([0.5, 0.75], description="step schedule: fractions of train.rounds")
     gamma: float = Field(0.1, gt=0, description="step schedule: factor at each milestone")
 
+    @field_validator("milestones")
+    @classmethod
+    def _fractions_of_the_run(cls, milestones: list[float]) -> list[float]:
+        # A negative one would drop the rate before round 1, one past 1 never: both are a round count mistaken for a
+        # fraction, or a typo.
+        outside = [m for m in milestones if not 0 <= m <= 1]
+        if outside:
+            raise ValueError(f"{outside[0]:g} is not a fraction of train.rounds; give milestones between 0 and 1 "
+                             "(e.g. [0.5, 0.75])")
+        return milestones
+
     def lr_at(self, round_idx: int, rounds: int) -> float:
         """The learning rate of round ``round_idx`` (1-based) of ``rounds``. As FedBABU's main_fed.py: the
         rate drops once round_idx - 1 >= floor(milestone * rounds)."""
@@ -207,6 +219,7 @@ class OptimConfig(Section):
 
 
 class TrainConfig(Section):
+    counted_by_the_work_estimate = frozenset({"rounds", "local_epochs"})
     rounds: int = Field(10, ge=1)
     local_epochs: int = Field(4, ge=1)
     batch_size: int = Field(50, ge=1)
@@ -220,6 +233,7 @@ class TrainConfig(Section):
 
 
 class EvalConfig(Section):
+    counted_by_the_work_estimate = frozenset({"finetune_epochs"})
     personalize: Literal["finetune", "own_update"] = Field(
         "finetune", description="personalized accuracy after: finetune (the eval.finetune_* settings) or own_update: "
         "the method's own local update (its client hook at train's settings and the round's lr) on the evaluated "

@@ -91,7 +91,11 @@ def load_tree(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found; pass the path of a YAML file such as experiments/quickstart.yaml")
     try:
-        tree = strict_yaml.load(path.read_text())
+        text = strict_yaml.read_text(path)
+    except YamlError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    try:
+        tree = strict_yaml.load(text)
     except YamlError as err:
         raise ConfigError(f"{path}: not valid YAML ({err}); fix the syntax") from None
     if tree is None:

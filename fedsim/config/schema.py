@@ -143,6 +143,9 @@ class RunConfig(Section):
     def _a_folder_or_a_store(cls, out_dir: str) -> str:
         """``file://`` is a path; any other scheme must be a store fedsim reaches and name a bucket, so a mistyped
         URI never becomes a local folder called ``s3:`` (a one-line error instead)."""
+        if not out_dir.strip():
+            raise ValueError("is empty, which would write the run folder into the working directory; give a folder "
+                             "such as runs (or '.' for the working directory itself)")
         if out_dir.startswith("file://"):
             return out_dir[len("file://"):] or "/"
         scheme = URI_SCHEME.match(out_dir)

@@ -14,6 +14,23 @@ import numpy as np
 from fedsim.errors import ConfigError
 
 
+def check_spill_dir(spill_dir: str | None) -> None:
+    """engine.spill_dir on this machine: an existing writable folder, or a path whose nearest existing parent is one
+    (a worker makes the rest). Checked before a local run starts, where a worker would otherwise find it mid-run."""
+    if spill_dir is None:
+        return
+    path = os.path.abspath(spill_dir)
+    existing = path
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "is" if existing == path else f"would be made inside {existing}, which is"
+        raise ConfigError(f"engine.spill_dir: {path} {what} not a folder; point it at a folder on a local disk")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"engine.spill_dir: {existing} is not writable by this user; point it at a folder you can "
+                          "write on a local disk")
+
+
 class StateMemory:
     """Where a worker's per-client state blocks live: RAM up to ``ram_bytes``, then memory-mapped files in a
     folder of its own under ``spill_dir`` (the system's temp dir by default).

@@ -21,6 +21,7 @@ import numpy as np
 from fedsim.atomic import space_named
 from fedsim.data.array_dataset import ARRAYS, GROUPS, ArrayDataset, content_digest
 from fedsim.data.formats import Arrays
+from fedsim.errors import DataError
 
 
 def cache_dir() -> Path:
@@ -88,8 +89,30 @@ def open_cache(name: str, folder: Path, augmentable: bool) -> ArrayDataset | Non
     return dataset if consistent else None  # labels out of range, like any damage, rebuild the cache
 
 
+def unfit(arrays: Arrays) -> str | None:
+    """What makes ``arrays`` no data set (what :func:`open_cache` would refuse), or None: found before the cache is
+    written, so the source is named instead of the cache."""
+    xs, ys = (arrays.train_x, arrays.test_x), (arrays.train_y, arrays.test_y)
+    if any(x.dtype != np.uint8 or x.ndim != 4 for x in xs):
+        bad = next(x for x in xs if x.dtype != np.uint8 or x.ndim != 4)
+        return f"holds {bad.dtype} images shaped {bad.shape[1:]}, not 8-bit pixels (height, width, channels)"
+    if xs[0].shape[1:] != xs[1].shape[1:]:
+        return f"holds train images of {xs[0].shape[1:]} and test images of {xs[1].shape[1:]}"
+    groups = (arrays.train_groups, arrays.test_groups)
+    for split, x, y, g in zip(("train", "test"), xs, ys, groups):
+        if len(y) != len(x) or (g is not None and len(g) != len(x)):
+            return f"holds {len(x)} {split} images but {len(y)} labels{'' if g is None else f' and {len(g)} groups'}"
+        if not np.issubdtype(y.dtype, np.integer) or (len(y) and not 0 <= int(y.min()) <= int(y.max()) < len(
+                arrays.classes)):
+            return f"holds {split} labels that are not class indices 0..{len(arrays.classes) - 1}"
+    return None
+
+
 def build_cache(folder: Path, source: Path, arrays: Arrays, augmentable: bool) -> None:
     """Save ``arrays`` (read from ``source``) with their channel statistics and content hash as the cache ``folder``."""
+    problem = unfit(arrays)
+    if problem is not None:
+        raise DataError(f"data.root: {source} {problem}; replace it with an intact copy")
     mean, std = channel_stats(arrays.train_x)
     has_groups = arrays.train_groups is not None
     names = ARRAYS + (GROUPS if has_groups else ())

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 
 from fedsim.data.array_dataset import ArrayDataset, content_digest
 from fedsim.errors import DataError
 
 _SYNTHETIC_OPTIONS = {"alpha": 0.5, "beta": 0.5, "num_clients": 30, "seed": 0}
+# A client holds int(lognormal(4, 2)) + 50 samples of 60 float32 features, on average ~450 (108 kB): 10,000 clients
+# are about 1 GB generated in the driver's memory, 300 times FedProx's 30; more would only exhaust it.
+MAX_CLIENTS = 10_000
 
 
 def synthetic(options: dict) -> ArrayDataset:
@@ -22,12 +28,15 @@ def synthetic(options: dict) -> ArrayDataset:
     if unknown:
         raise DataError(f"data.options: unknown synthetic option(s) {unknown}; use {', '.join(_SYNTHETIC_OPTIONS)}")
     o = _SYNTHETIC_OPTIONS | options
-    try:
-        alpha, beta, n, seed = float(o["alpha"]), float(o["beta"]), int(o["num_clients"]), int(o["seed"])
-    except (TypeError, ValueError) as e:
-        raise DataError(f"data.options: synthetic options must be numbers ({e})") from e
-    if alpha < 0 or beta < 0 or n < 1:
-        raise DataError(f"data.options: synthetic needs alpha >= 0, beta >= 0, num_clients >= 1; got {o}")
+    alpha, beta, n, seed = (_number(o, "alpha", float), _number(o, "beta", float), _number(o, "num_clients", int),
+                            _number(o, "seed", int))
+    for key, value in (("alpha", alpha), ("beta", beta)):
+        if not (math.isfinite(value) and value >= 0):
+            raise DataError(f"data.options.{key}: synthetic needs a finite number >= 0, got {value}")
+    if seed < 0:
+        raise DataError(f"data.options.seed: synthetic needs a seed >= 0, got {seed}")
+    if not 1 <= n <= MAX_CLIENTS:
+        raise DataError(f"data.options.num_clients: synthetic makes 1 to {MAX_CLIENTS:,} clients, got {n}")
     dim, num_classes = 60, 10
     rng = np.random.default_rng(seed)
     sizes = rng.lognormal(4, 2, n).astype(np.int64) + 50
@@ -38,7 +47,10 @@ def synthetic(options: dict) -> ArrayDataset:
         w, b = rng.normal(u[k], 1, (dim, num_classes)), rng.normal(u[k], 1, num_classes)
         xs.append(rng.normal(b_mean[k], 1, dim) + sd * rng.standard_normal((size, dim)))
         ys.append(np.argmax(xs[-1] @ w + b, axis=1))
-    x, y = np.concatenate(xs).astype(np.float32).reshape(-1, 1, 1, dim), np.concatenate(ys).astype(np.int64)
+    features = np.concatenate(xs)
+    if not np.abs(features).max() <= np.finfo(np.float32).max:
+        raise DataError(f"data.options.beta: {beta:g} spreads the inputs past float32's range; give a smaller beta")
+    x, y = features.astype(np.float32).reshape(-1, 1, 1, dim), np.concatenate(ys).astype(np.int64)
     groups = np.repeat(np.arange(n, dtype=np.int64), sizes)
     train = np.concatenate([np.arange(size) < int(0.8 * size) for size in sizes])  # each client's first 80%
     classes = tuple(str(c) for c in range(num_classes))
@@ -47,3 +59,11 @@ def synthetic(options: dict) -> ArrayDataset:
                         (0.0,) * dim, (1.0,) * dim,  # features stay as generated: to_float is the identity
                         groups[train], groups[~train], augmentable=False,
                         digest=content_digest(*arrays, groups[train], groups[~train]))
+
+
+def _number(options: dict, key: str, kind: type[int] | type[float]) -> Any:
+    try:
+        return kind(options[key])
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
+        raise DataError(f"data.options.{key}: synthetic needs a {'whole ' if kind is int else ''}number, got "
+                        f"{options[key]!r}") from None

@@ -15,6 +15,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from fedsim.config import RunConfig
+from fedsim.core.store import check_spill_dir
 from fedsim.engine import placement
 from fedsim.engine.driver import Callback, Run, drive, end
 from fedsim.engine.failures import describe_failure
@@ -54,6 +55,8 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
     if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
         refuse_beyond_this_machine(cfg)  # before the data loads: a million workers' data could take hours
     inputs = load_inputs(cfg)  # every input is checked before Ray starts or a file is written
+    if not os.environ.get("RAY_ADDRESS"):  # a cluster's workers spill on disks of their own, which this one is not
+        check_spill_dir(cfg.engine.spill_dir)
     folder = RunFolder(cfg)
     try:
         partition, ckpt = folder.open(inputs.data, inputs.partition, resume, overwrite)
@@ -84,7 +87,11 @@ def _failures_explained(folder: RunFolder) -> Iterator[None]:
     an interrupt unwrapped, the user's own module's error once, anything else a RunFailed with the resume command."""
     try:
         yield
-    except (ConfigError, DataError, CheckpointError, TrainingDiverged):
+    except (ConfigError, DataError, CheckpointError, TrainingDiverged) as err:
+        late = _raised_in_an_actor(err)
+        if late is not None:  # one line, and what was written, instead of Ray's traceback of the actor
+            raise type(late)(f"{late} (found once the run had started, in its folder {folder.location}: fix it, then "
+                             f"`fedsim run --resume {shlex.quote(str(folder.location))}`)") from None
         raise
     except Exception as err:
         interrupt = _interrupt_behind(err)
@@ -125,6 +132,21 @@ def _stop(server) -> None:
     except (RayActorError, GetTimeoutError):
         pass  # the workers belong to this process and end with its Ray connection
     ray.kill(server)
+
+
+def _raised_in_an_actor(err: BaseException) -> ConfigError | DataError | CheckpointError | None:
+    """The bad-input error a worker or the server raised, inside the RayTaskErrors that carried it here, one for
+    each actor it crossed (Ray's wrapper subclasses the error's class, so it is caught as one; its ``cause`` is
+    what it wraps)."""
+    cause: BaseException = err
+    seen = set()
+    while isinstance(getattr(cause, "cause", None), BaseException) and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = getattr(cause, "cause")
+    if cause is err or type(cause) not in (ConfigError, DataError, CheckpointError):
+        return None
+    assert isinstance(cause, (ConfigError, DataError, CheckpointError))
+    return cause
 
 
 def _interrupt_behind(err: BaseException) -> BaseException | None:

@@ -40,6 +40,8 @@ def initial_client(cfg: RunConfig, algorithm: Algorithm, num_classes: int,
 def read_initial_weights(run_dir: str) -> dict[str, np.ndarray]:
     """``model.init_from``: the final global weights a finished run saved (its ``model.npz``)."""
     path = Path(run_dir) / runfiles.MODEL
+    if path.exists() and not path.is_file():  # a FIFO would block the read forever, a device never end
+        raise ConfigError(f"model.init_from: {path.resolve()} is not a regular file; give the folder of a finished run")
     try:
         with np.load(path, allow_pickle=False) as z:
             return {key: z[key] for key in z.files}

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
 from fedsim.config import AvailabilityConfig, DevicesConfig
+from fedsim.config.execution import MIN_RATE
 from fedsim.errors import ConfigError
 
 # The stylized mobile mix: (class, share of clients, speed and bandwidth relative to the median device).
@@ -109,7 +113,7 @@ def build_availability(cfg: AvailabilityConfig, seed: int, num_clients: int) -> 
 def _rows(path: Path, key: str, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
     """The CSV's rows with their line numbers, after checking it exists and has the columns."""
     try:
-        with path.open(newline="") as handle:
+        with _regular_file(path, key) as handle:
             reader = csv.DictReader(handle)
             missing = [c for c in columns if c not in (reader.fieldnames or ())]
             if missing:
@@ -123,13 +127,27 @@ def _rows(path: Path, key: str, columns: tuple[str, ...]) -> list[tuple[int, dic
     return rows
 
 
+def _regular_file(path: Path, key: str) -> TextIO:
+    """``path`` opened for reading as text, refused unless it is a regular file: a FIFO would block the read
+    forever, a device never end. Opened without blocking and checked on the open file, so nothing swapped in
+    between the check and the read is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ConfigError(f"{key}: {path.resolve()} is not a regular file (a FIFO, a device or a folder); give a "
+                          "CSV file")
+    os.set_blocking(fd, True)
+    return open(fd, newline="", closefd=True)  # noqa: SIM115 - the caller's with-block closes it
+
+
 def _number(key: str, path: Path, line: int, row: dict[str, str], column: str, positive: bool = True) -> float:
     try:
         value = float(row[column])
     except (TypeError, ValueError):
         value = math.nan
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        need = "a positive number" if positive else "a number at least 0"
+    if not math.isfinite(value) or value < 0 or (positive and value < MIN_RATE):
+        need = f"a positive number (at least {MIN_RATE:g})" if positive else "a number at least 0"
         raise ConfigError(f"{key}: {path} line {line}: {column} is {row[column]!r}; give {need}")
     return value
 

@@ -10,9 +10,13 @@ from typing import Any
 import numpy as np
 
 from fedsim.config import Distribution, RunConfig, set_dotted, validate
+from fedsim.config.checks import MAX_CLIENT_EPOCHS, client_epochs
 from fedsim.errors import ConfigError
 
 SWEEP_STREAM = 0x5EE9  # the sweep's draws: a stream of their own, apart from every random choice of a run
+# Every run of a sweep is validated and named before the first starts (0.57 ms each, measured), then started with
+# workers of its own (seconds each): 100,000 runs are a minute of expansion and days of start-ups alone.
+MAX_RUNS = 100_000
 
 
 def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
@@ -24,6 +28,8 @@ def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
     grid = {k: v for k, v in base.sweep.items() if isinstance(v, list)}
     drawn = {k: v for k, v in base.sweep.items() if isinstance(v, Distribution)}
     _refuse_empty_search(grid, drawn, base.search.samples)
+    _refuse_repeated_values(grid)
+    _refuse_endless(base, grid, drawn)
     runs = []
     for sample in range(base.search.samples if drawn else 1):
         rng = np.random.default_rng([base.seed, SWEEP_STREAM, sample])
@@ -34,6 +40,9 @@ def expand_sweep(tree: dict[str, Any]) -> list[RunConfig]:
     names = [run.name for run in runs]
     if len(set(names)) < len(names):
         twice = next(name for name in names if names.count(name) > 1)
+        if not drawn:  # listed values that differ but read the same in a name (0.1 and '0.1', 'a b' and 'a_b')
+            raise ConfigError(f"sweep: two of the listed values give the same run name ({twice}); list values that "
+                              "differ as text")
         raise ConfigError(f"search.samples: two draws gave the same values ({twice}); widen the distributions or "
                           "lower search.samples")
     return runs
@@ -60,6 +69,31 @@ def _refuse_empty_search(grid: dict[str, list], drawn: dict[str, Distribution], 
         raise ConfigError(f"search.samples: {samples} samples of a sweep without distributions would repeat the same "
                           "runs (a run is deterministic); add a distribution ({uniform: [lo, hi]}, ...) or list seeds "
                           "under sweep.seed")
+
+
+def _refuse_repeated_values(grid: dict[str, list]) -> None:
+    """A value listed twice would run the same run twice under one name (a seed listed twice: the same seed)."""
+    for key, values in grid.items():
+        for i, value in enumerate(values):
+            if value in values[:i]:
+                raise ConfigError(f"sweep.{key}: {value!r} is listed twice; list each value once")
+
+
+def _refuse_endless(base: RunConfig, grid: dict[str, list], drawn: dict[str, Distribution]) -> None:
+    """Counted before any run is built: a sweep of more runs, or more work, than could ever finish is refused with
+    the count (each run's work as the base config's; a variant asking for more is refused as it is validated)."""
+    samples = base.search.samples if drawn else 1
+    runs = samples * math.prod(len(values) for values in grid.values())
+    counted = " x ".join([*(f"{len(values)} sweep.{key}" for key, values in grid.items()),
+                          *([f"search.samples {samples}"] if drawn else [])])
+    where = "search.samples" if drawn and samples > runs // samples else "sweep"
+    if runs > MAX_RUNS:
+        raise ConfigError(f"{where}: the sweep has {runs:.3g} runs ({counted}), more than the {MAX_RUNS:,} a sweep "
+                          "can expand; split it, or list fewer values")
+    work = runs * sum(client_epochs(base))
+    if work > MAX_CLIENT_EPOCHS:
+        raise ConfigError(f"{where}: the sweep's {runs:,} runs ({counted}) ask for about {work:.3g} client-epochs, past "
+                          f"the {MAX_CLIENT_EPOCHS:.0e} any sweep could finish; run fewer or shorter runs")
 
 
 def _variant(tree: dict[str, Any], base: RunConfig, chosen: list[tuple[str, Any]]) -> RunConfig:

@@ -101,3 +101,28 @@ def test_a_population_that_fits_passes():
     cfg = validate({"data": {"num_clients": 8}, "eval": {"unseen": 0.25}, "algorithm": {"name": "ifca", "clusters": 6}})
     assert cfg.eval.held_out(8) == 2
     validate({"data": {"num_clients": 8}, "algorithm": "fedavg", "server": {"aggregator": "krum", "byzantine": 2}})
+
+
+def test_the_work_estimate_counts_each_rounds_clients_epochs_and_fine_tuning():
+    from fedsim.config.checks import client_epochs
+
+    sync = validate({"data": {"num_clients": 10}, "train": {"rounds": 6, "fraction": 0.5, "local_epochs": 3,
+                                                            "eval_every": 2}, "eval": {"finetune_epochs": 4}})
+    assert client_epochs(sync) == (6 * 5 * 3, (6 // 2 + 1) * 10 * 4)
+    over = validate({"data": {"num_clients": 10}, "train": {"rounds": 2, "fraction": 0.5, "local_epochs": 1},
+                     "eval": {"finetune_epochs": 0}, "system": {**CLOCK, "over_selection": 0.5}})
+    assert client_epochs(over) == (2 * 8, 0)  # 5 selected and half as many more: ceil(7.5)
+    steps = validate({"algorithm": "fedavg", "data": {"num_clients": 10}, "eval": {"finetune_epochs": 0},
+                      "train": {"rounds": 3, "local_epochs": 2}, "system": {**ASYNC, "async_buffer": 4}})
+    assert client_epochs(steps) == (3 * 4 * 2, 0)  # a server step takes async_buffer reports
+
+
+def test_a_run_past_the_work_bound_is_refused_with_the_estimate_and_one_below_passes():
+    from fedsim.config.checks import MAX_CLIENT_EPOCHS
+
+    tree = {"data": {"num_clients": 10}, "train": {"fraction": 1.0, "local_epochs": 1}, "eval": {"finetune_epochs": 0}}
+    validate({**tree, "train": {**tree["train"], "rounds": MAX_CLIENT_EPOCHS // 10}})
+    with pytest.raises(ConfigError, match=r"^train\.rounds: the run asks for 1e\+12 client-epochs \(1e\+12 of local "
+                                          r"training: train\.rounds 1e\+11 x 10 clients a round x train\.local_epochs "
+                                          r"1; 0 of fine-tuning.*lower train\.rounds$"):
+        validate({**tree, "train": {**tree["train"], "rounds": MAX_CLIENT_EPOCHS // 10 + 1}})

@@ -2,13 +2,13 @@
 
 The other partition kinds are tested in test_data_partitions.py.
 """
-
 from __future__ import annotations
 
 import json
 import os
 import pickle
 import random
+import re
 import zipfile
 from pathlib import Path
 
@@ -348,9 +348,11 @@ def test_synthetic(cache: Path) -> None:
     assert load_dataset("synthetic").train_x.shape[1:] == (1, 1, 60)  # defaults
 
 
-@pytest.mark.parametrize("options", [{"gamma": 1}, {"alpha": -1}, {"num_clients": 0}, {"beta": "high"}])
-def test_synthetic_options_are_checked(cache: Path, options: dict) -> None:
-    with pytest.raises(DataError, match=r"^data\.options: [^\n]*$"):
+@pytest.mark.parametrize("options,field", [({"gamma": 1}, "data.options"), ({"alpha": -1}, "data.options.alpha"),
+                                           ({"num_clients": 0}, "data.options.num_clients"),
+                                           ({"beta": "high"}, "data.options.beta")])
+def test_synthetic_options_are_checked(cache: Path, options: dict, field: str) -> None:
+    with pytest.raises(DataError, match=rf"^{re.escape(field)}: [^\n]*$"):
         load_dataset("synthetic", options=options)
 
 
