@@ -91,7 +91,7 @@ def _failures_explained(folder: RunFolder) -> Iterator[None]:
         late = _raised_in_an_actor(err)
         if late is not None:  # one line, and what was written, instead of Ray's traceback of the actor
             raise type(late)(f"{late} (found once the run had started, in its folder {folder.location}: fix it, then "
-                             f"`fedsim run --resume {shlex.quote(str(folder.location))}`)") from None
+                             f"`{folder.resume_command}`)") from None
         raise
     except Exception as err:
         interrupt = _interrupt_behind(err)
