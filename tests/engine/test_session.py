@@ -8,6 +8,7 @@ from fedsim.errors import ConfigError, DataError
 
 class Folder:
     location = "runs/r"
+    resume_command = "fedsim run --resume runs/r"
 
 
 @pytest.mark.parametrize("error", [ConfigError("engine.spill_dir: cannot keep per-client state in /x"),
