@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedsim import storage
 from fedsim.data.array_dataset import ArrayDataset, recomputed_digest
 from fedsim.data.cache import build_cache, cache_dir, open_cache, source_key
 from fedsim.data.formats import (CIFAR10_PICKLES, CIFAR100_PICKLES, FEMNIST_NPZ, IMAGE_FOLDER, IMAGE_ZIP, Arrays,
@@ -29,7 +30,7 @@ def resolve_root(root: str | Path | None) -> Path:
             "data.root / FEDSIM_DATA: no data folder given; set data.root in the config "
             "or the FEDSIM_DATA environment variable to the folder holding the data sets"
         )
-    return Path(chosen).expanduser()
+    return storage.user_path(chosen)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import TypedDict
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from fedsim import storage
 from fedsim.config import RunConfig
 from fedsim.errors import ConfigError
 from fedsim.plan import worker_count
@@ -40,7 +41,7 @@ def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
     on_term = signal.getsignal(signal.SIGTERM) if main else None
     try:
         if os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
+            ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=run_environment(), **quiet)
             return
         refuse_stale_ray_settings()
         engine = cfg.engine
@@ -48,11 +49,18 @@ def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
         cpus = max(os.cpu_count() or 1, math.ceil(need - 1e-9))
         # The dashboard stays on loopback unless a user binds it elsewhere on purpose.
         # address="local": always a fresh local instance, never a stray cluster left behind by `ray start`.
-        ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1", **quiet)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard, dashboard_host="127.0.0.1",
+                 runtime_env=run_environment(), **quiet)
     finally:
         if callable(on_term):
             signal.signal(signal.SIGTERM, on_term)
         private_token()
+
+
+def run_environment() -> dict:
+    """What every Ray process of the run (a sweep's trials, the workers) gets from this driver: the directory the
+    user ran fedsim from, which a config's relative paths start from (``fedsim.storage.user_dir``)."""
+    return {"env_vars": {storage.USER_DIR_ENV: str(storage.user_dir())}}
 
 
 def refuse_stale_ray_settings() -> None:

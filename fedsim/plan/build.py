@@ -3,12 +3,12 @@ layouts derived and every input checked before anything starts or is written."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 
+from fedsim import storage
 from fedsim.algorithms import Algorithm, build_algorithm
 from fedsim.config import RunConfig, check_sections
 from fedsim.core import runfiles
@@ -37,7 +37,7 @@ def initial_client(cfg: RunConfig, algorithm: Algorithm, num_classes: int,
 
 def read_initial_weights(run_dir: str) -> dict[str, np.ndarray]:
     """``model.init_from``: the final global weights a finished run saved (its ``model.npz``)."""
-    path = Path(run_dir) / runfiles.MODEL
+    path = storage.user_path(run_dir) / runfiles.MODEL
     try:
         with np.load(path, allow_pickle=False) as z:
             return {key: z[key] for key in z.files}

@@ -83,9 +83,12 @@ class Sweep:
 
 
 def _tagged(cfg: RunConfig, tag: str) -> RunConfig:
-    """W&B users find a sweep's runs by a tag (the run's results never depend on logging settings)."""
+    """W&B users find a sweep's runs by a tag (the run's results never depend on logging settings). out_dir is
+    made absolute here, in the sweep's own process: each trial runs in a working directory of Tune's (where a
+    relative out_dir would put the run), and where a run writes never changes its results."""
     tree = cfg.model_dump()
     tree["logging"]["wandb"]["tags"] = [*tree["logging"]["wandb"]["tags"], tag]
+    tree["out_dir"] = storage.anchored(tree["out_dir"])
     return validate(tree)
 
 
@@ -141,7 +144,7 @@ def _actions(configs: Sequence[RunConfig], stopped: dict, stack: ExitStack,
         action = {"finished": "replay", "resumable": "resume", "changed": "overwrite", "new": "run"}[state]
         if cfg.name in stopped and state == "resumable":
             action = "replay"
-        runs[cfg.name] = TrialRun(cfg, action)
+        runs[cfg.name] = TrialRun(cfg, action, str(storage.user_dir()))
     return runs, skipped
 
 
