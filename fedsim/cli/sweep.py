@@ -17,11 +17,14 @@ def sweep_command(args: argparse.Namespace) -> int:
     configs = expand_sweep(tree)
     refuse_defaults_only(args.config, tree)
     base = validate(tree)  # the config as written: its name and search section (a variant carries neither)
-    if args.dry_run:
-        return _sweep_dry_run(configs, base)
-    from fedsim.sweep.executor import Sweep, results_table, run_sweep, write_results
+    from fedsim.sweep.executor import Sweep
 
     sweep = Sweep(base.name, configs, base.search)
+    sweep.check()  # what a run refuses, --dry-run refuses too
+    if args.dry_run:
+        return _sweep_dry_run(configs, base)
+    from fedsim.sweep.executor import results_table, run_sweep, write_results
+
     outcomes = run_sweep(sweep, args.max_concurrent)
     print(results_table(outcomes))
     print(write_results(sweep, outcomes))

@@ -24,10 +24,15 @@ class Worker:
         # The user's module failing to build is their error, told once by the first call: an actor whose
         # constructor raises would count as lost and be respawned (and fail) engine.max_recoveries times.
         self.failure: UserCodeError | None = None
+        # Any exception, not only fedsim's own: an exception here is no lost worker (a replacement raises it again).
         try:
             self._runtime = ClientRuntime(plan, clients)
         except (UserCodeError, ConfigError) as err:
             self.failure = UserCodeError(str(err))
+        except Exception as err:
+            message = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
+            self.failure = UserCodeError(f"model.client: setting up the client module on a worker raised "
+                                         f"{type(err).__name__}: {message}; fix the module or its callbacks")
 
     @property
     def runtime(self):

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedsim.config import ModelConfig, OptimConfig
+from fedsim.config import CallbackSpec, ModelConfig, OptimConfig
 from fedsim.core.layout import KeyParts
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, UserCodeError
 from fedsim.models import SplitNet, build_model
 from fedsim.plugins import load_plugin
 
@@ -107,6 +107,27 @@ def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, i
 
         use_batch_statistics(network_of(module))
     return module
+
+
+def build_callbacks(specs: list[str | CallbackSpec]) -> list[pl.Callback]:
+    """``model.callbacks``, each built from its class and init_args; whatever one raises, or one that is no Lightning
+    Callback, is one line naming it (built by the driver first, so a bad one is refused before Ray starts)."""
+    built = []
+    for item in specs:
+        spec = item if isinstance(item, CallbackSpec) else CallbackSpec(class_path=item)
+        try:
+            callback = load_plugin(spec.class_path, "model.callbacks")(**spec.init_args)
+        except UserCodeError:
+            raise
+        except Exception as err:
+            message = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
+            raise UserCodeError(f"model.callbacks: {spec.class_path} raised {type(err).__name__}: {message}; fix "
+                                "its init_args or the class") from None
+        if not isinstance(callback, pl.Callback):
+            raise UserCodeError(f"model.callbacks: {spec.class_path} is a {type(callback).__name__}, not a "
+                                "pytorch_lightning Callback")
+        built.append(callback)
+    return built
 
 
 def network_of(module: pl.LightningModule) -> nn.Module:

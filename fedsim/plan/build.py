@@ -16,8 +16,8 @@ from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import ClientData
 from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
 from fedsim.errors import ConfigError
-from fedsim.models.lightning import (FedClient, build_client, describe_optimizers, module_optimizers, network_of,
-                                     optimizer_parts, overrides, part_parameters, split_keys)
+from fedsim.models.lightning import (FedClient, build_callbacks, build_client, describe_optimizers, module_optimizers,
+                                     network_of, optimizer_parts, overrides, part_parameters, split_keys)
 from fedsim.models.packed import why_unpackable
 from fedsim.models.state import layout_of, load_arrays, pack
 from fedsim.plan import ModelPlan, RunPlan, held_out_clients
@@ -128,6 +128,7 @@ def load_inputs(cfg: RunConfig) -> Inputs:
     init_weights = read_initial_weights(cfg.model.init_from) if cfg.model.init_from else None
     algorithm = build_algorithm(cfg)
     model = build_model_plan(cfg, algorithm, data.num_classes, data.input_shape, init_weights)
+    build_callbacks(cfg.model.callbacks)  # each worker builds its own; a bad one is refused here, before Ray starts
     return Inputs(data, partition, algorithm, model)
 
 

@@ -57,11 +57,11 @@ class Sweep:
         self.folder = storage.join(configs[0].out_dir, "_sweeps", name)
 
     def check(self) -> None:
-        """Before any trial: the scheduler's metric is one every run reports."""
-        if self.search.scheduler == "fifo":
-            return
+        """Before any trial (and by --dry-run): the scheduler's metric, when named, is one every run reports."""
         if self.search.metric is None:
-            raise ConfigError("search.metric: ASHA needs the per-round metric it compares, e.g. fairness/acc_p10")
+            if self.search.scheduler == "asha":
+                raise ConfigError("search.metric: ASHA needs the per-round metric it compares, e.g. fairness/acc_p10")
+            return
         for cfg in self.configs:
             names = metric_names(cfg)
             if self.search.metric not in names:
