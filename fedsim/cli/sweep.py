@@ -38,6 +38,8 @@ def sweep_command(args: argparse.Namespace) -> int:
 
 
 def _sweep_dry_run(configs: list, base) -> int:
+    from fedsim.client.rehearsal import rehearse
+    from fedsim.engine.estimate import checked_plan
     from fedsim.metrics.series import metric_names
     from fedsim.sweep.executor import trial_bundles
     from fedsim.sweep.runs import status
@@ -45,8 +47,11 @@ def _sweep_dry_run(configs: list, base) -> int:
     print(f"{len(configs)} trials; scheduler {base.search.scheduler}"
           + (f" on {base.search.metric} ({base.search.mode})" if base.search.scheduler == "asha" else ""))
     for cfg in configs:
+        state = status(cfg)
+        # What the trial's run would refuse before its first round (it resumes a resumable run, replaces a changed one).
+        checked_plan(cfg, rehearse, resume=state == "resumable", overwrite=state in ("changed", "finished"))
         bundles = trial_bundles(cfg)
         each = ", ".join(f"{v:g} {k}" for k, v in bundles[0].items())
-        print(f"{cfg.name}: {status(cfg)}; {len(bundles)} workers x ({each})")
+        print(f"{cfg.name}: {state}; {len(bundles)} workers x ({each})")
     print("per-round metrics a scheduler can compare (search.metric): " + ", ".join(metric_names(configs[0])))
     return 0

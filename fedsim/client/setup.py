@@ -139,7 +139,7 @@ def _set_up_under_fabric(cb: pl.Callback, module: pl.LightningModule) -> None:
 
 
 def _first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else "no message"
+    return str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else "no message"
 
 
 def lightning_folder(cfg: RunConfig) -> str | None:
