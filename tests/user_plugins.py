@@ -256,3 +256,12 @@ class RowOfCallbacks(TwoPartModule):
 class DictWithoutLoss(TwoPartModule):
     def training_step(self, batch, batch_idx):
         return {"out": super().training_step(batch, batch_idx)}
+
+
+class LogsAcc(TwoPartModule):
+    """Logs a name fedsim's own records use."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("acc", 0.5)
+        return loss
