@@ -6,7 +6,9 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict
 
@@ -59,8 +61,33 @@ def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
 
 def run_environment() -> dict:
     """What every Ray process of the run (a sweep's trials, the workers) gets from this driver: the directory the
-    user ran fedsim from, which a config's relative paths start from (``fedsim.storage.user_dir``)."""
-    return {"env_vars": {storage.USER_DIR_ENV: str(storage.user_dir())}}
+    user ran fedsim from, which a config's relative paths start from (``fedsim.storage.user_dir``), and this
+    process's import path ahead of the one Ray gives it (:func:`imports_as_driver`)."""
+    return {"env_vars": {storage.USER_DIR_ENV: str(storage.user_dir())},
+            "worker_process_setup_hook": imports_as_driver([str(Path(p or ".").resolve()) for p in sys.path])}
+
+
+def imports_as_driver(paths: list[str]) -> Callable[[], None]:
+    """A Ray worker's set-up: top-level modules found along the driver's import path (``paths``) first. Ray puts
+    the driver's working folder ahead of PYTHONPATH on every worker (after this hook runs, so editing sys.path here
+    does not hold), where the ``fedsim`` command does not look: a folder holding another copy of fedsim (or of a
+    plug-in) would have the workers run other code than the driver. A finder first on sys.meta_path looks a
+    top-level module up in the driver's order (a submodule follows its package). A closure, so Ray sends it by
+    value: unpickling it on the worker imports no fedsim (each worker then checks what it imported against the
+    driver's files: ``fedsim.plugins.other_code``)."""
+    def find_as_driver() -> None:
+        import importlib.machinery
+        import sys as worker_sys
+
+        class DriverOrder:
+            @staticmethod
+            def find_spec(name: str, path: object = None,
+                          target: object = None) -> importlib.machinery.ModuleSpec | None:
+                return None if path is not None else importlib.machinery.PathFinder.find_spec(name, paths)
+
+        worker_sys.meta_path.insert(0, DriverOrder)
+
+    return find_as_driver
 
 
 def refuse_stale_ray_settings() -> None:

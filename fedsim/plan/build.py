@@ -22,6 +22,7 @@ from fedsim.models.packed import why_unpackable
 from fedsim.models.state import layout_of, load_arrays, pack
 from fedsim.plan import ModelPlan, RunPlan, held_out_clients
 from fedsim.plan.system import build_system
+from fedsim.plugins import imported_files
 
 
 def initial_client(cfg: RunConfig, algorithm: Algorithm, num_classes: int,
@@ -140,4 +141,5 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
                     for c in range(part.num_clients))
     unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval))
     return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
-                   system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen)
+                   system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen,
+                   code=imported_files(cfg.model_dump()))
