@@ -4,6 +4,8 @@ fedsim's records use, ...) is refused before a run starts, and by ``--dry-run``,
 and the workers have started."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from fedsim.algorithms import PARTS
@@ -31,8 +33,18 @@ def rehearse(plan: RunPlan) -> None:
         torch.set_num_threads(threads)
 
 
+def _on_this_machine(plan: RunPlan) -> RunPlan:
+    """The plan as this process can train it: on its CPU, so at full precision where the workers' is a GPU's
+    (16-mixed has no CPU kernels); what the module does wrong does not depend on it."""
+    model = plan.cfg.model
+    if plan.cfg.engine.gpus_per_worker == 0 or model.precision in ("32", "32-true"):
+        return plan
+    cfg = plan.cfg.model_copy(update={"model": model.model_copy(update={"precision": "32"})})
+    return dataclasses.replace(plan, cfg=cfg)
+
+
 def _one_step(plan: RunPlan, client: int) -> None:
-    runtime = ClientRuntime(plan, {client: plan.clients[client]})
+    runtime = ClientRuntime(_on_this_machine(plan), {client: plan.clients[client]})
     batch = plan.cfg.train.batch_size
     runtime.loop.working_on(client, 1, "training")  # as round 1 trains it
     x, y = runtime.client_tensors(client, "train")

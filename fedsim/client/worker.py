@@ -33,7 +33,11 @@ class Worker:
             self._runtime = ClientRuntime(plan, clients)
         except (UserCodeError, ConfigError) as err:
             self.failure = UserCodeError(str(err))
+        except MemoryError:
+            raise  # the machine's, not the user's: a lost worker, replaced (torch's OutOfMemoryError too, below)
         except Exception as err:
+            if type(err).__name__ == "OutOfMemoryError":  # torch's (this module imports no torch)
+                raise
             message = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
             self.failure = UserCodeError(f"model.client: setting up the client module on a worker raised "
                                          f"{type(err).__name__}: {message}; fix the module or its callbacks")
