@@ -45,6 +45,13 @@ def run_command(args: argparse.Namespace) -> int:
     from fedsim.cli.progress import ProgressBar
     from fedsim.simulate import run
 
+    if len(configs) > 1:  # every variant checked before the first trains (each run checks itself again as it starts)
+        from fedsim.client.rehearsal import rehearse
+        from fedsim.engine.estimate import checked_plan
+
+        for cfg in configs:
+            checked_plan(cfg, rehearse, resume, args.overwrite)
+
     results = []
     for cfg in configs:
         with interrupts_named(cfg):

@@ -52,3 +52,12 @@ def test_a_sweeps_metric_is_checked_against_what_its_runs_report(tmp_path, capsy
     assert main(["sweep", str(config), *(["--dry-run"] if dry else [])]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "search.metric: lm-1 never reports 'fairness/bogus'" in err, err
+
+
+def test_a_run_of_several_variants_refuses_a_bad_one_before_the_first_trains(tmp_path, capsys):
+    tree = lightning_tree(tmp_path, "TwoPartModule", sweep={"model.client": ["user_plugins:TwoPartModule",
+                                                                             "user_plugins:ForgetsBackward"]})
+    assert main(["run", str(write_yaml(tmp_path / "two.yaml", tree)), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ForgetsBackward.training_step ran" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["two.yaml"]  # the first variant never started
