@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from fedsim.errors import PluginError
@@ -159,3 +160,26 @@ def plugin_settings(tree: dict[str, Any]) -> dict[str, str]:
 def names_code(cfg: Any) -> bool:
     """Whether a validated config (a RunConfig) names plug-ins: resuming its run then needs --trust-plugins."""
     return bool(plugin_settings(cfg.model_dump()))
+
+
+def imported_files(tree: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(module, file) of fedsim and of each plug-in module ``tree`` names, as this process imported them: what the
+    workers of a run must import too (:func:`other_code`)."""
+    names = ["fedsim", *sorted({spec.partition(":")[0] for spec in plugin_settings(tree).values()})]
+    return tuple((name, _file_of(name)) for name in names if _file_of(name))
+
+
+def _file_of(module_name: str) -> str:
+    file = getattr(sys.modules.get(module_name), "__file__", None)
+    return str(Path(file).resolve()) if file else ""
+
+
+def other_code(expected: tuple[tuple[str, str], ...]) -> str | None:
+    """One line naming the first module this process imported from another file than ``expected`` (the driver's),
+    or None. A module not imported here is not compared."""
+    for name, there in expected:
+        here = _file_of(name)
+        if here and here != there:
+            return (f"{name}: this worker imported {here}, the driver {there}; Ray puts the folder fedsim was started "
+                    "from ahead of PYTHONPATH on its workers: run fedsim from another folder, or install one copy")
+    return None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ray.util.placement_group import PlacementGroup
 
+from fedsim.client.rehearsal import rehearse
 from fedsim.client.worker import spawn_worker
 from fedsim.config import RunConfig
 from fedsim.engine.driver import Callback, Checkpointer
@@ -42,7 +43,8 @@ def run(cfg: RunConfig, overwrite: bool = False, resume: bool = False, callbacks
     ``reserved``: the placement group (one bundle per worker) a caller such as a Tune trial holds for it.
     Bad input raises ConfigError/DataError/CheckpointError before anything is written; a failure once the
     run is under way raises RunFailed (with the resume command)."""
-    session = run_session(cfg, spawn_worker, [*standard_callbacks(cfg), *callbacks], overwrite, resume, reserved)
+    session = run_session(cfg, spawn_worker, [*standard_callbacks(cfg), *callbacks], overwrite, resume, reserved,
+                          rehearse)
     assert session.summary is not None  # a standard callback, the JSONL logger, writes it as the run finishes
     folder = session.folder
     return RunResult(cfg.name, folder.location if folder.remote else folder.local, session.summary)

@@ -12,6 +12,7 @@ their files first and the ``latest`` pointer last (see ``checkpoint.publish``).
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -22,6 +23,27 @@ from pathlib import Path, PurePosixPath
 import pyarrow.fs as pafs
 
 from fedsim.errors import StorageError
+
+
+USER_DIR_ENV = "FEDSIM_USER_DIR"  # the directory the user ran fedsim from, as every process of a run sees it
+
+
+def user_dir() -> Path:
+    """The directory the user ran fedsim from: a config's relative paths are relative to it. A Ray Tune trial runs
+    in a working directory of its own and a worker in wherever its node started, so the driver hands its own
+    directory to every Ray process of the run (``FEDSIM_USER_DIR``); the driver itself reads its cwd."""
+    return Path(os.environ.get(USER_DIR_ENV) or os.getcwd())
+
+
+def user_path(path: str | Path) -> Path:
+    """A path a config or the user names (``~`` expanded), relative paths taken from :func:`user_dir`."""
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else user_dir() / path
+
+
+def anchored(location: str) -> str:
+    """``location`` as every process reads it alike: a folder made absolute (:func:`user_path`), a URI as it is."""
+    return location if is_uri(location) else str(user_path(location))
 
 
 def is_uri(location: str | Path) -> bool:
@@ -89,7 +111,7 @@ class Store:
         if is_uri(location):
             self.fs, self.root = _answering(lambda: _opened(self.location), self.location)
         else:
-            self.fs, self.root = pafs.LocalFileSystem(), str(Path(location).resolve())
+            self.fs, self.root = pafs.LocalFileSystem(), str(user_path(location).resolve())
 
     def _path(self, rel: str = "") -> str:
         return str(PurePosixPath(self.root, rel)) if rel else self.root

@@ -156,3 +156,25 @@ def test_the_libraries_fedsim_runs_on_are_each_refused():
     for requirement in project["dependencies"]:
         dist = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", requirement).group()).lower()
         assert modules_of.get(dist, set()) & LIBRARIES, f"{dist}: none of its modules {modules_of.get(dist)} in LIBRARIES"
+
+
+def test_a_worker_that_imported_other_code_than_the_driver_says_which_file(tmp_path):
+    """Issue 46 item 6: each worker compares the files it imported fedsim and the config's plug-ins from with the
+    driver's (RunPlan.code), and refuses in one line on the first call."""
+    import dataclasses
+
+    from conftest import lightning_tree, plan_for
+    from fedsim.client.worker import Worker
+    from fedsim.config import validate
+    from fedsim.errors import UserCodeError
+    from fedsim.plugins import imported_files, other_code
+
+    plan = plan_for(validate(lightning_tree(tmp_path, "TwoPartModule")))
+    assert dict(plan.code).keys() == {"fedsim", "user_plugins"} and other_code(plan.code) is None
+    assert imported_files({"model": {"client": "user_plugins:TwoPartModule"}}) == plan.code
+    elsewhere = dataclasses.replace(plan, code=(("user_plugins", "/old/copy/user_plugins.py"),))
+    worker = Worker(elsewhere, dict(enumerate(plan.clients)))
+    assert isinstance(worker.failure, UserCodeError) and str(worker.failure).startswith(
+        "user_plugins: this worker imported ") and "the driver /old/copy/user_plugins.py" in str(worker.failure)
+    with pytest.raises(UserCodeError):
+        worker.device_info()

@@ -1,5 +1,7 @@
 """A user's own code, named from configs as ``user_plugins:<name>`` (tests/test_plugins.py): nothing
 here is part of fedsim, and fedsim is not edited to use it."""
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torch import nn
@@ -230,3 +232,42 @@ class HeadFirstOptimizers(ManualEverything):
 
     def configure_optimizers(self):
         return [torch.optim.Adam(self.head.parameters(), lr=0.003), torch.optim.SGD(self.body.parameters(), lr=0.3)]
+
+
+class SetupFails(pl.Callback):
+    """A callback whose setup raises what no fedsim check foresees."""
+
+    def setup(self, trainer, pl_module, stage):
+        raise RuntimeError("no licence for this callback")
+
+
+class CallbackRow(Sequence):
+    """A Sequence that is neither a list nor a tuple, as configure_callbacks may return."""
+
+    def __init__(self, *callbacks):
+        self.callbacks = callbacks
+
+    def __getitem__(self, index):
+        return self.callbacks[index]
+
+    def __len__(self):
+        return len(self.callbacks)
+
+
+class RowOfCallbacks(TwoPartModule):
+    def configure_callbacks(self):
+        return CallbackRow(CountingCallback(), ListedCallback("row"))
+
+
+class DictWithoutLoss(TwoPartModule):
+    def training_step(self, batch, batch_idx):
+        return {"out": super().training_step(batch, batch_idx)}
+
+
+class LogsAcc(TwoPartModule):
+    """Logs a name fedsim's own records use."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("acc", 0.5)
+        return loss

@@ -52,12 +52,20 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         raise ConfigError("fedsim run: give a CONFIG.yaml, or --resume RUN_DIR")
     if args.dry_run:
+        from fedsim.client.rehearsal import rehearse
         from fedsim.engine.estimate import dry_run
 
-        return dry_run(configs)
+        return dry_run(configs, rehearse, resume, args.overwrite)
     # Imported once the config is valid: they load torch and Ray (~5 s), which a typo should not wait for.
     from fedsim.cli.progress import ProgressBar
     from fedsim.simulate import run
+
+    if len(configs) > 1:  # every variant checked before the first trains (each run checks itself again as it starts)
+        from fedsim.client.rehearsal import rehearse
+        from fedsim.engine.estimate import checked_plan
+
+        for cfg in configs:
+            checked_plan(cfg, rehearse, resume, args.overwrite)
 
     results = []
     for cfg in configs:

@@ -17,11 +17,14 @@ def sweep_command(args: argparse.Namespace) -> int:
     configs = expand_sweep(tree)
     refuse_defaults_only(args.config, tree)
     base = validate(tree)  # the config as written: its name and search section (a variant carries neither)
-    if args.dry_run:
-        return _sweep_dry_run(configs, base)
-    from fedsim.sweep.executor import Sweep, results_table, run_sweep, write_results
+    from fedsim.sweep.executor import Sweep
 
     sweep = Sweep(base.name, configs, base.search)
+    sweep.check()  # what a run refuses, --dry-run refuses too
+    if args.dry_run:
+        return _sweep_dry_run(configs, base)
+    from fedsim.sweep.executor import results_table, run_sweep, write_results
+
     outcomes = run_sweep(sweep, args.max_concurrent)
     print(results_table(outcomes))
     print(write_results(sweep, outcomes))
@@ -35,6 +38,8 @@ def sweep_command(args: argparse.Namespace) -> int:
 
 
 def _sweep_dry_run(configs: list, base) -> int:
+    from fedsim.client.rehearsal import rehearse
+    from fedsim.engine.estimate import checked_plan
     from fedsim.metrics.series import metric_names, series_mode
     from fedsim.sweep.executor import trial_bundles
     from fedsim.sweep.runs import status
@@ -43,9 +48,12 @@ def _sweep_dry_run(configs: list, base) -> int:
           + (f" on {base.search.metric} ({base.search.mode or series_mode(base.search.metric or '')})"
              if base.search.scheduler == "asha" else ""))
     for cfg in configs:
+        state = status(cfg)
+        # What the trial's run would refuse before its first round (it resumes a resumable run, replaces a changed one).
+        checked_plan(cfg, rehearse, resume=state == "resumable", overwrite=state in ("changed", "finished"))
         bundles = trial_bundles(cfg)
         each = ", ".join(f"{v:g} {k}" for k, v in bundles[0].items())
-        print(f"{cfg.name}: {status(cfg)}; {len(bundles)} workers x ({each})")
+        print(f"{cfg.name}: {state}; {len(bundles)} workers x ({each})")
     print("per-round metrics a scheduler can compare (search.metric): " + ", ".join(metric_names(configs[0]))
           + ", and what your module logs with self.log as NAME/STATISTIC (e.g. val_loss/mean)")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -12,8 +13,20 @@ from fedsim.client.fabric import FedsimFabric
 from fedsim.client.hooks import UserCode
 from fedsim.client.logged import LoggedValues
 from fedsim.client.optimizers import OptimizerSet
+from fedsim.errors import UserCodeError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def returned_loss(out: Any, module: pl.LightningModule) -> Any:
+    """The loss a training_step returned under automatic optimization: itself, or a dict's "loss" (a dict without
+    one is refused, as Lightning refuses it); None skips the step."""
+    if not isinstance(out, Mapping):
+        return out
+    if out.get("loss") is None:
+        raise UserCodeError(f"model.client: {type(module).__name__}.training_step returned a dict without a 'loss' "
+                            "key; return the loss, or a dict holding it under 'loss'")
+    return out["loss"]
 
 
 class FabricLoop:
@@ -55,7 +68,7 @@ class FabricLoop:
         with f.autocast():
             out = self.user.run("training_step", self.module.training_step, batch, batch_idx)
         if self.automatic:
-            loss = out.get("loss") if isinstance(out, Mapping) else out
+            loss = returned_loss(out, self.module)
             if loss is not None:  # Lightning skips the optimizer step of a training_step that returns None
                 self._optimize(active, loss)
         self.user.call("on_train_batch_end", out, batch, batch_idx)

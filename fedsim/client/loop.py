@@ -37,7 +37,7 @@ class LocalLoop:
 
     def __init__(self, module: pl.LightningModule, fabric: FedsimFabric, sets: dict[str, OptimizerSet],
                  keys: KeyParts, callbacks: list[pl.Callback], num_classes: int, listed: list[pl.Callback],
-                 precision: Precision = "32", with_trainer: bool = False):
+                 precision: Precision = "32", with_trainer: bool = False, trainer_root: str | None = None):
         # The plain module, under fabric.autocast(): on one device Fabric's wrapper hands out the module's own
         # methods (training_step included) without its precision context.
         self.module, self.fabric = module, fabric
@@ -54,7 +54,7 @@ class LocalLoop:
         module._trainer = module.trainer
         fabric.backward_hooks = (lambda loss: self.user.call("on_before_backward", loss),
                                  lambda: self.user.call("on_after_backward"))
-        self.runner = (TrainerLoop(module, fabric, self.user, self.logged, listed, precision) if with_trainer
+        self.runner = (TrainerLoop(module, fabric, self.user, self.logged, listed, precision, trainer_root) if with_trainer
                        else FabricLoop(module, fabric, self.user, self.logged))
         self.accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro").to(fabric.device)
 

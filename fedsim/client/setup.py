@@ -3,6 +3,7 @@ it, its optimizers for training and for evaluation's fine-tuning, its callbacks,
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytorch_lightning as pl
@@ -15,10 +16,11 @@ from fedsim.client.loop import LocalLoop
 from fedsim.client.optimizers import OptimizerSet
 from fedsim.client.resident import BoundLayout
 from fedsim.client.settings import OptimizerSettings
+from fedsim import storage
 from fedsim.config import RunConfig
 from fedsim.core.layout import KeyParts
 from fedsim.errors import UserCodeError
-from fedsim.models.lightning import (config_optimizers, load_callback_classes, module_optimizers, network_of,
+from fedsim.models.lightning import (build_callbacks, config_optimizers, module_optimizers, network_of,
                                      optimizer_parts, overrides, part_parameters)
 from fedsim.plan import RunPlan
 from fedsim.plan.build import initial_client
@@ -65,11 +67,12 @@ def set_up_worker(plan: RunPlan) -> WorkerModel:
     fabric = FedsimFabric(accelerator="cuda" if on_gpu else "cpu", devices=1, precision=cfg.model.precision)
     settings = OptimizerSettings(cfg, plan.model.own_optimizers)  # the driver's reading of the module
     train = training_optimizers(module, keys, fabric, settings)
-    own, listed = callbacks(module, cfg)
+    with_trainer = cfg.model.client_loop == "trainer"
+    own, listed = callbacks(module, cfg, with_trainer)
     loop = LocalLoop(module, fabric, {"train": train, "finetune": finetune_optimizers(module, keys, fabric, settings,
                                                                                         train)},
                      keys, [*own, *listed], plan.num_classes, listed, cfg.model.precision,
-                     cfg.model.client_loop == "trainer")
+                     with_trainer, lightning_folder(cfg))
     layouts = {name: BoundLayout.bind(layout, net, fabric.device) for name, layout in plan.model.layouts.items()}
     layouts["full"].load(plan.model.initial["full"])
     return WorkerModel(net, loop, fabric.device, channels_last, layouts, settings,
@@ -101,20 +104,46 @@ def finetune_optimizers(module: pl.LightningModule, keys: KeyParts, fabric: Feds
                         optimizer_parts(optimizers, module, keys))
 
 
-def callbacks(module: pl.LightningModule, cfg: RunConfig) -> tuple[list[pl.Callback], list[pl.Callback]]:
-    """The module's configure_callbacks and model.callbacks, as Lightning would use them in every fit."""
-    own = module.configure_callbacks() if overrides(module, "configure_callbacks") else []
-    # Known gap, left as it is (issue 44): a Sequence other than a list or tuple is taken for one callback, where
-    # Lightning would take its items.
-    own = list(own) if isinstance(own, (list, tuple)) else [own]  # type: ignore[list-item]
-    listed = []
-    for spec, cls in load_callback_classes(cfg.model):
-        try:
-            listed.append(cls(**spec.init_args))
-        except (ValueError, TypeError) as err:
-            raise UserCodeError(f"model.callbacks: {spec.class_path}: {err}") from None
-    for cb in [*own, *listed]:
+def callbacks(module: pl.LightningModule, cfg: RunConfig,
+              with_trainer: bool) -> tuple[list[pl.Callback], list[pl.Callback]]:
+    """The module's configure_callbacks and model.callbacks, as Lightning would use them in every fit. The Fabric loop
+    sets them up here, once; a Trainer sets them up in each fit itself."""
+    try:
+        own = module.configure_callbacks() if overrides(module, "configure_callbacks") else []
+    except Exception as err:
+        raise UserCodeError(f"model.client: {type(module).__name__}.configure_callbacks raised {type(err).__name__}: "
+                            f"{_first_line(err)}; fix the module") from None
+    # As Lightning's Trainer reads it: a Sequence is the callbacks, anything else one callback.
+    own = list(own) if isinstance(own, Sequence) else [own]
+    listed = build_callbacks(cfg.model)
+    for cb in own:
         if not isinstance(cb, pl.Callback):
-            raise UserCodeError(f"model.callbacks: {type(cb).__name__} is not a pytorch_lightning Callback")
-        cb.setup(module.trainer, module, "fit")
+            raise UserCodeError(f"model.client: {type(module).__name__}.configure_callbacks returned a "
+                                f"{type(cb).__name__}, not a pytorch_lightning Callback")
+    if not with_trainer:
+        for cb in [*own, *listed]:
+            _set_up_under_fabric(cb, module)
     return own, listed
+
+
+def _set_up_under_fabric(cb: pl.Callback, module: pl.LightningModule) -> None:
+    """``cb.setup`` with the module's trainer, which for the Fabric loop is its Fabric: a callback that reads a
+    Trainer's attributes (Lightning's ModelCheckpoint, EarlyStopping) fails here, named, with the fix."""
+    try:
+        cb.setup(module.trainer, module, "fit")
+    except Exception as err:
+        needs = (f"; it needs a pl.Trainer, which the fabric loop does not give it: set model.client_loop: trainer"
+                 if isinstance(err, AttributeError) else "; fix the callback")
+        raise UserCodeError(f"model.callbacks: {type(cb).__name__}.setup raised {type(err).__name__}: "
+                            f"{_first_line(err)}{needs}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else "no message"
+
+
+def lightning_folder(cfg: RunConfig) -> str | None:
+    """Where a local update's Trainer keeps what Lightning's callbacks write (ModelCheckpoint's files): the run
+    folder's ``lightning/``; a run in a bucket leaves Lightning its default (the worker's directory)."""
+    location = storage.join(cfg.out_dir, cfg.name, "lightning")
+    return None if storage.is_uri(location) else storage.anchored(location)

@@ -22,7 +22,9 @@ class ClientStates:
         self.slots = self._empty()
 
     def _empty(self) -> dict[str, VectorStore]:
-        memory = StateMemory(int(self.engine.state_ram_mb * 2**20), self.engine.spill_dir)  # one budget for all slots
+        spill = self.engine.spill_dir
+        memory = StateMemory(int(self.engine.state_ram_mb * 2**20),  # one budget for all slots
+                             None if spill is None else storage.anchored(spill))
         return {name: VectorStore(size, memory) for name, size in self.sizes.items()}
 
     def stored(self, slot: str, client: int) -> np.ndarray | None:

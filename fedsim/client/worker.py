@@ -13,6 +13,7 @@ import ray
 from fedsim.core.protocol import ClientData, FixedPointScales, WorkerPartial, WorkerReplies
 from fedsim.errors import ConfigError, UserCodeError
 from fedsim.plan import RunPlan
+from fedsim.plugins import other_code
 
 
 class Worker:
@@ -24,10 +25,24 @@ class Worker:
         # The user's module failing to build is their error, told once by the first call: an actor whose
         # constructor raises would count as lost and be respawned (and fail) engine.max_recoveries times.
         self.failure: UserCodeError | None = None
+        if (other := other_code(plan.code)) is not None:  # fedsim itself, before it builds anything
+            self.failure = UserCodeError(other)
+            return
+        # Any exception, not only fedsim's own: an exception here is no lost worker (a replacement raises it again).
         try:
             self._runtime = ClientRuntime(plan, clients)
         except (UserCodeError, ConfigError) as err:
             self.failure = UserCodeError(str(err))
+        except MemoryError:
+            raise  # the machine's, not the user's: a lost worker, replaced (torch's OutOfMemoryError too, below)
+        except Exception as err:
+            if type(err).__name__ == "OutOfMemoryError":  # torch's (this module imports no torch)
+                raise
+            message = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
+            self.failure = UserCodeError(f"model.client: setting up the client module on a worker raised "
+                                         f"{type(err).__name__}: {message}; fix the module or its callbacks")
+        if self.failure is None and (other := other_code(plan.code)) is not None:  # the plug-ins it imported
+            self.failure = UserCodeError(other)
 
     @property
     def runtime(self):

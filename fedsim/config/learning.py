@@ -147,10 +147,27 @@ class DataConfig(Section):
             raise ValueError(format_error(err, prefix="data.partition")) from None
 
 
+def callback_path(path: str) -> str:
+    """A callback's class as fedsim's plug-ins name it: ``package.module:Class``, from that or from the Lightning CLI's
+    ``package.module.Class``."""
+    if ":" in path:
+        return path
+    module, _, name = path.rpartition(".")
+    if not module or not name:
+        raise ValueError(f"{path!r}: give the callback's class as 'package.module:Class' or 'package.module.Class'")
+    return f"{module}:{name}"
+
+
 class CallbackSpec(Section):
     """A callback as Lightning's CLI names one."""
-    class_path: str = Field(description="'package.module:Class' of a pytorch_lightning Callback")
+    class_path: str = Field(description="'package.module:Class' (or Lightning's 'package.module.Class') of a "
+                            "pytorch_lightning Callback")
     init_args: dict[str, Any] = Field({}, description="keyword arguments of its __init__")
+
+    @field_validator("class_path")
+    @classmethod
+    def _colon_form(cls, path: str) -> str:
+        return callback_path(path)
 
 
 class ModelConfig(Section):
@@ -169,6 +186,11 @@ class ModelConfig(Section):
     client_loop: Literal["fabric", "trainer"] = Field(
         "fabric", description="fabric: fedsim drives training_step (fast); trainer: every local update is a "
         "pl.Trainer fit (loggers and every Trainer feature; costs more per client: BENCHMARKS.md)")
+
+    @field_validator("callbacks", mode="before")
+    @classmethod
+    def _callback_paths(cls, value: Any) -> Any:
+        return [callback_path(v) if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
 
     @field_validator("precision", mode="before")
     @classmethod

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim import storage
 from fedsim.config import DataConfig
 from fedsim.data.array_dataset import ArrayDataset, recomputed_digest
 from fedsim.data.cache import build_cache, cache_dir, channel_stats, open_cache, source_key
@@ -32,7 +33,7 @@ def resolve_root(root: str | Path | None) -> Path:
             "data.root / FEDSIM_DATA: no data folder given; set data.root in the config "
             "or the FEDSIM_DATA environment variable to the folder holding the data sets"
         )
-    return Path(chosen).expanduser()
+    return storage.user_path(chosen)
 
 
 @dataclass(frozen=True)

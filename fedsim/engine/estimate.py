@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedsim.config import RunConfig
+from fedsim.engine.preflight import Rehearse, prepared
 from fedsim.plan import RunPlan, steps_per_epoch
-from fedsim.plan.build import build_plan, load_inputs
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,19 @@ def _evaluation_work(plan: RunPlan) -> tuple[int, int, int, int]:
     return len(rounds), samples, steps, scored
 
 
-def estimate(cfg: RunConfig) -> WorkEstimate:
-    """Validate ``cfg`` as a run would (data, partition, model), then count its work. Writes nothing
-    beyond the data cache a real run fills too, and starts no Ray."""
-    plan = build_plan(cfg, load_inputs(cfg))
+def checked_plan(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = False,
+                 overwrite: bool = False) -> RunPlan:
+    """``cfg``'s plan, checked as a run checks it before Ray starts (``fedsim.engine.preflight``: inputs, run folder,
+    and with ``rehearse`` a training step of the client module). Writes nothing beyond the data cache a real run
+    fills too, and starts no Ray."""
+    with prepared(cfg, resume, overwrite, rehearse) as ready:
+        return ready.plan
+
+
+def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = False,
+             overwrite: bool = False) -> WorkEstimate:
+    """Check ``cfg`` as a run would (:func:`checked_plan`), then count its work."""
+    plan = checked_plan(cfg, rehearse, resume, overwrite)
     algorithm, shared = plan.algorithm, plan.model.layouts["shared"].size
     epochs = algorithm.epochs_per_round(cfg.train.local_epochs)
     train_samples, train_steps = _training_work(plan, epochs)
@@ -150,9 +159,10 @@ def _packing(packing: tuple[int | str, str | None]) -> str:
             else f"packs of {size} clients on each worker") + " (docs/packed.md)"
 
 
-def dry_run(configs: list[RunConfig]) -> int:
+def dry_run(configs: list[RunConfig], rehearse: Rehearse | None = None, resume: bool = False,
+            overwrite: bool = False) -> int:
     """Print every config's estimate; an invalid one raises the same one-line errors as a run."""
     for cfg in configs:
-        print(describe(estimate(cfg)))
+        print(describe(estimate(cfg, rehearse, resume, overwrite)))
     return 0
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict
 
@@ -13,6 +15,7 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from fedsim import storage
 from fedsim.config import RunConfig
 from fedsim.engine.ray_footprint import Footprint
 from fedsim.engine.ray_start import start_within
@@ -45,7 +48,8 @@ def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
     try:
         address = os.environ.get("RAY_ADDRESS")
         if address:
-            start_within(lambda: ray.init(address=address, **quiet), f"attaching to the Ray cluster at {address}")
+            start_within(lambda: ray.init(address=address, runtime_env=run_environment(), **quiet),
+                         f"attaching to the Ray cluster at {address}")
             return
         refuse_stale_ray_settings()
         engine = cfg.engine
@@ -55,7 +59,7 @@ def connect_ray(cfg: RunConfig, cpus: float | None = None) -> None:
         # The dashboard stays on loopback unless a user binds it elsewhere on purpose.
         # address="local": always a fresh local instance, never a stray cluster left behind by `ray start`.
         start_within(lambda: ray.init(address="local", num_cpus=cpus, include_dashboard=engine.dashboard,
-                                      dashboard_host="127.0.0.1", **quiet),
+                                      dashboard_host="127.0.0.1", runtime_env=run_environment(), **quiet),
                      f"starting a local Ray with {cpus} CPUs", Footprint())
     finally:
         private_token()
@@ -77,6 +81,37 @@ def refuse_beyond_this_machine(cfg: RunConfig) -> None:
         raise ConfigError(f"engine.workers: {workers} worker processes need at least {need_mb / 2**10:,.0f} GB of "
                           f"memory ({WORKER_MEMORY_FLOOR_MB} MB each), this machine has {have_mb / 2**10:,.0f} GB; "
                           f"give at most {fit} workers, or set RAY_ADDRESS to a cluster")
+
+
+def run_environment() -> dict:
+    """What every Ray process of the run (a sweep's trials, the workers) gets from this driver: the directory the
+    user ran fedsim from, which a config's relative paths start from (``fedsim.storage.user_dir``), and this
+    process's import path ahead of the one Ray gives it (:func:`imports_as_driver`)."""
+    return {"env_vars": {storage.USER_DIR_ENV: str(storage.user_dir())},
+            "worker_process_setup_hook": imports_as_driver([str(Path(p or ".").resolve()) for p in sys.path])}
+
+
+def imports_as_driver(paths: list[str]) -> Callable[[], None]:
+    """A Ray worker's set-up: top-level modules found along the driver's import path (``paths``) first. Ray puts
+    the driver's working folder ahead of PYTHONPATH on every worker (after this hook runs, so editing sys.path here
+    does not hold), where the ``fedsim`` command does not look: a folder holding another copy of fedsim (or of a
+    plug-in) would have the workers run other code than the driver. A finder first on sys.meta_path looks a
+    top-level module up in the driver's order (a submodule follows its package). A closure, so Ray sends it by
+    value: unpickling it on the worker imports no fedsim (each worker then checks what it imported against the
+    driver's files: ``fedsim.plugins.other_code``)."""
+    def find_as_driver() -> None:
+        import importlib.machinery
+        import sys as worker_sys
+
+        class DriverOrder:
+            @staticmethod
+            def find_spec(name: str, path: object = None,
+                          target: object = None) -> importlib.machinery.ModuleSpec | None:
+                return None if path is not None else importlib.machinery.PathFinder.find_spec(name, paths)
+
+        worker_sys.meta_path.insert(0, DriverOrder)
+
+    return find_as_driver
 
 
 def refuse_stale_ray_settings() -> None:

@@ -78,7 +78,7 @@ class RunFolder:
         self.remote = storage.is_uri(self.location)
         self.store = storage.Store(self.location) if self.remote else None  # None exactly when not remote
         # Absolute: the server actor and the marker check must not depend on a process's working folder.
-        self.local = storage.staging_folder(self.location) if self.remote else Path(self.location).resolve()
+        self.local = storage.staging_folder(self.location) if self.remote else storage.user_path(self.location).resolve()
         self.stored: dict[Path, tuple[int, int]] = {}  # staging file -> (mtime, size) when it was last uploaded
         self.names_code = names_code(cfg)  # resume then needs --trust-plugins
 

@@ -15,17 +15,16 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from fedsim.config import RunConfig
-from fedsim.core.store import check_spill_dir
 from fedsim.engine import placement
 from fedsim.engine.driver import Callback, Run, drive, end
 from fedsim.engine.failures import describe_failure
-from fedsim.engine.ray_cluster import check_resources, connect_ray, refuse_beyond_this_machine, this_node
+from fedsim.engine.preflight import Rehearse, prepared
+from fedsim.engine.ray_cluster import check_resources, connect_ray, this_node
 from fedsim.engine.runfolder import RunFolder
 from fedsim.engine.server import ServerActor
 from fedsim.errors import (CheckpointError, ConfigError, DataError, RunFailed, TrainingDiverged, UserCodeFailed,
                            user_error)
 from fedsim.plan import RunPlan
-from fedsim.plan.build import build_plan, load_inputs
 
 WorkerSpawn = Callable[[ray.ObjectRef, dict, Any, float, float], Any]
 """``spawn(plan_ref, clients, bundle, cpus, gpus)``: one worker actor (``fedsim.client.worker.spawn_worker``)."""
@@ -47,21 +46,15 @@ def start_engine(plan: RunPlan, refs: tuple[ray.ObjectRef, ray.ObjectRef], spawn
 
 
 def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback], overwrite: bool = False,
-                resume: bool = False, reserved: PlacementGroup | None = None) -> Run:
+                resume: bool = False, reserved: PlacementGroup | None = None, rehearse: Rehearse | None = None) -> Run:
     """Run (or with ``resume``, continue) a simulation, telling ``callbacks`` as it goes; ``spawn(plan, clients,
-    bundle)`` starts one worker actor. ``reserved``: a placement group the caller holds with one bundle per worker
+    bundle)`` starts one worker actor; ``rehearse(plan)``, when given, checks the client module before Ray starts.
+    ``reserved``: a placement group the caller holds with one bundle per worker
     (a Ray Tune trial's), used instead of reserving one. Bad input raises ConfigError/DataError/CheckpointError
     before anything is written; a failure once the run is under way raises RunFailed (with the resume command)."""
-    if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
-        refuse_beyond_this_machine(cfg)  # before the data loads: a million workers' data could take hours
-    inputs = load_inputs(cfg)  # every input is checked before Ray starts or a file is written
-    if not os.environ.get("RAY_ADDRESS"):  # a cluster's workers spill on disks of their own, which this one is not
-        check_spill_dir(cfg.engine.spill_dir)
-    folder = RunFolder(cfg)
-    try:
-        partition, ckpt = folder.open(inputs.data, inputs.partition, resume, overwrite)
-        plan = build_plan(cfg, inputs, partition)
-        folder.check_checkpoint(ckpt, plan)
+    # Every input, the run folder and the module are checked before Ray starts or a file is written.
+    with prepared(cfg, resume, overwrite, rehearse) as ready:
+        inputs, folder, partition, ckpt, plan = ready.inputs, ready.folder, ready.partition, ready.checkpoint, ready.plan
         _, notice = plan.packing
         if notice:
             print(notice, file=sys.stderr, flush=True)
@@ -77,8 +70,6 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
         finally:
             if reserved is None:
                 placement.release(group)
-    finally:
-        folder.close()
 
 
 @contextmanager

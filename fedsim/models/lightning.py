@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from fedsim.config import CallbackSpec, ModelConfig, OptimConfig
 from fedsim.core.layout import KeyParts
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, UserCodeError
 from fedsim.models import SplitNet, build_model
 from fedsim.models.shape import image_size_of
 from fedsim.plugins import Subclass, load_plugin
@@ -132,6 +132,20 @@ def client_arguments(cls: type[pl.LightningModule], model: ModelConfig, num_clas
     takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
     offered = dict(zip(DATA_ARGUMENTS, (num_classes, input_shape[0], image_size_of(input_shape))))
     return {**{k: v for k, v in offered.items() if takes_any or k in accepted}, **kwargs}
+
+
+def build_callbacks(model: ModelConfig) -> list[pl.Callback]:
+    """``model.callbacks``, each made from its class and init_args; whatever a constructor raises is one line naming
+    it (made by the driver first, so a bad one is refused before Ray starts or the run folder is written)."""
+    built = []
+    for spec, cls in load_callback_classes(model):
+        try:
+            built.append(cls(**spec.init_args))
+        except Exception as err:
+            message = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
+            raise UserCodeError(f"model.callbacks: {spec.class_path} raised {type(err).__name__}: {message}; fix "
+                                "its init_args or the class") from None
+    return built
 
 
 def network_of(module: pl.LightningModule) -> nn.Module:

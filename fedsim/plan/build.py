@@ -3,12 +3,12 @@ layouts derived and every input checked before anything starts or is written."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 
+from fedsim import storage
 from fedsim.algorithms import Algorithm, build_algorithm
 from fedsim.config import RunConfig, check_sections
 from fedsim.core import runfiles
@@ -16,14 +16,14 @@ from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import ClientData
 from fedsim.data import ArrayDataset, Partition, load_run_data, make_partition
 from fedsim.errors import ConfigError
-from fedsim.models.lightning import (FedClient, build_client, describe_optimizers, load_callback_classes,
-                                     module_optimizers, network_of, optimizer_parts, overrides, part_parameters,
-                                     split_keys)
+from fedsim.models.lightning import (FedClient, build_callbacks, build_client, describe_optimizers, module_optimizers,
+                                     network_of, optimizer_parts, overrides, part_parameters, split_keys)
 from fedsim.models.packed import why_unpackable
 from fedsim.models.shape import check_forward
 from fedsim.models.state import layout_of, load_arrays, pack
 from fedsim.plan import ModelPlan, RunPlan, held_out_clients
 from fedsim.plan.system import build_system
+from fedsim.plugins import imported_files
 
 
 def initial_client(cfg: RunConfig, algorithm: Algorithm, num_classes: int,
@@ -39,7 +39,7 @@ def initial_client(cfg: RunConfig, algorithm: Algorithm, num_classes: int,
 
 def read_initial_weights(run_dir: str) -> dict[str, np.ndarray]:
     """``model.init_from``: the final global weights a finished run saved (its ``model.npz``)."""
-    path = Path(run_dir) / runfiles.MODEL
+    path = storage.user_path(run_dir) / runfiles.MODEL
     if path.exists() and not path.is_file():  # a FIFO would block the read forever, a device never end
         raise ConfigError(f"model.init_from: {path.resolve()} is not a regular file; give the folder of a finished run")
     try:
@@ -132,9 +132,9 @@ def load_inputs(cfg: RunConfig) -> Inputs:
                                train_fraction=d.train_fraction, test_fraction=d.test_fraction,
                                **d.partition.arguments())
     init_weights = read_initial_weights(cfg.model.init_from) if cfg.model.init_from else None
-    load_callback_classes(cfg.model)  # the workers make them: a wrong one is refused here, before the run folder
     algorithm = build_algorithm(cfg)
     model = build_model_plan(cfg, algorithm, data.num_classes, data.input_shape, init_weights)
+    build_callbacks(cfg.model)  # each worker makes its own; a bad one is refused here, before Ray starts
     return Inputs(data, partition, algorithm, model)
 
 
@@ -146,4 +146,5 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
                     for c in range(part.num_clients))
     unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval))
     return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
-                   system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen)
+                   system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen,
+                   code=imported_files(cfg.model_dump()))

@@ -15,6 +15,7 @@ from typing import TextIO
 
 import numpy as np
 
+from fedsim import storage
 from fedsim.config import AvailabilityConfig, DevicesConfig
 from fedsim.config.execution import MIN_RATE
 from fedsim.errors import ConfigError
@@ -78,7 +79,7 @@ class Availability:
 
 def build_devices(cfg: DevicesConfig, seed: int, num_clients: int) -> Devices:
     if cfg.trace is not None:
-        return read_device_trace(Path(cfg.trace), num_clients)
+        return read_device_trace(storage.user_path(cfg.trace), num_clients)
     ones = np.ones(num_clients)
     up, down = cfg.up_mbps * BITS_PER_MEGABIT / 8, cfg.down_mbps * BITS_PER_MEGABIT / 8
     rng = np.random.default_rng([seed, DEVICE_STREAM])
@@ -105,7 +106,7 @@ def build_availability(cfg: AvailabilityConfig, seed: int, num_clients: int) -> 
         phase = np.random.default_rng([seed, PHASE_STREAM]).random(num_clients)
         return Availability("diurnal", cfg.period_s, cfg.on_fraction, phase=phase)
     assert cfg.trace is not None  # AvailabilityConfig's validator pairs pattern trace with its file
-    return Availability("trace", cfg.period_s, intervals=read_availability_trace(Path(cfg.trace), num_clients,
+    return Availability("trace", cfg.period_s, intervals=read_availability_trace(storage.user_path(cfg.trace), num_clients,
                                                                                   cfg.period_s))
 
 

@@ -56,11 +56,11 @@ class Sweep:
         self.fingerprints = {cfg.name: results_fingerprint(cfg.model_dump()) for cfg in self.configs}
 
     def check(self) -> None:
-        """Before any trial: the scheduler's metric is one every run reports."""
-        if self.search.scheduler == "fifo":
-            return
+        """Before any trial (and by --dry-run): the scheduler's metric, when named, is one every run reports."""
         if self.search.metric is None:
-            raise ConfigError("search.metric: ASHA needs the per-round metric it compares, e.g. fairness/acc_p10")
+            if self.search.scheduler == "asha":
+                raise ConfigError("search.metric: ASHA needs the per-round metric it compares, e.g. fairness/acc_p10")
+            return
         if logged_series(self.search.metric):  # the module's own self.log value: known once it runs
             return
         for cfg in self.configs:
@@ -85,9 +85,12 @@ class Sweep:
 
 
 def _tagged(cfg: RunConfig, tag: str) -> RunConfig:
-    """W&B users find a sweep's runs by a tag (the run's results never depend on logging settings)."""
+    """W&B users find a sweep's runs by a tag (the run's results never depend on logging settings). out_dir is
+    made absolute here, in the sweep's own process: each trial runs in a working directory of Tune's (where a
+    relative out_dir would put the run), and where a run writes never changes its results."""
     tree = cfg.model_dump()
     tree["logging"]["wandb"]["tags"] = [*tree["logging"]["wandb"]["tags"], tag]
+    tree["out_dir"] = storage.anchored(tree["out_dir"])
     return validate(tree)
 
 
@@ -145,7 +148,7 @@ def _actions(configs: Sequence[RunConfig], stopped: dict, stack: ExitStack,
         action = {"finished": "replay", "resumable": "resume", "changed": "overwrite", "new": "run"}[state]
         if cfg.name in stopped and state == "resumable":
             action = "replay"
-        runs[cfg.name] = TrialRun(cfg, action)
+        runs[cfg.name] = TrialRun(cfg, action, str(storage.user_dir()))
     return runs, skipped
 
 

@@ -6,6 +6,7 @@ checkpoint from ``rounds.jsonl``, and a run that is already done replays all of 
 every trial's whole history whatever the sweep's process went through."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from fedsim import storage
@@ -27,6 +28,7 @@ class TrialRun:
     settings changed (overwrite), or replay a folder that is done (finished, or stopped by the scheduler)."""
     config: RunConfig
     action: str
+    user_dir: str  # where the user ran the sweep from: the run's other relative paths (data.root, ...) start there
 
 
 class TrialFailed(Exception):
@@ -74,6 +76,7 @@ def train(params: dict, runs: dict[str, TrialRun]) -> None:
     from fedsim.simulate import run
 
     item = runs[params["run"]]
+    os.environ[storage.USER_DIR_ENV] = item.user_dir  # Tune runs the trial in a folder of its own
     reporter = TuneReporter(item.config.train.rounds)
     if item.action == "replay":
         _replay_folder(item.config, reporter)

@@ -290,3 +290,62 @@ def test_dry_run_of_a_module_that_cannot_be_built_exits_2_with_one_line(tmp_path
     assert main(["run", str(config), "--dry-run", "model.client_args.width=8"]) == 0
     out = capsys.readouterr().out
     assert "user_plugins:NeedsWidth, optimizers from train.body / train.head" in out
+
+
+# -- Lightning's own callbacks (issue 46 item 2) -------------------------------------------------------------------
+def test_lightnings_checkpoint_and_early_stopping_run_each_local_update_under_the_trainer_loop(tmp_path):
+    """Both class_path spellings; EarlyStopping reads what the module logs (trainer.callback_metrics), ModelCheckpoint
+    writes into the run folder's lightning/."""
+    rt = lightning_runtime(tmp_path, "TwoPartModule", "fedavg", model__client_loop="trainer", model__callbacks=[
+        "pytorch_lightning.callbacks:ModelCheckpoint",
+        {"class_path": "pytorch_lightning.callbacks.EarlyStopping", "init_args": {"monitor": "my_loss"}}])
+    train_one(rt, start(rt), 0, 1)
+    train_one(rt, start(rt), 1, 1)
+    assert list((tmp_path / "lm" / "lightning" / "checkpoints").glob("*.ckpt"))
+
+
+def test_a_callback_that_needs_a_trainer_is_refused_under_the_fabric_loop_naming_it_and_the_fix(tmp_path):
+    with pytest.raises(UserCodeError, match=r"^model.callbacks: ModelCheckpoint.setup raised AttributeError: .*; it "
+                                            r"needs a pl.Trainer, .*set model.client_loop: trainer$"):
+        lightning_runtime(tmp_path, "TwoPartModule", model__callbacks=["pytorch_lightning.callbacks.ModelCheckpoint"])
+
+
+def test_any_exception_setting_up_a_worker_is_the_users_error_told_by_its_first_call(tmp_path):
+    from fedsim.client.worker import Worker
+
+    plan = plan_for(validate(lightning_tree(tmp_path, "TwoPartModule", model__callbacks=["user_plugins:SetupFails"])))
+    worker = Worker(plan, dict(enumerate(plan.clients)))
+    assert worker.ping() and isinstance(worker.failure, UserCodeError)
+    assert "SetupFails.setup raised RuntimeError: no licence for this callback" in str(worker.failure)
+    with pytest.raises(UserCodeError):
+        worker.device_info()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("user_plugins.Nowhere", "model.callbacks: cannot import 'user_plugins:Nowhere'"),
+    ({"class_path": "user_plugins:ListedCallback", "init_args": {"colour": 1}},
+     "model.callbacks: user_plugins:ListedCallback raised TypeError"),
+    ("user_plugins:CallbackRow", "model.callbacks: user_plugins:CallbackRow is a CallbackRow, not a pytorch_lightning"),
+])
+def test_a_bad_callback_is_refused_by_the_driver_before_any_worker(tmp_path, spec, message):
+    with pytest.raises(ValueError, match=message):
+        plan_for(validate(lightning_tree(tmp_path, "TwoPartModule", model__callbacks=[spec])))
+
+
+def test_a_callback_path_is_refused_at_validation_when_it_names_no_class():
+    with pytest.raises(ConfigError, match="model.callbacks.*'EarlyStopping': give the callback's class as"):
+        validate({"model": {"callbacks": ["EarlyStopping"]}})
+
+
+def test_configure_callbacks_may_return_any_sequence(tmp_path):
+    CALLS.clear()
+    rt = lightning_runtime(tmp_path, "RowOfCallbacks", "fedavg")
+    train_one(rt, start(rt), 0, 1)
+    assert CALLS["callback.on_fit_start"] == 1 and CALLS["row.batch_start"] > 0
+
+
+@pytest.mark.parametrize("loop", ["fabric", "trainer"])
+def test_a_training_step_dict_without_loss_is_refused_in_either_loop(tmp_path, loop):
+    rt = lightning_runtime(tmp_path, "DictWithoutLoss", "fedavg", model__client_loop=loop)
+    with pytest.raises(UserCodeError, match="DictWithoutLoss.training_step returned a dict without a 'loss' key"):
+        train_one(rt, start(rt), 0, 1)

@@ -34,3 +34,47 @@ def test_the_ray_token_is_made_private(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
     ray_cluster.private_token()
     assert folder.stat().st_mode & 0o777 == 0o700 and token.stat().st_mode & 0o777 == 0o600
+
+
+DRIVER = """
+import fedsim
+import ray
+from fedsim.config import validate
+from fedsim.engine.ray_cluster import connect_ray
+
+connect_ray(validate({"engine": {"workers": 1}}))
+
+
+@ray.remote(num_cpus=0)
+def imported():
+    import fedsim
+    return fedsim.__file__
+
+
+print(fedsim.__file__)
+print(ray.get(imported.remote(), timeout=120))
+ray.shutdown()
+"""
+
+
+def test_workers_import_fedsim_from_where_the_driver_does_not_from_the_folder_it_ran_in(tmp_path, no_ray):
+    """Issue 46 item 6: Ray puts the driver's working folder ahead of PYTHONPATH on its workers; run from a folder
+    holding an old copy of fedsim, with the real one on PYTHONPATH (as the `fedsim` command runs: its own folder,
+    not the working one, first on sys.path), the workers import the driver's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    old = tmp_path / "project"
+    (old / "fedsim").mkdir(parents=True)
+    (old / "fedsim" / "__init__.py").write_text("OLD = True\n")
+    script = tmp_path / "bin" / "driver.py"
+    script.parent.mkdir()
+    script.write_text(DRIVER)
+    real = Path(ray_cluster.__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(real)}
+    proc = subprocess.run([sys.executable, str(script)], cwd=old, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    driver, worker = proc.stdout.split()[-2:]
+    assert driver == worker == str(real / "fedsim" / "__init__.py")

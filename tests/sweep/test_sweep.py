@@ -216,3 +216,22 @@ def test_ashas_stop_line_shows_the_metric_to_four_digits(tmp_path):
     progress.on_trial_complete(0, [], trial)
     assert said == [f"{configs[0].name}: stopped by ASHA at round 3 (fairness/acc_p10 61.85)"]
 
+
+@pytest.mark.slow
+def test_a_relative_out_dir_and_data_path_resolve_from_where_the_sweep_ran(tmp_path):
+    """Issue 46 item 1: each Tune trial runs in a working directory of Tune's; the run folders, the sweep's table
+    and every other relative path of the config (here a device trace) are the user's, from where they ran fedsim."""
+    trace = "traces/devices.csv"
+    (tmp_path / "traces").mkdir()
+    (tmp_path / trace).write_text("client,speed,up_mbps,down_mbps\n" + "".join(f"{c},100,5,20\n" for c in range(8)))
+    tree = synthetic_tree(tmp_path, "rel", out_dir="runs", sweep={"seed": [1]},
+                          **{"train.rounds": 1, "train.eval_every": 1, "engine.workers": 1,
+                             "system.devices.trace": trace})
+    write_yaml(tmp_path / "rel.yaml", tree)
+    [cfg] = expand_sweep(tree)
+    proc = fedsim_cli("sweep", "rel.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "runs" / cfg.name / "summary.json").exists()
+    [row] = [line for line in proc.stdout.splitlines() if line.startswith(f"| {cfg.name} |")]
+    assert f"| {cfg.name} | finished | -" not in row and row.split("|")[3].strip() != "-", row
+    assert f"| {cfg.name} | finished |" in (tmp_path / "runs" / "_sweeps" / "rel" / "results.md").read_text()

@@ -1,0 +1,55 @@
+"""One training step on one batch of one client, and its scoring on one test batch, in the driver and without Ray:
+what a module or a callback does wrong (no loss, a Trainer-only callback under the Fabric loop, a logged name
+fedsim's records use, ...) is refused before a run starts, and by ``--dry-run``, instead of by a worker after Ray
+and the workers have started."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from fedsim.algorithms import PARTS
+from fedsim.client.runtime import ClientRuntime
+from fedsim.errors import ConfigError, UserCodeError
+from fedsim.plan import RunPlan
+
+
+def rehearse(plan: RunPlan) -> None:
+    """A worker's set-up over the first client that has training data, one step of every part on its first batch,
+    what the module logged gathered, and one test batch scored; nothing of it is kept. Raises what a worker would."""
+    client = next((c for c, data in enumerate(plan.clients) if len(data.train)), None)
+    if client is None:
+        return
+    threads = torch.get_num_threads()  # a worker's set-up fixes the process's threads (engine.threads_per_worker)
+    try:
+        _one_step(plan, client)
+    except (ConfigError, UserCodeError):
+        raise
+    except Exception as err:  # as a worker reports it: the user's, once (fedsim.client.worker.Worker)
+        message = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
+        raise UserCodeError(f"model.client: one training step on one batch raised {type(err).__name__}: {message}; "
+                            "fix the module or its callbacks") from None
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _on_this_machine(plan: RunPlan) -> RunPlan:
+    """The plan as this process can train it: on its CPU, so at full precision where the workers' is a GPU's
+    (16-mixed has no CPU kernels); what the module does wrong does not depend on it."""
+    model = plan.cfg.model
+    if plan.cfg.engine.gpus_per_worker == 0 or model.precision in ("32", "32-true"):
+        return plan
+    cfg = plan.cfg.model_copy(update={"model": model.model_copy(update={"precision": "32"})})
+    return dataclasses.replace(plan, cfg=cfg)
+
+
+def _one_step(plan: RunPlan, client: int) -> None:
+    runtime = ClientRuntime(_on_this_machine(plan), {client: plan.clients[client]})
+    batch = plan.cfg.train.batch_size
+    runtime.loop.working_on(client, 1, "training")  # as round 1 trains it
+    x, y = runtime.client_tensors(client, "train")
+    runtime.sgd(x[:batch], y[:batch], PARTS["full"], 1, torch.Generator().manual_seed(0), 1)
+    runtime.loop.logged.collect()
+    x, y = runtime.client_tensors(client, "test")
+    if len(y):
+        runtime.loop.score(x[:batch], y[:batch], batch, "")
