@@ -199,6 +199,18 @@ class Broken(TwoPartModule):
         raise ValueError("boom in the user's training_step")
 
 
+class BrokenUnderWay(TwoPartModule):
+    """Trains in the driver's rehearsal (before Ray starts), raises in a worker: a module error once the run is
+    under way, after its folder is written."""
+
+    def training_step(self, batch, batch_idx):
+        import ray
+
+        if ray.is_initialized():
+            raise ValueError("boom in a worker")
+        return super().training_step(batch, batch_idx)
+
+
 class NeedsWidth(pl.LightningModule):
     """A plain module whose __init__ takes an argument fedsim cannot guess."""
 

@@ -199,13 +199,13 @@ def test_a_users_module_that_raises_under_way_is_one_line_exit_4_never_retried_a
     import yaml
 
     config = tmp_path / "broken.yaml"
-    config.write_text(yaml.safe_dump(lightning_tree(tmp_path, "Broken", engine__workers=1)))
+    config.write_text(yaml.safe_dump(lightning_tree(tmp_path, "BrokenUnderWay", engine__workers=1)))
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", str(config), "--quiet"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 4, proc.stderr[-2000:]  # 2 means nothing written; this run's folder exists
     errors = [line for line in proc.stderr.splitlines() if line.startswith("fedsim: error:")]
-    assert len(errors) == 1 and "Broken.training_step raised ValueError: boom in the user's training_step" in errors[0]
+    assert len(errors) == 1 and "BrokenUnderWay.training_step raised ValueError: boom in a worker" in errors[0]
     assert "memory" not in proc.stderr and "keeps its config and partition, no checkpoint yet" in errors[0]
     printed = errors[0].split("`")[-2]
     assert printed.endswith("--trust-plugins")  # its config names the module: resume refuses it otherwise
@@ -324,8 +324,9 @@ def test_any_exception_setting_up_a_worker_is_the_users_error_told_by_its_first_
 @pytest.mark.parametrize("spec, message", [
     ("user_plugins.Nowhere", "model.callbacks: cannot import 'user_plugins:Nowhere'"),
     ({"class_path": "user_plugins:ListedCallback", "init_args": {"colour": 1}},
-     "model.callbacks: user_plugins:ListedCallback raised TypeError"),
-    ("user_plugins:CallbackRow", "model.callbacks: user_plugins:CallbackRow is a CallbackRow, not a pytorch_lightning"),
+     "model.callbacks: user_plugins:ListedCallback cannot be made with init_args"),
+    ("user_plugins:CallbackRow", "model.callbacks: 'user_plugins:CallbackRow' is not a class subclassing "
+     "pytorch_lightning.Callback"),
 ])
 def test_a_bad_callback_is_refused_by_the_driver_before_any_worker(tmp_path, spec, message):
     with pytest.raises(ValueError, match=message):

@@ -15,7 +15,7 @@ REFUSALS = [  # (settings over a small run of the user's module, what the one li
     ({"model.init_from": "no-such-run"}, "model.init_from: cannot read"),
     ({"system.devices.trace": "no-such.csv"}, "system.devices.trace"),
     ({"model.callbacks": [{"class_path": "user_plugins:ListedCallback", "init_args": {"colour": 1}}]},
-     "model.callbacks: user_plugins:ListedCallback raised TypeError"),
+     "model.callbacks: user_plugins:ListedCallback cannot be made with init_args"),
     ({"model.callbacks": ["pytorch_lightning.callbacks.ModelCheckpoint"]},
      "model.callbacks: ModelCheckpoint.setup raised AttributeError"),
     ({"model.client": "user_plugins:ForgetsBackward"}, "without a backward pass"),

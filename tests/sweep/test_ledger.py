@@ -17,7 +17,7 @@ def test_a_stop_a_sweep_records_counts_when_the_same_sweep_runs_again(tmp_path):
                           search={"scheduler": "asha", "metric": "fairness/acc_mean"})
     configs = expand_sweep(tree)
     sweep = Sweep("led", configs, validate(tree).search)
-    runs = {cfg.name: TrialRun(cfg, "run") for cfg in sweep.configs}
+    runs = {cfg.name: TrialRun(cfg, "run", str(tmp_path)) for cfg in sweep.configs}
     progress = _progress(sweep, runs, {}, lambda line: None, {})
     trial = SimpleNamespace(config={"run": configs[1].name}, last_result={"round": 2, "fairness/acc_mean": 0.3})
     progress.on_trial_complete(0, [], trial)

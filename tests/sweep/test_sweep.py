@@ -191,7 +191,7 @@ def test_a_modules_own_logged_value_can_drive_asha_lower_is_better_for_a_loss(tm
     sweep.check()  # known only once the module runs: not refused
     from fedsim.sweep.trial import TrialRun
 
-    asha = _scheduler(sweep, {cfg.name: TrialRun(cfg, "run") for cfg in configs})
+    asha = _scheduler(sweep, {cfg.name: TrialRun(cfg, "run", str(tmp_path)) for cfg in configs})
     assert sweep.mode == "min" and (asha._metric, asha._mode) == ("my_loss/mean", "min")
     # what each trial reports to Tune holds it, under that name
     row = {"round": 2, "seconds": 1.0, "bytes_up": 0, "bytes_down": 0, "acc": {"mean": 0.5},
