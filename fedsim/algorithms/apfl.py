@@ -64,6 +64,7 @@ class APFL(PartialSharing):
         ctx.commit_model()
         ctx.set_slot("personal_model", ctx.vector("full", {k: t.detach() for k, t in personal.items()}))
         ctx.set_slot("alpha", [float(alpha.detach())])
+        ctx.record("apfl_alpha", float(alpha.detach()))  # 0: scored as the global model; 1: as its personal one
         return losses
 
     def load_for_evaluation(self, ctx: ClientContext) -> None:

@@ -143,6 +143,13 @@ class Algorithm:
         the server never holds the whole model's float64 means (big models' server memory, BENCHMARKS.md)."""
         state[WEIGHTS] = means[WEIGHTS].astype(np.float32)
 
+    def mechanism(self, state: dict[str, np.ndarray]) -> dict[str, float]:
+        """Named scalars that show the method's server-side mechanism at work, read from the server state after a
+        round's server step (FedAMP's self-weights, IFCA's cluster sizes): rounds.jsonl keeps them under
+        ``mechanism``, W&B as ``mechanism/<name>``, ``fedsim report`` in its mechanism table. A client-side quantity
+        (APFL's alpha) is recorded by the client hook with ``ctx.record``. None by default."""
+        return {}
+
     def server_state(self, initial: np.ndarray, num_clients: int, seed: int) -> dict[str, np.ndarray]:
         """The server's round-0 state from the round-0 shared weights: the weights and every ``server_slots`` entry
         at zero. A method that keeps more (IFCA's cluster models, FedAMP's per-client models) adds it here: any

@@ -64,6 +64,10 @@ class FedALA(Algorithm):
             self._learn_weights(ctx, local_t, weights, until_settled=not stored.size)
             self._mix(ctx, local_t, weights)
             ctx.set_slot("ala_weights", ctx.vector("full", weights))
+            # The mean of W over the mixed layers: 1 takes the global model there, 0 keeps the local one.
+            top = self.top_keys(ctx.net)
+            ctx.record("fedala_w_mean", float(sum(float(weights[k].sum()) for k in top)
+                                              / sum(weights[k].numel() for k in top)))
         losses = ctx.sgd(PARTS[self.train], ctx.local_epochs)
         ctx.commit_model()
         ctx.set_slot("local_model", ctx.pack("full"))

@@ -61,16 +61,46 @@ class FedAMP(PartialSharing):
         return {WEIGHTS: initial, MODELS: np.tile(initial, (num_clients, 1))}
 
     def attention(self, models: np.ndarray, client: int) -> np.ndarray:
-        """xi_client,j for every j (float64, summing to 1)."""
-        p, mask = self.params, self.parameter_mask
-        own = models[client, mask].astype(np.float64)
-        xi = np.zeros(len(models), np.float64)
+        """xi_client,j for every j (float64, summing to 1, every one >= 0)."""
+        own = models[client, self.parameter_mask].astype(np.float64)
+        distances = np.zeros(len(models), np.float64)
         for j in range(len(models)):
             if j != client:
-                gap = models[j, mask] - own
-                xi[j] = p.alpha_k * np.exp(-float(gap @ gap) / p.sigma) / p.sigma
-        xi[client] = 1.0 - xi.sum()
+                gap = models[j, self.parameter_mask] - own
+                distances[j] = float(gap @ gap)
+        return self.weights(distances, client)
+
+    def weights(self, distances: np.ndarray, client: int) -> np.ndarray:
+        """xi_client,j from the squared distances of the client's model to every model: alpha_k A'(d) for the others;
+        if those sum past 1, they are scaled to sum to 1, so that the self-weight xi_ii = 1 - sum is never negative and
+        u_i stays a convex combination of the models (the paper's Sec. 3 reads u_i as one; a larger alpha_k would
+        extrapolate away from the client's own model)."""
+        p = self.params
+        xi = p.alpha_k * np.exp(-distances / p.sigma) / p.sigma
+        xi[client] = 0.0
+        peers = xi.sum()
+        if peers > 1:
+            xi /= peers
+        xi[client] = max(0.0, 1.0 - xi.sum())  # 0, not -1e-16, where the others were scaled to sum to 1
         return xi
+
+    def mechanism(self, state: dict[str, np.ndarray]) -> dict[str, float]:
+        """The self-weight xi_ii every client would get from the server's models now (1: it trains alone, as local
+        training; near 1 - (N-1) alpha_k / sigma: the others' models count fully), and the median squared distance
+        between two clients' models, the scale sigma is compared with. N^2 / 2 distances over the parameters."""
+        models = state[MODELS]
+        rows = models[:, self.parameter_mask]
+        n = len(rows)
+        distances = np.zeros((n, n), np.float64)
+        for i in range(n):
+            for j in range(i + 1, n):
+                gap = rows[j].astype(np.float64) - rows[i]
+                distances[i, j] = distances[j, i] = float(gap @ gap)
+        self_weights = [self.weights(distances[i], i)[i] for i in range(n)]
+        pairs = distances[np.triu_indices(n, 1)]
+        return {"fedamp_self_weight_mean": float(np.mean(self_weights)),
+                "fedamp_self_weight_min": float(np.min(self_weights)),
+                "fedamp_distance_median": float(np.median(pairs)) if pairs.size else 0.0}
 
     def aggregate(self, models: np.ndarray, client: int) -> np.ndarray:
         """u_client = sum_j xi_client,j w_j, summed in client order in float64."""

@@ -73,18 +73,22 @@ class FedProto(Algorithm):
         prototypes = torch.tensor(ctx.broadcast[PROTOTYPES], device=device)  # a copy: Ray's arrays are read-only
         known = torch.tensor(ctx.broadcast[COUNTS] > 0, device=device)
         optimizer = torch.optim.SGD(ctx.param_groups(PARTS["full"]))
-        losses = []
+        losses, pulls = [], []
         for x, y in ctx.batches(ctx.local_epochs):
             z, logits = ctx.features(x)
             loss = F.cross_entropy(logits, y)
             if self.params.lam:
                 # PFLlib's MSE over the batch: a sample whose label has no global prototype is its own target.
                 target = torch.where(known[y, None], prototypes[y], z.detach())
-                loss = loss + self.params.lam * F.mse_loss(z, target)
+                pull = F.mse_loss(z, target)
+                loss = loss + self.params.lam * pull
+                pulls.append(pull.detach())
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(loss.detach())
+        if pulls:  # the prototype term's mean over the round (0: no global prototype reached the client yet)
+            ctx.record("fedproto_prototype_mse", float(torch.stack(pulls).mean()))
         ctx.set_slot("personal", ctx.pack("personal"))  # the whole model: nothing is shared
         means, counts = self.prototypes(ctx)
         ctx.upload(PROTOTYPES, means)

@@ -85,10 +85,14 @@ class PFedMe(Algorithm):
             with torch.no_grad():
                 for theta, w, eta in local:
                     w.sub_(eta * p.lam * (w - theta))
-        ctx.set_slot("personal_model", ctx.pack("full"))
+        personal = ctx.pack("full")
+        ctx.set_slot("personal_model", personal)
         with torch.no_grad():
             for theta, w, _ in local:
                 theta.copy_(w)
+        # ||theta - w||: how far the personal model the client is scored with stands from its local copy of the
+        # global model (0: pFedMe scores as FedAvg; lambda sets the pull).
+        ctx.record("pfedme_distance", float(np.linalg.norm(personal.astype(np.float64) - ctx.pack("full"))))
         ctx.commit_model()  # w and the statistics theta's passes left
         return losses
 

@@ -158,10 +158,11 @@ class Server:
             self.fedbuff.keep(*previous)
         self.times_sampled[sampled] += 1
         records = self._evaluate(round_idx, {r.client: r for r in kept}) if self.plan.evaluates(round_idx) else []
+        mechanism = self.algorithm.mechanism(self.state) if kept else {}
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.received[r.client], "bytes_up": r.bytes_up}
                 for r in kept]
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start,
-                           timing=timing.row() if timing else {})
+                           timing=timing.row() if timing else {}, mechanism=mechanism)
 
     def _failure(self, round_idx: int, diverged: list[ClientReport], kept: list[ClientReport]) -> str | None:
         """Why the run cannot go on after this round's training, if it cannot: a diverged client under
