@@ -309,6 +309,11 @@ class ClientContext:
             handle.remove()
         return seen[-1].flatten(1), logits
 
+    def test_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This client's test images and labels on the model's device, for a method that scores a second way while
+        it is scored (FedProto's nearest global prototype, recorded with ``record``)."""
+        return self._rt.client_tensors(self.client, "test")
+
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This client's training images and labels on the model's device."""
         if self._data is None:

@@ -12,6 +12,7 @@ from fedsim.algorithms import PARTS
 from fedsim.algorithms.base import Algorithm
 from fedsim.algorithms.context import ClientContext, LogitAdjustment, RuntimePort
 from fedsim.client.loop import LocalLoop
+from fedsim.client.logged import recorded
 from fedsim.client.randomness import FINETUNE_STREAM, client_generator
 from fedsim.config import RunConfig
 from fedsim.core.protocol import ClientData
@@ -53,7 +54,8 @@ class Evaluation:
             ctx = ClientContext(self.port, client, round_idx, broadcast, gen)
             self.algorithm.load_for_evaluation(ctx)
             with self._adjusted_logits(ctx.logit_adjustment):
-                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._record(client)}
+                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._record(client),
+                       **recorded(self.algorithm.name, ctx.recorded)}  # a second score of the method's (FedProto's)
                 if self.cfg.eval.personalizes:
                     self._personalize(ctx, gen)
                     rec |= self.loop.logged.collect("_finetune")
