@@ -133,6 +133,10 @@ class Algorithm:
         """Put the model a client is scored with into ``ctx``'s network."""
         ctx.load()
 
+    def before_finetuning(self, ctx: ClientContext) -> None:
+        """Under eval.personalize: finetune, what the method does to the scored model before eval's fine-tuning
+        (FedBABU's PFLlib variant: one more local update); nothing it stages is kept. Nothing by default."""
+
     # -- server hook -----------------------------------------------------------------------------
     def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
                       num_clients: int) -> None:

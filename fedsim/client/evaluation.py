@@ -71,6 +71,7 @@ class Evaluation:
         if ecfg.personalize == "own_update":
             self.algorithm.client_update(ClientContext(self.port, ctx.client, ctx.round, ctx.broadcast, gen))
             return
+        self.algorithm.before_finetuning(ctx)
         x, y = ctx.data()
         self.port.sgd(x, y, PARTS[ecfg.finetune_part], ecfg.finetune_epochs, gen, ctx.round, finetune=True)
 
