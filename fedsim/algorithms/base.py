@@ -137,6 +137,10 @@ class Algorithm:
         """Put the model a client is scored with into ``ctx``'s network."""
         ctx.load()
 
+    def before_finetuning(self, ctx: ClientContext) -> None:
+        """Under eval.personalize: finetune, what the method does to the scored model before eval's fine-tuning
+        (FedBABU's PFLlib variant: one more local update); nothing it stages is kept. Nothing by default."""
+
     # -- server hook -----------------------------------------------------------------------------
     def server_update(self, state: dict[str, np.ndarray], means: dict[str, np.ndarray], sampled: int,
                       num_clients: int) -> None:
@@ -146,6 +150,13 @@ class Algorithm:
         declares ``server_update_by_tensor``, once per tensor of the shared layout with that tensor's slices: then
         the server never holds the whole model's float64 means (big models' server memory, BENCHMARKS.md)."""
         state[WEIGHTS] = means[WEIGHTS].astype(np.float32)
+
+    def mechanism(self, state: dict[str, np.ndarray]) -> dict[str, float]:
+        """Named scalars that show the method's server-side mechanism at work, read from the server state after a
+        round's server step (FedAMP's self-weights, IFCA's cluster sizes): rounds.jsonl keeps them under
+        ``mechanism``, W&B as ``mechanism/<name>``, ``fedsim report`` in its mechanism table. A client-side quantity
+        (APFL's alpha) is recorded by the client hook with ``ctx.record``. None by default."""
+        return {}
 
     def server_state(self, initial: np.ndarray, num_clients: int, seed: int) -> dict[str, np.ndarray]:
         """The server's round-0 state from the round-0 shared weights: the weights and every ``server_slots`` entry

@@ -156,6 +156,7 @@ class ClientContext:
         self.slots: dict[str, np.ndarray] = {}  # staged per-client state, kept if the round succeeds
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
         self.logit_adjustment: LogitAdjustment | None = None  # what score_with set, applied while this client is scored
+        self.recorded: dict[str, float] = {}  # what ``record`` noted of this client's round: its mechanism, by name
 
     # -- the model -------------------------------------------------------------------------------
     @property
@@ -218,6 +219,13 @@ class ClientContext:
     def upload(self, name: str, vector: np.ndarray | torch.Tensor) -> None:
         """Stage this client's upload ``name`` (one of the method's ``uploads``) for the server, on its device."""
         self.uploads[name] = torch.as_tensor(vector, device=self._rt.device)
+
+    def record(self, name: str, value: float) -> None:
+        """Note one number that shows the method's mechanism in this client's round (APFL's alpha, Ditto's distance
+        to the global model): it joins the client's record in metrics.jsonl, its statistics across clients in
+        rounds.jsonl and W&B (``name/mean``, ...) on evaluation rounds, and ``fedsim report``'s table, as a
+        module's ``self.log`` does."""
+        self.recorded[name] = float(value)
 
     # -- training --------------------------------------------------------------------------------
     def learning_rates(self, layout: str) -> np.ndarray:
@@ -300,6 +308,11 @@ class ClientContext:
         finally:
             handle.remove()
         return seen[-1].flatten(1), logits
+
+    def test_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This client's test images and labels on the model's device, for a method that scores a second way while
+        it is scored (FedProto's nearest global prototype, recorded with ``record``)."""
+        return self._rt.client_tensors(self.client, "test")
 
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This client's training images and labels on the model's device."""

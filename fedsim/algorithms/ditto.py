@@ -33,10 +33,14 @@ class Ditto(PartialSharing):
     def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         losses = super().client_update(ctx)  # the global model's local update, uploaded
         ctx.load()  # the received global weights: the anchor of the personal model
+        anchor = ctx.pack("full")
         pull = ctx.proximal(self.params.lam, keys=ctx.full_keys)
         ctx.unpack("full", self._personal_model(ctx))
         ctx.sgd(PARTS["full"], self.params.personal_epochs or ctx.local_epochs, penalty=pull)
-        ctx.set_slot("personal_model", ctx.pack("full"))
+        personal = ctx.pack("full")
+        ctx.set_slot("personal_model", personal)
+        # How far the personal model stands from the global one (0: Ditto is FedAvg; lambda sets the pull).
+        ctx.record("ditto_distance", float(np.linalg.norm(personal.astype(np.float64) - anchor)))
         return losses
 
     def load_for_evaluation(self, ctx: ClientContext) -> None:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
@@ -27,6 +27,10 @@ class FedALAParams(Params):
     threshold: float = Field(0.1, gt=0, description="start phase: learn W until the std of the last num_pre_loss "
                              "pass losses is below this")
     num_pre_loss: int = Field(10, ge=2, description="start phase: how many of the latest pass losses the std covers")
+    score: Literal["after_ala", "stored_w"] = Field(
+        "after_ala", description="what a client is scored with: after_ala, its ALA step on the newest global model "
+        "(W learned as its next round would, then dropped: PFLlib's serverala.py:26-31, 70-74 runs ALA for every "
+        "client before evaluating); stored_w, the mix under the W of its last round, nothing learned")
 
 
 class FedALA(Algorithm):
@@ -38,8 +42,9 @@ class FedALA(Algorithm):
     settles in the client's first ALA (the paper's start phase), one pass in later rounds. Then ordinary local
     training from that model; the server averages the uploads (FedAvg). A client's first round has no local model
     yet: it starts from the global one (the paper's first iteration), so its start phase is its second round.
-    Scoring uses the model the client would start from: the ALA mix of its local model and the newest global model
-    with its stored W (scoring learns nothing). W is stored over the whole model (ones outside the top layers).
+    Scoring uses the model the client would start from: by default its ALA step on the newest global model, W learned
+    from the stored one as its next round would learn it (PFLlib's scores), then dropped (``score: stored_w``: the
+    mix under the stored W, nothing learned). W is stored over the whole model (ones outside the top layers).
     """
     name, train, share = "fedala", "full", "full"
     Params = FedALAParams
@@ -64,6 +69,10 @@ class FedALA(Algorithm):
             self._learn_weights(ctx, local_t, weights, until_settled=not stored.size)
             self._mix(ctx, local_t, weights)
             ctx.set_slot("ala_weights", ctx.vector("full", weights))
+            # The mean of W over the mixed layers: 1 takes the global model there, 0 keeps the local one.
+            top = self.top_keys(ctx.net)
+            ctx.record("fedala_w_mean", float(sum(float(weights[k].sum()) for k in top)
+                                              / sum(weights[k].numel() for k in top)))
         losses = ctx.sgd(PARTS[self.train], ctx.local_epochs)
         ctx.commit_model()
         ctx.set_slot("local_model", ctx.pack("full"))
@@ -73,8 +82,12 @@ class FedALA(Algorithm):
         ctx.load()
         local = ctx.slot("local_model", default=())
         if local.size:
-            weights = ctx.slot("ala_weights", default=np.ones(local.size, np.float32))
-            self._mix(ctx, ctx.tensors("full", local), ctx.tensors("full", weights))
+            stored = ctx.slot("ala_weights", default=())
+            weights = ctx.tensors("full", stored if stored.size else np.ones(local.size, np.float32))
+            local_t = ctx.tensors("full", local)
+            if self.params.score == "after_ala":  # on copies: the client's stored W stays as its round left it
+                self._learn_weights(ctx, local_t, weights, until_settled=not stored.size)
+            self._mix(ctx, local_t, weights)
 
     def top_keys(self, net: nn.Module) -> list[str]:
         """The parameters W mixes: those of the top ``layer_idx`` layers."""

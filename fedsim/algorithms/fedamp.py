@@ -19,13 +19,19 @@ MODELS = "models"  # server state: every client's latest uploaded model, one row
 
 
 class FedAMPParams(Params):
-    # Defaults: PFLlib's (main.py: alphaK 1.0, lamda 1.0, sigma 1.0). The paper leaves them to tuning; PFLlib's own
-    # example runs used alphaK 1e3, lambda 1, sigma 0.1. alpha_k is held constant (PFLlib), not decayed by round.
+    # alpha_k and lambda: PFLlib's (system/main.py:447, 461: 1.0 each; alpha_k held constant, not decayed by round). The
+    # paper leaves sigma and alpha_k to tuning. PFLlib's sigma = 1 (main.py:463) makes the attention vanish on a CNN:
+    # A'(d) = exp(-d/sigma)/sigma of the squared distances between cnn4 models (a median 4.6 after one round of the
+    # leaderboard's CIFAR-100 pathological CPU setting, 16 after five) left a mean self-weight of 0.99999 after 5
+    # rounds, i.e. local training. sigma = 50, about ten times that first median, keeps the others' models in u_i for
+    # the run (measured there: mean self-weight 0.66 after round 1, 0.68 after 5; sigma 20: 0.25). rounds.jsonl
+    # records the self-weights and the median distance (``mechanism``), the scale to set sigma by for another model.
     alpha_k: float = Field(1.0, gt=0, description="alpha_k: step size of the attention; xi_ij = alpha_k A'(||w_i - "
-                           "w_j||^2), and the proximal pull is lambda / alpha_k")
+                           "w_j||^2), and the proximal pull is lambda / alpha_k (PFLlib: 1)")
     lam: float = Field(1.0, ge=0, alias="lambda", description="lambda: + lambda/(2 alpha_k) ||w - u_i||^2 in local "
-                       "training")
-    sigma: float = Field(1.0, gt=0, description="sigma of the attention A'(x) = exp(-x/sigma)/sigma")
+                       "training (PFLlib: 1)")
+    sigma: float = Field(50.0, gt=0, description="sigma of the attention A'(x) = exp(-x/sigma)/sigma, in units of the "
+                         "squared distance between two clients' models (see rounds.jsonl's fedamp_distance_median)")
 
 
 class FedAMP(PartialSharing):
@@ -34,9 +40,9 @@ class FedAMP(PartialSharing):
     The server keeps every client's latest uploaded model w_j (an N x D float32 array: 20 clients of cnn4 on
     CIFAR-100, D = 139,304, hold 11 MB; a round costs sampled x N distances over D values). A client i to train
     receives u_i = sum_j xi_ij w_j with xi_ij = alpha_k A'(||w_i - w_j||^2) for j != i, A'(x) = exp(-x/sigma)/sigma
-    (the paper's negative exponential), and xi_ii = 1 - sum_{j != i} xi_ij; j runs over all clients (the paper's
-    cross-silo setting; a client not yet trained counts with the initial model), not only those of the last round
-    (PFLlib). Distances cover the parameters alone: BatchNorm's statistics, and its step count in particular, say
+    (the paper's negative exponential), and xi_ii = 1 - sum_{j != i} xi_ij, never below 0 (``weights``); j runs over
+    all clients (the paper's cross-silo setting; a client not yet trained counts with the initial model), not only
+    those of the last round (PFLlib). Distances cover the parameters alone: BatchNorm's statistics, and its step count in particular, say
     nothing of how alike two clients are. The client trains from u_i with + lambda/(2 alpha_k) ||w - u_i||^2,
     uploads w, keeps it as its personal model and is scored with it. The server's weights (saved as the run's
     model) are the plain mean of the clients' models; no client trains from them. Attention arithmetic is float64,
@@ -61,16 +67,46 @@ class FedAMP(PartialSharing):
         return {WEIGHTS: initial, MODELS: np.tile(initial, (num_clients, 1))}
 
     def attention(self, models: np.ndarray, client: int) -> np.ndarray:
-        """xi_client,j for every j (float64, summing to 1)."""
-        p, mask = self.params, self.parameter_mask
-        own = models[client, mask].astype(np.float64)
-        xi = np.zeros(len(models), np.float64)
+        """xi_client,j for every j (float64, summing to 1, every one >= 0)."""
+        own = models[client, self.parameter_mask].astype(np.float64)
+        distances = np.zeros(len(models), np.float64)
         for j in range(len(models)):
             if j != client:
-                gap = models[j, mask] - own
-                xi[j] = p.alpha_k * np.exp(-float(gap @ gap) / p.sigma) / p.sigma
-        xi[client] = 1.0 - xi.sum()
+                gap = models[j, self.parameter_mask] - own
+                distances[j] = float(gap @ gap)
+        return self.weights(distances, client)
+
+    def weights(self, distances: np.ndarray, client: int) -> np.ndarray:
+        """xi_client,j from the squared distances of the client's model to every model: alpha_k A'(d) for the others;
+        if those sum past 1, they are scaled to sum to 1, so that the self-weight xi_ii = 1 - sum is never negative and
+        u_i stays a convex combination of the models (the paper's Sec. 3 reads u_i as one; a larger alpha_k would
+        extrapolate away from the client's own model)."""
+        p = self.params
+        xi = p.alpha_k * np.exp(-distances / p.sigma) / p.sigma
+        xi[client] = 0.0
+        peers = xi.sum()
+        if peers > 1:
+            xi /= peers
+        xi[client] = max(0.0, 1.0 - xi.sum())  # 0, not -1e-16, where the others were scaled to sum to 1
         return xi
+
+    def mechanism(self, state: dict[str, np.ndarray]) -> dict[str, float]:
+        """The self-weight xi_ii every client would get from the server's models now (1: it trains alone, as local
+        training; near 1 - (N-1) alpha_k / sigma: the others' models count fully), and the median squared distance
+        between two clients' models, the scale sigma is compared with. N^2 / 2 distances over the parameters."""
+        models = state[MODELS]
+        rows = models[:, self.parameter_mask]
+        n = len(rows)
+        distances = np.zeros((n, n), np.float64)
+        for i in range(n):
+            for j in range(i + 1, n):
+                gap = rows[j].astype(np.float64) - rows[i]
+                distances[i, j] = distances[j, i] = float(gap @ gap)
+        self_weights = [self.weights(distances[i], i)[i] for i in range(n)]
+        pairs = distances[np.triu_indices(n, 1)]
+        return {"fedamp_self_weight_mean": float(np.mean(self_weights)),
+                "fedamp_self_weight_min": float(np.min(self_weights)),
+                "fedamp_distance_median": float(np.median(pairs)) if pairs.size else 0.0}
 
     def aggregate(self, models: np.ndarray, client: int) -> np.ndarray:
         """u_client = sum_j xi_client,j w_j, summed in client order in float64."""

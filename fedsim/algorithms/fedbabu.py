@@ -4,10 +4,12 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from fedsim.algorithms.base import Params, PartialSharing
+from fedsim.algorithms.base import PARTS, Params, PartialSharing
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from fedsim.algorithms.context import ClientContext
 
     from fedsim.core.layout import KeyParts
 
@@ -19,6 +21,11 @@ class FedBABUParams(Params):
         "and FedBABU start at one logit scale, nn.Linear's default init (the authors' main_fed.py), or nearly "
         "parallel rows (App. Q's ablation); bias 0 except for linear; drawn once from the seed, identical on "
         "every client")
+    finetune_from: Literal["global", "own_update"] = Field(
+        "global", description="what eval's fine-tuning starts from: global, the received global body and the fixed "
+        "head (the authors' analysis.ipynb); own_update, the client's model after one more local update of the body "
+        "from it (PFLlib's FedBABU fine-tunes each client's own model after its last local training, "
+        "serverbabu.py:60-63)")
 
 
 class FedBABU(PartialSharing):
@@ -36,6 +43,10 @@ class FedBABU(PartialSharing):
         draw = {"orthogonal": orthogonal_head, "orthogonal_scaled": orthogonal_head_at_default_norm,
                 "not_orthogonal": nearly_parallel_head}[self.params.head_init]
         draw(output_layer(net, keys.head))
+
+    def before_finetuning(self, ctx: ClientContext) -> None:
+        if self.params.finetune_from == "own_update":  # on the evaluation's copy, from its generator: nothing is kept
+            ctx.sgd(PARTS[self.train], ctx.local_epochs)
 
 
 def orthogonal_head(layer: nn.Linear) -> None:

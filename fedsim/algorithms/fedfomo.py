@@ -71,6 +71,10 @@ class FedFomo(Algorithm):
         train, held = (torch.as_tensor(i, device=y.device) for i in validation_split(len(y), self.params.val_fraction))
         raw = self._first_order_weights(ctx, own, models, (x[held], y[held]))
         ctx.load(weights=combined(own, models, raw))
+        # How many downloaded models entered the combination (0: the client kept its own model) and the largest share.
+        positive = np.maximum(raw, 0)
+        ctx.record("fedfomo_models_used", int((positive > 0).sum()))
+        ctx.record("fedfomo_weight_max", float(positive.max() / positive.sum()) if positive.sum() > 0 else 0.0)
         losses = ctx.sgd(PARTS[self.train], ctx.local_epochs, data=(x[train], y[train]))
         ctx.commit_model()
         ctx.set_slot(MODEL, ctx.pack("shared"))

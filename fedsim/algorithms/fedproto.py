@@ -37,8 +37,11 @@ class FedProto(Algorithm):
     client's loss is cross entropy + lambda x MSE(representation, the global prototype of its label), the term zero
     for a label without one (PFLlib's clientProto). The server keeps only this round's prototypes (PFLlib's
     proto_aggregation): a class no sampled client holds has none until one does. Scored with the client's own
-    classifier, the authors' "w/o protos" accuracy; PFLlib's test_metrics reports the other one, the label of the
-    nearest global prototype.
+    classifier, the authors' "w/o protos" accuracy (``acc``), and by the label of the global prototype nearest its
+    representation in mean squared distance, classes without one left out (``fedproto_acc_prototypes`` in each
+    record, once the server holds a prototype): PFLlib's test_metrics (clientproto.py:101-126), which its leaderboard
+    reports; the authors print both (yuetan031/fedproto exps/federated_main.py), their "with protos" searching the
+    client's own classes only (fidelity review 2's reading of lib/update.py).
     """
     name, train, share = "fedproto", "full", "none"
     Params = FedProtoParams
@@ -73,18 +76,22 @@ class FedProto(Algorithm):
         prototypes = torch.tensor(ctx.broadcast[PROTOTYPES], device=device)  # a copy: Ray's arrays are read-only
         known = torch.tensor(ctx.broadcast[COUNTS] > 0, device=device)
         optimizer = torch.optim.SGD(ctx.param_groups(PARTS["full"]))
-        losses = []
+        losses, pulls = [], []
         for x, y in ctx.batches(ctx.local_epochs):
             z, logits = ctx.features(x)
             loss = F.cross_entropy(logits, y)
             if self.params.lam:
                 # PFLlib's MSE over the batch: a sample whose label has no global prototype is its own target.
                 target = torch.where(known[y, None], prototypes[y], z.detach())
-                loss = loss + self.params.lam * F.mse_loss(z, target)
+                pull = F.mse_loss(z, target)
+                loss = loss + self.params.lam * pull
+                pulls.append(pull.detach())
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(loss.detach())
+        if pulls:  # the prototype term's mean over the round (0: no global prototype reached the client yet)
+            ctx.record("fedproto_prototype_mse", float(torch.stack(pulls).mean()))
         ctx.set_slot("personal", ctx.pack("personal"))  # the whole model: nothing is shared
         means, counts = self.prototypes(ctx)
         ctx.upload(PROTOTYPES, means)
@@ -111,6 +118,26 @@ class FedProto(Algorithm):
 
     def load_for_evaluation(self, ctx: ClientContext) -> None:
         self._own_model(ctx)
+        known = ctx.broadcast[COUNTS] > 0
+        if known.any():
+            ctx.record("fedproto_acc_prototypes", self.prototype_accuracy(ctx, ctx.broadcast[PROTOTYPES], known))
+
+    def prototype_accuracy(self, ctx: ClientContext, prototypes: np.ndarray, known: np.ndarray) -> float:
+        """The share of the client's test samples whose representation lies nearest, in mean squared distance, to
+        the global prototype of their own label, among the classes that have one (PFLlib's test_metrics)."""
+        import torch
+
+        x, y = ctx.test_data()
+        ctx.net.eval()
+        centres = torch.tensor(prototypes, device=y.device)
+        missing = torch.tensor(~known, device=y.device)
+        right = 0
+        with torch.no_grad():
+            for start in range(0, len(y), FEATURE_BATCH):
+                z, _ = ctx.features(x[start:start + FEATURE_BATCH])
+                distance = ((z[:, None, :] - centres[None]) ** 2).mean(dim=2).masked_fill(missing, float("inf"))
+                right += int((distance.argmin(dim=1) == y[start:start + FEATURE_BATCH]).sum())
+        return right / max(len(y), 1)
 
     @staticmethod
     def _own_model(ctx: ClientContext) -> None:

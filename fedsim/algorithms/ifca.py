@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from fedsim.core.layout import KeyParts
 
 CLUSTER = "cluster"  # the upload naming the cluster a client trained: its index, one float
+SIZES = "cluster_sizes"  # server state: how many of the last round's clients chose each cluster (its mechanism)
 
 
 class IFCAParams(Params):
@@ -95,7 +96,15 @@ class IFCA(Algorithm):
             rng = np.random.default_rng([seed, c])
             for start, end in self.parameter_spans:
                 clusters[c, start:end] = rng.permutation(initial[start:end])
-        return {WEIGHTS: initial, "clusters": clusters}
+        return {WEIGHTS: initial, "clusters": clusters, SIZES: np.zeros(self.params.clusters, np.float32)}
+
+    def mechanism(self, state: dict[str, np.ndarray]) -> dict[str, float]:
+        """How many clusters the round's clients chose (1: IFCA trained one model, FedAvg's), the largest one's share
+        of them, and each cluster's clients."""
+        sizes = state[SIZES]
+        return {"ifca_clusters_used": float((sizes > 0).sum()),
+                "ifca_largest_share": float(sizes.max() / sizes.sum()) if sizes.sum() else 0.0,
+                **{f"ifca_cluster_{c}_clients": float(n) for c, n in enumerate(sizes)}}
 
     def server_replies(self, state: dict[str, np.ndarray], replies: list[Reply], num_clients: int) -> None:
         members: dict[int, list[Reply]] = {}
@@ -105,6 +114,7 @@ class IFCA(Algorithm):
         for c, chose in members.items():
             clusters[c] = weighted_average([(r.client, r.n_train, r.uploads[WEIGHTS]) for r in chose])
         state["clusters"] = clusters
+        state[SIZES] = np.array([len(members.get(c, ())) for c in range(len(clusters))], np.float32)
         # The most chosen cluster by training samples (the lowest index on ties): the run's one saved model.
         samples = {c: sum(r.n_train for r in chose) for c, chose in members.items()}
         state[WEIGHTS] = clusters[min(samples, key=lambda c: (-samples[c], c))].copy()

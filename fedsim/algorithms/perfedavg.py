@@ -8,10 +8,15 @@ Local step (three batches D, D', D'' drawn in a row, two for FO):
     temp = w - alpha grad f(w; D)
     FO:  w <- w - beta grad f(temp; D')
     HF:  w <- w - beta (I - alpha H(w; D'')) grad f(temp; D')
-beta is the run's training lr (train.body.lr / train.head.lr with their schedules, momentum and weight decay), as in
-PFLlib (clientperavg.py: ``self.beta = self.learning_rate``) and FLGo. The HF product H v is exact (autograd's double
-backward), the delta -> 0 limit of the paper's finite difference [grad f(w + delta v) - grad f(w - delta v)] / 2 delta,
-so there is no delta to choose. The full model is shared and averaged as in FedAvg.
+Both steps are plain gradient steps (no momentum, no weight decay), as every reference takes them: the pFedMe
+authors' Per-FedAvg (CharlieDinh/pFedMe FLAlgorithms/users/userperavg.py:39-71, MySGD in
+FLAlgorithms/optimizers/fedoptimizer.py:4-24) and PFLlib's (clientperavg.py:22-72, PerAvgOptimizer). Defaults are
+the pFedMe authors' (README.md:44, 73, 83, 90: ``--algorithm PerAvg --learning_rate 0.005 --beta 0.001``): FO, alpha =
+the run's training lr (their MySGD's lr), beta = 0.001. PFLlib's variant is ``beta: null``: beta = the run's lr
+(clientperavg.py:14, ``self.beta = self.learning_rate``), also FO. HF is the paper's better variant in its Sec. 5.
+The HF product H v is exact (autograd's double backward), the delta -> 0 limit of the paper's finite difference
+[grad f(w + delta v) - grad f(w - delta v)] / 2 delta, so there is no delta to choose. The full model is shared and
+averaged as in FedAvg.
 
 Scoring (the paper's personalised model, PFLlib's ``train_one_step``): the received global model after one step of
 size alpha on one training batch of the client.
@@ -34,13 +39,14 @@ Batch = tuple["torch.Tensor", "torch.Tensor"]
 
 
 class PerFedAvgParams(Params):
-    # hf: the paper's better variant in its Sec. 5 experiments, and the default of the FLGo and KarhouTam/Per-FedAvg
-    # reimplementations; PFLlib implements fo only. alpha 0.01: the value those reimplementations take from the
-    # paper's Sec. 5 (the paper itself was not at hand to re-check); PFLlib sets alpha = beta = train lr.
-    variant: Literal["fo", "hf"] = Field("hf", description="fo: first order, 2 batches a step; hf: with the exact "
-                                         "Hessian-vector term, 3 batches a step")
-    alpha: float = Field(0.01, gt=0, description="personalisation step size: the inner MAML step, and the one step "
-                         "taken before scoring")
+    variant: Literal["fo", "hf"] = Field("fo", description="fo: first order, 2 batches a step (the pFedMe authors' "
+                                         "and PFLlib's code); hf: with the exact Hessian-vector term, 3 batches a step "
+                                         "(the paper's better variant, Sec. 5)")
+    alpha: float | None = Field(None, gt=0, description="personalisation step size: the inner MAML step, and the one "
+                                "step taken before scoring; null: the run's training lr of each part (the pFedMe "
+                                "authors' and PFLlib's)")
+    beta: float | None = Field(0.001, gt=0, description="the outer (meta) step size, a plain gradient step; the "
+                               "pFedMe authors' 0.001 (README.md:44); null: the run's training lr (PFLlib)")
 
 
 class PerFedAvg(Algorithm):
@@ -56,28 +62,36 @@ class PerFedAvg(Algorithm):
 
         ctx.load()
         ctx.net.train()
-        groups = ctx.param_groups(PARTS["full"])
-        params = [p for group in groups for p in group["params"]]
-        outer = torch.optim.SGD(groups)  # beta: the run's lr, momentum and weight decay, per part
+        params, alphas, betas = self._steps(ctx)
         losses = []
         for batches in self._step_batches(ctx):
-            grads, loss = self.meta_gradient(ctx.net, params, batches)
-            for p, g in zip(params, grads):
-                p.grad = g
-            outer.step()
+            grads, loss = self.meta_gradient(ctx.net, params, alphas, batches)
+            with torch.no_grad():
+                for p, g, beta in zip(params, grads, betas):
+                    p.sub_(beta * g)
             losses.append(loss)
         ctx.commit_model()
         return losses
 
-    def meta_gradient(self, net: torch.nn.Module, params: list[torch.Tensor],
+    def _steps(self, ctx: ClientContext) -> tuple[list[torch.Tensor], list[float], list[float]]:
+        """The trainable tensors, and per tensor its alpha and beta: the parameter's value, or its part's training lr
+        this round (on its schedule) where the parameter is null."""
+        params, alphas, betas = [], [], []
+        for group in ctx.param_groups(PARTS["full"]):
+            for p in group["params"]:
+                params.append(p)
+                alphas.append(group["lr"] if self.params.alpha is None else self.params.alpha)
+                betas.append(group["lr"] if self.params.beta is None else self.params.beta)
+        return params, alphas, betas
+
+    def meta_gradient(self, net: torch.nn.Module, params: list[torch.Tensor], alphas: list[float],
                       batches: tuple[Batch, ...]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """grad f(temp; D') (FO), minus alpha H(w; D'') grad f(temp; D') (HF), with the network left at w; and the
         loss at temp, the objective Per-FedAvg descends."""
         import torch
 
-        alpha = self.params.alpha
         start = [p.detach().clone() for p in params]
-        self.personal_step(net, params, *batches[0])  # temp = w - alpha grad f(w; D)
+        self.personal_step(net, params, alphas, *batches[0])  # temp = w - alpha grad f(w; D)
         loss = _loss(net, *batches[1])
         at_temp = torch.autograd.grad(loss, params)
         with torch.no_grad():
@@ -87,17 +101,18 @@ class PerFedAvg(Algorithm):
             return list(at_temp), loss.detach()
         grads = torch.autograd.grad(_loss(net, *batches[2]), params, create_graph=True)
         hessian_times = torch.autograd.grad(grads, params, grad_outputs=at_temp)  # H(w; D'') grad f(temp; D')
-        return [g - alpha * hv for g, hv in zip(at_temp, hessian_times)], loss.detach()
+        return [g - alpha * hv for g, hv, alpha in zip(at_temp, hessian_times, alphas)], loss.detach()
 
-    def personal_step(self, net: torch.nn.Module, params: list[torch.Tensor], x: torch.Tensor,
+    @staticmethod
+    def personal_step(net: torch.nn.Module, params: list[torch.Tensor], alphas: list[float], x: torch.Tensor,
                       y: torch.Tensor) -> None:
         """w <- w - alpha grad f(w; (x, y)): a plain gradient step, as the paper's personalisation."""
         import torch
 
         grads = torch.autograd.grad(_loss(net, x, y), params)
         with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.sub_(self.params.alpha * g)
+            for p, g, alpha in zip(params, grads, alphas):
+                p.sub_(alpha * g)
 
     def _step_batches(self, ctx: ClientContext) -> Iterator[tuple[Batch, ...]]:
         """Each epoch's batches in consecutive groups of 2 (FO) or 3 (HF), one group a step. An epoch's last group,
@@ -121,7 +136,8 @@ class PerFedAvg(Algorithm):
         ctx.load()
         ctx.net.train()  # the step trains as local steps do (BatchNorm on the batch's statistics)
         x, y = next(ctx.batches(1))
-        self.personal_step(ctx.net, [p for group in ctx.param_groups(PARTS["full"]) for p in group["params"]], x, y)
+        params, alphas, _ = self._steps(ctx)
+        self.personal_step(ctx.net, params, alphas, x, y)
 
 
 def _loss(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -2,14 +2,18 @@
 (arXiv 2006.08848), Algorithm 1. Each client keeps a personal model theta, the (approximate) minimiser of its loss
 plus a pull toward its local copy w of the global model; w moves toward theta, and the server averages the w's.
 
-Client, per training batch D:
-    K steps of the solver on  f(theta; D) + lambda/2 ||theta - w||^2   (step personal_lr; theta warm-started)
-    w <- w - eta lambda (w - theta)                                      (eta: the run's train lr, per part)
+Client, per training batch D (``local_steps`` batches a round):
+    K plain steps on  f(theta; D) + lambda/2 ||theta - w||^2 + mu/2 ||theta||^2   (step personal_lr; warm-started)
+    w <- w - eta lambda (w - theta)                                                (eta: the run's train lr, per part)
 theta starts each round at the received global model and carries from batch to batch, as in the authors' code and
 PFLlib (clientpFedMe.py: the model is the solver's variable, reset to the global model by ``set_parameters``). The
-solver is torch SGD with the run's momentum and weight decay (the paper and PFLlib take plain steps, i.e.
-train.*.momentum 0; PFLlib's solver adds 0.001 theta, a weight decay). Only parameters take part in the pull and in
-w's update; BatchNorm's running statistics are those theta's forward passes left, uploaded with w and kept with theta.
+solver is the authors' pFedMeOptimizer (CharlieDinh/pFedMe FLAlgorithms/optimizers/fedoptimizer.py:50, 64): plain
+steps, no momentum whatever the run's optimizer says, with its mu = 0.001 decay of theta (PFLlib's too). A round is
+``local_steps`` batches, the authors' count: their ``--local_epochs 20`` draws one batch per "local epoch"
+(FLAlgorithms/users/userpFedMe.py:39-42, ``get_next_train_batch``, cycling through the data). Defaults: one setting of
+the authors', their main.py's (lines 71, 73, 77, 78 = README.md:71, MNIST with the dnn): lambda 15, personal lr 0.09,
+K 5, 20 local steps (their lr 0.005 is the run's train lr here). Only parameters take part in the pull and in w's
+update; BatchNorm's running statistics are those theta's forward passes left, uploaded with w and kept with theta.
 
 Server: w_global <- (1 - beta) w_global + beta mean(w), element by element.
 
@@ -18,6 +22,8 @@ client that has not trained yet is scored with the global model, from which its 
 """
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,15 +40,19 @@ if TYPE_CHECKING:
 
 class PFedMeParams(Params):
     lam: float = Field(15.0, gt=0, alias="lambda", description="lambda: the pull of theta toward w, lambda/2 "
-                       "||theta - w||^2 (paper Sec. 5, MNIST: 15; PFLlib's command-line default is 1)")
-    personal_lr: float = Field(0.01, gt=0, description="step of the K-step solver for theta (paper Sec. 5 and "
-                               "PFLlib: 0.01)")
-    K: int = Field(5, ge=1, description="solver steps per batch (paper Sec. 5 and PFLlib: 5)")
+                       "||theta - w||^2 (the authors' main.py:71 and README.md:71: 15)")
+    personal_lr: float = Field(0.09, gt=0, description="step of the K-step solver for theta (the authors' main.py:78 "
+                               "and README.md:71, with lambda 15: 0.09)")
+    K: int = Field(5, ge=1, description="solver steps per batch (the authors' main.py:77: 5)")
+    local_steps: int | None = Field(20, ge=1, description="batches a round, the authors' count of their "
+                                    "--local_epochs (main.py:73: 20); null: train.local_epochs passes over the data")
+    mu: float = Field(0.001, ge=0, description="the solver's decay of theta, + mu theta in its gradient (the authors' "
+                      "pFedMeOptimizer, fedoptimizer.py:50)")
     # The paper also tries beta > 1 (an extrapolation); here that would extrapolate BatchNorm's running variances too,
     # which the element-wise server step cannot tell from weights and which can turn negative, so beta <= 1.
     # PFLlib's command-line default, 0, never moves the global model.
     beta: float = Field(1.0, gt=0, le=1, description="server mixing: (1 - beta) w_global + beta mean(w); 1: the "
-                        "plain average (paper Sec. 5)")
+                        "plain average (the authors' README.md:71)")
 
 
 class PFedMe(Algorithm):
@@ -56,7 +66,9 @@ class PFedMe(Algorithm):
     server_update_by_tensor = True  # element by element
 
     def epochs_per_round(self, local_epochs: int) -> int:
-        return self.params.K * local_epochs  # K forward and backward passes per batch
+        """K forward and backward passes per batch; with ``local_steps``, K passes' worth: the dry run's count then
+        takes a pass as about local_steps batches (it counts passes, not batches)."""
+        return self.params.K * (local_epochs if self.params.local_steps is None else 1)
 
     def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         import torch
@@ -65,32 +77,40 @@ class PFedMe(Algorithm):
         p = self.params
         ctx.load()
         ctx.net.train()
-        groups = ctx.param_groups(PARTS["full"])
         # (theta: the live parameter, w: the local model, eta: its part's training lr)
-        local = [(theta, theta.detach().clone(), group["lr"]) for group in groups for theta in group["params"]]
-        for group in groups:
-            group["lr"] = p.personal_lr
-        solver = torch.optim.SGD(groups)
+        local = [(theta, theta.detach().clone(), group["lr"]) for group in ctx.param_groups(PARTS["full"])
+                 for theta in group["params"]]
+        thetas = [theta for theta, _, _ in local]
         losses = []
-        for x, y in ctx.batches(ctx.local_epochs):
+        for x, y in self._batches(ctx):
             for _ in range(p.K):
-                solver.zero_grad()
                 loss = F.cross_entropy(ctx.net(x), y)
-                loss.backward()
-                with torch.no_grad():
-                    for theta, w, _ in local:
-                        theta.grad.add_(theta - w, alpha=p.lam)  # the gradient of lambda/2 ||theta - w||^2
-                solver.step()
+                grads = torch.autograd.grad(loss, thetas)
+                with torch.no_grad():  # a plain step on f + lambda/2 ||theta - w||^2 + mu/2 ||theta||^2
+                    for (theta, w, _), g in zip(local, grads):
+                        theta.sub_(p.personal_lr * (g + p.lam * (theta - w) + p.mu * theta))
                 losses.append(loss.detach())
             with torch.no_grad():
                 for theta, w, eta in local:
                     w.sub_(eta * p.lam * (w - theta))
-        ctx.set_slot("personal_model", ctx.pack("full"))
+        personal = ctx.pack("full")
+        ctx.set_slot("personal_model", personal)
         with torch.no_grad():
             for theta, w, _ in local:
                 theta.copy_(w)
+        # ||theta - w||: how far the personal model the client is scored with stands from its local copy of the
+        # global model (0: pFedMe scores as FedAvg; lambda sets the pull).
+        ctx.record("pfedme_distance", float(np.linalg.norm(personal.astype(np.float64) - ctx.pack("full"))))
         ctx.commit_model()  # w and the statistics theta's passes left
         return losses
+
+    def _batches(self, ctx: ClientContext) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``local_steps`` batches, passes over the data drawn one after another as needed (the authors'
+        get_next_train_batch cycles its loader), or train.local_epochs whole passes."""
+        steps = self.params.local_steps
+        if steps is None:
+            return ctx.batches(ctx.local_epochs)
+        return itertools.islice(ctx.batches(steps), steps)  # a pass holds at least one batch; drawn lazily
 
     def load_for_evaluation(self, ctx: ClientContext) -> None:
         ctx.load()

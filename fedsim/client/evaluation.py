@@ -12,6 +12,7 @@ from fedsim.algorithms import PARTS
 from fedsim.algorithms.base import Algorithm
 from fedsim.algorithms.context import ClientContext, LogitAdjustment, RuntimePort
 from fedsim.client.loop import LocalLoop
+from fedsim.client.logged import recorded
 from fedsim.client.randomness import FINETUNE_STREAM, client_generator
 from fedsim.config import RunConfig
 from fedsim.core.protocol import ClientData
@@ -59,7 +60,8 @@ class Evaluation:
             if seen is not None:
                 seen(ctx, "initial")
             with self._adjusted_logits(ctx.logit_adjustment):
-                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._record(client)}
+                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._record(client),
+                       **recorded(self.algorithm.name, ctx.recorded)}  # a second score of the method's (FedProto's)
                 if self.cfg.eval.personalizes:
                     self._personalize(ctx, gen)
                     if seen is not None:
@@ -77,6 +79,7 @@ class Evaluation:
         if ecfg.personalize == "own_update":
             self.algorithm.client_update(ClientContext(self.port, ctx.client, ctx.round, ctx.broadcast, gen))
             return
+        self.algorithm.before_finetuning(ctx)
         x, y = ctx.data()
         self.port.sgd(x, y, PARTS[ecfg.finetune_part], ecfg.finetune_epochs, gen, ctx.round, finetune=True)
 

@@ -77,3 +77,11 @@ def install_logging(module: pl.LightningModule, sink: LoggedValues) -> None:
     # to a method.
     for name, method in (("log", log), ("log_dict", log_dict)):
         setattr(module, name, method)
+
+
+def recorded(method: str, values: dict[str, float]) -> dict[str, float]:
+    """What a method's client hook noted with ``ctx.record``, checked against the names fedsim's records use."""
+    clash = sorted(set(values) & RECORD_KEYS)
+    if clash:
+        raise RuntimeError(f"algorithm {method}: ctx.record({clash[0]!r}) uses a name fedsim's own records use")
+    return values

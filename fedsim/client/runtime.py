@@ -19,6 +19,7 @@ import torch
 
 from fedsim.algorithms.context import ClientContext, PackablePort, Penalty, RuntimePort, StepCallback
 from fedsim.client.evaluation import Evaluation
+from fedsim.client.logged import recorded
 from fedsim.client.packing import Packing
 from fedsim.client.randomness import client_generator
 from fedsim.client.reduce import ClientReplies, ClientSums, Trained, reduce_clients
@@ -186,6 +187,7 @@ class ClientRuntime:
         losses = self.algorithm.client_update(ctx)
         if logged is None:
             logged = self.loop.logged.collect()
+        logged = {**logged, **recorded(self.algorithm.name, ctx.recorded)}
         if set(ctx.uploads) != set(self.algorithm.uploads):
             raise RuntimeError(f"algorithm {self.algorithm.name}: client {ctx.client} uploaded {sorted(ctx.uploads)}, "
                                f"it declares {sorted(self.algorithm.uploads)}")

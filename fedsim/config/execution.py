@@ -123,6 +123,13 @@ class SystemConfig(Section):
     concurrency: int | None = Field(None, ge=1, description="async: clients training at once (null: max(1, round(f x "
                                     "N)), the sync cohort)")
     server_lr: float = Field(1.0, gt=0, description="async: the server's step size on the buffered mean update")
+    server_momentum: float = Field(0.0, ge=0, lt=1, description="async: momentum of the server's step, v <- m v + "
+                                   "the buffered mean update, x <- x + server_lr v (FLSim's FedBuff example, "
+                                   "examples/configs/sent140_fedbuff_config.json:17-20: server lr 0.7, momentum 0.9)")
+    async_weighting: Literal["uniform", "samples"] = Field(
+        "uniform", description="async: each report's weight in the buffered mean: uniform (FedBuff, Nguyen et al. "
+        "2022, Algorithm 1: the mean of the K updates; FLSim's example: base_equal_example_weight, "
+        "sent140_fedbuff_config.json:34-37) or samples (n_j, as train.weighting: samples)")
     staleness_exponent: float = Field(0.5, ge=0, description="async: an update s server steps stale weighs "
                                       "(1 + s)^-exponent (FedBuff: 0.5, i.e. 1/sqrt(1 + s); 0: unweighted)")
 

@@ -125,6 +125,9 @@ class RoundResult:
     comm: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     timing: dict[str, Any] = field(default_factory=dict)  # on the virtual clock: the round's simulated time and who took part
+    # The method's server-side mechanism after this round's server step (Algorithm.mechanism: FedAMP's self-weights,
+    # IFCA's cluster sizes), by name; rounds.jsonl keeps it under "mechanism".
+    mechanism: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

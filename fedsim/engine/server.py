@@ -57,7 +57,8 @@ class Server:
         statistics = np.zeros(self.tensor_offsets[-1], bool)  # where the shared vector holds buffers
         for key, _, start, end in plan.model.layouts["shared"].spans():
             statistics[start:end] = key in plan.model.buffers
-        self.fedbuff = FedBuff(self.cfg.system.server_lr, statistics)  # asynchronous rounds: the older models
+        # asynchronous rounds: the older models
+        self.fedbuff = FedBuff(self.cfg.system.server_lr, statistics, self.cfg.system.server_momentum)
         self.state = plan.initial_server_state()
         # What a checkpoint's server state must match: entries, shapes and types, never the round-0 values.
         self.state_signature = _signature(self.state)
@@ -158,10 +159,11 @@ class Server:
             self.fedbuff.keep(*previous)
         self.times_sampled[sampled] += 1
         records = self._evaluate(round_idx, {r.client: r for r in kept}) if self.plan.evaluates(round_idx) else []
+        mechanism = self.algorithm.mechanism(self.state) if kept else {}
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.received[r.client], "bytes_up": r.bytes_up}
                 for r in kept]
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start,
-                           timing=timing.row() if timing else {})
+                           timing=timing.row() if timing else {}, mechanism=mechanism)
 
     def _failure(self, round_idx: int, diverged: list[ClientReport], kept: list[ClientReport]) -> str | None:
         """Why the run cannot go on after this round's training, if it cannot: a diverged client under
@@ -207,8 +209,10 @@ class Server:
         that upload (the global weights for ``weights``) and the sampled clients' total weight; in an
         asynchronous step, each client's staleness factor (1 + s)^-system.staleness_exponent."""
         scales, uniform = {}, {}
+        stepping = timing is not None and bool(timing.versions)  # FedBuff's step weighs by system.async_weighting
+        default = self.cfg.system.async_weighting if stepping else self.cfg.train.weighting
         for name, weighting in self.algorithm.uploads.items():
-            uniform[name] = (weighting or self.cfg.train.weighting) == "uniform"
+            uniform[name] = (weighting or default) == "uniform"
             total = len(sampled) if uniform[name] else sum(self.plan.train_sizes[c] for c in sampled)
             scales[name] = FixedPoint.plan(self.state.get(name, self.state[WEIGHTS]), self.tensor_offsets, total)
         if timing is None or not timing.versions:

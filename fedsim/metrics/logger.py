@@ -48,8 +48,10 @@ def round_row(result: RoundResult) -> dict:
     for key in ACCURACIES:
         if records and key in records[0]:
             row[key] = summarize([r[key] for r in records])
-    for key in logged_keys(records):  # a user module's self.log values, across the clients that logged them
+    for key in logged_keys(records):  # self.log and ctx.record values, across the clients that logged them
         row[key] = summarize([r[key] for r in records if r.get(key) is not None], lower_is_better(key))
+    if result.mechanism:  # the method's server-side mechanism (Algorithm.mechanism)
+        row["mechanism"] = dict(result.mechanism)
     return row
 
 

@@ -12,8 +12,8 @@ from typing import Any, Callable
 from fedsim.metrics.report_figures import (communication_png, comparison_png, distribution_png, fairness_png,
                                            seeds_png, time_png)
 from fedsim.metrics.report_runs import load_run, seed_groups
-from fedsim.metrics.report_tables import (accuracy_table, device_table, logged_table, saving_lines, seed_table,
-                                          time_to_accuracy_table)
+from fedsim.metrics.report_tables import (accuracy_table, device_table, logged_table, mechanism_table, saving_lines,
+                                          seed_table, time_to_accuracy_table)
 from fedsim.metrics.summary import times_to_accuracy
 
 
@@ -50,9 +50,15 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
                "client-mean accuracy at the last round all seeds reached, with a Student-t 95% interval.", "",
                *seed_table(groups), "", f"![across seeds]({save(seeds_png, 'seeds.png', groups)})", ""]
     if any(run.logged for run in runs):
-        md += ["## Logged by the modules", "", "What each run's LightningModule logged with self.log, per client at the "
-               "last evaluated round (training values: the clients trained that round); p10 and worst10 on each metric's "
-               "worse side (a loss's highest values: docs/configuration.md).", "", *logged_table(runs), ""]
+        md += ["## Logged by the modules and methods", "", "What each run's LightningModule logged with self.log and its "
+               "method's client hook with ctx.record (its mechanism: APFL's alpha, Ditto's distance to the global "
+               "model), per client at the last evaluated round (training values: the clients trained that round); p10 "
+               "and worst10 on each metric's worse side (a loss's highest values: docs/configuration.md).", "",
+               *logged_table(runs), ""]
+    if any(run.mechanism for run in runs):
+        md += ["## The methods' mechanism", "", "What each run's method recorded of its server-side mechanism after its "
+               "server step (rounds.jsonl's mechanism: FedAMP's self-weights, IFCA's cluster sizes).", "",
+               *mechanism_table(runs), ""]
     with_comm = [run for run in runs if any(v is not None for v in run.comm.values())]
     if with_comm:
         md += ["## Communication", "", *saving_lines(with_comm), "",

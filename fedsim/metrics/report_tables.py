@@ -74,6 +74,17 @@ def logged_table(runs: list[Run]) -> list[str]:
     return lines
 
 
+def mechanism_table(runs: list[Run]) -> list[str]:
+    """Each run's server-side mechanism quantities (rounds.jsonl's ``mechanism``: FedAMP's self-weights, IFCA's
+    cluster sizes) at the first and the last round that recorded them."""
+    lines = ["| run | quantity | first round | value | last round | value |", "|" + "---|" * 6]
+    for run in runs:
+        for key, by_round in run.mechanism.items():
+            first, last = min(by_round), max(by_round)
+            lines.append(f"| {run.name} | {key} | {first} | {by_round[first]:.4g} | {last} | {by_round[last]:.4g} |")
+    return lines
+
+
 def saving_lines(runs: list[Run]) -> list[str]:
     """Saving of each run against the run that sent the most, over the directions every run recorded
     (older runs have no bytes_down, and comparing up+down against up alone would invent a saving)."""

@@ -37,6 +37,7 @@ class Entry:
     overrides: dict[str, Any] = field(default_factory=dict)
     metric: str = "acc"  # the model each client holds after the method's own personalization
     pfllib: str | None = None  # the row of PFLlib's leaderboard, where it has one
+    pfllib_scores: str | None = None  # what PFLlib's number scores, where it is not what this row ranks by
 
 
 FINETUNE = {"eval.finetune_epochs": 5}  # FedBABU's protocol: the head (here the network) tuned 5 epochs at evaluation
@@ -54,7 +55,9 @@ ENTRIES = (
     Entry("pfedme", pfllib="pFedMe"),
     Entry("fedrod", pfllib="FedRoD"),
     Entry("fedala", pfllib="FedALA"),
-    Entry("fedproto", pfllib="FedProto"),
+    # PFLlib scores FedProto by the nearest global prototype (clientproto.py:101-126); fedsim records that too
+    # (fedproto_acc_prototypes in each run's records and summary) and ranks by the client's own classifier.
+    Entry("fedproto", pfllib="FedProto", pfllib_scores="nearest global prototype (fedsim's: fedproto_acc_prototypes)"),
     Entry("ifca"),
     Entry("fedamp", pfllib="FedAMP"),
     Entry("fedfomo", pfllib="FedFomo"),
@@ -208,6 +211,8 @@ def _interval(est: dict) -> str:
 def _row(entry: Entry, stats: dict | None, column: int) -> str:
     pfl = PFLLIB_NUMBERS.get(entry.pfllib, ("-", "-"))[column] if entry.pfllib else "-"
     what = "personalized (fine-tuned)" if entry.metric == "acc_personalized" else "own model"
+    if entry.pfllib_scores:
+        what += f"; PFLlib's % scores the {entry.pfllib_scores}"
     if stats is None:
         return f"| `{entry.method}` | {what} | not run yet | | | | | | | {pfl} |"
     failed = f" ({len(stats['diverged'])} diverged: {stats['diverged'][0]})" if stats["diverged"] else ""

@@ -495,3 +495,20 @@ def test_adam_is_an_optimizer_choice_per_part(tmp_path):
     assert [type(o) for o in finetune] == [torch.optim.SGD] * 2  # FedBABU's protocol fine-tunes with SGD
     _, loss = train_one(rt, start(rt), CLIENT, 1)
     assert np.isfinite(loss)
+
+
+def test_apfl_pfllib_variant_trains_v_on_its_own_loss_and_is_scored_with_the_mixture_alone(tmp_path):
+    """PFLlib's APFL (clientapfl.py): alpha from 1.0, v replaced by alpha v + (1 - alpha) w at the round's end and
+    scored alone (the paper's variant scores alpha v + (1 - alpha) w_global)."""
+    rt = runtime(tmp_path, {"name": "apfl", "variant": "pfllib"})
+    assert rt.algorithm.start_alpha == 1.0
+    state = start(rt)
+    uploads, _ = train_one(rt, state, CLIENT, 1)
+    alpha = float(rt.slots["alpha"][CLIENT][0])
+    assert 0 <= alpha <= 1 and alpha != 1.0  # alpha's own step moved it
+    ctx = ClientContext(rt, CLIENT, 1, state, torch.Generator())
+    rt.algorithm.load_for_evaluation(ctx)
+    assert np.array_equal(ctx.pack("full"), rt.slots["personal_model"][CLIENT])  # v alone, as the round left it
+    paper = runtime(tmp_path, "apfl")
+    train_one(paper, state, CLIENT, 1)
+    assert not np.array_equal(paper.slots["personal_model"][CLIENT], rt.slots["personal_model"][CLIENT])

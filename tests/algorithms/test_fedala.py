@@ -38,7 +38,7 @@ def _count_passes(monkeypatch) -> list[int]:
 
 
 def test_fedala_with_w_at_one_starts_from_the_global_model_and_lower_layers_are_always_global(tmp_path):
-    rt = runtime(tmp_path, "fedala")
+    rt = runtime(tmp_path, {"name": "fedala", "score": "stored_w"})  # scored with the stored W as it is
     glob = start(rt)
     train_one(rt, glob, CLIENT, 1)
     local, layout = rt.slots["local_model"][CLIENT].copy(), rt.plan.model.layouts["full"]
@@ -107,3 +107,21 @@ def test_fedala_w_moves_the_start_toward_the_lower_loss_side(tmp_path, monkeypat
         assert losses["start"] < losses["bad"], case
     # W starts at 1 (the global model): it leaves it for a better local model, far less for a worse one.
     assert where["local better"] < 0.9 and where["local better"] < where["global better"] - 0.2, where
+
+
+def test_fedala_is_scored_after_its_ala_step_on_the_newest_global_model_and_keeps_its_stored_w(tmp_path):
+    """PFLlib runs ALA for every client before evaluating (serverala.py:26-31, 70-74): the default scores the mix
+    under W learned from the stored one on the received model; the stored W is not changed by scoring."""
+    after, stored = runtime(tmp_path, "fedala"), runtime(tmp_path, {"name": "fedala", "score": "stored_w"})
+    glob = start(after)
+    for rt in (after, stored):
+        train_one(rt, glob, CLIENT, 1)
+        train_one(rt, glob, CLIENT, 2)  # the first ALA: W stored
+    kept = after.slots["ala_weights"][CLIENT].copy()
+    scored = {}
+    for name, rt in (("after", after), ("stored", stored)):
+        ctx = ClientContext(rt, CLIENT, 2, glob, torch.Generator().manual_seed(0))
+        rt.algorithm.load_for_evaluation(ctx)
+        scored[name] = ctx.pack("full")
+    assert np.array_equal(after.slots["ala_weights"][CLIENT], kept)
+    assert not np.array_equal(scored["after"], scored["stored"])

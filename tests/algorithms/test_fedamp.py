@@ -7,7 +7,9 @@ from test_algorithms import BN_NET, owner, started
 from fedsim.algorithms import WEIGHTS
 from fedsim.algorithms.fedamp import MODELS
 
-PARAMS = {"name": "fedamp", "alpha_k": 0.5, "sigma": 2.0}  # xi well inside (0, 1) for the MLP's distances
+# xi well inside (0, 1) for the MLP's distances: 7 others at most alpha_k / sigma = 0.05 each, so xi_ii >= 0.65 and the
+# clamp (others' weights scaled to sum to 1) never acts.
+PARAMS = {"name": "fedamp", "alpha_k": 0.1, "sigma": 2.0}
 
 
 def _parameters(plan) -> np.ndarray:
@@ -83,3 +85,18 @@ def test_fedamp_server_keeps_each_reply_in_its_row_and_scores_clients_with_their
     others = [c for c in range(len(before)) if c not in sampled]
     assert others and np.array_equal(after[others], before[others])
     np.testing.assert_allclose(server.state[WEIGHTS], after.astype(np.float64).mean(axis=0), rtol=1e-6, atol=1e-7)
+
+
+def test_fedamp_self_weight_is_never_negative(tmp_path, monkeypatch):
+    """With alpha_k / sigma so large that the others' weights would sum past 1 (xi_ii < 0: u_i an extrapolation away
+    from the client's own model), they are scaled to sum to 1 and xi_ii is 0; the server records the self-weights."""
+    server = started(monkeypatch, tmp_path, {"name": "fedamp", "alpha_k": 5.0, "sigma": 2.0}, train__rounds=1)
+    rng = np.random.default_rng(0)
+    models = (server.state[MODELS] + rng.normal(0, 1e-3, server.state[MODELS].shape)).astype(np.float32)  # close
+    xi = server.algorithm.attention(models, 0)
+    assert xi[0] == 0 and (xi >= 0).all() and abs(xi.sum() - 1) < 1e-12
+    unscaled = 5.0 * np.exp(-np.array([np.sum((models[j] - models[0]).astype(np.float64)[server.algorithm.parameter_mask]
+                                                      ** 2) for j in range(1, len(models))]) / 2.0) / 2.0
+    np.testing.assert_allclose(xi[1:], unscaled / unscaled.sum(), rtol=1e-9)  # the attention's proportions stay
+    recorded = server.round(1).mechanism
+    assert recorded["fedamp_self_weight_min"] >= 0 and recorded["fedamp_self_weight_mean"] < 1

@@ -45,3 +45,21 @@ def test_orthogonal_scaled_rows_are_orthogonal_at_the_default_inits_norm_as_feda
     assert w.norm(dim=1).mean().item() == pytest.approx(fedavg_rows.mean().item(), abs=0.01)
     unit = _head("fedbabu").weight.detach().norm(dim=1)  # `orthogonal`: unit rows, the 1.7x logit scale
     assert unit.mean().item() / fedavg_rows.mean().item() == pytest.approx(math.sqrt(3), rel=0.02)
+
+
+def test_fedbabu_fine_tunes_from_the_global_model_or_after_one_more_local_update(tmp_path):
+    """finetune_from: global (the authors) scores and fine-tunes the received model; own_update (PFLlib) fine-tunes
+    after one more local update of the body. The initial score and the client's kept state are the same."""
+    from test_algorithms import CLIENT, runtime, start, train_one
+
+    records, kept = {}, {}
+    for variant in ("global", "own_update"):
+        rt = runtime(tmp_path, {"name": "fedbabu", "finetune_from": variant}, eval__finetune_epochs=1)
+        state = start(rt)
+        uploads, _ = train_one(rt, state, CLIENT, 1)
+        after = {"weights": uploads["weights"]}
+        records[variant] = rt.evaluate(after, [CLIENT], 1)[0]
+        kept[variant] = rt.slots["personal"][CLIENT].copy()
+    assert records["global"]["acc"] == records["own_update"]["acc"]
+    assert records["global"]["loss_personalized"] != records["own_update"]["loss_personalized"]
+    assert kept["global"].tobytes() == kept["own_update"].tobytes()

@@ -108,3 +108,28 @@ def test_lambda_zero_is_plain_local_training_bit_for_bit(tmp_path):
     train_one(local, {WEIGHTS: local.plan.model.initial["shared"]}, MIXED, 1)
     assert np.array_equal(proto.slots["personal"][MIXED], local.slots["personal"][MIXED])
     assert np.abs(pulled.slots["personal"][MIXED] - local.slots["personal"][MIXED]).max() > 1e-4
+
+
+def test_a_client_is_scored_with_its_classifier_and_with_the_nearest_global_prototype(tmp_path):
+    """acc: the client's own classifier ("w/o protos"); fedproto_acc_prototypes: the label of the nearest global
+    prototype in mean squared distance, classes without one left out (PFLlib's test_metrics, its leaderboard's number).
+    Before any prototype exists only acc is recorded."""
+    rt = runtime(tmp_path, "fedproto")
+    classes, dim = _shape(rt)
+    empty = {PROTOTYPES: np.zeros((classes, dim), np.float32), COUNTS: np.zeros(classes, np.float32)}
+    train_one(rt, empty, MIXED, 1)
+    assert "fedproto_acc_prototypes" not in rt.evaluate(empty, [MIXED], 1)[0]
+    broadcast = _broadcast(rt)
+    [record] = rt.evaluate(broadcast, [MIXED], 1)
+    rt.layouts["full"].load(rt.slots["personal"][MIXED])
+    rt.net.eval()
+    x, y = rt.client_tensors(MIXED, "test")
+    with torch.no_grad():
+        z = ClientContext(rt, MIXED, 1, {}, torch.Generator()).features(x)[0].double().numpy()
+        own = (rt.net(x).argmax(1) == y).double().mean().item()
+    distance = ((z[:, None, :] - broadcast[PROTOTYPES][None].astype(np.float64)) ** 2).mean(2)
+    distance[:, broadcast[COUNTS] == 0] = np.inf
+    expected = float((distance.argmin(1) == y.numpy()).mean())
+    assert record["fedproto_acc_prototypes"] == pytest.approx(expected, abs=1e-12)
+    assert record["acc"] == pytest.approx(own, abs=1e-6)
+    assert expected < 1  # the odd classes have no prototype: their samples are never right

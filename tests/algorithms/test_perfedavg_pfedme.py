@@ -56,28 +56,45 @@ def _start(rt) -> dict:
 
 # -- Per-FedAvg ------------------------------------------------------------------------------------------------------
 def test_perfedavg_step_is_the_maml_step_and_hf_adds_exactly_the_hessian_term(tmp_path, monkeypatch):
-    alpha = 0.5  # large, so the MAML term is far above rounding
-    fo = runtime(tmp_path, {"name": "perfedavg", "variant": "fo", "alpha": alpha}, **PLAIN)
-    hf = runtime(tmp_path, {"name": "perfedavg", "variant": "hf", "alpha": alpha}, **PLAIN)
-    (d1, d2, d3), lr = _batches(fo, 3), fo.settings.lr("body", 1)
-    assert lr == fo.settings.lr("head", 1)  # beta: the run's lr
+    alpha, beta = 0.5, 0.2  # large, so the MAML term is far above rounding
+    # The run's momentum 0.9 and weight decay stay out of both steps: the references take plain steps.
+    momentum = {"train__body": {"momentum": 0.9, "weight_decay": 0.01}, "train__head": {"momentum": 0.9}}
+    fo = runtime(tmp_path, {"name": "perfedavg", "variant": "fo", "alpha": alpha, "beta": beta}, **momentum)
+    hf = runtime(tmp_path, {"name": "perfedavg", "variant": "hf", "alpha": alpha, "beta": beta}, **momentum)
+    d1, d2, d3 = _batches(fo, 3)
     w = _global(fo)
     temp = _step(w, grad(_loss_fn(fo, *d1))(w), alpha)
     at_temp = grad(_loss_fn(fo, *d2))(temp)
     # FO, one local step from batches D, D': w - beta grad f(w - alpha grad f(w; D); D').
     _feed(monkeypatch, [d1, d2])
     got_fo = _upload(fo, _start(fo))
-    np.testing.assert_allclose(got_fo, _as_vector(fo, "shared", _step(w, at_temp, lr)), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got_fo, _as_vector(fo, "shared", _step(w, at_temp, beta)), rtol=1e-5, atol=1e-7)
     # It is not plain SGD on either batch: the gradient is taken after the personal step.
-    plain = _as_vector(fo, "shared", _step(w, grad(_loss_fn(fo, *d2))(w), lr))
+    plain = _as_vector(fo, "shared", _step(w, grad(_loss_fn(fo, *d2))(w), beta))
     assert np.abs(got_fo - plain).max() > 1e-4
     # HF on D, D', D'': FO's step plus beta alpha H(w; D'') grad f(temp; D'), the product by forward-over-reverse.
     _feed(monkeypatch, [d1, d2, d3])
     got_hf = _upload(hf, _start(hf))
     _, hessian_times = jvp(grad(_loss_fn(hf, *d3)), (w,), (at_temp,))
-    term = _as_vector(hf, "shared", {k: lr * alpha * v for k, v in hessian_times.items()})  # the MLP: parameters only
+    term = _as_vector(hf, "shared", {k: beta * alpha * v for k, v in hessian_times.items()})  # the MLP: parameters only
     assert np.abs(term).max() > 1e-5
     np.testing.assert_allclose(got_hf - got_fo, term, rtol=1e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize("params, beta_is_lr", [({}, False), ({"beta": None}, True)])
+def test_perfedavg_defaults_are_the_pfedme_authors_and_beta_null_is_pfllibs(tmp_path, monkeypatch, params, beta_is_lr):
+    """Defaults (CharlieDinh/pFedMe README.md:44): FO, alpha = the run's lr, beta = 0.001; beta null: the run's lr
+    (PFLlib). Two steps with the run's momentum 0.9 in the config: still plain steps."""
+    rt = runtime(tmp_path, {"name": "perfedavg", **params}, train__body={"momentum": 0.9}, train__head={"momentum": 0.9})
+    assert rt.algorithm.params.variant == "fo"
+    lr = rt.settings.lr("body", 1)
+    beta = lr if beta_is_lr else 0.001
+    batches = _batches(rt, 4)
+    w = dict(_global(rt))
+    for d1, d2 in (batches[:2], batches[2:]):
+        w = _step(w, grad(_loss_fn(rt, *d2))(_step(w, grad(_loss_fn(rt, *d1))(w), lr)), beta)
+    _feed(monkeypatch, batches)
+    np.testing.assert_allclose(_upload(rt, _start(rt)), _as_vector(rt, "shared", w), rtol=1e-5, atol=1e-7)
 
 
 def test_perfedavg_steps_take_two_or_three_batches(tmp_path, monkeypatch):
@@ -104,17 +121,20 @@ def test_perfedavg_scores_the_global_model_after_exactly_one_alpha_step(tmp_path
 
 # -- pFedMe ----------------------------------------------------------------------------------------------------------
 def test_pfedme_solves_for_theta_and_moves_the_local_model_toward_it(tmp_path, monkeypatch):
-    lam, plr, k = 15.0, 0.01, 3
-    rt = runtime(tmp_path, {"name": "pfedme", "lambda": lam, "personal_lr": plr, "K": k}, **PLAIN)
+    lam, plr, k, mu = 15.0, 0.01, 3, 0.001
+    # The run's momentum 0.9 stays out of the solver: the authors' pFedMeOptimizer takes plain steps.
+    rt = runtime(tmp_path, {"name": "pfedme", "lambda": lam, "personal_lr": plr, "K": k}, train__body={"momentum": 0.9},
+                 train__head={"momentum": 0.9})
     batch, eta = _batches(rt, 1)[0], rt.settings.lr("body", 1)
     _feed(monkeypatch, [batch])
     w = _global(rt)
     upload = _upload(rt, _start(rt))
-    # By hand: K solver steps on f(theta) + lambda/2 ||theta - w||^2 from theta = w, then w - eta lambda (w - theta).
+    # By hand: K plain steps on f(theta) + lambda/2 ||theta - w||^2 + mu/2 ||theta||^2 from theta = w, then
+    # w - eta lambda (w - theta).
     theta = dict(w)
     for _ in range(k):
         g = grad(_loss_fn(rt, *batch))(theta)
-        theta = {n: theta[n] - plr * (g[n] + lam * (theta[n] - w[n])) for n in theta}
+        theta = {n: theta[n] - plr * (g[n] + lam * (theta[n] - w[n]) + mu * theta[n]) for n in theta}
     personal = rt.slots["personal_model"][CLIENT]
     np.testing.assert_allclose(personal, _as_vector(rt, "full", theta), rtol=1e-5, atol=1e-7)
     moved = {n: w[n] - eta * lam * (w[n] - theta[n]) for n in w}
@@ -150,3 +170,19 @@ def test_pfedme_server_mixes_the_average_with_the_old_global_model(tmp_path, mon
     else:
         np.testing.assert_array_equal(server.state[WEIGHTS], ((1 - beta) * before + beta * mean).astype(np.float32))
         assert np.abs(server.state[WEIGHTS] - mean.astype(np.float32)).max() > 1e-4
+
+
+def test_pfedme_defaults_are_one_of_the_authors_settings_and_a_round_is_local_steps_batches(tmp_path, monkeypatch):
+    """CharlieDinh/pFedMe main.py:71-78 (README.md:71): lambda 15, personal lr 0.09, K 5, --local_epochs 20 meaning
+    20 batches (one per "local epoch", drawn on through the passes as the data runs out)."""
+    rt = runtime(tmp_path, "pfedme", train__batch_size=50)
+    p = rt.algorithm.params
+    assert (p.lam, p.personal_lr, p.K, p.local_steps, p.mu) == (15.0, 0.09, 5, 20, 0.001)
+    per_pass = -(-rt.plan.train_sizes[CLIENT] // rt.plan.cfg.train.batch_size)
+    assert per_pass < 20  # so the round runs on into a second pass
+    losses = rt.algorithm.client_update(ClientContext(rt, CLIENT, 1, _start(rt), torch.Generator()))
+    assert len(losses) == 20 * 5
+    whole_passes = runtime(tmp_path, {"name": "pfedme", "local_steps": None}, train__local_epochs=2,
+                           train__batch_size=50)
+    losses = whole_passes.algorithm.client_update(ClientContext(whole_passes, CLIENT, 1, _start(rt), torch.Generator()))
+    assert len(losses) == 2 * per_pass * 5

@@ -41,3 +41,31 @@ def test_older_models_are_kept_while_held_and_travel_in_the_checkpoint():
     restored = FedBuff(1.0, np.zeros(3, bool))
     assert list(restored.restore(saved)) == ["m"]
     assert list(restored.models) == [1] and np.array_equal(restored.models[1], second)
+
+
+def test_server_momentum_steps_the_velocity_of_the_mean_update_and_travels_in_the_checkpoint():
+    """v_r = m v_(r-1) + mean update, x_r = x_(r-1) + server_lr v_r (FLSim's server SGD with momentum); statistics
+    take the mean, as without momentum; the buffer is checkpointed."""
+    rng = np.random.default_rng(1)
+    size, lr, m = 20, 0.7, 0.9
+    statistics = np.zeros(size, bool)
+    statistics[15:] = True
+    fedbuff = FedBuff(lr, statistics, momentum=m)
+    x = rng.standard_normal(size).astype(np.float32)
+    kept = [ClientReport(0, 10, 0.1, 0)]
+    velocity = np.zeros(size)
+    for step_index in (1, 2):
+        timing = RoundTime(step_index, 0.0, 1.0, (0,), (0,), (), (), versions=(step_index - 1,))
+        mean = rng.standard_normal(size)
+        step = fedbuff.step(FixedPointScales({}, {WEIGHTS: True}, {0: 1.0}), kept, timing, x)
+        velocity = m * velocity + (mean - x)
+        velocity[statistics] = 0
+        expected = x + lr * velocity
+        expected[statistics] = mean[statistics]
+        got = np.concatenate([step.apply(x, mean[a:b], a, b) for a, b in ((0, 15), (15, 20))])
+        assert np.allclose(got, expected, rtol=0, atol=1e-6)
+        x = got.astype(np.float32)
+    restored = FedBuff(lr, statistics, momentum=m)
+    assert list(restored.restore({"m": np.zeros(3), **fedbuff.checkpointed()})) == ["m"]
+    assert restored.velocity is not None and np.array_equal(restored.velocity, fedbuff.velocity)
+    assert FedBuff(lr, statistics).checkpointed() == {}  # no momentum: no buffer, the checkpoint as before

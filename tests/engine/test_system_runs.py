@@ -144,11 +144,12 @@ FEDBUFF = {"devices": {"preset": "lognormal", "sigma": 1.0}, "dropout": 0.2, "mo
            "concurrency": 4}
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedper"])
+@pytest.mark.parametrize("algorithm, extra", [("fedavg", {}), ("fedper", {}),
+                                             ("fedavg", {"server_momentum": 0.9, "server_lr": 0.7})])
 def test_fedbuff_is_bit_identical_on_one_two_and_three_workers_and_after_a_resume(tmp_path, data_root, monkeypatch,
-                                                                                  algorithm):
+                                                                                  algorithm, extra):
     def config(workers):
-        return six_client_run(tmp_path, data_root, algorithm, workers, 4, eval_every=1, system=FEDBUFF)
+        return six_client_run(tmp_path, data_root, algorithm, workers, 4, eval_every=1, system={**FEDBUFF, **extra})
 
     runs = []
     for workers in (1, 2, 3):
@@ -162,6 +163,20 @@ def test_fedbuff_is_bit_identical_on_one_two_and_three_workers_and_after_a_resum
     ckpt = first.checkpoint(str(tmp_path / "run"), 2)
     _, tail = _rounds(monkeypatch, config(3), rounds=4, ckpt=ckpt, first=3)
     assert round_records(head + tail) == runs[0][0]
+
+
+@pytest.mark.parametrize("weighting, uniform", [(None, True), ("samples", False)])
+def test_fedbuffs_step_weighs_reports_equally_unless_told_otherwise(tmp_path, data_root, monkeypatch, weighting,
+                                                                    uniform):
+    """FedBuff's Algorithm 1 and FLSim's example weigh the K reports equally: system.async_weighting's default, whatever
+    train.weighting (samples) says; a synchronous round keeps train.weighting."""
+    system = {**FEDBUFF, **({"async_weighting": weighting} if weighting else {})}
+    server = in_process_server(monkeypatch, six_client_run(tmp_path, data_root, "fedavg", 1, 4, system=system))
+    server.restore(None)
+    timing = server.plan.timing(1)
+    assert timing is not None and timing.versions
+    assert server._fixed_point_scales(list(timing.participants), timing).uniform[WEIGHTS] is uniform
+    assert server.cfg.train.weighting == "samples"
 
 
 def test_the_servers_fedbuff_step_treats_batchnorms_statistics_apart(tmp_path, data_root, monkeypatch):

@@ -140,3 +140,19 @@ def test_time_to_accuracy_on_the_virtual_clock_gets_its_table(tmp_path):
     write_report([run_dir], tmp_path / "report")
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| timed | initial | 50 | 200.0 |" in md and "| timed | initial | 90 | never reached |" in md
+
+
+def test_a_methods_server_side_mechanism_gets_its_own_table(tmp_path):
+    """rounds.jsonl's mechanism (Algorithm.mechanism, e.g. FedAMP's self-weights) at the first and the last round."""
+    import json
+
+    run = make_run(tmp_path, "amp", "fedamp", [[0.5, 0.7], [0.6, 0.8]])
+    path = run / "rounds.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row, weight in zip(rows, (0.8, 0.6)):
+        row["mechanism"] = {"fedamp_self_weight_mean": weight}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_report([run], tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## The methods' mechanism" in text
+    assert "| amp | fedamp_self_weight_mean | 1 | 0.8 | 2 | 0.6 |" in text

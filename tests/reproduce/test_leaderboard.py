@@ -53,6 +53,9 @@ def test_the_table_is_computed_from_the_finished_run_folders(tmp_path):
     assert f"| `fedper` | own model | 60.00 ± {half:.2f} | 75.00 ± 0.00 | 5 |" in text
     assert "| 3 | 63.53 ± 0.21 |" in text  # PFLlib's FedPer, pathological
     assert "| `fedbabu` | personalized (fine-tuned) | not run yet |" in text
+    # PFLlib's FedProto number scores the nearest global prototype, not the client's own classifier: the row says so.
+    assert ("| `fedproto` | own model; PFLlib's % scores the nearest global prototype (fedsim's: "
+            "fedproto_acc_prototypes) | not run yet |") in text
 
 
 def test_a_diverged_run_is_a_result_recorded_once(tmp_path, monkeypatch):
