@@ -98,7 +98,7 @@ def test_a_clocked_run_writes_simulated_time_participation_and_fairness_by_devic
 
 
 @pytest.mark.parametrize("over, message", [
-    (["system.devices.speed=-2"], "system.devices.speed: Input should be greater than 0"),
+    (["system.devices.speed=-2"], "system.devices.speed: Input should be greater than or equal to 0.000001"),
     (["system.dropout=0.5"], "system.dropout: needs the virtual clock"),
     (["system.devices.preset=uniform", "system.over_selection=-1"], "system.over_selection: Input should be"),
     (["system.devices.trace=/nonexistent/devices.csv"], "system.devices.trace: cannot read /nonexistent/devices.csv"),
