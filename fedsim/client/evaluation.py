@@ -1,5 +1,6 @@
 """The evaluation protocol, FedBABU's for every algorithm: each client's *initial* accuracy, of the model it is
-scored with, and its *personalized* accuracy, after personalizing that model on its own training data."""
+scored with, and its *personalized* accuracy, after personalizing that model on its own training data; each on
+the client's test data and, with data.validation, on its validation split by the same protocol."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
@@ -14,7 +15,7 @@ from fedsim.algorithms.context import ClientContext, LogitAdjustment, RuntimePor
 from fedsim.client.loop import LocalLoop
 from fedsim.client.randomness import FINETUNE_STREAM, client_generator
 from fedsim.config import RunConfig
-from fedsim.core.protocol import ClientData
+from fedsim.core.protocol import ClientData, on_validation
 
 EVAL_BATCH = 500
 
@@ -37,7 +38,15 @@ class Evaluation:
         return loss, acc
 
     def _record(self, client: int, suffix: str = "") -> dict[str, float]:
-        x, y = self.port.client_tensors(client, "test")
+        """The model as it is, scored on the client's test data and, where it has a validation split
+        (data.validation), on that too: the same model, so validation picks what test then reports."""
+        rec = self._scored(client, "test", suffix)
+        if len(self.client_data[client].val):
+            rec |= {on_validation(key): value for key, value in self._scored(client, "val", suffix).items()}
+        return rec
+
+    def _scored(self, client: int, split: str, suffix: str) -> dict[str, float]:
+        x, y = self.port.client_tensors(client, split)
         loss, acc, logged = self.loop.score(x, y, self._batch(len(y)), suffix)
         return {f"loss{suffix}": loss, f"acc{suffix}": acc, **logged}
 
@@ -53,7 +62,8 @@ class Evaluation:
             ctx = ClientContext(self.port, client, round_idx, broadcast, gen)
             self.algorithm.load_for_evaluation(ctx)
             with self._adjusted_logits(ctx.logit_adjustment):
-                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._record(client)}
+                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test),
+                       **({"n_val": len(cd.val)} if len(cd.val) else {}), **self._record(client)}
                 if self.cfg.eval.personalizes:
                     self._personalize(ctx, gen)
                     rec |= self.loop.logged.collect("_finetune")

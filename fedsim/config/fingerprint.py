@@ -48,6 +48,7 @@ def _flat_partition(data: dict) -> dict:
 SYSTEM_OFF = SystemConfig().model_dump()  # an ideal federation
 SERVER_MEAN = ServerConfig().model_dump()  # the exact mean
 LATER_EVAL_DEFAULTS = {"unseen": None, "personalize": "finetune"}
+LATER_DATA_DEFAULTS = {"validation": 0.0}
 LATER_MODEL_DEFAULTS: dict[str, Any] = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric"}
 
 
@@ -55,7 +56,7 @@ def _resume_settings(cfg_dict: dict) -> dict:
     """``result_settings`` less what a resume may change: a resumed run may be extended (train.rounds),
     unless a step schedule places its milestones by the round count."""
     settings = result_settings(cfg_dict)
-    settings["data"] = _flat_partition(settings["data"])
+    settings["data"] = {k: v for k, v in _flat_partition(settings["data"]).items() if LATER_DATA_DEFAULTS.get(k, ...) != v}
     settings["model"] = {k: v for k, v in settings["model"].items() if LATER_MODEL_DEFAULTS.get(k, ...) != v}
     settings["eval"] = {k: v for k, v in settings["eval"].items() if LATER_EVAL_DEFAULTS.get(k, ...) != v}
     if not settings["engine"]["packed"]:  # added later: an unpacked run keeps the fingerprint it had

@@ -110,6 +110,9 @@ class DataConfig(Section):
     train_fraction: float = Field(1.0, gt=0, le=1)
     test_fraction: float = Field(1.0, gt=0, le=1)
     augment: bool = Field(True, description="random crop + horizontal flip during local training")
+    validation: float = Field(0.0, ge=0, lt=1, description="fraction of each client's training data held out as its "
+                              "validation split (per class, from the seed), scored beside test; what selects a round "
+                              "reads it. 0 = none")
 
     @model_validator(mode="before")
     @classmethod

@@ -16,9 +16,28 @@ WEIGHTS = "weights"  # the upload / server-state entry holding the shared model 
 # What an evaluation record scores, by key: the model a client holds (initial) and, after eval.finetune_epochs of
 # fine-tuning, its personalized model. Logs, summaries, reports and W&B name the two kinds from here.
 ACCURACIES = {"acc": "initial", "acc_personalized": "personalized"}
+# data.validation: each record's scores on the client's validation split, under this prefix (``val_acc`` beside
+# test's ``acc``); whatever selects a round reads them where they exist.
+VALIDATION = "val_"
+
+
+def on_validation(key: str) -> str:
+    """The name of a record's score ``key`` (``acc``, ``loss_personalized``) on the validation split."""
+    return VALIDATION + key
+
+
+# Every accuracy a record may hold and its name: test's, then validation's.
+SCORED = ACCURACIES | {on_validation(key): f"{name}, validation" for key, name in ACCURACIES.items()}
 # The columns of a per-client record (metrics.jsonl) fedsim itself writes; any other is a user module's self.log.
-RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "loss", "acc", "loss_personalized", "acc_personalized",
+_SCORES = ("loss", "acc", "loss_personalized", "acc_personalized")
+RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "n_val", *_SCORES, *map(on_validation, _SCORES),
                          "train_loss", "times_sampled", "unseen"})
+
+
+def selecting(key: str, rows: list[dict[str, Any]]) -> str:
+    """The key a selection of ``key`` reads in these rows: its validation score where they have one, else ``key``
+    itself (test: a best-on-test number, not a selection)."""
+    return on_validation(key) if any(on_validation(key) in r for r in rows) else key
 
 
 def logged_keys(records: list[dict[str, Any]]) -> list[str]:
@@ -32,6 +51,8 @@ class ClientData:
     train: np.ndarray  # indices into the dataset's train arrays
     test: np.ndarray
     label_map: np.ndarray | None = None  # client label = label_map[true label] (conflicting-label partitions)
+    # data.validation: indices into the train arrays held out of ``train`` (empty: no validation split)
+    val: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 def serialized_size(array: np.ndarray) -> int:

@@ -12,7 +12,8 @@ from typing import Any, Callable
 from fedsim.metrics.report_figures import (communication_png, comparison_png, distribution_png, fairness_png,
                                            seeds_png, time_png)
 from fedsim.metrics.report_runs import load_run, seed_groups
-from fedsim.metrics.report_tables import accuracy_table, device_table, logged_table, saving_lines, seed_table
+from fedsim.metrics.report_tables import (accuracy_table, device_table, logged_table, saving_lines, seed_table,
+                                          selection_table)
 
 
 def _slug(name: str) -> str:
@@ -40,6 +41,10 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     md = ["# Fairness report", "", "## Final client accuracy", "", *accuracy_table(runs), "",
           "std in percentage points; p10 = 10th percentile over clients; worst10 = mean of the worst 10% of clients "
           "(at least one); Jain = (sum x)^2 / (n sum x^2), 1 = all clients equal; MB = 10^6 bytes in total.", "",
+          "## The round each run is read at", "", "Picked on each run's validation split (data.validation): the round "
+          "whose client-mean validation accuracy is highest, with test's accuracy there and at the final round. A run "
+          "without a validation split has nothing to pick a round with: its best round on test is shown as the number "
+          "PFLlib reports, not as a selection.", "", *selection_table(runs), "",
           f"![comparison]({save(comparison_png, 'comparison.png', runs)})", "",
           f"![final distribution]({save(distribution_png, 'final_distribution.png', runs)})", ""]
     groups = seed_groups(runs)

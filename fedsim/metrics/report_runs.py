@@ -15,7 +15,7 @@ import numpy as np
 from fedsim import strict_yaml
 from fedsim.config import result_settings
 from fedsim.core import runfiles
-from fedsim.core.protocol import ACCURACIES, logged_keys
+from fedsim.core.protocol import SCORED, logged_keys
 from fedsim.core.results import read_results
 from fedsim.metrics.confidence import Estimate, mean_ci
 from fedsim.metrics.summary import summarize
@@ -31,7 +31,7 @@ class Run:
     rounds: int
     finished: bool
     wall_seconds: float | None
-    per_round: dict[str, dict[int, list[float]]]  # kind -> evaluation round -> per-client values
+    per_round: dict[str, dict[int, list[float]]]  # kind (test's and validation's) -> evaluation round -> per-client values
     comm: dict[str, int | None]  # total bytes per direction; None where the run did not record it
     seed: int | None = None
     settings: str = ""  # every setting that changes results except the seed: runs that share it are seeds of one
@@ -65,7 +65,7 @@ def _checked_records(path: Path) -> list[dict]:
     line is the run still writing (left out); anything else is a one-line error naming file and line."""
     records = read_results(path)
     for number, rec in enumerate(records, start=1):
-        bad = [k for k in ACCURACIES if k in rec and not (isinstance(rec[k], (int, float)) and not isinstance(rec[k], bool)
+        bad = [k for k in SCORED if k in rec and not (isinstance(rec[k], (int, float)) and not isinstance(rec[k], bool)
                                                            and 0 <= rec[k] <= 1)]
         if type(rec.get("client")) is not int or bad:
             raise ValueError(f"{path}:{number}: not a client record ({'its ' + bad[0] if bad else 'no client'} is "
@@ -84,7 +84,7 @@ def load_run(run_dir: Path) -> Run:
     summary, config = _read(run_dir / runfiles.SUMMARY, json.loads), _read(run_dir / runfiles.CONFIG, strict_yaml.load)
     per_round: dict[str, dict[int, list[float]]] = {}
     for rec in records:
-        for kind in ACCURACIES:
+        for kind in SCORED:
             if rec.get(kind) is not None:
                 per_round.setdefault(kind, {}).setdefault(rec["round"], []).append(rec[kind])
     last = max(rec["round"] for rec in records)

@@ -23,7 +23,7 @@ from fedsim.core import runfiles
 from fedsim.engine.placement import worker_bundle
 from fedsim.engine.ray_cluster import connect_ray
 from fedsim.errors import ConfigError
-from fedsim.metrics.series import metric_names
+from fedsim.metrics.series import metric_names, on_test
 from fedsim.plan import worker_count
 from fedsim.sweep.runs import claimed, location, status
 from fedsim.sweep.trial import FINISHED, TrialFailed, TrialRun, train
@@ -67,6 +67,10 @@ class Sweep:
             if self.search.metric not in names:
                 raise ConfigError(f"search.metric: {cfg.name} never reports {self.search.metric!r}; choose one of "
                                   f"{', '.join(names)}")
+            twin = on_test(self.search.metric)
+            if cfg.data.validation and twin is not None:
+                raise ConfigError(f"search.metric: {self.search.metric} is scored on the test set, and ASHA would "
+                                  f"select on it; {cfg.name} has data.validation: compare {twin}")
 
     def ledger(self) -> dict:
         store = storage.Store(self.folder)

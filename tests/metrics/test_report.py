@@ -124,3 +124,19 @@ def test_report_reads_config_yaml_strictly(tmp_path, capsys, config):
     assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "config.yaml" in err
+
+
+def test_the_report_shows_validation_and_reads_each_run_at_the_round_validation_picks(tmp_path):
+    import json
+
+    run = make_run(tmp_path / "runs", "val-run", "fedavg", [[0.5, 0.5], [0.7, 0.7], [0.6, 0.6]])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for rec in records:  # validation's best is round 3, test's round 2
+        rec["val_acc"] = {1: 0.4, 2: 0.5, 3: 0.55}[rec["round"]]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    plain = make_run(tmp_path / "runs", "plain-run", "fedavg", [[0.5, 0.5], [0.7, 0.7], [0.6, 0.6]])
+    write_report([run, plain], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| val-run | fedavg | 3 | initial, validation | 55.00 |" in md
+    assert "| val-run | initial | 3 | validation | 60.00 | 60.00 |" in md
+    assert "| plain-run | initial | 2 | best on test, as PFLlib reports; not a selection | 70.00 | 60.00 |" in md
