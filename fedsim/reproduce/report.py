@@ -28,6 +28,9 @@ RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed
         "it runs (seeds 0..n-1, never grown until a test clears). A claim is **reproduced** when all its tests "
         "hold, **not reproduced** when any fails, otherwise inconclusive. A smoke check is shown but is outside "
         "the tally. The arm tables show the best round's client mean beside the final round's; tests never use it. "
+        "It is picked on the runs' validation split (data.validation) where they have one; marked (on test), it is "
+        "the best round on test, as PFLlib and the FedBABU authors report it: a number to compare with theirs, not a "
+        "selection. "
         "Where every run of an arm evaluated that accuracy at its final round only (FedBABU's protocol fine-tunes "
         "once, at the end), its best round is the final one and the table says so; an arm read at a point of its "
         "runs' curves has no best round of its own.")
@@ -163,7 +166,8 @@ def _best_cell(arm: dict) -> str:
         return "- (a point of the curve)"
     if arm.get("best_is_final"):
         return "= final (evaluated once)"
-    return _interval(arm.get("estimate_best"))
+    on_test = "" if arm.get("best_on") == "validation" else " (on test)"
+    return _interval(arm.get("estimate_best")) + on_test
 
 
 def _needs_explaining(claim: dict) -> bool:
