@@ -11,13 +11,23 @@ from typing import Any, Callable
 
 from fedsim.metrics.report_figures import (communication_png, comparison_png, distribution_png, fairness_png,
                                            seeds_png, time_png)
-from fedsim.metrics.report_runs import load_run, seed_groups
+from fedsim.core.protocol import ACCURACIES
+from fedsim.metrics.receipt import differences, receipt, receipt_table
+from fedsim.metrics.report_runs import Run, load_run, seed_groups
 from fedsim.metrics.report_tables import (accuracy_table, device_table, logged_table, saving_lines, seed_table,
                                           selection_table)
 
 
 def _slug(name: str) -> str:
     return re.sub(r"[^\w.-]", "_", name)
+
+
+def receipt_section(runs: list[Run]) -> list[str]:
+    """What each run ran, from its stored config, and the settings the runs differ in."""
+    arms = [(run.name, receipt([run.config], [k for k in ACCURACIES if k in run.per_round])) for run in runs]
+    differ = differences([run.config for run in runs])
+    return ["## Receipt", "", "What each run trained and scored, from its config.yaml.", "", *receipt_table(arms), "",
+            f"The runs differ in: {', '.join(differ) if differ else 'nothing but their seeds'}.", ""]
 
 
 def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
@@ -67,6 +77,7 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         md += ["## On the virtual clock", "", "; ".join(totals) + ".", "",
                f"![accuracy against simulated time]({save(time_png, 'sim_time.png', timed)})", "",
                *device_table(timed), ""]
+    md += receipt_section(runs)
     md += ["## Per run", ""]
     for run in runs:
         png = save(fairness_png, f"fairness_{_slug(run.name)}.png", run)

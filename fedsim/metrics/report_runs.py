@@ -38,6 +38,7 @@ class Run:
     logged: dict[str, list[float]] = field(default_factory=dict)  # a user module's self.log values, last round
     sim_time: dict[int, float] = field(default_factory=dict)  # round -> simulated seconds at its end (system.devices)
     system: dict = field(default_factory=dict)  # summary.json's system block: totals, fairness by device class
+    config: dict = field(default_factory=dict)  # the run's stored config.yaml, as written: its receipt's source
 
     def curve(self, kind: str) -> tuple[list[int], list[dict[str, float]]]:
         rounds = sorted(self.per_round[kind])
@@ -99,7 +100,7 @@ def load_run(run_dir: Path) -> Run:
                wall_seconds=summary.get("wall_seconds"), per_round=per_round,
                comm={d: comm.get(d) for d in DIRECTIONS}, seed=config.get("seed"), settings=_settings(config),
                logged=logged, sim_time={r["round"]: r["sim_time_s"] for r in rows if "sim_time_s" in r},
-               system=summary.get("system", {}))
+               system=summary.get("system", {}), config=config)
 
 
 def _settings(config: dict) -> str:
