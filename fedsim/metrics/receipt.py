@@ -3,11 +3,21 @@ table never compares two arms without saying how each trained, what was scored, 
 which seeds; and which settings the arms differ in, so a difference besides the one a claim is about is named."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from fedsim import strict_yaml
 from fedsim.config import result_settings
+from fedsim.core import runfiles
 
 RECEIPT = ("method", "optimizer", "lr", "momentum", "rounds", "local work", "scored", "round", "seeds")
+
+
+def stored_config(run_dir: Path) -> dict:
+    """A run folder's config.yaml as written ({} where it has none, or holds no mapping)."""
+    path = Path(run_dir) / runfiles.CONFIG
+    config = strict_yaml.load(path.read_text()) if path.exists() else None
+    return config if isinstance(config, dict) else {}
 
 
 def _at(tree: dict, dotted: str, default: Any = None) -> Any:

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from fedsim import atomic
 from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
+from fedsim.metrics.receipt import receipt_table
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN
 from fedsim.reproduce.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
@@ -144,6 +145,11 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
         spread = [f"{arm[f'client_{k}']:.2f}" if arm["seeds"] else "-" for k in ("std", "min", "p10")]
         lines.append(f"| {arm['label']} | {ACCURACIES[arm['metric']]} | {_interval(arm.get('estimate'))} | "
                      f"{_best_cell(arm)} | {len(arm['seeds'])} | {' | '.join(spread)} |")
+    receipts = [(arm["label"], arm["receipt"]) for arm in claim["arms"] if "receipt" in arm]
+    if receipts:
+        differ = ", ".join(claim.get("differences", [])) or "nothing but their seeds"
+        lines += ["", "Receipt (from each arm's stored config):", "", *receipt_table(receipts), "",
+                  f"The arms differ in: {differ}."]
     lines += ["", "| test (final round) | mean [95% CI] | seeds | what would have failed it | result |",
               "|---|---|---|---|---|"]
     for test in claim["tests"]:

@@ -15,6 +15,7 @@ from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.confidence import Estimate, mean_ci
 from fedsim.metrics.logger import read_jsonl
+from fedsim.metrics.receipt import differences, receipt, stored_config
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce.claims import Arm, Claim, Paper, Test
 from fedsim.reproduce.runner import client_values_at, read_summary, run_name, run_seconds
@@ -120,9 +121,9 @@ def claim_verdict(tests: list[dict]) -> str:
 
 def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folders: dict[str, str]) -> dict:
     """The claim over its own seeds 0..claim.seeds-1 (whatever of them have finished)."""
-    arms = {}
+    arms, configs = {}, {}
     for arm in claim.arms:
-        per_seed, best, evaluated, picked_on = {}, {}, {}, {}
+        per_seed, best, evaluated, picked_on, configs[arm.label] = {}, {}, {}, {}, []
         for seed in range(claim.seeds):
             folder = runs_dir / run_name(paper, scale, folders[arm.run], seed)
             values = (client_values(folder, arm.metric) if arm.round is None  # a point on the curve: runner.py
@@ -130,15 +131,19 @@ def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folde
             if values is None:
                 continue
             per_seed[seed] = values
+            configs[arm.label].append(stored_config(folder))
             if arm.round is None:  # a point on the curve has no best round: the run's is not this point's
                 best[seed], evaluated[seed] = best_value(folder, arm.metric), evaluations(folder, arm.metric)
                 picked_on[seed] = best_picked_on(folder, arm.metric)
         arms[arm.label] = _arm_result(arm, per_seed, best, evaluated, picked_on)
+        if configs[arm.label]:
+            at = "final" if arm.round is None else f"round {arm.round}" if arm.round >= 1 else f"{arm.round:g} of the rounds"
+            arms[arm.label]["receipt"] = receipt(configs[arm.label], [arm.metric], at)
     tests = [_test_result(test, arms, claim.seeds) for test in claim.tests]
     return {"id": claim.id, "title": claim.title, "paper_says": claim.paper_says, "regime": claim.regime,
             "paper_number": claim.paper_number, "seeds": claim.seeds, "counts": claim.counts,
             "explanation": claim.explanation, "arms": list(arms.values()), "tests": tests,
-            "verdict": claim_verdict(tests)}
+            "verdict": claim_verdict(tests), "differences": differences([c[0] for c in configs.values() if c])}
 
 
 def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int | None, runs_dir: Path,

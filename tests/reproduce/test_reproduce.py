@@ -290,6 +290,12 @@ def test_a_tiny_claim_end_to_end(tmp_path, data_root, capsys):
     assert k4["verdict"] == INCONCLUSIVE and "Seeds: 2 of 5 finished" in markdown
     assert (tmp_path / "reproduction" / "fedper-cpu-k4.png").stat().st_size > 0
     assert "train.rounds=2" in markdown  # the report says how these runs were cut
+    # Each arm's receipt, from its runs' stored configs, and what else than the method the arms differ in.
+    receipts = {arm["label"]: arm["receipt"] for arm in k4["arms"]}
+    assert receipts["FedPer"]["seeds"] == "0, 1" and receipts["FedPer"]["rounds"] == "2"
+    assert receipts["FedAvg"]["round"].startswith("final; best round on test")
+    assert "algorithm.name" in k4["differences"] and "seed" not in k4["differences"]
+    assert "| FedPer | fedper" in markdown and f"The arms differ in: {', '.join(k4['differences'])}." in markdown
 
     # Again: every run is finished and skipped. An interrupted run (no summary yet) resumes to the same numbers.
     interrupted = runs / "fedper-cpu-k4-fedper-s1"
