@@ -18,6 +18,7 @@ from fedsim.config import load_tree, merge_trees, parse_overrides, resume_finger
 from fedsim.core import runfiles
 from fedsim.errors import ConfigError, TrainingDiverged
 from fedsim.metrics.confidence import mean_ci
+from fedsim.metrics.receipt import receipt, receipt_table
 from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, read_summary, run_seconds
 
 KEY = "leaderboard"
@@ -249,8 +250,18 @@ def render(table: dict, scale: str, planned: list[PlannedRun], command: str) -> 
                   "| method | accuracy of | final round % | best round % | best at round | p10 % (final) | Jain (final) "
                   "| s / round | seeds | PFLlib % (best on test) |", "|" + "---|" * 10]
         lines += [_row(entry, table[setting][entry.method], column) for entry in ENTRIES]
-        lines.append("")
+        lines += ["", *_receipts(setting, planned), ""]
     return "\n".join(lines)
+
+
+def _receipts(setting: str, planned: list[PlannedRun]) -> list[str]:
+    """Each method's receipt in one setting, from the configs its seeds run (or ran) with."""
+    arms = []
+    for entry in ENTRIES:
+        configs = [p.config.model_dump() for p in planned if p.key == run_key(setting, entry)]
+        if configs:
+            arms.append((f"`{entry.method}`", receipt(configs, [entry.metric])))
+    return ["Receipt (each method's runs, from their configs):", "", *receipt_table(arms)] if arms else []
 
 
 def write(table: dict, scale: str, planned: list[PlannedRun], command: str, report: Path) -> list[Path]:

@@ -54,6 +54,9 @@ def test_the_table_is_computed_from_the_finished_run_folders(tmp_path):
     text = leaderboard.render(leaderboard.evaluate(planned, tmp_path), "cpu", planned, "cmd")
     assert f"| `fedper` | own model | 60.00 ± {half:.2f} | 75.00 ± 0.00 (on test) | 5 |" in text  # no validation
     assert "| PFLlib % (best on test) |" in text
+    assert ("| `fedper` | fedper (keep_personal True) | sgd | 0.05 | 0 | 40 | 1 epoch(s) of batch 10, f = 1 | initial "
+            "(the model each client holds) | final; best round on test, shown as PFLlib reports it, not a selection | "
+            "0, 1, 2 |") in text  # its receipt
     assert "| 3 | 63.53 ± 0.21 |" in text  # PFLlib's FedPer, pathological
     assert "| `fedbabu` | personalized (fine-tuned) | not run yet |" in text
 
