@@ -121,7 +121,8 @@ def claim_verdict(tests: list[dict]) -> str:
 
 def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folders: dict[str, str]) -> dict:
     """The claim over its own seeds 0..claim.seeds-1 (whatever of them have finished)."""
-    arms, configs = {}, {}
+    arms = {}
+    configs: dict[str, list[dict]] = {}  # per arm, its finished seeds' stored configs: its receipt's source
     for arm in claim.arms:
         per_seed, best, evaluated, picked_on, configs[arm.label] = {}, {}, {}, {}, []
         for seed in range(claim.seeds):
