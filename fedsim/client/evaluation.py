@@ -63,7 +63,7 @@ class Evaluation:
             self.algorithm.load_for_evaluation(ctx)
             with self._adjusted_logits(ctx.logit_adjustment):
                 rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test),
-                       **({"n_val": len(cd.val)} if len(cd.val) else {}), **self._record(client)}
+                       **({"n_validation": len(cd.val)} if len(cd.val) else {}), **self._record(client)}
                 if self.cfg.eval.personalizes:
                     self._personalize(ctx, gen)
                     rec |= self.loop.logged.collect("_finetune")

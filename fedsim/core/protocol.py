@@ -16,9 +16,10 @@ WEIGHTS = "weights"  # the upload / server-state entry holding the shared model 
 # What an evaluation record scores, by key: the model a client holds (initial) and, after eval.finetune_epochs of
 # fine-tuning, its personalized model. Logs, summaries, reports and W&B name the two kinds from here.
 ACCURACIES = {"acc": "initial", "acc_personalized": "personalized"}
-# data.validation: each record's scores on the client's validation split, under this prefix (``val_acc`` beside
-# test's ``acc``); whatever selects a round reads them where they exist.
-VALIDATION = "val_"
+# data.validation: each record's scores on the client's validation split, under this prefix (``validation_acc``
+# beside test's ``acc``); whatever selects a round reads them where they exist. Not ``val_``: Lightning modules log
+# their own ``val_acc`` in validation_step, which fedsim runs on test data, and selection must never read that.
+VALIDATION = "validation_"
 
 
 def on_validation(key: str) -> str:
@@ -30,7 +31,7 @@ def on_validation(key: str) -> str:
 SCORED = ACCURACIES | {on_validation(key): f"{name}, validation" for key, name in ACCURACIES.items()}
 # The columns of a per-client record (metrics.jsonl) fedsim itself writes; any other is a user module's self.log.
 _SCORES = ("loss", "acc", "loss_personalized", "acc_personalized")
-RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "n_val", *_SCORES, *map(on_validation, _SCORES),
+RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "n_validation", *_SCORES, *map(on_validation, _SCORES),
                          "train_loss", "times_sampled", "unseen"})
 
 

@@ -14,7 +14,7 @@ NOT_LOGGED = {"round", "seconds", "sampled", "evaluated", "dropped", "bytes_up",
 
 def fairness(row: dict) -> dict[str, float]:
     """The across-client statistics of each accuracy under ``fairness/``, in the CLI's units: percent, and
-    Jain's index as it is (1 = every client equal); validation's beside test's (``fairness/val_acc_mean``)."""
+    Jain's index as it is (1 = every client equal); validation's beside test's (``fairness/validation_acc_mean``)."""
     return {f"fairness/{key}_{stat}": value if stat == "jain" else 100 * value
             for key in SCORED for stat, value in row.get(key, {}).items()}
 

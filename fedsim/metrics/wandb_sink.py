@@ -136,7 +136,7 @@ class WandbLogger(Callback):
         if train_losses:
             data["loss/train_mean"] = _mean(train_losses)
         for key, name in (("loss", "loss/test_mean"), ("loss_personalized", "loss/test_personalized_mean"),
-                          ("val_loss", "loss/val_mean"), ("val_loss_personalized", "loss/val_personalized_mean")):
+                          ("validation_loss", "loss/validation_mean"), ("validation_loss_personalized", "loss/validation_personalized_mean")):
             if records and key in records[0]:
                 data[name] = _mean([r[key] for r in records])
         return data

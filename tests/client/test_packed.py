@@ -72,7 +72,7 @@ def test_packed_runs_are_bit_identical_on_one_two_and_three_workers(tmp_path, da
     assert all(np.array_equal(state[k], s[k]) for _, s in others for k in state)
     sequential, _ = _server_rounds(monkeypatch, six_client_run(tmp_path, data_root, algorithm, 2, validation=validation))
     assert sequential != one  # packing is on: other kernels, other last bits
-    assert all(("val_acc" in rec) == bool(validation) for _, _, records, _ in one for rec in records)
+    assert all(("validation_acc" in rec) == bool(validation) for _, _, records, _ in one for rec in records)
 
 
 @pytest.mark.parametrize("validation", [0.0, 0.3])

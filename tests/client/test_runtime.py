@@ -126,9 +126,9 @@ def test_validation_is_scored_on_the_held_out_samples_with_tests_protocol_and_ne
     assert torch.equal(y, torch.as_tensor(rt.data.train_y[cd.val])) and len(rt.client_tensors(0, "train")[1]) == len(cd.train)
     state = {WEIGHTS: rt.layouts["shared"].pack()}
     [rec] = rt.evaluate(state, [0], 1)
-    assert rec["n_train"] == len(cd.train) and rec["n_val"] == len(cd.val) > 0
-    assert {"val_acc", "val_loss", "val_acc_personalized", "val_loss_personalized"} <= rec.keys()
+    assert rec["n_train"] == len(cd.train) and rec["n_validation"] == len(cd.val) > 0
+    assert {"validation_acc", "validation_loss", "validation_acc_personalized", "validation_loss_personalized"} <= rec.keys()
     rt.load_global(state[WEIGHTS])
-    assert (rec["val_loss"], rec["val_acc"]) == rt.score(x, y)  # the initial model, as test's acc scores it
+    assert (rec["validation_loss"], rec["validation_acc"]) == rt.score(x, y)  # the initial model, as test's acc scores it
     [before] = plain.evaluate(state, [0], 1)
-    assert "val_acc" not in before and before["n_train"] == len(whole.train)
+    assert "validation_acc" not in before and before["n_train"] == len(whole.train)

@@ -13,7 +13,7 @@ def _rows(test: list[float], val: list[float] | None = None) -> list[dict]:
         row = {"round": r, "acc": summarize([acc, acc]), "sim_time_s": 10.0 * r, "sampled": 2, "dropouts": [],
                "late": [], "participants": [0, 1]}
         if val is not None:
-            row["val_acc"] = summarize([val[r - 1]] * 2)
+            row["validation_acc"] = summarize([val[r - 1]] * 2)
         rows.append(row)
     return rows
 
@@ -39,7 +39,16 @@ def test_time_to_accuracy_reads_validation():
 
 
 def test_a_rounds_row_summarizes_validation_beside_test():
-    records = [{"client": c, "acc": 0.5, "val_acc": 0.25 * (c + 1), "val_loss": 1.0} for c in (0, 1)]
+    records = [{"client": c, "acc": 0.5, "validation_acc": 0.25 * (c + 1), "validation_loss": 1.0} for c in (0, 1)]
     row = round_row(RoundResult(round=1, sampled=[0, 1], dropped=[], records=records))
-    assert row["acc"]["mean"] == 0.5 and row["val_acc"]["mean"] == 0.375
-    assert "val_loss" not in row  # fedsim's own column, not a module's self.log value
+    assert row["acc"]["mean"] == 0.5 and row["validation_acc"]["mean"] == 0.375
+    assert "validation_loss" not in row  # fedsim's own column, not a module's self.log value
+
+
+def test_a_modules_own_val_acc_scored_on_test_is_never_selected_on():
+    """Lightning modules log val_acc in validation_step, which fedsim runs on the test data: not a validation split."""
+    rows = _rows([0.5, 0.7, 0.6])
+    for row, logged in zip(rows, (0.9, 0.1, 0.2)):
+        row["val_acc"] = summarize([logged] * 2)
+    best = best_rounds(rows)["acc"]
+    assert best["round"] == 2 and best["picked_on"] == "test"

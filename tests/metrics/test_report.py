@@ -132,7 +132,7 @@ def test_the_report_shows_validation_and_reads_each_run_at_the_round_validation_
     run = make_run(tmp_path / "runs", "val-run", "fedavg", [[0.5, 0.5], [0.7, 0.7], [0.6, 0.6]])
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for rec in records:  # validation's best is round 3, test's round 2
-        rec["val_acc"] = {1: 0.4, 2: 0.5, 3: 0.55}[rec["round"]]
+        rec["validation_acc"] = {1: 0.4, 2: 0.5, 3: 0.55}[rec["round"]]
     (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in records))
     plain = make_run(tmp_path / "runs", "plain-run", "fedavg", [[0.5, 0.5], [0.7, 0.7], [0.6, 0.6]])
     write_report([run, plain], tmp_path / "report")
