@@ -10,13 +10,19 @@ class ConfigError(ValueError):
     """A one-line, user-facing configuration problem (names the field and the fix); the CLI exits with code 2."""
 
 
+def resume_command(run_dir: Path | str, names_code: bool) -> str:
+    """The command that continues the run in ``run_dir``. ``names_code``: its config names plug-ins (its own
+    module, callbacks), which resume imports only with --trust-plugins: the command printed must work as printed."""
+    return f"fedsim run --resume {shlex.quote(str(run_dir))}" + (" --trust-plugins" if names_code else "")
+
+
 class RunFailed(RuntimeError):
     """The run broke at run time (a process died, the disk filled up, a timeout): one line with the cause and
     the exact command that continues the run from its last checkpoint. The CLI exits with code 3.
     ``resumable=False``: it broke while creating its folder, so it is started again instead."""
 
-    def __init__(self, cause: str, run_dir: Path | str, resumable: bool = True):
-        self.resume_command = f"fedsim run --resume {shlex.quote(str(run_dir))}" if resumable else None
+    def __init__(self, cause: str, run_dir: Path | str, resumable: bool = True, names_code: bool = False):
+        self.resume_command = resume_command(run_dir, names_code) if resumable else None
         then = (f"continue it with `{self.resume_command}`" if resumable
                 else f"its folder {run_dir} is incomplete: start the run again with --overwrite")
         super().__init__(f"run failed: {cause}; {then}")
@@ -34,6 +40,12 @@ class CheckpointError(ValueError):
 class UserCodeError(ValueError):
     """The user's own module (model.client) raised, or broke a rule fedsim enforces: one line with its own
     message, reported once as a user error (exit 2), never retried as a lost worker."""
+
+
+class UserCodeFailed(UserCodeError):
+    """The user's own code raised once the run was under way, so its folder was written: one line with the error,
+    what the folder holds and the command that continues it once the code is fixed; the CLI exits with code 4
+    (code 2 means nothing was written)."""
 
 
 class StorageError(OSError):

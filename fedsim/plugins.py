@@ -65,3 +65,8 @@ def plugin_settings(tree: dict[str, Any]) -> dict[str, str]:
             if isinstance(spec, str) and is_plugin(spec):
                 found[f"{key}[{i}]" if isinstance(node, list) else key] = spec
     return found
+
+
+def names_code(cfg: Any) -> bool:
+    """Whether a validated config (a RunConfig) names plug-ins: resuming its run then needs --trust-plugins."""
+    return bool(plugin_settings(cfg.model_dump()))

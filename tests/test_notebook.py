@@ -25,3 +25,25 @@ def test_fairness_notebook_runs_on_given_runs(tmp_path, monkeypatch):
     assert "fedavg-run" in printed and "fedper-run" in printed and "quickstart" not in printed
     assert "50.00" in printed and "0.833" in printed
     assert nb.cells[-1].outputs[0].text.strip() == sys.prefix
+
+
+def test_the_readmes_notebook_command_runs_it_with_what_the_notebook_extra_installs(tmp_path):
+    import re
+    import shutil
+    import subprocess
+    import tomllib
+
+    readme = (NOTEBOOK.parents[1] / "README.md").read_text()
+    assert "notebooks/fairness.ipynb" in readme  # linked from the README
+    [command] = re.findall(r"`(jupyter execute --inplace\s+notebooks/fairness\.ipynb)`", readme)
+    extras = tomllib.loads((NOTEBOOK.parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"nbclient", "ipykernel"} <= {re.split(r"[<>=\[]", req)[0] for req in extras["notebook"]}  # jupyter execute
+    (tmp_path / "notebooks").mkdir()
+    shutil.copy(NOTEBOOK, tmp_path / "notebooks")
+    runs = os.pathsep.join(map(str, two_runs(tmp_path / "runs")))
+    env = {**os.environ, "FEDSIM_RUNS": runs, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-m", *command.split()], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    executed = nbformat.read(tmp_path / "notebooks" / "fairness.ipynb", as_version=4)
+    assert any("fedper-run" in out.get("text", "") for cell in executed.cells for out in cell.get("outputs", []))

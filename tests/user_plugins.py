@@ -23,6 +23,12 @@ def tiny_net(num_classes: int, in_channels: int, image_size: int) -> SplitNet:
     return SplitNet(nn.Flatten(), [nn.Sequential(nn.Linear(width, 16), nn.ReLU())], nn.Linear(16, num_classes))
 
 
+def square_only(num_classes: int, in_channels: int, image_size) -> SplitNet:
+    """A factory that assumes square images: sized from the height alone (as cnn4 was)."""
+    side = image_size if isinstance(image_size, int) else image_size[0]
+    return SplitNet(nn.Flatten(), [nn.Linear(in_channels * side * side, 16)], nn.Linear(16, num_classes))
+
+
 def blobs(root, options) -> ArrayDataset:
     """Four Gaussian blobs as 1x1 'images' with 8 channels."""
     rng = np.random.default_rng(options.get("seed", 0))

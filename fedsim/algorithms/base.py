@@ -81,6 +81,9 @@ class Algorithm:
     # Whether an own server_update works element by element (each value's new state from that value's means and state
     # alone), so the server may call it one tensor at a time.
     server_update_by_tensor: ClassVar[bool] = False
+    # The accuracy the method's own protocol reports, which the run's one-line summary shows: "acc", the model each
+    # client holds, or "acc_personalized", that model after eval.finetune_epochs of fine-tuning (FedBABU's protocol).
+    reports: ClassVar[Literal["acc", "acc_personalized"]] = "acc"
 
     def __init__(self, params: BaseModel | None = None, batchnorm: BatchNormMode | None = None):
         self.params = params if params is not None else self.Params()

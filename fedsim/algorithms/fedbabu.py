@@ -24,6 +24,7 @@ class FedBABUParams(Params):
 class FedBABU(PartialSharing):
     """body trained and averaged under a fixed random head; head tuned at evaluation (Oh et al. 2021)"""
     name, train, share = "fedbabu", "body", "body"
+    reports = "acc_personalized"  # the head is tuned at evaluation: the paper's accuracy is the fine-tuned one
     Params = FedBABUParams
     params: FedBABUParams
 

@@ -3,7 +3,6 @@ run, turned into one line naming the ``--resume`` command that continues it."""
 from __future__ import annotations
 
 import contextlib
-import shlex
 
 
 class Terminated(BaseException):
@@ -17,9 +16,9 @@ def raise_terminated(signum, frame) -> None:
 class Interrupted(Exception):
     """A run stopped by Ctrl-C or SIGTERM: one line with the command that continues it; exit 130 or 143."""
 
-    def __init__(self, location: str, exit_code: int):
+    def __init__(self, command: str, exit_code: int):
         self.exit_code = exit_code
-        super().__init__(f"interrupted; continue with `fedsim run --resume {shlex.quote(location)}`")
+        super().__init__(f"interrupted; continue with `{command}`")
 
 
 @contextlib.contextmanager
@@ -27,8 +26,11 @@ def interrupts_named(cfg):
     """Ctrl-C or SIGTERM during ``cfg``'s run become one line naming how to continue it (the run keeps its
     checkpoints: the rounds since the last one are redone)."""
     from fedsim import storage
+    from fedsim.errors import resume_command
+    from fedsim.plugins import names_code
 
     try:
         yield
     except (KeyboardInterrupt, Terminated) as err:
-        raise Interrupted(storage.join(cfg.out_dir, cfg.name), 143 if isinstance(err, Terminated) else 130) from None
+        command = resume_command(storage.join(cfg.out_dir, cfg.name), names_code(cfg))
+        raise Interrupted(command, 143 if isinstance(err, Terminated) else 130) from None

@@ -1,8 +1,10 @@
 """The ``fedsim`` command line: its argument parser, and the dispatch to one module per subcommand (``run``,
-``sweep``, ``reproduce``, ``report``; ``algorithms`` prints the method catalog) with the exit code of what happened.
+``sweep``, ``reproduce``, ``report``, ``export``; ``algorithms`` prints the method catalog) with the exit code of what happened.
 
 Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
 3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it);
+4 the user's own code (model.client, a callback) raised once the run was under way (one line with its error, what
+the run folder holds, and the ``--resume`` command that continues it after the fix);
 130 / 143 interrupted by Ctrl-C / SIGTERM (one line with the ``--resume`` command; the run keeps its checkpoints)."""
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ import signal
 import sys
 import threading
 
+from fedsim.cli.export import export_command
 from fedsim.cli.interrupts import Interrupted, Terminated, raise_terminated
 from fedsim.cli.report import report_command
 from fedsim.cli.reproduce import KEPT_DEFAULT, RUNS_DEFAULT, reproduce_command
 from fedsim.cli.run import run_command
 from fedsim.cli.sweep import sweep_command
-from fedsim.errors import ConfigError, DataError, RunFailed
+from fedsim.errors import ConfigError, DataError, RunFailed, UserCodeFailed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
     _sweep_parser(sub)
     _reproduce_parser(sub)
+    _export_parser(sub)
     algorithms = sub.add_parser("algorithms", help="every method with its parameters and what it does")
     algorithms.add_argument("--markdown", action="store_true", help="the table of docs/algorithms.md")
     return parser
@@ -51,6 +55,20 @@ def _sweep_parser(sub) -> None:
                        help="at most N trials at once (default: as many as the cluster has room for)")
     sweep.add_argument("--dry-run", action="store_true", help="validate, list each variant with its status and "
                        "resources and the metrics a scheduler can use; starts no Ray")
+
+
+def _export_parser(sub) -> None:
+    export = sub.add_parser("export", help="each client's complete model (shared and personal parts) from a run's "
+                            "checkpoint: a state_dict file and a Lightning checkpoint per client")
+    export.add_argument("run", help="the run folder (or its URI), e.g. runs/quickstart-fedper")
+    export.add_argument("--round", type=_positive, metavar="N", help="the round whose checkpoint to export (one the run "
+                        "keeps; default: the newest)")
+    export.add_argument("--clients", type=int, nargs="+", metavar="C", help="these clients (default: every client)")
+    export.add_argument("--fine-tuned", action="store_true", help="the model the protocol scores as personalized: "
+                        "fine-tuned (or personalized by the method's own update) as evaluation does, from the run's seed")
+    export.add_argument("--out", metavar="DIR", help="where the files go (default: RUN/export/round-NNNN[-fine-tuned])")
+    export.add_argument("--trust-plugins", action="store_true", help="import the code (plug-in strings) the run "
+                        "folder's config names, its LightningModule included; without it, a run that names any is refused")
 
 
 def _reproduce_parser(sub) -> None:
@@ -106,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, raise_terminated) if threading.current_thread() is threading.main_thread() else None
     caller_ray = _ray_connected()
     try:
-        commands = {"report": report_command, "reproduce": reproduce_command, "run": run_command,
+        commands = {"export": export_command, "report": report_command, "reproduce": reproduce_command, "run": run_command,
                     "sweep": sweep_command}
         return commands[args.command](args)
     except Interrupted as err:
@@ -117,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if isinstance(err, Terminated) else 130
     except RunFailed as err:
         return _fail(err, 3)
+    except UserCodeFailed as err:
+        return _fail(err, 4)
     except (ConfigError, DataError, ValueError, OSError) as err:
         # User-facing input problems: one line naming the field and the fix, no traceback.
         where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""

@@ -35,15 +35,17 @@ def sweep_command(args: argparse.Namespace) -> int:
 
 
 def _sweep_dry_run(configs: list, base) -> int:
-    from fedsim.metrics.series import metric_names
+    from fedsim.metrics.series import metric_names, series_mode
     from fedsim.sweep.executor import trial_bundles
     from fedsim.sweep.runs import status
 
     print(f"{len(configs)} trials; scheduler {base.search.scheduler}"
-          + (f" on {base.search.metric} ({base.search.mode})" if base.search.scheduler == "asha" else ""))
+          + (f" on {base.search.metric} ({base.search.mode or series_mode(base.search.metric or '')})"
+             if base.search.scheduler == "asha" else ""))
     for cfg in configs:
         bundles = trial_bundles(cfg)
         each = ", ".join(f"{v:g} {k}" for k, v in bundles[0].items())
         print(f"{cfg.name}: {status(cfg)}; {len(bundles)} workers x ({each})")
-    print("per-round metrics a scheduler can compare (search.metric): " + ", ".join(metric_names(configs[0])))
+    print("per-round metrics a scheduler can compare (search.metric): " + ", ".join(metric_names(configs[0]))
+          + ", and what your module logs with self.log as NAME/STATISTIC (e.g. val_loss/mean)")
     return 0

@@ -3,7 +3,7 @@ scored with, and its *personalized* accuracy, after personalizing that model on 
 the client's test data and, with data.validation, on its validation split by the same protocol."""
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import numpy as np
@@ -18,6 +18,8 @@ from fedsim.config import RunConfig
 from fedsim.core.protocol import ClientData, on_validation
 
 EVAL_BATCH = 500
+# Told each client's model as it is scored: (its context, "initial" once loaded, "fine_tuned" once personalized).
+ModelSeen = Callable[[ClientContext, str], None]
 
 
 class Evaluation:
@@ -50,10 +52,12 @@ class Evaluation:
         loss, acc, logged = self.loop.score(x, y, self._batch(len(y)), suffix)
         return {f"loss{suffix}": loss, f"acc{suffix}": acc, **logged}
 
-    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
+    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
+                 seen: ModelSeen | None = None) -> list[dict]:
         """Every client's record. Personalizing works on the loaded copy and is never packed back. A module's
         validation_step / test_step logs join the record (``_personalized`` after personalizing, what it logs while
-        personalizing ``_finetune``)."""
+        personalizing ``_finetune``). ``seen``: told each model as it is scored (``fedsim export`` takes it there, so
+        an exported model is the one the protocol scored, fine-tuned the same way)."""
         results = []
         for client in clients:
             cd = self.client_data[client]
@@ -61,11 +65,15 @@ class Evaluation:
             gen = client_generator(self.cfg.seed, round_idx, client, FINETUNE_STREAM)
             ctx = ClientContext(self.port, client, round_idx, broadcast, gen)
             self.algorithm.load_for_evaluation(ctx)
+            if seen is not None:
+                seen(ctx, "initial")
             with self._adjusted_logits(ctx.logit_adjustment):
                 rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test),
                        **({"n_validation": len(cd.val)} if len(cd.val) else {}), **self._record(client)}
                 if self.cfg.eval.personalizes:
                     self._personalize(ctx, gen)
+                    if seen is not None:
+                        seen(ctx, "fine_tuned")
                     rec |= self.loop.logged.collect("_finetune")
                     rec |= self._record(client, "_personalized")
             results.append(rec)

@@ -27,7 +27,7 @@ from fedsim.client.setup import configure_process, set_up_worker
 from fedsim.client.states import ClientStates
 from fedsim.core.protocol import ClientData, FixedPointScales, WorkerPartial, WorkerReplies
 from fedsim.core.store import VectorStore
-from fedsim.data import ArrayDataset, load_dataset, shuffled_batches, to_float
+from fedsim.data import ArrayDataset, load_run_data, shuffled_batches, to_float
 from fedsim.models.state import output_layer
 from fedsim.plan import RunPlan
 
@@ -41,7 +41,7 @@ class ClientRuntime:
         self.algorithm = plan.algorithm
         configure_process(cfg)
         d = cfg.data
-        self.data: ArrayDataset = load_dataset(d.dataset, d.root, d.download, options=d.options)
+        self.data: ArrayDataset = load_run_data(d, cfg.seed)
         self.augment = d.augment and self.data.augmentable
         self.client_data = client_data
         self.local_epochs = cfg.train.local_epochs

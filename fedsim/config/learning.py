@@ -109,6 +109,9 @@ class DataConfig(Section):
     options: dict[str, Any] = Field(default_factory=dict, description="dataset options, e.g. synthetic alpha/beta")
     train_fraction: float = Field(1.0, gt=0, le=1)
     test_fraction: float = Field(1.0, gt=0, le=1)
+    test_split: float | None = Field(None, gt=0, lt=1, description="for data without a test set of its own (an "
+                                     "image folder of <class>/ folders alone): this share of each class's images, "
+                                     "drawn from the seed, is the test set; null: the data's own test set")
     augment: bool = Field(True, description="random crop + horizontal flip during local training")
     validation: float = Field(0.0, ge=0, lt=1, description="fraction of each client's training data held out as its "
                               "validation split (per class, from the seed), scored beside test; what selects a round "

@@ -55,8 +55,10 @@ class SearchConfig(Section):
     scheduler: Literal["fifo", "asha"] = Field("fifo", description="fifo: every trial runs to the end; asha: Tune's "
                                                "ASHA stops trials whose search.metric trails at a milestone round")
     metric: str | None = Field(None, description="per-round metric ASHA compares, e.g. fairness/acc_p10 (the names "
-                               "are W&B's; `fedsim sweep --dry-run` lists them)")
-    mode: Literal["max", "min"] = "max"
+                               "are W&B's; `fedsim sweep --dry-run` lists them), or your module's self.log value as "
+                               "NAME/STATISTIC, e.g. val_loss/mean")
+    mode: Literal["max", "min"] | None = Field(None, description="whether ASHA keeps the highest or the lowest; null: "
+                                               "the metric's own direction (min for a loss, a std, traffic, time)")
     grace_rounds: int = Field(1, ge=1, description="ASHA: no trial is stopped before this round")
     reduction_factor: float = Field(3.0, gt=1, description="ASHA: keep 1/reduction_factor of the trials at each milestone")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,16 @@ def selecting(key: str, rows: list[dict[str, Any]]) -> str:
     """The key a selection of ``key`` reads in these rows: its validation score where they have one, else ``key``
     itself (test: a best-on-test number, not a selection)."""
     return on_validation(key) if any(on_validation(key) in r for r in rows) else key
+# Words that make a metric lower-is-better (a loss, an error): fedsim's own losses and a user module's self.log names
+# alike, e.g. loss, train_loss, val_loss, val/error, test_mse, nll; every other metric (an accuracy, an F1) is higher-is-better.
+LOWER_IS_BETTER = frozenset({"loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl"})
+
+
+def lower_is_better(name: str) -> bool:
+    """Whether a smaller value of the metric ``name`` is better: one of its words (split at anything that is not a
+    letter or a digit) is in LOWER_IS_BETTER. Every statistic over clients (p10, worst10) and ASHA's default mode
+    follow it."""
+    return any(word in LOWER_IS_BETTER for word in re.split(r"[^a-z0-9]+", name.lower()))
 
 
 def logged_keys(records: list[dict[str, Any]]) -> list[str]:

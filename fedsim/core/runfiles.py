@@ -9,6 +9,7 @@ read them back, the CLI reports them. Torch- and Ray-free, so the lightest of th
     RUN/rounds.jsonl           a row per round; rounds.csv: the evaluation rounds' statistics as columns
     RUN/comm.jsonl             the traffic per client and round
     RUN/summary.json           written when the run finishes
+    RUN/parts.json             each invocation that ran it (the first, each resume) and its wall time
     RUN/model.npz              the final global weights (what another run's model.init_from reads)
     RUN/checkpoints/           the checkpoints (``fedsim.core.checkpoint``)
     RUN/wandb/                 the W&B run's own files; wandb_run.json: which W&B run a resume continues
@@ -16,6 +17,7 @@ read them back, the CLI reports them. Torch- and Ray-free, so the lightest of th
 """
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Any
 
 from fedsim.config import RunConfig, changed_settings, validate
@@ -29,6 +31,7 @@ ROUNDS = "rounds.jsonl"
 ROUNDS_CSV = "rounds.csv"
 COMM = "comm.jsonl"
 SUMMARY = "summary.json"
+PARTS = "parts.json"
 MODEL = "model.npz"
 CHECKPOINTS = "checkpoints"
 WANDB = "wandb"
@@ -36,12 +39,33 @@ WANDB_RUN = "wandb_run.json"
 LOCK = ".lock"
 
 JSONL_RESULTS = (METRICS, ROUNDS, COMM)  # appended each round, truncated on resume
-RESULT_FILES = (*JSONL_RESULTS, ROUNDS_CSV, SUMMARY)  # what a new run starts without (--overwrite removes them)
+RESULT_FILES = (*JSONL_RESULTS, ROUNDS_CSV, SUMMARY, PARTS)  # what a new run starts without (--overwrite removes them)
 
 
 def compare_stored(stored: dict[str, Any], cfg: RunConfig) -> tuple[RunConfig, list[str]]:
-    """The config tree a run folder stored, resolved as the run ``cfg`` names (that folder's name and out_dir), and
-    the settings a resume may not change (dotted keys) whose values differ between it and ``cfg``. Raises the
-    ConfigError of a stored tree that no longer validates."""
-    before = validate({**stored, "name": cfg.name, "out_dir": cfg.out_dir})
+    """The config tree a run folder stored, resolved as the run ``cfg`` names (that folder's name and out_dir, and
+    ``model.init_from`` as ``anchored_init_from`` reads it), and the settings a resume may not change (dotted keys)
+    whose values differ between it and ``cfg``. Raises the ConfigError of a stored tree that no longer validates."""
+    before = validate({**stored, "name": cfg.name, "out_dir": cfg.out_dir, **anchored_init_from(stored, cfg)})
     return before, changed_settings(before.model_dump(), cfg.model_dump())
+
+
+def anchored_init_from(stored: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
+    """The stored tree's model section with ``cfg``'s ``init_from`` where the stored one names the same run folder
+    relative to the stored out_dir as ``cfg``'s does relative to its out_dir, else nothing to change ({}). The
+    anchor is the runs folder: a runs folder moved or restored whole on another machine (kept reproduction runs on a
+    fresh clone, where LG-FedAvg starts from its FedAvg sibling) names the same sibling run at another absolute
+    path, which is not a change. Whether that run's model changed since is told by its file times (the
+    reproduction runner's ``_ran_again``), as a changed data set is told by its digest, not by a path."""
+    model, anchor, wanted = stored.get("model"), stored.get("out_dir"), cfg.model.init_from
+    if not isinstance(model, dict):
+        return {}
+    source = model.get("init_from")
+    if not isinstance(source, str) or not isinstance(anchor, str) or wanted is None or source == wanted:
+        return {}
+    path, root = PurePosixPath(source), PurePosixPath(anchor)
+    if path == root or not path.is_relative_to(root):
+        return {}
+    if PurePosixPath(cfg.out_dir) / path.relative_to(root) != PurePosixPath(wanted):
+        return {}
+    return {"model": {**model, "init_from": wanted}}

@@ -1,7 +1,7 @@
 """Data layer: dataset loading with a decode-once cache, client partitions, batched transforms."""
 
 from fedsim.data.array_dataset import ArrayDataset
-from fedsim.data.datasets import load_dataset, resolve_root
+from fedsim.data.datasets import load_dataset, load_run_data, resolve_root
 from fedsim.data.partition import Partition
 from fedsim.data.partitioning.make import make_partition
 from fedsim.data.transforms import crop_flip, crop_flip_draws, random_crop_flip, shuffled_batches, to_float
@@ -14,6 +14,7 @@ __all__ = [
     "crop_flip",
     "crop_flip_draws",
     "load_dataset",
+    "load_run_data",
     "make_partition",
     "random_crop_flip",
     "resolve_root",

@@ -45,7 +45,8 @@ def content_digest(*arrays: np.ndarray | None) -> str:
     for a in arrays:
         if a is not None:
             h.update(f"{a.dtype}{a.shape}".encode())
-            h.update(np.ascontiguousarray(a).data.cast("B"))  # .data: the array's memoryview
+            if a.size:  # an empty array (class folders' test set) has no bytes, and its memoryview no cast
+                h.update(np.ascontiguousarray(a).data.cast("B"))  # .data: the array's memoryview
     return h.hexdigest()[:16]
 
 

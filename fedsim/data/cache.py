@@ -42,7 +42,7 @@ def source_key(source: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean/std in [0, 1] units.
 
     Integer sums of x and x^2 over 1M-pixel chunks, combined as exact Python ints: no float64
@@ -89,7 +89,7 @@ def open_cache(name: str, folder: Path, augmentable: bool) -> ArrayDataset | Non
 
 def build_cache(folder: Path, source: Path, arrays: Arrays, augmentable: bool) -> None:
     """Save ``arrays`` (read from ``source``) with their channel statistics and content hash as the cache ``folder``."""
-    mean, std = _channel_stats(arrays.train_x)
+    mean, std = channel_stats(arrays.train_x)
     has_groups = arrays.train_groups is not None
     names = ARRAYS + (GROUPS if has_groups else ())
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from fedsim.config import DataConfig
 from fedsim.data.array_dataset import ArrayDataset, recomputed_digest
-from fedsim.data.cache import build_cache, cache_dir, open_cache, source_key
-from fedsim.data.formats import (CIFAR10_PICKLES, CIFAR100_PICKLES, FEMNIST_NPZ, IMAGE_FOLDER, IMAGE_ZIP, Arrays,
-                                 Reader)
+from fedsim.data.cache import build_cache, cache_dir, channel_stats, open_cache, source_key
+from fedsim.data.formats import (CIFAR10_PICKLES, CIFAR100_PICKLES, CLASS_FOLDERS, FEMNIST_NPZ, IMAGE_FOLDER, IMAGE_ZIP,
+                                 Arrays, Reader)
 from fedsim.data.synthetic import synthetic
 from fedsim.errors import DataError, PluginError
 from fedsim.plugins import is_plugin, load_plugin
@@ -58,8 +61,8 @@ _DATASETS: dict[str, _Spec | Callable[[dict], ArrayDataset]] = {
         "CIFAR100",
     ),
     "femnist": _Spec("FEMNIST", 62, (("femnist-leaf-sample.npz", FEMNIST_NPZ),), augmentable=False),
-    # data.root names the image folder or its zip itself.
-    "imagefolder": _Spec("image-folder data set", None, ((".", IMAGE_ZIP), (".", IMAGE_FOLDER))),
+    # data.root names the image folder or its zip itself; a folder of <class>/ folders alone needs data.test_split.
+    "imagefolder": _Spec("image-folder data set", None, ((".", IMAGE_ZIP), (".", IMAGE_FOLDER), (".", CLASS_FOLDERS))),
     "synthetic": synthetic,
 }
 
@@ -79,6 +82,7 @@ def _find_source(spec: _Spec, root: Path, download: bool) -> tuple[Path, Callabl
                             "check the connection or place the data under data.root") from e
         return _find_source(spec, root, download=False)
     looked = ", ".join("a zip at the root itself" if rel == "." and reader is IMAGE_ZIP
+                       else "<class>/ image folders (with data.test_split)" if reader is CLASS_FOLDERS
                        else "train/ + test/ image folders" if rel == "."
                        else rel if reader[0] is Path.is_file else rel + "/"
                        for rel, reader in spec.candidates)
@@ -134,3 +138,38 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
         raise DataError(f"FEDSIM_CACHE: could not build a usable cache at {folder}; delete it or point "
                         "FEDSIM_CACHE at a writable folder")
     return dataset
+
+
+TEST_SPLIT_STREAM = 0x7E57  # data.test_split's draw: its own stream of the run's seed
+
+
+def load_run_data(data: DataConfig, seed: int) -> ArrayDataset:
+    """The data set a run of ``data`` trains and tests on (the driver's and every worker's alike): ``load_dataset``,
+    with data.test_split's test set split off where the data comes without one."""
+    dataset = load_dataset(data.dataset, data.root, data.download, options=data.options)
+    has_test = len(dataset.test_y) > 0
+    if data.test_split is None and not has_test:
+        raise DataError(f"data.test_split: {data.root or data.dataset} holds <class>/ image folders without train/ and "
+                        "test/; set data.test_split (e.g. 0.2) to make that share of each class's images the test set")
+    if data.test_split is not None and has_test:
+        raise DataError(f"data.test_split: {data.dataset} has a test set of its own ({len(dataset.test_y)} samples); "
+                        "leave data.test_split out")
+    return dataset if data.test_split is None else split_test(dataset, data.test_split, seed)
+
+
+def split_test(data: ArrayDataset, fraction: float, seed: int) -> ArrayDataset:
+    """``fraction`` of each class's samples (rounded, at least one and never all of a class with two or more) as the
+    test set, drawn from ``seed``; the rest train, in their original order. The channel statistics are the new
+    training set's; the digest stays the source's (the split is a function of it and the config)."""
+    rng = np.random.default_rng([seed, TEST_SPLIT_STREAM])
+    test = []
+    for label in range(data.num_classes):
+        members = np.flatnonzero(data.train_y == label)
+        size = min(len(members) - 1, max(1, round(fraction * len(members)))) if len(members) > 1 else 0
+        test.append(rng.permutation(members)[:size])
+    is_test = np.zeros(len(data.train_y), bool)
+    is_test[np.concatenate(test)] = True
+    train_x = np.ascontiguousarray(data.train_x[~is_test])
+    mean, std = channel_stats(train_x)
+    return dataclasses.replace(data, train_x=train_x, train_y=data.train_y[~is_test], test_x=data.train_x[is_test],
+                               test_y=data.train_y[is_test], mean=mean, std=tuple(s if s > 0 else 1.0 for s in std))

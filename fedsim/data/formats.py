@@ -111,6 +111,27 @@ def _read_image_folder(root: Path) -> Arrays:
     return _decode_layout(root, files, lambda member: (root / member).read_bytes())
 
 
+def _class_images(root: Path) -> list[tuple[str, str]]:
+    """(class folder, member) of every image in ``root/<class>/`` (torchvision's ImageFolder layout)."""
+    return [(p.parent.name, p.relative_to(root).as_posix()) for p in root.glob("*/*")
+            if p.is_file() and _is_image(p.relative_to(root).as_posix())]
+
+
+def _holds_class_folders(root: Path) -> bool:
+    return root.is_dir() and not (root / "train").is_dir() and any(True for _ in _class_images(root))
+
+
+def _read_class_folders(root: Path) -> Arrays:
+    """``root/<class>/`` images with no train/test split: all of them as training data and an empty test set,
+    which data.test_split splits off per class from the run's seed (``fedsim.data.datasets.split_test``)."""
+    files = sorted(_class_images(root))  # sorted: same order on every OS
+    classes = tuple(sorted({c for c, _ in files}))
+    index = {c: i for i, c in enumerate(classes)}
+    x = _decode_images(root, [m for _, m in files], lambda member: (root / member).read_bytes())
+    y = np.array([index[c] for c, _ in files], np.int64)
+    return Arrays(x, y, x[:0], y[:0], classes)
+
+
 def _read_image_zip(path: Path) -> Arrays:
     try:
         with zipfile.ZipFile(path) as zf:
@@ -186,6 +207,7 @@ def _read_femnist(path: Path) -> Arrays:
 # The formats the data set registry (fedsim.data.datasets) looks for under the data root.
 IMAGE_ZIP: Reader = (Path.is_file, _read_image_zip)
 IMAGE_FOLDER: Reader = (lambda p: (p / "train").is_dir(), _read_image_folder)
+CLASS_FOLDERS: Reader = (_holds_class_folders, _read_class_folders)  # no test set: data.test_split makes one
 CIFAR10_PICKLES: Reader = (
     Path.is_dir,
     _pickle_reader([f"data_batch_{i}" for i in range(1, 6)], "test_batch", "batches.meta", "labels", "label_names"),

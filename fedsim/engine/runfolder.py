@@ -22,9 +22,9 @@ from fedsim.data import ArrayDataset, Partition
 from fedsim.data.array_dataset import recomputed_digest
 from fedsim.engine import runlock
 from fedsim.engine.failures import describe_failure
-from fedsim.errors import CheckpointError, ConfigError, DataError, ResultsDamaged, RunFailed
+from fedsim.errors import CheckpointError, ConfigError, DataError, ResultsDamaged, RunFailed, resume_command
 from fedsim.plan import RunPlan
-from fedsim.plugins import plugin_settings
+from fedsim.plugins import names_code, plugin_settings
 
 
 def load_run_config(run_dir: str | Path, overrides: Sequence[str] = (), trust_plugins: bool = False) -> RunConfig:
@@ -78,6 +78,20 @@ class RunFolder:
         # Absolute: the server actor and the marker check must not depend on a process's working folder.
         self.local = storage.staging_folder(self.location) if self.remote else Path(self.location).resolve()
         self.stored: dict[Path, tuple[int, int]] = {}  # staging file -> (mtime, size) when it was last uploaded
+        self.names_code = names_code(cfg)  # resume then needs --trust-plugins
+
+    @property
+    def resume_command(self) -> str:
+        return resume_command(self.location, self.names_code)
+
+    def written(self) -> str:
+        """What the folder holds of a run that stopped under way, for the line that says how to continue it."""
+        if self.remote:
+            return "its config, partition, metrics and checkpoints so far"
+        ckpt = checkpoint.latest(self.local)
+        if ckpt is None:
+            return "its config and partition, no checkpoint yet (resume starts at round 1)"
+        return f"its config, partition, metrics and checkpoints up to round {checkpoint.round_of(ckpt)}"
 
     @property
     def checkpoints_location(self) -> str:

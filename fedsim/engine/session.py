@@ -4,7 +4,6 @@ drive the rounds."""
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +21,7 @@ from fedsim.engine.failures import describe_failure
 from fedsim.engine.ray_cluster import check_resources, connect_ray, this_node
 from fedsim.engine.runfolder import RunFolder
 from fedsim.engine.server import ServerActor
-from fedsim.errors import (CheckpointError, ConfigError, DataError, RunFailed, TrainingDiverged, UserCodeError,
+from fedsim.errors import (CheckpointError, ConfigError, DataError, RunFailed, TrainingDiverged, UserCodeFailed,
                            user_error)
 from fedsim.plan import RunPlan
 from fedsim.plan.build import build_plan, load_inputs
@@ -90,10 +89,10 @@ def _failures_explained(folder: RunFolder) -> Iterator[None]:
         if interrupt is not None:  # Ctrl-C or SIGTERM that landed inside a C call (a SystemError)
             raise interrupt from None
         mistake = user_error(err)  # the user's module raised: their error, once, never a lost worker
-        if mistake is not None:
-            raise UserCodeError(f"{mistake}, then continue with `fedsim run --resume "
-                                f"{shlex.quote(str(folder.location))}`") from None
-        raise RunFailed(describe_failure(err), folder.location) from err
+        if mistake is not None:  # the folder is written by now: exit 4, not bad input's 2 (nothing written)
+            raise UserCodeFailed(f"{mistake}; {folder.location} keeps {folder.written()}: after the fix, continue "
+                                 f"with `{folder.resume_command}`") from None
+        raise RunFailed(describe_failure(err), folder.location, names_code=folder.names_code) from err
 
 
 def _train(plan: RunPlan, folder: RunFolder, spawn: WorkerSpawn, bundles: list, ckpt: Path | None, resume: bool,

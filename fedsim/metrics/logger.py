@@ -11,17 +11,17 @@ import csv
 import io
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 
 from fedsim import atomic
 from fedsim.config import RunConfig
-from fedsim.core.protocol import ACCURACIES, SCORED, RoundResult, logged_keys, selecting
+from fedsim.core.protocol import ACCURACIES, SCORED, RoundResult, logged_keys, lower_is_better, selecting
 from fedsim.core import runfiles
 from fedsim.core.results import read_results
 from fedsim.engine.driver import Callback, Run, utc_now
+from fedsim.metrics.parts import Parts
 from fedsim.metrics.summary import summarize
 
 
@@ -49,7 +49,7 @@ def round_row(result: RoundResult) -> dict:
         if records and key in records[0]:
             row[key] = summarize([r[key] for r in records])
     for key in logged_keys(records):  # a user module's self.log values, across the clients that logged them
-        row[key] = summarize([r[key] for r in records if r.get(key) is not None])
+        row[key] = summarize([r[key] for r in records if r.get(key) is not None], lower_is_better(key))
     return row
 
 
@@ -57,6 +57,7 @@ class JsonlLogger(Callback):
     def __init__(self) -> None:
         self.run_dir: Path | None = None
         self.files: dict[str, io.TextIOWrapper] = {}
+        self.run_parts: Parts | None = None  # the run's invocations and their wall time, from on_run_start
 
     @property
     def folder(self) -> Path:
@@ -64,13 +65,20 @@ class JsonlLogger(Callback):
         assert self.run_dir is not None, "JsonlLogger: a hook ran before on_run_start"
         return self.run_dir
 
+    @property
+    def parts(self) -> Parts:
+        assert self.run_parts is not None, "JsonlLogger: a hook ran before on_run_start"
+        return self.run_parts
+
     def on_run_start(self, run: Run, done: int) -> None:
         self.run_dir = run.run_dir
         self.files = {name: open(self.run_dir / name, "a") for name in runfiles.JSONL_RESULTS}
         self.truncate(done)
+        self.run_parts = Parts(self.run_dir, run.started_at, done)
 
     def on_rollback(self, run: Run, to_round: int) -> None:
         self.truncate(to_round)
+        self.parts.reached(to_round)
 
     def truncate(self, last_round: int) -> None:
         """Keep only rows of rounds <= last_round (after a rollback or on resume): the rounds after it are redone.
@@ -90,12 +98,14 @@ class JsonlLogger(Callback):
             self.files[name].flush()
         if result.records:
             self._write_csv()
+        self.parts.reached(result.round)
 
     def on_save_checkpoint(self, run: Run, round_idx: int) -> None:
         """Make everything logged so far durable: a published checkpoint never points past what is on disk."""
         for handle in self.files.values():
             handle.flush()
             os.fsync(handle.fileno())
+        self.parts.record(run)
 
     def _write_csv(self) -> None:
         """rounds.csv: one row per evaluation round, every across-client statistic as a column. Replaced
@@ -111,6 +121,8 @@ class JsonlLogger(Callback):
     def on_run_end(self, run: Run, error: BaseException | None) -> None:
         for handle in self.files.values():
             handle.close()
+        if self.run_parts is not None:  # None: the run ended before it started (on_run_start never came)
+            self.run_parts.record(run)
         if error is None and self.run_dir is not None:
             run.summary = self._summary(run)
             atomic.write_text(self.run_dir / runfiles.SUMMARY, json.dumps(run.summary, indent=1))
@@ -126,7 +138,7 @@ class JsonlLogger(Callback):
                 summary[key] = summarize(list(per_client.values()))
                 summary[f"per_client_{key}"] = per_client
         for key in logged_keys(records):
-            summary[key] = summarize([r[key] for r in records if r.get(key) is not None])
+            summary[key] = summarize([r[key] for r in records if r.get(key) is not None], lower_is_better(key))
         if cfg.eval.unseen is not None:  # the generalization protocol: held-out clients apart from the others
             for group, chosen in (("seen", [r for r in records if not r.get("unseen")]),
                                   ("unseen", [r for r in records if r.get("unseen")])):
@@ -134,11 +146,12 @@ class JsonlLogger(Callback):
                                   if chosen and key in chosen[0]} | {"clients": len(chosen)}
         rounds = read_jsonl(self.folder / runfiles.ROUNDS)
         summary["best_round"] = best_rounds(rounds)
+        summary["reported"] = run.plan.reported_accuracy  # the accuracy the one-line summary shows
         if run.plan.system is not None:
             summary["system"] = system_summary(cfg, rounds, records, run.plan.system.devices.kind)
         comm = read_jsonl(self.folder / runfiles.COMM)
         summary.update(comm={"bytes_down": sum(c["bytes_down"] for c in comm), "bytes_up": sum(c["bytes_up"] for c in comm)},
-                       wall_seconds=time.perf_counter() - run.started, workers=run.workers,
+                       **self.parts.summary(), workers=run.workers,
                        started_at=run.started_at, finished_at=utc_now(), **run.extras)  # of the invocation that finished it
         return summary
 
@@ -183,6 +196,6 @@ def system_summary(cfg: RunConfig, rounds: list[dict], records: list[dict], kind
     out["participation_median"] = median
     stale = [(c, s) for r in rounds for c, s in zip(r["participants"], r.get("staleness", ()))]
     if stale:  # asynchronous: how many server steps old each client's updates were
-        out["staleness"] = summarize([s for _, s in stale])
+        out["staleness"] = summarize([s for _, s in stale], lower_is_better=True)
         out["per_client_staleness"] = {c: float(np.mean([s for k, s in stale if k == c])) for c in sorted({c for c, _ in stale})}
     return out

@@ -15,7 +15,8 @@ from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.receipt import differences, receipt, receipt_table
 from fedsim.metrics.report_runs import Run, load_run, seed_groups
 from fedsim.metrics.report_tables import (accuracy_table, device_table, logged_table, saving_lines, seed_table,
-                                          selection_table)
+                                          selection_table, time_to_accuracy_table)
+from fedsim.metrics.summary import times_to_accuracy
 
 
 def _slug(name: str) -> str:
@@ -64,7 +65,8 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
                *seed_table(groups), "", f"![across seeds]({save(seeds_png, 'seeds.png', groups)})", ""]
     if any(run.logged for run in runs):
         md += ["## Logged by the modules", "", "What each run's LightningModule logged with self.log, per client at the "
-               "last evaluated round (training values: the clients trained that round).", "", *logged_table(runs), ""]
+               "last evaluated round (training values: the clients trained that round); p10 and worst10 on each metric's "
+               "worse side (a loss's highest values: docs/configuration.md).", "", *logged_table(runs), ""]
     with_comm = [run for run in runs if any(v is not None for v in run.comm.values())]
     if with_comm:
         md += ["## Communication", "", *saving_lines(with_comm), "",
@@ -77,6 +79,9 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         md += ["## On the virtual clock", "", "; ".join(totals) + ".", "",
                f"![accuracy against simulated time]({save(time_png, 'sim_time.png', timed)})", "",
                *device_table(timed), ""]
+        if any(times_to_accuracy(run.system) for run in timed):
+            md += ["Time to accuracy (system.target_accuracy): when the clients' mean first reached each target.", "",
+                   *time_to_accuracy_table(timed), ""]
     md += receipt_section(runs)
     md += ["## Per run", ""]
     for run in runs:

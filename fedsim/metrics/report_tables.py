@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsim.core.protocol import ACCURACIES, SCORED
+from fedsim.core.protocol import ACCURACIES, SCORED, lower_is_better
 from fedsim.metrics.logger import best_rounds
 from fedsim.metrics.report_runs import DIRECTIONS, MB, Run, group_label, seed_curve
-from fedsim.metrics.summary import summarize
+from fedsim.metrics.summary import summarize, times_to_accuracy
 
 
 def seed_table(groups: list[list[Run]]) -> list[str]:
@@ -36,6 +36,16 @@ def device_table(runs: list[Run]) -> list[str]:
     return lines
 
 
+def time_to_accuracy_table(runs: list[Run]) -> list[str]:
+    """When each run's clients' mean first reached each system.target_accuracy, in simulated seconds."""
+    lines = ["| run | accuracy | target % | simulated s |", "|" + "---|" * 4]
+    for run in runs:
+        for kind, target, seconds in times_to_accuracy(run.system):
+            lines.append(f"| {run.name} | {ACCURACIES.get(kind, kind)} | {100 * target:g} | "
+                         f"{'never reached' if seconds is None else f'{seconds:.1f}'} |")
+    return lines
+
+
 def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value / scale, spec)
 
@@ -59,7 +69,7 @@ def logged_table(runs: list[Run]) -> list[str]:
     lines = ["| run | logged | clients | mean | std | min | p10 | worst10 | Jain |", "|" + "---|" * 9]
     for run in runs:
         for key, values in run.logged.items():
-            s = summarize(values)
+            s = summarize(values, lower_is_better(key))
             lines.append(f"| {run.name} | {key} | {len(values)} | {s['mean']:.4g} | {s['std']:.4g} | {s['min']:.4g} | "
                          f"{s['p10']:.4g} | {s['worst10_mean']:.4g} | {s['jain']:.3f} |")
     return lines

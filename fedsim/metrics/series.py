@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from fedsim.config import RunConfig
-from fedsim.core.protocol import ACCURACIES, RECORD_KEYS, SCORED, on_validation
+from fedsim.core.protocol import ACCURACIES, RECORD_KEYS, SCORED, lower_is_better, on_validation
 
 STATS = ("mean", "std", "min", "max", "p10", "worst10_mean", "jain")  # fedsim.metrics.summarize's statistics
 ROUND_KEYS = {"comm/bytes_up": "bytes_up", "comm/bytes_down": "bytes_down", "round_seconds": "seconds"}
 CLOCK_KEYS = {"sim/time_s": "sim_time_s", "sim/round_seconds": "sim_seconds", "sim/selected": "selected"}  # system.devices
+FEDSIM_PREFIXES = ("fairness/", "final/", "comm/", "sim/", "client_acc/", "round_seconds")  # fedsim's own series
 NOT_LOGGED = {"round", "seconds", "sampled", "evaluated", "dropped", "bytes_up", "bytes_down"}
 
 
@@ -51,3 +52,18 @@ def on_test(metric: str) -> str | None:
     if not metric.startswith(prefix) or not any(metric[len(prefix):].startswith(f"{key}_") for key in ACCURACIES):
         return None
     return prefix + on_validation(metric[len(prefix):])
+def logged_series(name: str) -> bool:
+    """Whether ``name`` names a series a user module's ``self.log`` value gives: ``<its name>/<statistic>``, e.g.
+    ``val_loss/mean`` (which names a module logs is known only once it runs)."""
+    key, _, stat = name.rpartition("/")
+    return bool(key) and stat in STATS and not name.startswith(FEDSIM_PREFIXES)
+
+
+def series_mode(name: str) -> str:
+    """Which way the series ``name`` improves, for a scheduler comparing it: "min" for a lower-is-better metric's
+    statistics (a loss: ``val_loss/mean``), for a spread (``std``), traffic and time; "max" for the rest (an
+    accuracy and its worst clients, Jain's index)."""
+    stat = name.rpartition("_")[2] if name.startswith(("fairness/", "final/")) else name.rpartition("/")[2]
+    if name.startswith(("comm/", "sim/time_s", "sim/round_seconds", "round_seconds")) or stat == "std":
+        return "min"
+    return "max" if stat == "jain" or not lower_is_better(name) else "min"

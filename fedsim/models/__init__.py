@@ -8,6 +8,7 @@ from fedsim.models.mlp import linear_base, mlp
 from fedsim.models.mobilenet import mobilenet_v1
 from fedsim.models.pfllib_cnn import pfllib_cnn
 from fedsim.models.resnet import resnet34
+from fedsim.models.shape import image_size_of
 from fedsim.models.split import SplitNet
 from fedsim.models.state import use_batch_statistics
 from fedsim.plugins import is_plugin, load_plugin
@@ -20,7 +21,8 @@ MODELS: dict[str, Callable[..., SplitNet]] = {
 
 def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int],
                 batch_statistics: bool = False) -> SplitNet:
-    """Build a registered model (or a user's ``package.module:function``) for inputs of shape (C, H, W);
+    """Build a registered model (or a user's ``package.module:function``) for inputs of shape (C, H, W): called as
+    ``f(num_classes=, in_channels=C, image_size=)``, image_size the side of square images, else (H, W);
     ``batch_statistics``: BatchNorm without running statistics (model.batchnorm: batch_stats)."""
     if is_plugin(name):
         factory = load_plugin(name, "model.name")
@@ -28,9 +30,8 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int],
         factory = MODELS[name]
     else:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(MODELS)}")
-    channels, height, _ = input_shape
     try:
-        net = factory(num_classes=num_classes, in_channels=channels, image_size=height)
+        net = factory(num_classes=num_classes, in_channels=input_shape[0], image_size=image_size_of(input_shape))
     except TypeError as err:
         raise ValueError(f"model.name: {name!r} cannot be called as f(num_classes=, in_channels=, image_size=) "
                          f"({err})") from None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from fedsim.models.shape import ImageSize, height_width
 from fedsim.models.split import SplitNet
 
 
@@ -12,8 +13,10 @@ def _conv_block(c_in: int, c_out: int) -> nn.Sequential:
     )
 
 
-def cnn4(num_classes: int, in_channels: int = 3, image_size: int = 32, width: int = 64) -> SplitNet:
+def cnn4(num_classes: int, in_channels: int = 3, image_size: ImageSize = 32, width: int = 64) -> SplitNet:
     blocks = [_conv_block(in_channels, width)] + [_conv_block(width, width) for _ in range(3)]
-    side = image_size // 16  # four 2x poolings
-    classifier = nn.Sequential(nn.Flatten(), nn.Linear(width * side * side, num_classes))
+    height, wide = (side // 16 for side in height_width(image_size))  # four 2x poolings
+    if height < 1 or wide < 1:
+        raise ValueError(f"model.name: cnn4 needs images of at least 16x16 pixels, got {image_size}")
+    classifier = nn.Sequential(nn.Flatten(), nn.Linear(width * height * wide, num_classes))
     return SplitNet(nn.Identity(), blocks, classifier)

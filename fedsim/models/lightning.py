@@ -29,6 +29,7 @@ from fedsim.config import ModelConfig, OptimConfig
 from fedsim.core.layout import KeyParts
 from fedsim.errors import ConfigError
 from fedsim.models import SplitNet, build_model
+from fedsim.models.shape import image_size_of
 from fedsim.plugins import load_plugin
 
 PART_NAMES = ("body", "head")
@@ -84,18 +85,13 @@ def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, i
     """The client module of ``model``: a FedClient (or subclass) around ``model.name``, or the user's own module
     built from ``model.client_args``. Its constructor's errors are one line on ``model.client``."""
     cls = load_client_class(model.client)
-    kwargs = dict(model.client_args)
+    kwargs = client_arguments(cls, model, num_classes, input_shape)
     if issubclass(cls, FedClient):
         try:
             net = build_model(model.name, num_classes, input_shape)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         kwargs = {"net": net, **kwargs}
-    else:
-        accepted = inspect.signature(cls.__init__).parameters
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-        offered = dict(zip(DATA_ARGUMENTS, (num_classes, input_shape[0], input_shape[1])))
-        kwargs = {**{k: v for k, v in offered.items() if takes_any or k in accepted}, **kwargs}
     try:
         module = cls(**kwargs)
     except Exception as err:  # the user's constructor: its own message, once, as a config error
@@ -107,6 +103,19 @@ def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, i
 
         use_batch_statistics(network_of(module))
     return module
+
+
+def client_arguments(cls: type[pl.LightningModule], model: ModelConfig, num_classes: int,
+                     input_shape: tuple[int, int, int]) -> dict[str, Any]:
+    """The keyword arguments fedsim builds ``cls`` with (FedClient's ``net`` aside): ``model.client_args``, and for
+    a module of the user's the data's DATA_ARGUMENTS its ``__init__`` takes and the config does not give."""
+    kwargs = dict(model.client_args)
+    if issubclass(cls, FedClient):
+        return kwargs
+    accepted = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    offered = dict(zip(DATA_ARGUMENTS, (num_classes, input_shape[0], image_size_of(input_shape))))
+    return {**{k: v for k, v in offered.items() if takes_any or k in accepted}, **kwargs}
 
 
 def network_of(module: pl.LightningModule) -> nn.Module:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from fedsim.models.shape import ImageSize
 from fedsim.models.split import SplitNet
 
 # (out_channels, stride) of each depthwise-separable block, as in the original v1 (stride-1 first
@@ -18,7 +19,7 @@ def _separable(c_in: int, c_out: int, stride: int) -> nn.Sequential:
     )
 
 
-def mobilenet_v1(num_classes: int, in_channels: int = 3, image_size: int = 32) -> SplitNet:
+def mobilenet_v1(num_classes: int, in_channels: int = 3, image_size: ImageSize = 32) -> SplitNet:
     stem = nn.Sequential(nn.Conv2d(in_channels, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=True))
     blocks, c_in = [], 32
     for c_out, stride in _BLOCKS:

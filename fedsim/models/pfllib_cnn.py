@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from fedsim.models.shape import ImageSize, height_width
 from fedsim.models.split import SplitNet
 
 
@@ -26,11 +27,13 @@ def _conv_block(c_in: int, c_out: int) -> nn.Sequential:
                          nn.MaxPool2d(kernel_size=(2, 2)))
 
 
-def pfllib_cnn(num_classes: int, in_channels: int = 3, image_size: int = 32, hidden: int = 512) -> SplitNet:
-    side = ((image_size - 4) // 2 - 4) // 2  # two 5x5 valid convolutions, each followed by a 2x2 pooling
-    if side < 1:
-        raise ValueError(f"model.name: pfllib_cnn needs inputs of at least 16x16 pixels, got {image_size}x{image_size}")
-    dim = 64 * side * side
+def pfllib_cnn(num_classes: int, in_channels: int = 3, image_size: ImageSize = 32, hidden: int = 512) -> SplitNet:
+    # two 5x5 valid convolutions, each followed by a 2x2 pooling
+    height, width = (((side - 4) // 2 - 4) // 2 for side in height_width(image_size))
+    if height < 1 or width < 1:
+        given = "x".join(map(str, height_width(image_size)))
+        raise ValueError(f"model.name: pfllib_cnn needs inputs of at least 16x16 pixels, got {given}")
+    dim = 64 * height * width
     fc1 = nn.Sequential(nn.Flatten(), nn.Linear(dim, hidden), nn.ReLU(inplace=True))
     return SplitNet(nn.Identity(), [_conv_block(in_channels, 32), _conv_block(32, 64), fc1],
                     nn.Linear(hidden, num_classes))

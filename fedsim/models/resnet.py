@@ -5,6 +5,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fedsim.models.shape import ImageSize
 from fedsim.models.split import SplitNet
 
 
@@ -24,7 +25,7 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-def resnet34(num_classes: int, in_channels: int = 3, image_size: int = 32) -> SplitNet:
+def resnet34(num_classes: int, in_channels: int = 3, image_size: ImageSize = 32) -> SplitNet:
     stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True))
     blocks: list[nn.Module] = []
     c_in = 64

@@ -140,6 +140,14 @@ class RunPlan:
         return wanted, None
 
     @property
+    def reported_accuracy(self) -> str:
+        """The accuracy this run's protocol reports (its one-line summary's): the personalized one where the method's
+        protocol fine-tunes (``Algorithm.reports``) or eval.personalize is own_update (the method's own update at
+        evaluation is then the protocol), provided the run measures it (eval.personalizes); else the initial one."""
+        wanted = "acc_personalized" if self.cfg.eval.personalize == "own_update" else self.algorithm.reports
+        return wanted if self.cfg.eval.personalizes else "acc"
+
+    @property
     def sees_replies(self) -> bool:
         """Whether the server receives every kept client's uploads (a method that aggregates replies itself, or a
         robust rule in place of the mean) instead of exact sums from the workers."""

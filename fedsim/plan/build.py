@@ -14,12 +14,13 @@ from fedsim.config import RunConfig, check_sections
 from fedsim.core import runfiles
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import ClientData
-from fedsim.data import ArrayDataset, Partition, load_dataset, make_partition
+from fedsim.data import ArrayDataset, Partition, load_run_data, make_partition
 from fedsim.data.validation import validation_splits
 from fedsim.errors import ConfigError
 from fedsim.models.lightning import (FedClient, build_client, describe_optimizers, module_optimizers, network_of,
                                      optimizer_parts, overrides, part_parameters, split_keys)
 from fedsim.models.packed import why_unpackable
+from fedsim.models.shape import check_forward
 from fedsim.models.state import layout_of, load_arrays, pack
 from fedsim.plan import ModelPlan, RunPlan, held_out_clients
 from fedsim.plan.system import build_system
@@ -53,6 +54,8 @@ def build_model_plan(cfg: RunConfig, algorithm: Algorithm, num_classes: int, inp
     try:
         module, keys = initial_client(cfg, algorithm, num_classes, input_shape)
         net = network_of(module)
+        if isinstance(module, FedClient):  # a model fedsim sized from the data (a user's module: its training step)
+            check_forward(net, input_shape, num_classes, cfg.model.name)
         if init_weights:
             load_arrays(net, init_weights, "model.init_from")
     except ValueError as err:
@@ -120,7 +123,7 @@ def load_inputs(cfg: RunConfig) -> Inputs:
     # validate() ran these already; a config made by model_copy or built as RunConfig(...) skipped them.
     check_sections(cfg)
     d = cfg.data
-    data = load_dataset(d.dataset, d.root, d.download, options=d.options)  # decodes once; workers then mmap
+    data = load_run_data(d, cfg.seed)  # decodes once; workers then mmap
     groups = (None if data.train_groups is None or data.test_groups is None  # a dataset has both or neither
               else (data.train_groups, data.test_groups))
     partition = make_partition(d.partition.name, data.train_y, data.test_y, d.num_clients, cfg.seed, groups=groups,

@@ -293,5 +293,5 @@ def client_values_at(folder: Path, metric: str, at: int | float) -> list[float] 
 def run_seconds(folder: Path) -> float:
     """The run's rounds' time (training, aggregation, evaluation; Ray's start-up excluded), counted across
     every resume: rounds.jsonl holds each round once (a resume truncates it to its checkpoint), where
-    summary.json's wall_seconds covers the last invocation only."""
+    summary.json's wall_seconds also counts each part's start-up and the rounds a resume redid."""
     return float(sum(row["seconds"] for row in read_jsonl(folder / runfiles.ROUNDS)))

@@ -23,7 +23,7 @@ from fedsim.core import runfiles
 from fedsim.engine.placement import worker_bundle
 from fedsim.engine.ray_cluster import connect_ray
 from fedsim.errors import ConfigError
-from fedsim.metrics.series import metric_names, on_test
+from fedsim.metrics.series import logged_series, metric_names, on_test, series_mode
 from fedsim.plan import worker_count
 from fedsim.sweep.runs import claimed, location, status
 from fedsim.sweep.trial import FINISHED, TrialFailed, TrialRun, train
@@ -62,15 +62,24 @@ class Sweep:
             return
         if self.search.metric is None:
             raise ConfigError("search.metric: ASHA needs the per-round metric it compares, e.g. fairness/acc_p10")
+        if logged_series(self.search.metric):  # the module's own self.log value: known once it runs
+            return
         for cfg in self.configs:
             names = metric_names(cfg)
             if self.search.metric not in names:
                 raise ConfigError(f"search.metric: {cfg.name} never reports {self.search.metric!r}; choose one of "
-                                  f"{', '.join(names)}")
+                                  f"{', '.join(names)}, or a value your module logs as NAME/STATISTIC (e.g. "
+                                  "val_loss/mean)")
             twin = on_test(self.search.metric)
             if cfg.data.validation and twin is not None:
                 raise ConfigError(f"search.metric: {self.search.metric} is scored on the test set, and ASHA would "
                                   f"select on it; {cfg.name} has data.validation: compare {twin}")
+
+    @property
+    def mode(self) -> str:
+        """Whether ASHA keeps the trials with the highest metric or the lowest: search.mode, else the metric's own."""
+        assert self.search.metric is not None, "Sweep.mode: only a scheduler that compares a metric asks"
+        return self.search.mode or series_mode(self.search.metric)
 
     def ledger(self) -> dict:
         store = storage.Store(self.folder)
@@ -191,7 +200,7 @@ def _scheduler(sweep: Sweep, runs: dict[str, TrialRun]):
     search = sweep.search
     if search.scheduler == "fifo":
         return FIFOScheduler()
-    return ASHAScheduler(time_attr="round", metric=search.metric, mode=search.mode, grace_period=search.grace_rounds,
+    return ASHAScheduler(time_attr="round", metric=search.metric, mode=sweep.mode, grace_period=search.grace_rounds,
                          reduction_factor=search.reduction_factor,
                          max_t=max(item.config.train.rounds for item in runs.values()))
 
@@ -239,7 +248,7 @@ def _progress(sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Calla
                 self.stopped[name] = {"round": last.get("round"), self.sweep.search.metric: last.get(self.sweep.search.metric)}
                 self.sweep.remember_stopped(self.stopped)
             self.say(f"{name}: stopped by ASHA at round {last.get('round')} ({self.sweep.search.metric} "
-                     f"{last.get(self.sweep.search.metric)})")
+                     f"{_number(last.get(self.sweep.search.metric))})")
 
         def on_trial_error(self, iteration, trials, trial, **info):
             name = trial.config["run"]
@@ -253,6 +262,11 @@ def _progress(sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Calla
 def _summary(item: TrialRun) -> dict | None:
     store = storage.Store(location(item.config))
     return json.loads(store.read_bytes(runfiles.SUMMARY)) if store.exists(runfiles.SUMMARY) else None
+
+
+def _number(value: float | None) -> str:
+    """A metric's value as a line shows it: 4 significant digits (61.8523 -> 61.85, 0.00123456 -> 0.001235)."""
+    return "-" if value is None else f"{value:.4g}"
 
 
 def _scores(last: dict) -> str:

@@ -193,7 +193,9 @@ def test_the_builtin_client_shows_its_config_optimizers_per_part(tmp_path, data_
     assert [line.split(" (")[0] for line in plan.model.optimizers] == ["body: SGD", "head: SGD"]
 
 
-def test_a_users_module_that_raises_is_one_line_exit_2_and_never_retried(tmp_path):
+def test_a_users_module_that_raises_under_way_is_one_line_exit_4_never_retried_and_resumable_as_printed(tmp_path):
+    import shlex
+
     import yaml
 
     config = tmp_path / "broken.yaml"
@@ -201,10 +203,15 @@ def test_a_users_module_that_raises_is_one_line_exit_2_and_never_retried(tmp_pat
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", str(config), "--quiet"], env=env,
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.returncode == 4, proc.stderr[-2000:]  # 2 means nothing written; this run's folder exists
     errors = [line for line in proc.stderr.splitlines() if line.startswith("fedsim: error:")]
     assert len(errors) == 1 and "Broken.training_step raised ValueError: boom in the user's training_step" in errors[0]
-    assert "memory" not in proc.stderr and "fedsim run --resume" in errors[0]
+    assert "memory" not in proc.stderr and "keeps its config and partition, no checkpoint yet" in errors[0]
+    printed = errors[0].split("`")[-2]
+    assert printed.endswith("--trust-plugins")  # its config names the module: resume refuses it otherwise
+    resumed = subprocess.run([sys.executable, "-m", "fedsim.cli.main", *shlex.split(printed)[1:], "--dry-run"],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
 
 
 # -- the opt-in Trainer loop -----------------------------------------------------------------------------

@@ -17,3 +17,19 @@ def test_a_stored_config_is_compared_by_what_a_resume_may_not_change(tmp_path):
     stored, changed = runfiles.compare_stored(extended, cfg)
     assert changed == [] and stored.train.rounds == cfg.train.rounds + 5
 
+
+
+def test_an_init_from_beside_the_run_is_compared_relative_to_its_runs_folder(tmp_path):
+    """A runs folder moved whole (kept reproduction runs on a fresh clone): a run that started from a sibling run
+    names it at another absolute path, which is not a change; another folder, or a sibling of another name, is."""
+    cfg = validate(synthetic_tree(tmp_path, "run", **{"model.init_from": str(tmp_path / "first")}))
+    moved = cfg.model_dump() | {"out_dir": "/machine/runs"}
+    moved["model"]["init_from"] = "/machine/runs/first"
+    stored, changed = runfiles.compare_stored(moved, cfg)
+    assert changed == [] and stored.model.init_from == str(tmp_path / "first")
+    for elsewhere in ("/machine/other/first", "/machine/runs/second", "/machine/runs"):
+        moved["model"]["init_from"] = elsewhere
+        assert runfiles.compare_stored(moved, cfg)[1] == ["model.init_from"]
+    # A folder resumed where it was moved to keeps the path it stored: compared as it is, never re-anchored.
+    kept = cfg.model_dump() | {"out_dir": "/machine/runs"}
+    assert runfiles.compare_stored(kept, cfg)[1] == []

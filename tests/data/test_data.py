@@ -397,3 +397,34 @@ def test_random_crop_flip() -> None:
     flips = random_crop_flip(x, torch.Generator().manual_seed(0), padding=0)
     is_flip = [torch.equal(o, i.flip(-1)) for o, i in zip(flips, x)]
     assert all(f or torch.equal(o, i) for f, o, i in zip(is_flip, flips, x)) and 10 < sum(is_flip) < 54
+
+
+def write_class_folders(root: Path, sizes: dict[str, int], shape: tuple[int, int] = (4, 6)) -> None:
+    """torchvision's ImageFolder layout, root/<class>/<image>, with no train/ and test/."""
+    rng = np.random.default_rng(1)
+    for c, n in sizes.items():
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+
+
+def test_class_folders_alone_are_split_per_class_from_the_seed_by_data_test_split(tmp_path: Path, cache: Path) -> None:
+    from fedsim.config import DataConfig
+    from fedsim.data import load_run_data
+
+    write_class_folders(tmp_path / "pets", {"cat": 10, "dog": 5, "emu": 1})
+    with pytest.raises(DataError, match=r"data\.test_split: .*pets holds <class>/ image folders without train/ and "
+                                        r"test/; set data\.test_split \(e\.g\. 0\.2\)"):
+        load_run_data(DataConfig(dataset="imagefolder", root=str(tmp_path / "pets")), seed=0)
+    split = DataConfig(dataset="imagefolder", root=str(tmp_path / "pets"), test_split=0.2)
+    d, again, other = (load_run_data(split, seed) for seed in (3, 3, 4))
+    assert d.classes == ("cat", "dog", "emu")
+    # 20% of each class: 2 of 10 cats, 1 of 5 dogs, none of the one emu (a class keeps at least one training image)
+    assert np.bincount(d.test_y, minlength=3).tolist() == [2, 1, 0] and np.bincount(d.train_y).tolist() == [8, 4, 1]
+    assert np.array_equal(d.test_x, again.test_x) and not np.array_equal(d.test_x, other.test_x)  # from the seed
+    everything = np.concatenate([d.train_x, d.test_x]).reshape(16, -1)
+    assert len({row.tobytes() for row in everything}) == 16  # every image once, in train or in test
+    assert d.input_shape == (3, 4, 6) and len(d.mean) == 3
+    with pytest.raises(DataError, match="data.test_split: imagefolder has a test set of its own"):
+        write_layout(tmp_path / "split", ["a", "b"])
+        load_run_data(DataConfig(dataset="imagefolder", root=str(tmp_path / "split"), test_split=0.2), seed=0)

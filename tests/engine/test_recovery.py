@@ -1,6 +1,7 @@
 """Run-time failures on a live Ray: a frozen worker is replaced, a worker lost too often stops the run with
 a line naming it, a dead server ends in RunFailed with the resume command, and the resumed or recovered
 runs equal an undisturbed one."""
+import json
 import os
 import signal
 import threading
@@ -75,6 +76,9 @@ def test_resume_that_extends_rounds_is_remembered(tmp_path, local_ray):
     run(load_run_config(tmp_path / "ext", ["train.rounds=2"]), resume=True)
     assert load_run_config(tmp_path / "ext").train.rounds == 2  # a plain resume keeps the extended count
     assert [r["round"] for r in read_jsonl(tmp_path / "ext" / "rounds.jsonl")] == [1, 2]
+    summary = json.loads((tmp_path / "ext" / "summary.json").read_text())
+    assert [(p["from_round"], p["to_round"]) for p in summary["parts"]] == [(1, 1), (2, 2)]  # both invocations
+    assert summary["wall_seconds"] == sum(p["seconds"] for p in summary["parts"])
 
 
 def test_cli_exit_code_3_is_one_line_with_the_resume_command(tmp_path, capsys, monkeypatch):

@@ -183,3 +183,15 @@ def test_an_in_process_cli_leaves_its_callers_ray_up(finished, tmp_path, local_r
     assert resume(run_dir, "train.rounds=5") == 0
     assert [row["round"] for row in read_jsonl(run_dir / "rounds.jsonl")] == [1, 2, 3, 4, 5]
     assert local_ray.is_initialized()
+
+
+def test_the_resume_command_a_failure_prints_carries_trust_plugins_when_the_config_names_code(tmp_path):
+    from conftest import lightning_tree
+
+    from fedsim.errors import RunFailed
+
+    own = RunFolder(validate(lightning_tree(tmp_path, "TwoPartModule")))
+    assert own.resume_command == f"fedsim run --resume {tmp_path / 'lm'} --trust-plugins"
+    assert RunFailed("cause", own.location, names_code=own.names_code).resume_command == own.resume_command
+    assert RunFolder(validate(synthetic_tree(tmp_path, "p"))).resume_command == f"fedsim run --resume {tmp_path / 'p'}"
+    assert own.written() == "its config and partition, no checkpoint yet (resume starts at round 1)"

@@ -158,3 +158,19 @@ def test_the_report_gives_each_runs_receipt_and_names_what_the_runs_differ_in(tm
     assert "initial (the model each client holds); personalized: fine-tuned 3 epoch(s) of full at train lr" in md
     assert "| fedper-run | fedper (keep_personal True) | sgd | 0.01 |" in md  # the method's own settings too
     assert "The runs differ in: algorithm.keep_personal, algorithm.name, train.body.lr." in md
+
+
+def test_time_to_accuracy_on_the_virtual_clock_gets_its_table(tmp_path):
+    import json
+
+    run_dir = make_run(tmp_path / "runs", "timed", "fedavg", [[0.4, 0.5], [0.6, 0.7]])
+    rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    (run_dir / "rounds.jsonl").write_text("".join(json.dumps({**r, "sim_time_s": 100.0 * r["round"]}) + "\n"
+                                                  for r in rows))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["system"] = {"sim_seconds": 200.0, "dropouts": 0, "late": 0,
+                         "time_to_accuracy": {"acc": {"0.5": 200.0, "0.9": None}}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    write_report([run_dir], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| timed | initial | 50 | 200.0 |" in md and "| timed | initial | 90 | never reached |" in md

@@ -70,3 +70,22 @@ def test_mlp_on_feature_vectors():
 def test_unknown_model_names_choices():
     with pytest.raises(ValueError, match="model.name: unknown model 'vgg'"):
         build_model("vgg", 10, (3, 32, 32))
+
+
+@pytest.mark.parametrize("name", ["cnn4", "pfllib_cnn", "mlp", "linear_base", "mobilenet_v1"])
+def test_models_are_sized_from_the_height_and_the_width_of_images_that_are_not_square(name):
+    net = build_model(name, 3, (3, 48, 40))  # the 48x40 images: cnn4 was sized 48x48 and failed in training
+    assert net(torch.zeros(2, 3, 48, 40)).shape == (2, 3)
+
+
+def test_a_model_sized_for_other_images_is_refused_in_one_line():
+    from user_plugins import square_only
+
+    from fedsim.models.shape import check_forward
+
+    with pytest.raises(ValueError, match=r"model.name: square cannot take the data's 3x48x40 \(CxHxW\) images "
+                                         r"\(mat1 and mat2 shapes cannot be multiplied"):
+        check_forward(square_only(4, 3, (48, 40)), (3, 48, 40), 4, "square")
+    check_forward(square_only(4, 3, 40), (3, 40, 40), 4, "square")
+    with pytest.raises(ValueError, match=r"gives outputs of shape \(2, 5\) for 2 images; a classifier of 4 classes"):
+        check_forward(square_only(5, 3, 40), (3, 40, 40), 4, "square")

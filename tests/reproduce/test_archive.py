@@ -111,3 +111,23 @@ def test_the_default_kept_folder_is_committed_not_ignored():
     probe = subprocess.run(["git", "check-ignore", "-q", "--no-index", f"{KEPT_DEFAULT}/a-run-s0.tar.gz"], cwd=repo)
     assert probe.returncode == 1, f"{KEPT_DEFAULT} is ignored by git: its kept runs would not reach the next machine"
     assert subprocess.run(["git", "check-ignore", "-q", "--no-index", "runs/x/summary.json"], cwd=repo).returncode == 0
+
+
+def test_the_repositorys_kept_runs_are_kept_at_another_absolute_path(tmp_path):
+    """The committed LG-FedAvg runs store the FedAvg run they started from as an absolute path of the machine that
+    ran them; restored into a runs folder elsewhere, every kept run of the FedBABU suite is finished, none changed."""
+    from fedsim.reproduce import PAPERS
+    from fedsim.reproduce.runner import plan, restore_kept
+    from fedsim.sweep.runs import status
+
+    kept = TESTS.parent / KEPT_DEFAULT
+    paper = PAPERS["fedbabu"]
+    planned = plan(paper, paper.claims, "cpu", None, tmp_path / "runs")
+    lg = [item for item in planned if item.key == "lg_fedavg"]
+    if not all(archive.path_of(kept, item.config.name).exists() for item in planned):
+        pytest.skip(f"{KEPT_DEFAULT} does not hold every run of the FedBABU suite")
+    stored = tarfile.open(archive.path_of(kept, lg[0].config.name)).extractfile("config.yaml").read().decode()
+    assert str(tmp_path) not in stored and "init_from: /" in stored  # an absolute path of another machine
+    assert restore_kept(planned, kept) == len(planned)
+    assert {item.config.name: status(item.config) for item in planned} == \
+        {item.config.name: "finished" for item in planned}

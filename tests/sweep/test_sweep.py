@@ -13,6 +13,7 @@ import pytest
 
 from conftest import cli_env, fedsim_cli, lightning_tree, read_jsonl, synthetic_tree, write_yaml
 from fedsim.cli.main import main
+from fedsim.config import validate
 from fedsim.metrics.wandb_files import record as wandb_record
 from fedsim.sweep.expand import expand_sweep
 from fedsim.sweep.runs import claimed
@@ -179,3 +180,41 @@ def test_the_progress_callback_pickles_after_ray_swaps_builtins_print(tmp_path, 
     progress = _progress(Sweep("pk", configs, configs[0].search), {}, {}, print, {})
     monkeypatch.setattr(builtins, "print", lambda *args, **kwargs: None)
     assert cloudpickle.loads(cloudpickle.dumps(progress)).say is None
+
+
+def test_a_modules_own_logged_value_can_drive_asha_lower_is_better_for_a_loss(tmp_path):
+    from fedsim.metrics.series import round_metrics
+    from fedsim.sweep.executor import Sweep, _scheduler
+
+    search = {"scheduler": "asha", "metric": "my_loss/mean"}  # TwoPartModule's self.log("my_loss", ...)
+    tree = lightning_tree(tmp_path, "TwoPartModule", sweep={"seed": [1, 2]}, search=search)
+    configs, base = expand_sweep(tree), validate(tree)
+    sweep = Sweep("lg", configs, base.search)
+    sweep.check()  # known only once the module runs: not refused
+    from fedsim.sweep.trial import TrialRun
+
+    asha = _scheduler(sweep, {cfg.name: TrialRun(cfg, "run") for cfg in configs})
+    assert sweep.mode == "min" and (asha._metric, asha._mode) == ("my_loss/mean", "min")
+    # what each trial reports to Tune holds it, under that name
+    row = {"round": 2, "seconds": 1.0, "bytes_up": 0, "bytes_down": 0, "acc": {"mean": 0.5},
+           "my_loss": {"mean": 0.7, "p10": 0.9}}
+    assert round_metrics(row)["my_loss/mean"] == 0.7
+    from fedsim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="never reports 'fairness/acc_bogus'"):
+        Sweep("lg", configs, base.search.model_copy(update={"metric": "fairness/acc_bogus"})).check()
+
+
+def test_ashas_stop_line_shows_the_metric_to_four_digits(tmp_path):
+    from types import SimpleNamespace
+
+    from fedsim.sweep.executor import Sweep, _progress
+
+    tree = synthetic_tree(tmp_path, "sl", sweep={"seed": [1]}, search={"scheduler": "asha", "metric": "fairness/acc_p10"})
+    configs = expand_sweep(tree)
+    said: list[str] = []
+    progress = _progress(Sweep("sl", configs, validate(tree).search), {}, {}, said.append, {})
+    trial = SimpleNamespace(config={"run": configs[0].name}, last_result={"round": 3, "fairness/acc_p10": 61.8523456789})
+    progress.on_trial_complete(0, [], trial)
+    assert said == [f"{configs[0].name}: stopped by ASHA at round 3 (fairness/acc_p10 61.85)"]
+
