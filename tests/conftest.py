@@ -282,10 +282,12 @@ def s3_objects(s3, prefix: str) -> dict[str, bytes]:
 
 
 def six_client_run(tmp_path, data_root, algorithm, workers: int, rounds: int = 2, eval_every: int | None = None,
-                   system: dict | None = None, **engine):
+                   system: dict | None = None, validation: float = 0.0, **engine):
     """The config of a 6-client CIFAR-10 run small enough to repeat per method and worker count; ``engine``:
-    engine settings such as ``state_ram_mb=0``; ``system``: the system section (the virtual clock)."""
+    engine settings such as ``state_ram_mb=0``; ``system``: the system section (the virtual clock); ``validation``:
+    data.validation."""
     return small_config(tmp_path, data_root, algorithm=algorithm, seed=4, data__num_clients=6, data__k=3,
+                        data__validation=validation,
                         data__train_fraction=0.006, data__test_fraction=0.02, train__rounds=rounds,
                         train__eval_every=eval_every or rounds, train__fraction=0.5, train__batch_size=20,
                         eval__finetune_epochs=1, engine__workers=workers, engine__cpus_per_worker=0.5,

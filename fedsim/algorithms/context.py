@@ -114,7 +114,8 @@ class PackablePort(Protocol):
         """Local training of ``parts`` on (x, y); returns the per-step losses."""
 
     def client_tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """A client's ``train`` or ``test`` images and labels on the model's device."""
+        """A client's ``train``, ``val`` (data.validation's held-out part of its training data) or ``test`` images and
+        labels on the model's device."""
 
     def whole_runtime(self, what: str) -> RuntimePort:
         """The worker's whole runtime, for a hook that ``what`` (e.g. "reads ctx.net"): the runtime itself, or, on

@@ -1,5 +1,6 @@
 """The evaluation protocol, FedBABU's for every algorithm: each client's *initial* accuracy, of the model it is
-scored with, and its *personalized* accuracy, after personalizing that model on its own training data."""
+scored with, and its *personalized* accuracy, after personalizing that model on its own training data; each on
+the client's test data and, with data.validation, on its validation split by the same protocol."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
@@ -15,7 +16,7 @@ from fedsim.client.loop import LocalLoop
 from fedsim.client.logged import recorded
 from fedsim.client.randomness import FINETUNE_STREAM, client_generator
 from fedsim.config import RunConfig
-from fedsim.core.protocol import ClientData
+from fedsim.core.protocol import ClientData, on_validation
 
 EVAL_BATCH = 500
 # Told each client's model as it is scored: (its context, "initial" once loaded, "fine_tuned" once personalized).
@@ -40,7 +41,15 @@ class Evaluation:
         return loss, acc
 
     def _record(self, client: int, suffix: str = "") -> dict[str, float]:
-        x, y = self.port.client_tensors(client, "test")
+        """The model as it is, scored on the client's test data and, where it has a validation split
+        (data.validation), on that too: the same model, so validation picks what test then reports."""
+        rec = self._scored(client, "test", suffix)
+        if len(self.client_data[client].val):
+            rec |= {on_validation(key): value for key, value in self._scored(client, "val", suffix).items()}
+        return rec
+
+    def _scored(self, client: int, split: str, suffix: str) -> dict[str, float]:
+        x, y = self.port.client_tensors(client, split)
         loss, acc, logged = self.loop.score(x, y, self._batch(len(y)), suffix)
         return {f"loss{suffix}": loss, f"acc{suffix}": acc, **logged}
 
@@ -60,7 +69,8 @@ class Evaluation:
             if seen is not None:
                 seen(ctx, "initial")
             with self._adjusted_logits(ctx.logit_adjustment):
-                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test), **self._record(client),
+                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test),
+                       **({"n_validation": len(cd.val)} if len(cd.val) else {}), **self._record(client),
                        **recorded(self.algorithm.name, ctx.recorded)}  # a second score of the method's (FedProto's)
                 if self.cfg.eval.personalizes:
                     self._personalize(ctx, gen)

@@ -100,9 +100,9 @@ class ClientRuntime:
 
     def client_tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         cd = self.client_data[client]
-        idx = cd.train if split == "train" else cd.test
-        images = self.data.train_x[idx] if split == "train" else self.data.test_x[idx]
-        labels = self.data.train_y[idx] if split == "train" else self.data.test_y[idx]
+        idx = {"train": cd.train, "val": cd.val, "test": cd.test}[split]
+        images = self.data.test_x[idx] if split == "test" else self.data.train_x[idx]  # validation: held-out train
+        labels = self.data.test_y[idx] if split == "test" else self.data.train_y[idx]
         if cd.label_map is not None:
             labels = cd.label_map[labels]
         x = to_device(to_float(images, self.data.mean, self.data.std), self.device)

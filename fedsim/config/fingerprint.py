@@ -48,7 +48,8 @@ def _flat_partition(data: dict) -> dict:
 SYSTEM_OFF = SystemConfig().model_dump()  # an ideal federation
 SERVER_MEAN = ServerConfig().model_dump()  # the exact mean
 LATER_EVAL_DEFAULTS = {"unseen": None, "personalize": "finetune"}
-LATER_DATA_DEFAULTS = {"test_split": None}
+LATER_DATA_DEFAULTS = {"validation": 0.0, "test_split": None}
+
 LATER_MODEL_DEFAULTS: dict[str, Any] = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric"}
 
 

@@ -114,6 +114,9 @@ class DataConfig(Section):
                                      "image folder of <class>/ folders alone): this share of each class's images, "
                                      "drawn from the seed, is the test set; null: the data's own test set")
     augment: bool = Field(True, description="random crop + horizontal flip during local training")
+    validation: float = Field(0.0, ge=0, lt=1, description="fraction of each client's training data held out as its "
+                              "validation split (per class, from the seed), scored beside test; what selects a round "
+                              "reads it. 0 = none")
 
     @model_validator(mode="before")
     @classmethod

@@ -17,11 +17,29 @@ WEIGHTS = "weights"  # the upload / server-state entry holding the shared model 
 # What an evaluation record scores, by key: the model a client holds (initial) and, after eval.finetune_epochs of
 # fine-tuning, its personalized model. Logs, summaries, reports and W&B name the two kinds from here.
 ACCURACIES = {"acc": "initial", "acc_personalized": "personalized"}
+# data.validation: each record's scores on the client's validation split, under this prefix (``validation_acc``
+# beside test's ``acc``); whatever selects a round reads them where they exist. Not ``val_``: Lightning modules log
+# their own ``val_acc`` in validation_step, which fedsim runs on test data, and selection must never read that.
+VALIDATION = "validation_"
+
+
+def on_validation(key: str) -> str:
+    """The name of a record's score ``key`` (``acc``, ``loss_personalized``) on the validation split."""
+    return VALIDATION + key
+
+
+# Every accuracy a record may hold and its name: test's, then validation's.
+SCORED = ACCURACIES | {on_validation(key): f"{name}, validation" for key, name in ACCURACIES.items()}
 # The columns of a per-client record (metrics.jsonl) fedsim itself writes; any other is a user module's self.log.
-RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "loss", "acc", "loss_personalized", "acc_personalized",
+_SCORES = ("loss", "acc", "loss_personalized", "acc_personalized")
+RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "n_validation", *_SCORES, *map(on_validation, _SCORES),
                          "train_loss", "times_sampled", "unseen"})
 
 
+def selecting(key: str, rows: list[dict[str, Any]]) -> str:
+    """The key a selection of ``key`` reads in these rows: its validation score where they have one, else ``key``
+    itself (test: a best-on-test number, not a selection)."""
+    return on_validation(key) if any(on_validation(key) in r for r in rows) else key
 # Words that make a metric lower-is-better (a loss, an error): fedsim's own losses and a user module's self.log names
 # alike, e.g. loss, train_loss, val_loss, val/error, test_mse, nll; every other metric (an accuracy, an F1) is higher-is-better.
 LOWER_IS_BETTER = frozenset({"loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl"})
@@ -45,6 +63,8 @@ class ClientData:
     train: np.ndarray  # indices into the dataset's train arrays
     test: np.ndarray
     label_map: np.ndarray | None = None  # client label = label_map[true label] (conflicting-label partitions)
+    # data.validation: indices into the train arrays held out of ``train`` (empty: no validation split)
+    val: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 def serialized_size(array: np.ndarray) -> int:

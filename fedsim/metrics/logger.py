@@ -17,7 +17,7 @@ import numpy as np
 
 from fedsim import atomic
 from fedsim.config import RunConfig
-from fedsim.core.protocol import ACCURACIES, RoundResult, logged_keys, lower_is_better
+from fedsim.core.protocol import ACCURACIES, SCORED, RoundResult, logged_keys, lower_is_better, selecting
 from fedsim.core import runfiles
 from fedsim.core.results import read_results
 from fedsim.engine.driver import Callback, Run, utc_now
@@ -45,7 +45,7 @@ def round_row(result: RoundResult) -> dict:
            "dropped": result.dropped,
            "bytes_down": sum(c["bytes_down"] for c in result.comm),
            "bytes_up": sum(c["bytes_up"] for c in result.comm), **result.timing}
-    for key in ACCURACIES:
+    for key in SCORED:
         if records and key in records[0]:
             row[key] = summarize([r[key] for r in records])
     for key in logged_keys(records):  # self.log and ctx.record values, across the clients that logged them
@@ -113,7 +113,7 @@ class JsonlLogger(Callback):
         """rounds.csv: one row per evaluation round, every across-client statistic as a column. Replaced
         whole (a kill mid-write leaves the previous version, which `fedsim report` can still read)."""
         rows = [r for r in read_jsonl(self.folder / runfiles.ROUNDS) if "acc" in r]
-        columns = [(key, stat) for key in ACCURACIES if rows and key in rows[0] for stat in rows[0][key]]
+        columns = [(key, stat) for key in SCORED if rows and key in rows[0] for stat in rows[0][key]]
         text = io.StringIO(newline="")
         writer = csv.writer(text)
         writer.writerow(["round"] + [f"{key}_{stat}" for key, stat in columns])
@@ -134,7 +134,7 @@ class JsonlLogger(Callback):
         records = [r for r in read_jsonl(self.folder / runfiles.METRICS) if r["round"] == cfg.train.rounds]
         summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "rounds": cfg.train.rounds,
                    "never_sampled": sum(r.get("times_sampled") == 0 for r in records)}
-        for key in ACCURACIES:
+        for key in SCORED:
             if records and key in records[0]:
                 per_client = {r["client"]: r[key] for r in records}
                 summary[key] = summarize(list(per_client.values()))
@@ -159,14 +159,19 @@ class JsonlLogger(Callback):
 
 
 def best_rounds(rounds: list[dict]) -> dict[str, dict]:
-    """Per accuracy, the evaluation round with the highest mean across clients (the first on a tie) and its
-    statistics: what PFLlib and the FedBABU authors report, beside the final round fedsim reports first."""
+    """Per accuracy, the evaluation round with the highest validation mean across clients (the first on a tie), with
+    test's statistics there and validation's under ``validation``. A run without validation data (data.validation 0)
+    has only test to go by: its best round is the best on test, as PFLlib and the FedBABU authors report it, and is
+    labelled so (``picked_on: test``): a number to compare with theirs, not a selection."""
     best = {}
     for key in ACCURACIES:
-        scored = [r for r in rounds if key in r]
+        picker = selecting(key, rounds)
+        scored = [r for r in rounds if key in r and picker in r]
         if scored:
-            top = max(scored, key=lambda r: (r[key]["mean"], -r["round"]))
-            best[key] = {"round": top["round"], **top[key]}
+            top = max(scored, key=lambda r: (r[picker]["mean"], -r["round"]))
+            best[key] = {"round": top["round"], **top[key], "picked_on": "validation" if picker != key else "test"}
+            if picker != key:
+                best[key]["validation"] = top[picker]
     return best
 
 
@@ -176,9 +181,11 @@ def system_summary(cfg: RunConfig, rounds: list[dict], records: list[dict], kind
     out = {"sim_seconds": rounds[-1]["sim_time_s"] if rounds else 0.0,
            "dropouts": sum(len(r["dropouts"]) for r in rounds), "late": sum(len(r["late"]) for r in rounds),
            "empty_rounds": sum(r["sampled"] == 0 for r in rounds),
-           "time_to_accuracy": {key: {str(t): next((r["sim_time_s"] for r in rounds if key in r and r[key]["mean"] >= t),
-                                                   None) for t in cfg.system.target_accuracy}
-                                for key in ACCURACIES if rounds and any(key in r for r in rounds)}}
+           "time_to_accuracy": {key: {str(t): next((r["sim_time_s"] for r in rounds
+                                                    if key in r and r[selecting(key, rounds)]["mean"] >= t), None)
+                                      for t in cfg.system.target_accuracy}
+                                for key in ACCURACIES if rounds and any(key in r for r in rounds)},
+           "time_to_accuracy_on": "test" if selecting("acc", rounds) == "acc" else "validation"}
     taken = sorted(r.get("times_sampled", 0) for r in records)
     median = taken[len(taken) // 2] if taken else 0
     groups = {"device": lambda r: kinds[r["client"]],

@@ -11,14 +11,24 @@ from typing import Any, Callable
 
 from fedsim.metrics.report_figures import (communication_png, comparison_png, distribution_png, fairness_png,
                                            seeds_png, time_png)
-from fedsim.metrics.report_runs import load_run, seed_groups
+from fedsim.core.protocol import ACCURACIES
+from fedsim.metrics.receipt import differences, receipt, receipt_table
+from fedsim.metrics.report_runs import Run, load_run, seed_groups
 from fedsim.metrics.report_tables import (accuracy_table, device_table, logged_table, mechanism_table, saving_lines,
-                                          seed_table, time_to_accuracy_table)
+                                          seed_table, selection_table, time_to_accuracy_table)
 from fedsim.metrics.summary import times_to_accuracy
 
 
 def _slug(name: str) -> str:
     return re.sub(r"[^\w.-]", "_", name)
+
+
+def receipt_section(runs: list[Run]) -> list[str]:
+    """What each run ran, from its stored config, and the settings the runs differ in."""
+    arms = [(run.name, receipt([run.config], [k for k in ACCURACIES if k in run.per_round])) for run in runs]
+    differ = differences([run.config for run in runs])
+    return ["## Receipt", "", "What each run trained and scored, from its config.yaml.", "", *receipt_table(arms), "",
+            f"The runs differ in: {', '.join(differ) if differ else 'nothing but their seeds'}.", ""]
 
 
 def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
@@ -42,6 +52,10 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     md = ["# Fairness report", "", "## Final client accuracy", "", *accuracy_table(runs), "",
           "std in percentage points; p10 = 10th percentile over clients; worst10 = mean of the worst 10% of clients "
           "(at least one); Jain = (sum x)^2 / (n sum x^2), 1 = all clients equal; MB = 10^6 bytes in total.", "",
+          "## The round each run is read at", "", "Picked on each run's validation split (data.validation): the round "
+          "whose client-mean validation accuracy is highest, with test's accuracy there and at the final round. A run "
+          "without a validation split has nothing to pick a round with: its best round on test is shown as the number "
+          "PFLlib reports, not as a selection.", "", *selection_table(runs), "",
           f"![comparison]({save(comparison_png, 'comparison.png', runs)})", "",
           f"![final distribution]({save(distribution_png, 'final_distribution.png', runs)})", ""]
     groups = seed_groups(runs)
@@ -74,6 +88,7 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         if any(times_to_accuracy(run.system) for run in timed):
             md += ["Time to accuracy (system.target_accuracy): when the clients' mean first reached each target.", "",
                    *time_to_accuracy_table(timed), ""]
+    md += receipt_section(runs)
     md += ["## Per run", ""]
     for run in runs:
         png = save(fairness_png, f"fairness_{_slug(run.name)}.png", run)

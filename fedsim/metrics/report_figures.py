@@ -9,7 +9,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from fedsim.core.protocol import ACCURACIES
+from fedsim.core.protocol import ACCURACIES, SCORED
 from fedsim.metrics.report_runs import DIRECTIONS, MB, Run, group_label, seed_curve
 
 
@@ -34,7 +34,7 @@ def fairness_png(run: Run, path: Path) -> None:
         ax.fill_between(rounds, mean - std, mean + std, color="C0", alpha=0.2, label="mean ± std")
         ax.plot(rounds, _pct(stats, "p10"), "--", color="C1", label="p10")
         ax.plot(rounds, _pct(stats, "min"), ":", color="C3", label="min")
-        _style(ax, f"{ACCURACIES[kind]} accuracy")
+        _style(ax, f"{SCORED[kind]} accuracy")
     fig.suptitle(f"{run.name} ({run.algorithm}): accuracy across clients per round")
     fig.savefig(path, dpi=110)
 
@@ -55,7 +55,7 @@ def comparison_png(runs: list[Run], path: Path) -> None:
 
 
 def distribution_png(runs: list[Run], path: Path) -> None:
-    entries = [(run.name if kind == "acc" else f"{run.name}\n({ACCURACIES[kind]})", 100 * np.array(run.final(kind)))
+    entries = [(run.name if kind == "acc" else f"{run.name}\n({SCORED[kind]})", 100 * np.array(run.final(kind)))
                for run in runs for kind in run.per_round]
     fig = Figure(figsize=(max(6.0, 1.6 * len(entries)), 4.8), layout="constrained")
     ax = fig.subplots()

@@ -15,7 +15,7 @@ import numpy as np
 from fedsim import strict_yaml
 from fedsim.config import result_settings
 from fedsim.core import runfiles
-from fedsim.core.protocol import ACCURACIES, logged_keys
+from fedsim.core.protocol import SCORED, logged_keys
 from fedsim.core.results import read_results
 from fedsim.metrics.confidence import Estimate, mean_ci
 from fedsim.metrics.summary import summarize
@@ -31,7 +31,7 @@ class Run:
     rounds: int
     finished: bool
     wall_seconds: float | None
-    per_round: dict[str, dict[int, list[float]]]  # kind -> evaluation round -> per-client values
+    per_round: dict[str, dict[int, list[float]]]  # kind (test's and validation's) -> evaluation round -> per-client values
     comm: dict[str, int | None]  # total bytes per direction; None where the run did not record it
     seed: int | None = None
     settings: str = ""  # every setting that changes results except the seed: runs that share it are seeds of one
@@ -39,6 +39,7 @@ class Run:
     sim_time: dict[int, float] = field(default_factory=dict)  # round -> simulated seconds at its end (system.devices)
     system: dict = field(default_factory=dict)  # summary.json's system block: totals, fairness by device class
     mechanism: dict[str, dict[int, float]] = field(default_factory=dict)  # server-side quantity -> round -> value
+    config: dict = field(default_factory=dict)  # the run's stored config.yaml, as written: its receipt's source
 
     def curve(self, kind: str) -> tuple[list[int], list[dict[str, float]]]:
         rounds = sorted(self.per_round[kind])
@@ -66,7 +67,7 @@ def _checked_records(path: Path) -> list[dict]:
     line is the run still writing (left out); anything else is a one-line error naming file and line."""
     records = read_results(path)
     for number, rec in enumerate(records, start=1):
-        bad = [k for k in ACCURACIES if k in rec and not (isinstance(rec[k], (int, float)) and not isinstance(rec[k], bool)
+        bad = [k for k in SCORED if k in rec and not (isinstance(rec[k], (int, float)) and not isinstance(rec[k], bool)
                                                            and 0 <= rec[k] <= 1)]
         if type(rec.get("client")) is not int or bad:
             raise ValueError(f"{path}:{number}: not a client record ({'its ' + bad[0] if bad else 'no client'} is "
@@ -85,7 +86,7 @@ def load_run(run_dir: Path) -> Run:
     summary, config = _read(run_dir / runfiles.SUMMARY, json.loads), _read(run_dir / runfiles.CONFIG, strict_yaml.load)
     per_round: dict[str, dict[int, list[float]]] = {}
     for rec in records:
-        for kind in ACCURACIES:
+        for kind in SCORED:
             if rec.get(kind) is not None:
                 per_round.setdefault(kind, {}).setdefault(rec["round"], []).append(rec[kind])
     last = max(rec["round"] for rec in records)
@@ -100,7 +101,7 @@ def load_run(run_dir: Path) -> Run:
                wall_seconds=summary.get("wall_seconds"), per_round=per_round,
                comm={d: comm.get(d) for d in DIRECTIONS}, seed=config.get("seed"), settings=_settings(config),
                logged=logged, sim_time={r["round"]: r["sim_time_s"] for r in rows if "sim_time_s" in r},
-               system=summary.get("system", {}), mechanism=_mechanism(rows))
+               system=summary.get("system", {}), mechanism=_mechanism(rows), config=config)
 
 
 def _mechanism(rows: list[dict]) -> dict[str, dict[int, float]]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsim.core.protocol import ACCURACIES, lower_is_better
+from fedsim.core.protocol import ACCURACIES, SCORED, lower_is_better
+from fedsim.metrics.logger import best_rounds
 from fedsim.metrics.report_runs import DIRECTIONS, MB, Run, group_label, seed_curve
 from fedsim.metrics.summary import summarize, times_to_accuracy
 
@@ -56,7 +57,7 @@ def accuracy_table(runs: list[Run]) -> list[str]:
         rounds = f"{run.rounds}" + ("" if run.finished else " (no summary.json)")
         for kind in run.per_round:
             s = summarize(run.final(kind))
-            lines.append(f"| {run.name} | {run.algorithm} | {rounds} | {ACCURACIES[kind]} | {100 * s['mean']:.2f} | "
+            lines.append(f"| {run.name} | {run.algorithm} | {rounds} | {SCORED[kind]} | {100 * s['mean']:.2f} | "
                          f"{100 * s['std']:.2f} | {100 * s['min']:.2f} | {100 * s['p10']:.2f} | "
                          f"{100 * s['worst10_mean']:.2f} | {s['jain']:.3f} | {_fmt(run.comm['bytes_up'], '.2f', MB)} | "
                          f"{_fmt(run.comm['bytes_down'], '.2f', MB)} | {_fmt(run.wall_seconds, '.1f')} |")
@@ -98,4 +99,21 @@ def saving_lines(runs: list[Run]) -> list[str]:
     for run, total in zip(runs, totals):
         saving = "reference" if run is ref else f"{100 * (1 - total / max(totals)):.2f}%"
         lines.append(f"| {run.name} | {total / MB:.2f} | {saving} |")
+    return lines
+
+
+def selection_table(runs: list[Run]) -> list[str]:
+    """Per run and accuracy, the round its validation split picks (``best_rounds``, as summary.json's best_round) and
+    test's client mean there and at the final round. A run without validation data has no round picked: its best
+    round on test is shown as what it is (the number PFLlib reports), never as a selection."""
+    lines = ["| run | accuracy | round | picked on | test at that round % | test at the final round % |",
+             "|" + "---|" * 6]
+    for run in runs:
+        rounds = sorted({r for values in run.per_round.values() for r in values})
+        rows = [{"round": r, **{kind: summarize(by_round[r]) for kind, by_round in run.per_round.items() if r in by_round}}
+                for r in rounds]
+        for kind, best in best_rounds(rows).items():
+            how = "validation" if best["picked_on"] == "validation" else "best on test, as PFLlib reports; not a selection"
+            lines.append(f"| {run.name} | {ACCURACIES[kind]} | {best['round']} | {how} | {100 * best['mean']:.2f} | "
+                         f"{100 * summarize(run.final(kind))['mean']:.2f} |")
     return lines

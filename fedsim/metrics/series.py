@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from fedsim.config import RunConfig
-from fedsim.core.protocol import ACCURACIES, RECORD_KEYS, lower_is_better
+from fedsim.core.protocol import ACCURACIES, RECORD_KEYS, SCORED, lower_is_better, on_validation
 
 STATS = ("mean", "std", "min", "max", "p10", "worst10_mean", "jain")  # fedsim.metrics.summarize's statistics
 ROUND_KEYS = {"comm/bytes_up": "bytes_up", "comm/bytes_down": "bytes_down", "round_seconds": "seconds"}
@@ -15,9 +15,9 @@ NOT_LOGGED = {"round", "seconds", "sampled", "evaluated", "dropped", "bytes_up",
 
 def fairness(row: dict) -> dict[str, float]:
     """The across-client statistics of each accuracy under ``fairness/``, in the CLI's units: percent, and
-    Jain's index as it is (1 = every client equal)."""
+    Jain's index as it is (1 = every client equal); validation's beside test's (``fairness/validation_acc_mean``)."""
     return {f"fairness/{key}_{stat}": value if stat == "jain" else 100 * value
-            for key in ACCURACIES for stat, value in row.get(key, {}).items()}
+            for key in SCORED for stat, value in row.get(key, {}).items()}
 
 
 def round_metrics(row: dict) -> dict[str, float]:
@@ -40,10 +40,18 @@ def metric_names(cfg: RunConfig) -> list[str]:
     """The series every evaluated round of a run of ``cfg`` reports (a user module's own values come on top,
     known only once it logs them)."""
     accuracies = ["acc", *(["acc_personalized"] if cfg.eval.personalizes else [])]
+    accuracies += [on_validation(key) for key in accuracies] if cfg.data.validation else []
     clock = [*CLOCK_KEYS] if cfg.system.devices is not None else []
     return [*ROUND_KEYS, *clock, *(f"fairness/{key}_{stat}" for key in accuracies for stat in STATS)]
 
 
+def on_test(metric: str) -> str | None:
+    """A series of test accuracy (``fairness/acc_p10``): its twin on the validation split, which a selection reads
+    instead; None for any other series."""
+    prefix = "fairness/"
+    if not metric.startswith(prefix) or not any(metric[len(prefix):].startswith(f"{key}_") for key in ACCURACIES):
+        return None
+    return prefix + on_validation(metric[len(prefix):])
 def logged_series(name: str) -> bool:
     """Whether ``name`` names a series a user module's ``self.log`` value gives: ``<its name>/<statistic>``, e.g.
     ``val_loss/mean`` (which names a module logs is known only once it runs)."""

@@ -129,12 +129,14 @@ class WandbLogger(Callback):
 
     @staticmethod
     def _losses(records: list[dict]) -> dict[str, float]:
-        """Loss curves beside the accuracies: training loss of the clients trained this round, test loss of all."""
+        """Loss curves beside the accuracies: training loss of the clients trained this round, test (and validation)
+        loss of all."""
         data = {}
         train_losses = [r["train_loss"] for r in records if r.get("train_loss") is not None]
         if train_losses:
             data["loss/train_mean"] = _mean(train_losses)
-        for key, name in (("loss", "loss/test_mean"), ("loss_personalized", "loss/test_personalized_mean")):
+        for key, name in (("loss", "loss/test_mean"), ("loss_personalized", "loss/test_personalized_mean"),
+                          ("validation_loss", "loss/validation_mean"), ("validation_loss_personalized", "loss/validation_personalized_mean")):
             if records and key in records[0]:
                 data[name] = _mean([r[key] for r in records])
         return data

@@ -15,6 +15,7 @@ from fedsim.core import runfiles
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import ClientData
 from fedsim.data import ArrayDataset, Partition, load_run_data, make_partition
+from fedsim.data.validation import validation_splits
 from fedsim.errors import ConfigError
 from fedsim.models.lightning import (FedClient, build_callbacks, build_client, describe_optimizers, module_optimizers,
                                      network_of, optimizer_parts, overrides, part_parameters, split_keys)
@@ -142,7 +143,8 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
     """The run's plan over ``partition`` (a resumed run's own; default: the one the inputs drew)."""
     part = partition or inputs.partition
     maps = part.label_maps
-    clients = tuple(ClientData(part.train[c], part.test[c], None if maps is None else maps[c])
+    train, val = validation_splits(part, inputs.data.train_y, cfg.data.validation, cfg.seed)
+    clients = tuple(ClientData(train[c], part.test[c], None if maps is None else maps[c], val[c])
                     for c in range(part.num_clients))
     unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval))
     return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,

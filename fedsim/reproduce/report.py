@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from fedsim import atomic
 from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
+from fedsim.metrics.receipt import receipt_table
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN
 from fedsim.reproduce.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
@@ -28,6 +29,9 @@ RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed
         "it runs (seeds 0..n-1, never grown until a test clears). A claim is **reproduced** when all its tests "
         "hold, **not reproduced** when any fails, otherwise inconclusive. A smoke check is shown but is outside "
         "the tally. The arm tables show the best round's client mean beside the final round's; tests never use it. "
+        "It is picked on the runs' validation split (data.validation) where they have one; marked (on test), it is "
+        "the best round on test, as PFLlib and the FedBABU authors report it: a number to compare with theirs, not a "
+        "selection. "
         "Where every run of an arm evaluated that accuracy at its final round only (FedBABU's protocol fine-tunes "
         "once, at the end), its best round is the final one and the table says so; an arm read at a point of its "
         "runs' curves has no best round of its own.")
@@ -141,6 +145,11 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
         spread = [f"{arm[f'client_{k}']:.2f}" if arm["seeds"] else "-" for k in ("std", "min", "p10")]
         lines.append(f"| {arm['label']} | {ACCURACIES[arm['metric']]} | {_interval(arm.get('estimate'))} | "
                      f"{_best_cell(arm)} | {len(arm['seeds'])} | {' | '.join(spread)} |")
+    receipts = [(arm["label"], arm["receipt"]) for arm in claim["arms"] if "receipt" in arm]
+    if receipts:
+        differ = ", ".join(claim.get("differences", [])) or "nothing but their seeds"
+        lines += ["", "Receipt (from each arm's stored config):", "", *receipt_table(receipts), "",
+                  f"The arms differ in: {differ}."]
     lines += ["", "| test (final round) | mean [95% CI] | seeds | what would have failed it | result |",
               "|---|---|---|---|---|"]
     for test in claim["tests"]:
@@ -163,7 +172,8 @@ def _best_cell(arm: dict) -> str:
         return "- (a point of the curve)"
     if arm.get("best_is_final"):
         return "= final (evaluated once)"
-    return _interval(arm.get("estimate_best"))
+    on_test = "" if arm.get("best_on") == "validation" else " (on test)"
+    return _interval(arm.get("estimate_best")) + on_test
 
 
 def _needs_explaining(claim: dict) -> bool:

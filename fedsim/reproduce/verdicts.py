@@ -15,6 +15,7 @@ from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.confidence import Estimate, mean_ci
 from fedsim.metrics.logger import read_jsonl
+from fedsim.metrics.receipt import differences, receipt, stored_config
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce.claims import Arm, Claim, Paper, Test
 from fedsim.reproduce.runner import client_values_at, read_summary, run_name, run_seconds
@@ -43,6 +44,13 @@ def best_value(folder: Path, metric: str) -> float | None:
     return None if best is None else float(best["mean"])
 
 
+def best_picked_on(folder: Path, metric: str) -> str:
+    """What a finished run's best round was picked on: ``validation`` (data.validation), or ``test`` (the best on
+    test, as PFLlib reports it; a summary from before validation existed is one)."""
+    summary = read_summary(folder)
+    return (summary or {}).get("best_round", {}).get(metric, {}).get("picked_on", "test")
+
+
 def evaluations(folder: Path, metric: str) -> int:
     """How many rounds of a finished run evaluated ``metric`` (its rounds.jsonl rows that carry it): with one, the
     best round is the final round by construction, not by measurement."""
@@ -50,7 +58,7 @@ def evaluations(folder: Path, metric: str) -> int:
 
 
 def _arm_result(arm: Arm, per_seed: dict[int, list[float]], best: dict[int, float | None] | None = None,
-                evaluated: dict[int, int] | None = None) -> dict[str, Any]:
+                evaluated: dict[int, int] | None = None, picked_on: dict[int, str] | None = None) -> dict[str, Any]:
     """Mean client accuracy per seed (final round) and its CI; the per-client spread averaged over seeds; the best
     round's client mean per seed and its CI where every finished seed has one and some seed evaluated more than one
     round (``evaluated``: the seed's evaluation count; with one everywhere, ``best_is_final`` says so instead);
@@ -71,6 +79,8 @@ def _arm_result(arm: Arm, per_seed: dict[int, list[float]], best: dict[int, floa
         elif all(s in measured for s in stats):
             result["per_seed_best"] = [100 * measured[s] for s in sorted(stats)]
             result["estimate_best"] = asdict(mean_ci(result["per_seed_best"]))
+            on = {(picked_on or {}).get(s, "test") for s in stats}
+            result["best_on"] = "validation" if on == {"validation"} else "test"
     return result
 
 
@@ -112,8 +122,9 @@ def claim_verdict(tests: list[dict]) -> str:
 def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folders: dict[str, str]) -> dict:
     """The claim over its own seeds 0..claim.seeds-1 (whatever of them have finished)."""
     arms = {}
+    configs: dict[str, list[dict]] = {}  # per arm, its finished seeds' stored configs: its receipt's source
     for arm in claim.arms:
-        per_seed, best, evaluated = {}, {}, {}
+        per_seed, best, evaluated, picked_on, configs[arm.label] = {}, {}, {}, {}, []
         for seed in range(claim.seeds):
             folder = runs_dir / run_name(paper, scale, folders[arm.run], seed)
             values = (client_values(folder, arm.metric) if arm.round is None  # a point on the curve: runner.py
@@ -121,14 +132,19 @@ def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folde
             if values is None:
                 continue
             per_seed[seed] = values
+            configs[arm.label].append(stored_config(folder))
             if arm.round is None:  # a point on the curve has no best round: the run's is not this point's
                 best[seed], evaluated[seed] = best_value(folder, arm.metric), evaluations(folder, arm.metric)
-        arms[arm.label] = _arm_result(arm, per_seed, best, evaluated)
+                picked_on[seed] = best_picked_on(folder, arm.metric)
+        arms[arm.label] = _arm_result(arm, per_seed, best, evaluated, picked_on)
+        if configs[arm.label]:
+            at = "final" if arm.round is None else f"round {arm.round}" if arm.round >= 1 else f"{arm.round:g} of the rounds"
+            arms[arm.label]["receipt"] = receipt(configs[arm.label], [arm.metric], at)
     tests = [_test_result(test, arms, claim.seeds) for test in claim.tests]
     return {"id": claim.id, "title": claim.title, "paper_says": claim.paper_says, "regime": claim.regime,
             "paper_number": claim.paper_number, "seeds": claim.seeds, "counts": claim.counts,
             "explanation": claim.explanation, "arms": list(arms.values()), "tests": tests,
-            "verdict": claim_verdict(tests)}
+            "verdict": claim_verdict(tests), "differences": differences([c[0] for c in configs.values() if c])}
 
 
 def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int | None, runs_dir: Path,

@@ -21,7 +21,7 @@ from fedsim.config import RunConfig, SearchConfig, results_fingerprint, validate
 from fedsim.engine.placement import worker_bundle
 from fedsim.engine.ray_cluster import connect_ray, refuse_beyond_this_machine
 from fedsim.errors import ConfigError
-from fedsim.metrics.series import logged_series, metric_names, series_mode
+from fedsim.metrics.series import logged_series, metric_names, on_test, series_mode
 from fedsim.plan import worker_count
 from fedsim.sweep import ledger
 from fedsim.sweep.runs import claimed, finished_summary, status
@@ -69,6 +69,10 @@ class Sweep:
                 raise ConfigError(f"search.metric: {cfg.name} never reports {self.search.metric!r}; choose one of "
                                   f"{', '.join(names)}, or a value your module logs as NAME/STATISTIC (e.g. "
                                   "val_loss/mean)")
+            twin = on_test(self.search.metric)
+            if cfg.data.validation and twin is not None:
+                raise ConfigError(f"search.metric: {self.search.metric} is scored on the test set, and ASHA would "
+                                  f"select on it; {cfg.name} has data.validation: compare {twin}")
 
     @property
     def mode(self) -> str:

@@ -61,25 +61,30 @@ def _server_rounds(monkeypatch, cfg, rounds=2):
     return round_records([server.round(r) for r in range(1, rounds + 1)]), server.state
 
 
-@pytest.mark.parametrize("algorithm", ["fedper", "scaffold", "ditto"])
-def test_packed_runs_are_bit_identical_on_one_two_and_three_workers(tmp_path, data_root, monkeypatch, algorithm):
-    results = [_server_rounds(monkeypatch, six_client_run(tmp_path, data_root, algorithm, workers, pack=pack))
+@pytest.mark.parametrize("algorithm, validation", [("fedper", 0.0), ("scaffold", 0.0), ("ditto", 0.0), ("ditto", 0.3)])
+def test_packed_runs_are_bit_identical_on_one_two_and_three_workers(tmp_path, data_root, monkeypatch, algorithm,
+                                                                     validation):
+    results = [_server_rounds(monkeypatch, six_client_run(tmp_path, data_root, algorithm, workers,
+                                                          validation=validation, pack=pack))
                for workers, pack in ((1, 2), (2, 3), (3, "auto"))]
     (one, state), *others = results
     assert all(records == one for records, _ in others)
     assert all(np.array_equal(state[k], s[k]) for _, s in others for k in state)
-    sequential, _ = _server_rounds(monkeypatch, six_client_run(tmp_path, data_root, algorithm, 2))
+    sequential, _ = _server_rounds(monkeypatch, six_client_run(tmp_path, data_root, algorithm, 2, validation=validation))
     assert sequential != one  # packing is on: other kernels, other last bits
+    assert all(("validation_acc" in rec) == bool(validation) for _, _, records, _ in one for rec in records)
 
 
-def test_a_resumed_packed_run_equals_an_undisturbed_one(tmp_path, data_root, monkeypatch):
-    cfg = six_client_run(tmp_path, data_root, "scaffold", 2, pack=2)
+@pytest.mark.parametrize("validation", [0.0, 0.3])
+def test_a_resumed_packed_run_equals_an_undisturbed_one(tmp_path, data_root, monkeypatch, validation):
+    cfg = six_client_run(tmp_path, data_root, "scaffold", 2, validation=validation, pack=2)
     expected, _ = _server_rounds(monkeypatch, cfg)
     first = in_process_server(monkeypatch, cfg)
     first.restore(None)
     head = round_records([first.round(1)])
     ckpt = first.checkpoint(str(tmp_path / "run"), 1)
-    resumed = in_process_server(monkeypatch, six_client_run(tmp_path, data_root, "scaffold", 3, pack=4))
+    resumed = in_process_server(monkeypatch, six_client_run(tmp_path, data_root, "scaffold", 3, validation=validation,
+                                                            pack=4))
     assert resumed.restore(ckpt) == 1
     assert head + round_records([resumed.round(2)]) == expected
 

@@ -109,3 +109,26 @@ def test_a_bound_layout_loads_and_packs_like_the_numpy_layout(device):
     reference = build_model("cnn4", 10, (3, 32, 32)).to(memory_format=torch.channels_last)
     load_arrays(reference, layout.arrays(vector), "test")
     assert np.array_equal(pack(reference, layout), bound.pack())
+
+
+def test_validation_is_scored_on_the_held_out_samples_with_tests_protocol_and_never_trained_on(data_root):
+    """data.validation: each record scores the client's validation split beside its test data, initial and after
+    fine-tuning, and fine-tuning (like training) sees only the samples left to train on."""
+    from conftest import client_runtime
+
+    from fedsim.algorithms import WEIGHTS
+
+    rt = client_runtime(data_root, "fedavg", data__validation=0.25)
+    plain = client_runtime(data_root, "fedavg")
+    cd, whole = rt.client_data[0], plain.client_data[0]
+    assert np.array_equal(np.union1d(cd.train, cd.val), whole.train) and not np.intersect1d(cd.train, cd.val).size
+    x, y = rt.client_tensors(0, "val")
+    assert torch.equal(y, torch.as_tensor(rt.data.train_y[cd.val])) and len(rt.client_tensors(0, "train")[1]) == len(cd.train)
+    state = {WEIGHTS: rt.layouts["shared"].pack()}
+    [rec] = rt.evaluate(state, [0], 1)
+    assert rec["n_train"] == len(cd.train) and rec["n_validation"] == len(cd.val) > 0
+    assert {"validation_acc", "validation_loss", "validation_acc_personalized", "validation_loss_personalized"} <= rec.keys()
+    rt.load_global(state[WEIGHTS])
+    assert (rec["validation_loss"], rec["validation_acc"]) == rt.score(x, y)  # the initial model, as test's acc scores it
+    [before] = plain.evaluate(state, [0], 1)
+    assert "validation_acc" not in before and before["n_train"] == len(whole.train)

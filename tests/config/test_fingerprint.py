@@ -25,6 +25,7 @@ def written_before(cfg_dict: dict, section: str, *keys: str) -> dict:
     ("eval", ("unseen", "personalize"), {"eval": {"unseen": 2}}),
     ("model", ("precision", "client_loop", "head"), {"model": {"client_loop": "trainer"}}),
     ("server", (), {"server": {"aggregator": "median"}}),
+    ("data", ("validation",), {"data": {"validation": 0.2}}),
 ])
 def test_a_later_key_at_its_legacy_default_keeps_the_fingerprint(section, keys, changed_value):
     now = dump()

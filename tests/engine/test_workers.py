@@ -10,8 +10,9 @@ ROUNDS = 2
 QUICK = {"fedrep": {"head_epochs": 2}}  # the default 10 head epochs test nothing more, slowly
 
 
-def _setup(tmp_path, data_root, algorithm, workers):
-    return six_client_run(tmp_path, data_root, {"name": algorithm, **QUICK.get(algorithm, {})}, workers, ROUNDS)
+def _setup(tmp_path, data_root, algorithm, workers, validation=0.0):
+    return six_client_run(tmp_path, data_root, {"name": algorithm, **QUICK.get(algorithm, {})}, workers, ROUNDS,
+                          validation=validation)
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
@@ -26,20 +27,21 @@ def test_every_method_is_bit_identical_on_one_two_and_three_workers(tmp_path, da
     assert all(np.array_equal(state1[k], s[k]) for s in (state2, state3) for k in state1)
 
 
-@pytest.mark.parametrize("algorithm", ["scaffold", "fedavgm", "apfl", "fedper", "pfedme", "fedrod", "fedproto", "ifca",
-                                       "fedfomo", "fedala", "fedamp"])
-def test_checkpointed_server_and_client_state_resume_exactly(tmp_path, data_root, monkeypatch, algorithm):
+@pytest.mark.parametrize("algorithm, validation", [
+    *((name, 0.0) for name in ["scaffold", "fedavgm", "apfl", "fedper", "pfedme", "fedrod", "fedproto", "ifca",
+                               "fedfomo", "fedala", "fedamp"]), ("fedala", 0.3)])
+def test_checkpointed_server_and_client_state_resume_exactly(tmp_path, data_root, monkeypatch, algorithm, validation):
     """Server slots (momentum, control variates) and client slots survive a checkpoint, also when the
-    resumed run has another number of workers."""
-    straight = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 2))
+    resumed run has another number of workers (and with data.validation's split)."""
+    straight = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 2, validation))
     straight.restore(None)
     expected = round_records([straight.round(r) for r in range(1, ROUNDS + 1)])
 
-    first = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 2))
+    first = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 2, validation))
     first.restore(None)
     head = round_records([first.round(1)])
     ckpt = first.checkpoint(str(tmp_path / "run"), 1)
-    resumed = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 3))
+    resumed = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 3, validation))
     assert resumed.restore(ckpt) == 1
     assert head + round_records([resumed.round(2)]) == expected
 

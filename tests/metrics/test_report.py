@@ -126,6 +126,40 @@ def test_report_reads_config_yaml_strictly(tmp_path, capsys, config):
     assert len(err.splitlines()) == 1 and "config.yaml" in err
 
 
+def test_the_report_shows_validation_and_reads_each_run_at_the_round_validation_picks(tmp_path):
+    import json
+
+    run = make_run(tmp_path / "runs", "val-run", "fedavg", [[0.5, 0.5], [0.7, 0.7], [0.6, 0.6]])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for rec in records:  # validation's best is round 3, test's round 2
+        rec["validation_acc"] = {1: 0.4, 2: 0.5, 3: 0.55}[rec["round"]]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    plain = make_run(tmp_path / "runs", "plain-run", "fedavg", [[0.5, 0.5], [0.7, 0.7], [0.6, 0.6]])
+    write_report([run, plain], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| val-run | fedavg | 3 | initial, validation | 55.00 |" in md
+    assert "| val-run | initial | 3 | validation | 60.00 | 60.00 |" in md
+    assert "| plain-run | initial | 2 | best on test, as PFLlib reports; not a selection | 70.00 | 60.00 |" in md
+
+
+def test_the_report_gives_each_runs_receipt_and_names_what_the_runs_differ_in(tmp_path):
+    from fedsim.config import validate
+
+    runs = two_runs(tmp_path / "runs")
+    for run, lr in zip(runs, (0.05, 0.01)):
+        cfg = validate({"name": run.name, "algorithm": run.name.split("-")[0], "seed": 0,
+                        "train": {"rounds": 2, "body": {"lr": lr, "momentum": 0.0}}, "eval": {"finetune_epochs": 3}})
+        (run / "config.yaml").write_text(__import__("yaml").safe_dump(cfg.model_dump()))
+    write_report(runs, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert ("| fedavg-run | fedavg | sgd | body 0.05 / head 0.01 | body 0 / head 0.9 | 2 | 4 epoch(s) of batch 50, "
+            "f = 1 | initial (the model each client holds) | final; best round on test, shown as PFLlib reports it, "
+            "not a selection | 0 |") in md
+    assert "initial (the model each client holds); personalized: fine-tuned 3 epoch(s) of full at train lr" in md
+    assert "| fedper-run | fedper (keep_personal True) | sgd | 0.01 |" in md  # the method's own settings too
+    assert "The runs differ in: algorithm.keep_personal, algorithm.name, train.body.lr." in md
+
+
 def test_time_to_accuracy_on_the_virtual_clock_gets_its_table(tmp_path):
     import json
 

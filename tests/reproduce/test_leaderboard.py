@@ -25,11 +25,13 @@ def test_every_method_and_setting_is_planned_seed_major_and_valid(tmp_path):
         leaderboard.plan("cpu", 1, tmp_path, only="fedfoo")
 
 
-def _finish(item, final: list[float], best: float, seconds: float) -> None:
-    """What a finished run leaves that the leaderboard reads: summary.json and rounds.jsonl."""
+def _finish(item, final: list[float], best: float, seconds: float, picked_on: str | None = None) -> None:
+    """What a finished run leaves that the leaderboard reads: summary.json and rounds.jsonl (``picked_on``: how its
+    best round was picked; None: a summary written before data.validation)."""
     item.folder.mkdir(parents=True)
     metric = "acc_personalized" if item.key.endswith("fedbabu") else "acc"
-    summary = {metric: summarize(final), "best_round": {metric: {"round": 5, **summarize(final), "mean": best}}}
+    best_round = {"round": 5, **summarize(final), "mean": best, **({"picked_on": picked_on} if picked_on else {})}
+    summary = {metric: summarize(final), "best_round": {metric: best_round}}
     (item.folder / "summary.json").write_text(json.dumps(summary))
     rounds = item.config.train.rounds
     (item.folder / "rounds.jsonl").write_text("".join(json.dumps({"round": r, "seconds": seconds / rounds}) + "\n"
@@ -50,12 +52,25 @@ def test_the_table_is_computed_from_the_finished_run_folders(tmp_path):
     assert math.isclose(stats["p10"], sum(100 * summarize(v)["p10"] for v in finals.values()) / 3)
     assert math.isclose(stats["seconds"], 2.0)  # 80 s over 40 rounds
     text = leaderboard.render(leaderboard.evaluate(planned, tmp_path), "cpu", planned, "cmd")
-    assert f"| `fedper` | own model | 60.00 ± {half:.2f} | 75.00 ± 0.00 | 5 |" in text
+    assert f"| `fedper` | own model | 60.00 ± {half:.2f} | 75.00 ± 0.00 (on test) | 5 |" in text  # no validation
+    assert "| PFLlib % (best on test) |" in text
+    assert ("| `fedper` | fedper (keep_personal True) | sgd | 0.05 | 0 | 40 | 1 epoch(s) of batch 10, f = 1 | initial "
+            "(the model each client holds) | final; best round on test, shown as PFLlib reports it, not a selection | "
+            "0, 1, 2 |") in text  # its receipt
     assert "| 3 | 63.53 ± 0.21 |" in text  # PFLlib's FedPer, pathological
     assert "| `fedbabu` | personalized (fine-tuned) | not run yet |" in text
     # PFLlib's FedProto number scores the nearest global prototype, not the client's own classifier: the row says so.
     assert ("| `fedproto` | own model; PFLlib's % scores the nearest global prototype (fedsim's: "
             "fedproto_acc_prototypes) | not run yet |") in text
+
+
+def test_a_best_round_picked_on_validation_is_not_marked_as_on_test(tmp_path):
+    planned = leaderboard.plan("cpu", 2, tmp_path, only="fedper")
+    for item in planned:
+        if item.key == "pathological-fedper":
+            _finish(item, [0.5, 0.7], best=0.65, seconds=40.0, picked_on="validation")
+    text = leaderboard.render(leaderboard.evaluate(planned, tmp_path), "cpu", planned, "cmd")
+    assert "| `fedper` | own model | 60.00 ± 0.00 | 65.00 ± 0.00 | 5 |" in text
 
 
 def test_a_diverged_run_is_a_result_recorded_once(tmp_path, monkeypatch):

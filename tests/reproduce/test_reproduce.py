@@ -210,7 +210,9 @@ def test_a_best_round_that_is_the_final_one_by_construction_says_so(tmp_path):
     once = _arm_result(Arm("A", "a"), per_seed, best, {0: 1, 1: 1})  # FedBABU's protocol: one evaluation, at the end
     assert once["best_is_final"] and "estimate_best" not in once and _best_cell(once) == "= final (evaluated once)"
     some = _arm_result(Arm("A", "a"), per_seed, best, {0: 1, 1: 20})  # one seed had more rounds to choose from
-    assert "best_is_final" not in some and _best_cell(some) == "60.00 [60.00, 60.00]"
+    assert "best_is_final" not in some and _best_cell(some) == "60.00 [60.00, 60.00] (on test)"
+    picked = _arm_result(Arm("A", "a"), per_seed, best, {0: 1, 1: 20}, {0: "validation", 1: "validation"})
+    assert _best_cell(picked) == "60.00 [60.00, 60.00]"  # data.validation picked it: a selection, unmarked
     halfway = _arm_result(Arm("A", "a", round=0.5), per_seed)  # the run's best round is not this point's
     assert "estimate_best" not in halfway and _best_cell(halfway) == "- (a point of the curve)"
     assert _best_cell(_arm_result(Arm("A", "a", round=0.5), per_seed, best, {0: 1, 1: 1})) == "- (a point of the curve)"
@@ -288,6 +290,12 @@ def test_a_tiny_claim_end_to_end(tmp_path, data_root, capsys):
     assert k4["verdict"] == INCONCLUSIVE and "Seeds: 2 of 5 finished" in markdown
     assert (tmp_path / "reproduction" / "fedper-cpu-k4.png").stat().st_size > 0
     assert "train.rounds=2" in markdown  # the report says how these runs were cut
+    # Each arm's receipt, from its runs' stored configs, and what else than the method the arms differ in.
+    receipts = {arm["label"]: arm["receipt"] for arm in k4["arms"]}
+    assert receipts["FedPer"]["seeds"] == "0, 1" and receipts["FedPer"]["rounds"] == "2"
+    assert receipts["FedAvg"]["round"].startswith("final; best round on test")
+    assert "algorithm.name" in k4["differences"] and "seed" not in k4["differences"]
+    assert "| FedPer | fedper" in markdown and f"The arms differ in: {', '.join(k4['differences'])}." in markdown
 
     # Again: every run is finished and skipped. An interrupted run (no summary yet) resumes to the same numbers.
     interrupted = runs / "fedper-cpu-k4-fedper-s1"

@@ -127,6 +127,9 @@ def test_a_run_asha_stopped_stays_stopped_a_finished_one_is_replayed_and_a_claim
     ({"sweep": {"seed": [1, 2]}, "search": {"samples": 3}}, "search.samples: 3 samples of a sweep without distributions"),
     ({"sweep": {"seed": [1]}, "search": {"scheduler": "asha", "metric": "fairness/acc_personalized_p10"},
       "eval": {"finetune_epochs": 0}}, "search.metric: t-1 never reports 'fairness/acc_personalized_p10'"),
+    ({"sweep": {"seed": [1]}, "search": {"scheduler": "asha", "metric": "fairness/acc_p10"}, "data.validation": 0.2},
+     "search.metric: fairness/acc_p10 is scored on the test set, and ASHA would select on it; t-1 has data.validation: "
+     "compare fairness/validation_acc_p10"),
 ])
 def test_bad_sweeps_are_one_line_exit_2_before_any_trial(tmp_path, capsys, over, message):
     tree = synthetic_tree(tmp_path, **over)

@@ -1,0 +1,116 @@
+"""A comparison's receipt: what each arm of a table ran, read from its runs' stored configs (config.yaml), so that a
+table never compares two arms without saying how each trained, what was scored, how the round was picked and over
+which seeds; and which settings the arms differ in, so a difference besides the one a claim is about is named."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fedsim import strict_yaml
+from fedsim.config import result_settings
+from fedsim.core import runfiles
+
+RECEIPT = ("method", "optimizer", "lr", "momentum", "rounds", "local work", "scored", "round", "seeds")
+
+
+def stored_config(run_dir: Path) -> dict:
+    """A run folder's config.yaml as written ({} where it has none, or holds no mapping)."""
+    path = Path(run_dir) / runfiles.CONFIG
+    config = strict_yaml.load(path.read_text()) if path.exists() else None
+    return config if isinstance(config, dict) else {}
+
+
+def _at(tree: dict, dotted: str, default: Any = None) -> Any:
+    for key in dotted.split("."):
+        if not isinstance(tree, dict) or key not in tree:
+            return default
+        tree = tree[key]
+    return tree
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _parts(train: dict, key: str) -> str:
+    """A training setting of body and head: one value where they agree."""
+    body, head = _at(train, f"body.{key}", "?"), _at(train, f"head.{key}", "?")
+    return _shown(body) if body == head else f"body {_shown(body)} / head {_shown(head)}"
+
+
+def _method(config: dict) -> str:
+    algorithm = config.get("algorithm", "?")
+    if not isinstance(algorithm, dict):
+        return str(algorithm)
+    params = ", ".join(f"{k} {v}" for k, v in algorithm.items() if k != "name")
+    return f"{algorithm.get('name', '?')}" + (f" ({params})" if params else "")
+
+
+def _lr(train: dict) -> str:
+    schedules = {_at(train, f"{part}.schedule", "constant") for part in ("body", "head")}
+    return _parts(train, "lr") + ("" if schedules == {"constant"} else f", {'/'.join(sorted(schedules))} schedule")
+
+
+def _local_work(config: dict) -> str:
+    train = config.get("train", {})
+    return (f"{_at(train, 'local_epochs', '?')} epoch(s) of batch {_at(train, 'batch_size', '?')}, "
+            f"f = {_shown(_at(train, 'fraction', '?'))}")
+
+
+def scored(config: dict, metric: str) -> str:
+    """What an accuracy of a run of ``config`` scores: the model each client holds, or that model personalized as
+    its eval section says."""
+    if metric == "acc":
+        return "initial (the model each client holds)"
+    evaluation = config.get("eval", {})
+    if evaluation.get("personalize") == "own_update":
+        return "personalized: the method's own client update"
+    lr = evaluation.get("finetune_lr")
+    return (f"personalized: fine-tuned {evaluation.get('finetune_epochs', '?')} epoch(s) of "
+            f"{evaluation.get('finetune_part', '?')} at {'train' if lr is None else _shown(lr)} lr, "
+            f"momentum {_shown(evaluation.get('finetune_momentum', '?'))}")
+
+
+def picked(config: dict, at: str = "final") -> str:
+    """How an arm's round was picked: ``at`` (the final round, or a point of the curve), and what its best round
+    was picked on."""
+    best = ("best round on validation" if _at(config, "data.validation", 0) else
+            "best round on test, shown as PFLlib reports it, not a selection")
+    return f"{at}; {best}"
+
+
+def receipt(configs: list[dict], metrics: list[str], at: str = "final") -> dict[str, str]:
+    """An arm's receipt from the stored configs of its seeds (which share every other setting); ``metrics``: the
+    accuracies its table shows."""
+    first = configs[0] if configs else {}
+    train = first.get("train", {})
+    seeds = sorted(c["seed"] for c in configs if isinstance(c.get("seed"), int))
+    return {"method": _method(first), "optimizer": _parts(train, "optimizer"), "lr": _lr(train),
+            "momentum": _parts(train, "momentum"), "rounds": str(_at(train, "rounds", "?")),
+            "local work": _local_work(first), "scored": "; ".join(scored(first, m) for m in metrics),
+            "round": picked(first, at),
+            "seeds": ", ".join(map(str, seeds)) or "-"}
+
+
+def receipt_table(arms: list[tuple[str, dict[str, str]]]) -> list[str]:
+    """Markdown: one row per (label, receipt)."""
+    return ["| arm | " + " | ".join(RECEIPT) + " |", "|" + "---|" * (len(RECEIPT) + 1),
+            *(f"| {label} | " + " | ".join(r.get(key, "-") for key in RECEIPT) + " |" for label, r in arms)]
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat |= _flat(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def differences(configs: list[dict]) -> list[str]:
+    """The settings that change results (``result_settings``) whose values differ between the arms' configs, seed
+    aside: what a comparison of these arms is also about."""
+    flats = [_flat(result_settings({**c, "engine": c.get("engine", {})})) for c in configs]
+    keys = sorted(set().union(*flats) - {"seed"}) if flats else []
+    return [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]

@@ -1,0 +1,23 @@
+"""fedsim/metrics/receipt.py: an arm's receipt from its runs' stored configs, and the settings arms differ in."""
+from fedsim.config import validate
+from fedsim.metrics.receipt import differences, receipt
+
+
+def _config(**over) -> dict:
+    return validate({"algorithm": "fedavg", "train": {"rounds": 3}, **over}).model_dump()
+
+
+def test_a_receipt_says_how_the_arm_trained_what_it_scored_how_its_round_was_picked_and_its_seeds():
+    seeds = [_config(seed=s, data={"validation": 0.2}, eval={"personalize": "own_update"})
+             for s in (2, 0)]
+    r = receipt(seeds, ["acc_personalized"], at="round 2")
+    assert (r["optimizer"], r["lr"], r["momentum"], r["rounds"]) == ("sgd", "0.01", "0.9", "3")
+    assert r["scored"] == "personalized: the method's own client update"
+    assert r["round"] == "round 2; best round on validation" and r["seeds"] == "0, 2"
+    stepped = receipt([_config(train={"rounds": 3, "body": {"schedule": "step"}})], ["acc"])
+    assert stepped["lr"] == "0.01, constant/step schedule" and "not a selection" in stepped["round"]
+
+
+def test_arms_differ_in_the_settings_that_change_results_never_in_their_seed_or_name():
+    a, b = _config(seed=0, name="a"), _config(seed=1, name="b", train={"rounds": 3, "body": {"momentum": 0.0}})
+    assert differences([a, b]) == ["train.body.momentum"] and differences([a, a]) == []
