@@ -49,6 +49,9 @@ SYSTEM_OFF = SystemConfig().model_dump()  # an ideal federation
 SERVER_MEAN = ServerConfig().model_dump()  # the exact mean
 LATER_EVAL_DEFAULTS = {"unseen": None, "personalize": "finetune"}
 LATER_DATA_DEFAULTS = {"validation": 0.0, "test_split": None}
+# Async-only keys added later: a synchronous run at their defaults keeps its fingerprint (an async run does not:
+# before them, FedBuff weighted reports by samples, and its checkpoints mean that).
+LATER_ASYNC_DEFAULTS: dict[str, Any] = {"server_momentum": 0.0, "async_weighting": "uniform"}
 
 LATER_MODEL_DEFAULTS: dict[str, Any] = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric"}
 
@@ -64,6 +67,8 @@ def _resume_settings(cfg_dict: dict) -> dict:
         del settings["engine"]["packed"]
     if settings["system"] == SYSTEM_OFF:  # added later: an ideal federation keeps the fingerprint it had
         del settings["system"]
+    if settings.get("system", {}).get("mode") == "sync":
+        settings["system"] = {k: v for k, v in settings["system"].items() if LATER_ASYNC_DEFAULTS.get(k, ...) != v}
     if settings.get("server") == SERVER_MEAN:  # added later: the exact mean keeps the fingerprint it had
         del settings["server"]
     stepped = any(settings["train"][part]["schedule"] != "constant" for part in ("body", "head"))
