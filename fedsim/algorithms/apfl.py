@@ -6,6 +6,7 @@ import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Params, PartialSharing
+from fedsim.config import Distribution
 
 if TYPE_CHECKING:
     import torch
@@ -22,6 +23,8 @@ class APFLParams(Params):
 class APFL(PartialSharing):
     """a personal model v mixed with the global w as alpha v + (1 - alpha) w, scored mixed (Deng et al. 2020)"""
     name, train, share = "apfl", "full", "full"
+    # Deng et al. 2020 (APFL), Sec. 6: the experiments run alpha in {0.25, 0.5, 0.75}.
+    tunable = {"alpha": Distribution(choice=[0.25, 0.5, 0.75])}
     Params = APFLParams
     params: APFLParams
     client_slots = {"personal_model": "full", "alpha": 1}

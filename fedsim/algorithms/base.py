@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from fedsim.config import Distribution
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import WEIGHTS, Reply
 
@@ -81,6 +82,10 @@ class Algorithm:
     # Whether an own server_update works element by element (each value's new state from that value's means and state
     # alone), so the server may call it one tensor at a time.
     server_update_by_tensor: ClassVar[bool] = False
+    # What `fedsim tune` searches for this method beside the shared space (lr, momentum, local epochs): its own
+    # parameters (as a config names them), each over the values its paper or its authors' code uses, cited where
+    # declared. Empty: the method tunes the shared space only.
+    tunable: ClassVar[dict[str, Distribution]] = {}
 
     def __init__(self, params: BaseModel | None = None, batchnorm: BatchNormMode | None = None):
         self.params = params if params is not None else self.Params()

@@ -1,5 +1,5 @@
 """The ``fedsim`` command line: its argument parser, and the dispatch to one module per subcommand (``run``,
-``sweep``, ``reproduce``, ``report``; ``algorithms`` prints the method catalog) with the exit code of what happened.
+``sweep``, ``tune``, ``reproduce``, ``report``; ``algorithms`` prints the method catalog) with the exit code of what happened.
 
 Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
 3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it);
@@ -17,6 +17,7 @@ from fedsim.cli.report import report_command
 from fedsim.cli.reproduce import KEPT_DEFAULT, RUNS_DEFAULT, reproduce_command
 from fedsim.cli.run import run_command
 from fedsim.cli.sweep import sweep_command
+from fedsim.cli.tune import tune_command
 from fedsim.errors import ConfigError, DataError, RunFailed
 
 
@@ -37,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="+", help="run folders or their URIs, e.g. runs/quickstart-fedavg s3://BUCKET/runs/quickstart-fedper")
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
     _sweep_parser(sub)
+    _tune_parser(sub)
     _reproduce_parser(sub)
     algorithms = sub.add_parser("algorithms", help="every method with its parameters and what it does")
     algorithms.add_argument("--markdown", action="store_true", help="the table of docs/algorithms.md")
@@ -51,6 +53,17 @@ def _sweep_parser(sub) -> None:
                        help="at most N trials at once (default: as many as the cluster has room for)")
     sweep.add_argument("--dry-run", action="store_true", help="validate, list each variant with its status and "
                        "resources and the metrics a scheduler can use; starts no Ray")
+
+
+def _tune_parser(sub) -> None:
+    tune = sub.add_parser("tune", help="tune every method of a config's tune: section with the same budget, choose on "
+                          "validation, run the choices at the final seeds")
+    tune.add_argument("config", help="YAML file with a tune: section and data.validation")
+    tune.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run")
+    tune.add_argument("--max-concurrent", type=_positive, metavar="N",
+                      help="at most N trials at once (default: as many as the cluster has room for)")
+    tune.add_argument("--dry-run", action="store_true", help="validate, print the count of runs (search + final), "
+                      "the budget and each method's search space; starts no Ray")
 
 
 def _reproduce_parser(sub) -> None:
@@ -86,7 +99,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-OVERRIDABLE = ("run", "sweep", "reproduce")  # the commands that take key=value overrides
+OVERRIDABLE = ("run", "sweep", "tune", "reproduce")  # the commands that take key=value overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     caller_ray = _ray_connected()
     try:
         commands = {"report": report_command, "reproduce": reproduce_command, "run": run_command,
-                    "sweep": sweep_command}
+                    "sweep": sweep_command, "tune": tune_command}
         return commands[args.command](args)
     except Interrupted as err:
         print(f"fedsim: {err}", file=sys.stderr)
