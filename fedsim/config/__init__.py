@@ -11,9 +11,9 @@ from fedsim.config.fingerprint import changed_settings, result_settings, resume_
 from fedsim.config.learning import (PARTITIONS, CallbackSpec, DataConfig, EvalConfig, ModelConfig, OptimConfig,
                                     PartitionSettings, ServerConfig, TrainConfig)
 from fedsim.config.loading import load_tree, merge_trees, parse_overrides, refuse_defaults_only, set_dotted, validate
-from fedsim.config.schema import SHARED_SPACE, AlgorithmConfig, Distribution, RunConfig, SearchConfig, TuneConfig
+from fedsim.config.schema import AlgorithmConfig, Distribution, RunConfig, SearchConfig, TuneConfig
 
-__all__ = ["PARTITIONS", "SHARED_SPACE", "AlgorithmConfig", "AvailabilityConfig", "CallbackSpec", "DataConfig", "DevicesConfig",
+__all__ = ["PARTITIONS", "AlgorithmConfig", "AvailabilityConfig", "CallbackSpec", "DataConfig", "DevicesConfig",
            "Distribution", "EngineConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig",
            "PartitionSettings", "RunConfig", "SearchConfig", "ServerConfig", "SystemConfig", "TrainConfig", "TuneConfig",
            "WandbConfig", "changed_settings", "check_sections", "load_tree", "merge_trees", "parse_overrides",

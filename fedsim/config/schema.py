@@ -77,10 +77,10 @@ class AlgorithmConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
-SHARED_SPACE = ("lr", "momentum", "local_epochs")  # what `fedsim tune` searches for every method alike
+SharedKey = Literal["lr", "momentum", "local_epochs"]  # what `fedsim tune` searches for every method alike
 
 
-def _default_space() -> dict[str, Distribution]:
+def _default_space() -> dict[SharedKey, Distribution]:
     # lr over the decades the suites' methods train at (0.005 pFedMe ... 0.1 FedBABU); momentum: plain SGD (the
     # FedPer, pFedMe and PFLlib settings) or 0.9 (FedBABU's); local epochs: 1 (PFLlib), 5 (FedAvg's E) or 10.
     return {"lr": Distribution(loguniform=(1e-3, 0.3)), "momentum": Distribution(choice=[0.0, 0.9]),
@@ -97,7 +97,7 @@ class TuneConfig(Section):
     seeds: list[int] = Field([0], min_length=1, description="the seeds each trial runs at; its score is their mean")
     final_seeds: int = Field(5, ge=1, description="the chosen settings run at seeds 0..final_seeds-1 (test "
                              "accuracy's mean and 95% CI)")
-    space: dict[Literal["lr", "momentum", "local_epochs"], Distribution] = Field(
+    space: dict[SharedKey, Distribution] = Field(
         default_factory=_default_space, description="the shared space (lr sets train.body.lr and train.head.lr, "
         "momentum both parts' momentum, local_epochs train.local_epochs); leave a key out where the setting fixes it")
 

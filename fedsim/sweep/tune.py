@@ -24,6 +24,7 @@ from fedsim.config import Distribution, RunConfig, SearchConfig, TuneConfig, set
 from fedsim.core.protocol import on_validation
 from fedsim.errors import ConfigError, TuningIncomplete
 from fedsim.metrics.confidence import mean_ci
+from fedsim.metrics.receipt import receipt, receipt_table
 from fedsim.sweep.executor import Outcome, Sweep, run_sweep
 from fedsim.sweep.expand import draw, expand_sweep
 
@@ -85,7 +86,8 @@ def search_space(tune: TuneConfig, entry: dict[str, Any]) -> dict[str, Distribut
     from fedsim.algorithms import algorithm_class
 
     own = algorithm_class(entry["name"]).tunable
-    return {**tune.space, **{f"algorithm.{key}": dist for key, dist in own.items() if key not in entry}}
+    shared: dict[str, Distribution] = {key: dist for key, dist in tune.space.items()}
+    return {**shared, **{f"algorithm.{key}": dist for key, dist in own.items() if key not in entry}}
 
 
 def draw_trials(seed: int, space: dict[str, Distribution], trials: int) -> list[dict[str, Any]]:
@@ -248,12 +250,14 @@ def _row(plan: TunePlan, search: MethodSearch, choice: Choice, configs: list[Run
             "failed_trials": choice.failed, "validation": 100 * choice.score, "scored": key,
             "test_mean": estimate.mean if estimate else None, "test_low": estimate.low if estimate else None,
             "test_high": estimate.high if estimate else None, "final_runs": len(tests),
-            "config": storage.join(plan.folder, f"{search.method}.yaml")}
+            "config": storage.join(plan.folder, f"{search.method}.yaml"),
+            "receipt": receipt([cfg.model_dump() for cfg in configs], [key])}
 
 
 def results_markdown(name: str, table: dict) -> str:
     """The table: budget, each method's space, its choice, the validation score it was chosen on and the final
-    seeds' test accuracy (mean, 95% CI)."""
+    seeds' test accuracy (mean, 95% CI); then each method's receipt (optimizer, lr, momentum, rounds, local work,
+    what is scored, the round, the seeds)."""
     lines = [f"# Tuning {name}", "", f"Budget: {table['budget']}.", "", f"Selection: {table['selection']}.", "",
              "| method | search space | chosen | validation at selection | test, final seeds (mean [95% CI]) | "
              "final runs | failed trials |", "|---|---|---|---:|---:|---:|---|"]
@@ -264,4 +268,6 @@ def results_markdown(name: str, table: dict) -> str:
         failed = ", ".join(map(str, row["failed_trials"])) or "-"
         lines.append(f"| {row['method']} | {row['space']} | {chosen} (trial {row['trial']}) | "
                      f"{row['validation']:.2f} | {test} | {row['final_runs']} | {failed} |")
+    lines += ["", "What each method's final runs ran and scored:", "",
+              *receipt_table([(row["method"], row["receipt"]) for row in table["methods"]])]
     return "\n".join(lines) + "\n"
