@@ -6,7 +6,7 @@ import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Params, PartialSharing
-from fedsim.config import Distribution
+from fedsim.config.schema import Distribution
 
 if TYPE_CHECKING:
     import torch

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from fedsim.config import Distribution
+from fedsim.config.schema import Distribution
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import WEIGHTS, Reply
 

@@ -6,7 +6,7 @@ import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import Group, Params, PartialSharing
-from fedsim.config import Distribution
+from fedsim.config.schema import Distribution
 from fedsim.core.protocol import WEIGHTS, Reply
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from pydantic import Field
 
 from fedsim.algorithms.base import Params, PartialSharing
 from fedsim.algorithms.fedbabu import FedBABU, FedBABUParams
-from fedsim.config import Distribution
+from fedsim.config.schema import Distribution
 
 if TYPE_CHECKING:
     from fedsim.algorithms.context import ClientContext, Penalty

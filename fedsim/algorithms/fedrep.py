@@ -1,7 +1,7 @@
 from pydantic import Field
 
 from fedsim.algorithms.base import HeadFirst, HeadFirstParams
-from fedsim.config import Distribution
+from fedsim.config.schema import Distribution
 
 
 class FedRepParams(HeadFirstParams):

@@ -6,7 +6,7 @@ import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Algorithm, Params
-from fedsim.config import Distribution
+from fedsim.config.schema import Distribution
 from fedsim.core.aggregate import weighted_average
 from fedsim.core.protocol import WEIGHTS, Reply
 

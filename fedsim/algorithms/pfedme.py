@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Algorithm, Params
-from fedsim.config import Distribution
+from fedsim.config.schema import Distribution
 from fedsim.core.protocol import WEIGHTS
 
 if TYPE_CHECKING:
