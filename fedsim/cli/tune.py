@@ -35,11 +35,14 @@ def tune_command(args: argparse.Namespace) -> int:
 
 
 def dry_run_text(plan: TunePlan) -> str:
-    """The count of runs (search + final), the budget and each method's search space."""
-    search, final = len(plan.search_runs), len(plan.methods) * plan.tune.final_seeds
-    lines = [f"{search + final} runs: {search} search + {final} final ({len(plan.methods)} methods)",
-             f"budget: {plan.budget()}"]
+    """The count of runs (search + final), the budget, how many search runs are done and each method's space."""
+    from fedsim.sweep.runs import status
     from fedsim.sweep.tune import space_text
+
+    search, final = len(plan.search_runs), len(plan.methods) * plan.tune.final_seeds
+    done = sum(status(cfg) == "finished" for cfg in plan.search_runs)
+    lines = [f"{search + final} runs: {search} search + {final} final ({len(plan.methods)} methods)",
+             f"budget: {plan.budget()}", f"search runs finished: {done} of {search} (a rerun trains only the rest)"]
 
     lines += [f"{method.method}: {space_text(method.space)}" for method in plan.methods]
     return "\n".join(lines)

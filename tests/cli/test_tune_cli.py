@@ -36,5 +36,6 @@ def test_dry_run_prints_the_count_of_runs_and_the_budget(tmp_path, capsys):
     assert out[0] == "24 runs: 18 search + 6 final (3 methods)"  # 3 methods x 3 trials x 2 seeds; 3 x 2 final
     assert out[1] == ("budget: 3 trials x 2 seed(s) (0, 1) x 1 rounds per method; the chosen settings at 2 seeds "
                       "(0..1)")
-    assert out[3].startswith("fedprox: lr loguniform [0.01, 0.1]; momentum choice [0.0, 0.9]; algorithm.mu choice")
+    assert out[2] == "search runs finished: 0 of 18 (a rerun trains only the rest)"
+    assert out[4].startswith("fedprox: lr loguniform [0.01, 0.1]; momentum choice [0.0, 0.9]; algorithm.mu choice")
     assert not (tmp_path / "_sweeps").exists()

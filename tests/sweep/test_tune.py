@@ -8,7 +8,7 @@ import pytest
 from conftest import tune_tree
 from fedsim.algorithms import ALGORITHMS
 from fedsim.errors import TuningIncomplete
-from fedsim.sweep.tune import choose, plan_tuning, run_tuning, validation_part
+from fedsim.sweep.tune import choose, plan_tuning, run_tuning, selection_key, validation_part
 
 
 def test_every_method_gets_the_same_trials_seeds_rounds_and_shared_draws(tmp_path):
@@ -51,6 +51,13 @@ def test_each_declared_tunable_parameter_is_one_its_method_takes():
 def _summary(val: float, test: float) -> dict:
     return {"acc": {"mean": test}, "acc_personalized": {"mean": test}, "val_acc": {"mean": val},
             "val_acc_personalized": {"mean": val}}
+
+
+def test_the_key_chosen_on_is_validations_reported_accuracy(tmp_path):
+    personalized, initial = plan_tuning(tune_tree(tmp_path)), plan_tuning(
+        {**tune_tree(tmp_path), "eval": {"finetune_epochs": 0}})
+    assert selection_key(personalized.search_runs[0]) == "val_acc_personalized"
+    assert selection_key(initial.search_runs[0]) == "val_acc"
 
 
 def test_the_choice_reads_validation_only():
