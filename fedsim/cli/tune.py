@@ -23,14 +23,19 @@ def tune_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(dry_run_text(plan))
         return 0
+    command = shlex.join(["fedsim", "tune", args.config, *args.overrides])
     try:
         table = run_tuning(plan, args.max_concurrent)
     except TuningIncomplete as err:
-        command = shlex.join(["fedsim", "tune", args.config, *args.overrides])
         print(f"fedsim: error: tune: {err}; `{command}` continues (finished runs are not retrained)", file=sys.stderr)
         return 3
     print(results_markdown(plan.base.name, table))
     print(f"chosen configs and the table: {plan.folder}")
+    short = [row["method"] for row in table["methods"] if row["final_runs"] < plan.tune.final_seeds]
+    if short:
+        print(f"fedsim: error: tune: final runs of {', '.join(short)} failed (causes above); `{command}` runs them "
+              "again", file=sys.stderr)
+        return 3
     return 0
 
 

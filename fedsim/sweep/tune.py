@@ -35,9 +35,10 @@ SHARED_KEYS = {"lr": ("train.body.lr", "train.head.lr"), "momentum": ("train.bod
 
 @dataclass(frozen=True)
 class MethodSearch:
-    """One method's search: its space (shared keys, then ``algorithm.<param>``), the settings of each trial and,
-    per trial, its runs (one per search seed)."""
+    """One method's search: its entry in tune.methods, its space (shared keys, then ``algorithm.<param>``), the
+    settings of each trial and, per trial, its runs (one per search seed)."""
     method: str
+    entry: dict[str, Any]
     space: dict[str, Distribution]
     trials: list[dict[str, Any]]
     runs: list[list[RunConfig]]
@@ -111,7 +112,7 @@ def _method_search(base: RunConfig, run_tree: dict[str, Any], entry: dict[str, A
     trials = draw_trials(base.seed, space, tune.trials)
     runs = [[_run(run_tree, entry, values, f"{base.name}-{method}-t{k}", seed) for seed in tune.seeds]
             for k, values in enumerate(trials)]
-    return MethodSearch(method, space, trials, runs)
+    return MethodSearch(method, entry, space, trials, runs)
 
 
 def method_tree(run_tree: dict[str, Any], entry: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -134,13 +135,14 @@ def _run(run_tree: dict[str, Any], entry: dict[str, Any], values: dict[str, Any]
         raise ConfigError(f"tune: {err} (in the run {tree['name']})") from None
 
 
-def selection_key(cfg: RunConfig) -> str:
-    """The validation accuracy a trial is chosen on: the one the protocol reports (personalized where it is)."""
-    return on_validation("acc_personalized" if cfg.eval.personalizes else "acc")
-
-
 def reported_key(cfg: RunConfig) -> str:
+    """The accuracy the protocol reports: personalized where the run personalizes, else the model each client holds."""
     return "acc_personalized" if cfg.eval.personalizes else "acc"
+
+
+def selection_key(cfg: RunConfig) -> str:
+    """The validation accuracy a trial is chosen on: the reported one, on the validation split."""
+    return on_validation(reported_key(cfg))
 
 
 def validation_part(summary: dict) -> dict:
@@ -182,34 +184,41 @@ def _refuse_skipped(outcomes: Sequence[Outcome]) -> None:
         raise TuningIncomplete(f"another process holds {', '.join(skipped)}; run the same command once it is done")
 
 
+@dataclass(frozen=True)
+class Final:
+    """A method's choice, the config of its chosen settings (``fedsim run`` runs it) and that config's runs."""
+    choice: Choice
+    tree: dict[str, Any]
+    runs: list[RunConfig]
+
+
 def final_tree(plan: TunePlan, search: MethodSearch, choice: Choice) -> dict[str, Any]:
     """The chosen settings as a config `fedsim run` runs: the method at its chosen values, at the final seeds."""
-    entry = next(m.model_dump(by_alias=True) for m in plan.tune.methods if m.name == search.method)
-    tree = method_tree(plan.tree, entry, search.trials[choice.trial])
+    tree = method_tree(plan.tree, search.entry, search.trials[choice.trial])
     tree["name"] = f"{plan.base.name}-{search.method}"
     tree["sweep"] = {"seed": list(range(plan.tune.final_seeds))}
     return tree
+
+
+def _chosen(plan: TunePlan, search: MethodSearch, searched: dict[str, dict | None]) -> Final:
+    """The method's choice from its search runs' validation scores alone."""
+    trials = [[_validation_or_none(searched[cfg.name]) for cfg in runs] for runs in search.runs]
+    choice = choose(search.method, trials, selection_key(search.runs[0][0]))
+    tree = final_tree(plan, search, choice)
+    return Final(choice, tree, expand_sweep(tree))
 
 
 def run_tuning(plan: TunePlan, max_concurrent: int | None = None, say: Callable[[str], None] = print) -> dict:
     """Search, choose on validation, run the choices at the final seeds; write each chosen config and the table.
     Returns the table's data (also ``results.json``)."""
     searched = _summaries(_run_phase(f"{plan.base.name}-tune-search", plan.search_runs, max_concurrent, say))
-    rows, finals = [], {}
-    for search in plan.methods:
-        key = selection_key(search.runs[0][0])
-        trials = [[_validation_or_none(searched[cfg.name]) for cfg in runs] for runs in search.runs]
-        choice = choose(search.method, trials, key)
-        tree = final_tree(plan, search, choice)
-        finals[search.method] = (tree, choice, expand_sweep(tree))
+    finals = {search.method: _chosen(plan, search, searched) for search in plan.methods}
     store = storage.Store(plan.folder)
-    for method, (tree, _, _) in finals.items():
-        store.write_bytes(f"{method}.yaml", yaml.safe_dump(tree, sort_keys=False).encode())
-    final_runs = [cfg for _, _, configs in finals.values() for cfg in configs]
+    for method, final in finals.items():
+        store.write_bytes(f"{method}.yaml", yaml.safe_dump(final.tree, sort_keys=False).encode())
+    final_runs = [cfg for final in finals.values() for cfg in final.runs]
     ended = _summaries(_run_phase(f"{plan.base.name}-tune-final", final_runs, max_concurrent, say))
-    for search in plan.methods:
-        tree, choice, configs = finals[search.method]
-        rows.append(_row(plan, search, choice, configs, ended))
+    rows = [_row(plan, search, finals[search.method], ended) for search in plan.methods]
     table = {"budget": plan.budget(), "trials": plan.tune.trials, "rounds": plan.rounds, "seeds": plan.tune.seeds,
              "final_seeds": list(range(plan.tune.final_seeds)), "selection": SELECTION, "methods": rows}
     store.write_bytes("results.json", json.dumps(table, indent=1).encode())
@@ -240,8 +249,9 @@ def space_text(space: dict[str, Distribution]) -> str:
     return "; ".join(f"{key} {dist.kind} {list(dist.bounds)}" for key, dist in space.items())
 
 
-def _row(plan: TunePlan, search: MethodSearch, choice: Choice, configs: list[RunConfig],
-         ended: dict[str, dict | None]) -> dict:
+def _row(plan: TunePlan, search: MethodSearch, final: Final, ended: dict[str, dict | None]) -> dict:
+    """A method's row: its space, choice, validation score there and the final seeds' test accuracy (percent)."""
+    choice, configs = final.choice, final.runs
     key = reported_key(configs[0])
     tests = [summary[key]["mean"] for cfg in configs if (summary := ended.get(cfg.name)) is not None]
     estimate = mean_ci([100 * t for t in tests]) if tests else None
