@@ -1,5 +1,6 @@
 """The ``fedsim`` command line: its argument parser, and the dispatch to one module per subcommand (``run``,
-``sweep``, ``tune``, ``reproduce``, ``report``; ``algorithms`` prints the method catalog) with the exit code of what happened.
+``sweep``, ``tune``, ``reproduce``, ``report``; ``algorithms`` prints the method catalog) with the exit code of
+what happened.
 
 Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
 3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it);

@@ -15,6 +15,6 @@ from fedsim.config.schema import AlgorithmConfig, Distribution, RunConfig, Searc
 
 __all__ = ["PARTITIONS", "AlgorithmConfig", "AvailabilityConfig", "CallbackSpec", "DataConfig", "DevicesConfig",
            "Distribution", "EngineConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig",
-           "PartitionSettings", "RunConfig", "SearchConfig", "ServerConfig", "SystemConfig", "TrainConfig", "TuneConfig",
-           "WandbConfig", "changed_settings", "check_sections", "load_tree", "merge_trees", "parse_overrides",
-           "refuse_defaults_only", "result_settings", "resume_fingerprint", "set_dotted", "validate"]
+           "PartitionSettings", "RunConfig", "SearchConfig", "ServerConfig", "SystemConfig", "TrainConfig",
+           "TuneConfig", "WandbConfig", "changed_settings", "check_sections", "load_tree", "merge_trees",
+           "parse_overrides", "refuse_defaults_only", "result_settings", "resume_fingerprint", "set_dotted", "validate"]
