@@ -20,6 +20,7 @@ import numpy as np
 import yaml
 
 from fedsim import storage
+from fedsim.algorithms import algorithm_class
 from fedsim.config import Distribution, RunConfig, SearchConfig, TuneConfig, set_dotted, validate
 from fedsim.core.protocol import on_validation
 from fedsim.errors import ConfigError, TuningIncomplete
@@ -46,19 +47,17 @@ class MethodSearch:
 
 @dataclass(frozen=True)
 class TunePlan:
-    """What ``fedsim tune`` runs: the config as written, its tree (without ``tune``) and each method's search."""
+    """What ``fedsim tune`` runs: the config as written, its tree (without ``tune``, at the tuning's rounds), the
+    rounds of every run and each method's search."""
     base: RunConfig
     tune: TuneConfig
     tree: dict[str, Any]
+    rounds: int
     methods: list[MethodSearch]
 
     @property
     def search_runs(self) -> list[RunConfig]:
         return [cfg for m in self.methods for trial in m.runs for cfg in trial]
-
-    @property
-    def rounds(self) -> int:
-        return self.tune.rounds or self.base.train.rounds
 
     @property
     def folder(self) -> str:
@@ -76,16 +75,15 @@ def plan_tuning(tree: dict[str, Any]) -> TunePlan:
     base = validate(tree)
     if base.tune is None:
         raise ConfigError("tune: this config has no tune section; add tune: {methods: [...], trials: N, seeds: [...]}")
+    rounds = base.tune.rounds or base.train.rounds
     run_tree = {k: v for k, v in copy.deepcopy(tree).items() if k != "tune"}
-    set_dotted(run_tree, "train.rounds", base.tune.rounds or base.train.rounds)
-    return TunePlan(base, base.tune, run_tree, [_method_search(base, run_tree, entry.model_dump(by_alias=True))
-                                                for entry in base.tune.methods])
+    set_dotted(run_tree, "train.rounds", rounds)
+    return TunePlan(base, base.tune, run_tree, rounds, [_method_search(base, run_tree, entry.model_dump(by_alias=True))
+                                                        for entry in base.tune.methods])
 
 
 def search_space(tune: TuneConfig, entry: dict[str, Any]) -> dict[str, Distribution]:
     """The shared space, then the method's own declared parameters the entry does not fix."""
-    from fedsim.algorithms import algorithm_class
-
     own = algorithm_class(entry["name"]).tunable
     shared: dict[str, Distribution] = {key: dist for key, dist in tune.space.items()}
     return {**shared, **{f"algorithm.{key}": dist for key, dist in own.items() if key not in entry}}
