@@ -34,6 +34,11 @@ class RayUnavailable(RuntimeError):
     waited for; the CLI exits with code 3. Nothing of the run was written yet."""
 
 
+class TuningIncomplete(RuntimeError):
+    """``fedsim tune`` cannot choose a method's settings (every trial of it failed) or finish (another process holds
+    some of its runs): one line with the cause; the CLI exits with code 3 and a rerun continues."""
+
+
 class DataError(ValueError):
     """A data setting is wrong or the data on disk is unusable: one line naming the setting (e.g. ``data.root``)
     and how to fix it, which the CLI prints as is (exit 2) instead of a traceback."""

@@ -165,6 +165,15 @@ def synthetic_tree(tmp_path, name: str = "t", **over) -> dict:
     return tree
 
 
+def tune_tree(tmp_path, name="tn", **over):
+    """A tuning config over the synthetic run: 3 methods x 3 trials x 2 seeds of 1 round, 2 final seeds."""
+    tune = {"methods": ["fedavg", "fedprox", "ditto"], "trials": 3, "rounds": 1, "seeds": [0, 1], "final_seeds": 2,
+            "space": {"lr": {"loguniform": [0.01, 0.1]}, "momentum": {"choice": [0.0, 0.9]}}}
+    tree = synthetic_tree(tmp_path, name, **{"data.validation": 0.2, "engine.workers": 1, "train.eval_every": 1})
+    tree["tune"] = {**tune, **over}
+    return tree
+
+
 def own_ray_pids(title: bytes) -> list[int]:
     """Processes Ray titled ``title...`` (e.g. b"ray::Worker") that descend from this test process, never
     another Ray on the machine."""

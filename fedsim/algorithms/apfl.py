@@ -6,6 +6,7 @@ import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Params, PartialSharing
+from fedsim.config.schema import Distribution
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +35,8 @@ class APFL(PartialSharing):
     mixes outputs rather than parameters, which fedsim's scoring of one network does not express.
     """
     name, train, share = "apfl", "full", "full"
+    # Deng et al. 2020 (APFL), Sec. 6: the experiments run alpha in {0.25, 0.5, 0.75}.
+    tunable = {"alpha": Distribution(choice=[0.25, 0.5, 0.75])}
     Params = APFLParams
     params: APFLParams
     client_slots = {"personal_model": "full", "alpha": 1}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from fedsim.config.schema import Distribution
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import WEIGHTS, Reply
 
@@ -85,6 +86,10 @@ class Algorithm:
     # The accuracy the method's own protocol reports, which the run's one-line summary shows: "acc", the model each
     # client holds, or "acc_personalized", that model after eval.finetune_epochs of fine-tuning (FedBABU's protocol).
     reports: ClassVar[Literal["acc", "acc_personalized"]] = "acc"
+    # What `fedsim tune` searches for this method beside the shared space (lr, momentum, local epochs): its own
+    # parameters (as a config names them), each over the values its paper or its authors' code uses, cited where
+    # declared. Empty: the method tunes the shared space only.
+    tunable: ClassVar[dict[str, Distribution]] = {}
 
     def __init__(self, params: BaseModel | None = None, batchnorm: BatchNormMode | None = None):
         self.params = params if params is not None else self.Params()

@@ -28,6 +28,9 @@ def text_listing() -> str:
         lines = [f"{name}  (trains {algo.train}, shares {algo.share})", f"    {algo.summary()}"]
         for param, kind, default, description in parameter_table(algo):
             lines.append(f"    {param}: {kind} = {default!r}  {description}")
+        if algo.tunable:
+            lines.append("    fedsim tune searches: " + "; ".join(f"{key} {dist.kind} {list(dist.bounds)}"
+                                                             for key, dist in algo.tunable.items()))
         blocks.append("\n".join(lines))
     return "\n\n".join([*blocks, server_listing(), system_listing()]) + (
         "\n\nSet parameters with the name: algorithm: {name: fedprox, mu: 0.01}, or override algorithm.mu=0.01; a "

@@ -6,6 +6,7 @@ import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Params, PartialSharing
+from fedsim.config.schema import Distribution
 
 if TYPE_CHECKING:
     import torch
@@ -22,6 +23,8 @@ class DittoParams(Params):
 class Ditto(PartialSharing):
     """FedAvg global model + a personal model regularised toward it, used for scoring (Li et al. 2021)"""
     name, train, share = "ditto", "full", "full"
+    # Li et al. 2021 (Ditto, ICML), App. (hyperparameters): lambda picked from {0.05, 0.1, 0.2, 0.5, 1, 2}.
+    tunable = {"lambda": Distribution(choice=[0.05, 0.1, 0.2, 0.5, 1.0, 2.0])}
     Params = DittoParams
     params: DittoParams
     client_slots = {"personal_model": "full"}

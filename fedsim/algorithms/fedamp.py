@@ -6,6 +6,7 @@ import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import Group, Params, PartialSharing
+from fedsim.config.schema import Distribution
 from fedsim.core.protocol import WEIGHTS, Reply
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ class FedAMP(PartialSharing):
     in client order.
     """
     name, train, share = "fedamp", "full", "full"
+    # PFLlib's two settings (main.py's defaults alphaK 1, sigma 1; its example runs alphaK 1e3, sigma 0.1), each
+    # parameter drawn from both: the paper leaves them to tuning.
+    tunable = {"alpha_k": Distribution(choice=[1.0, 1000.0]), "sigma": Distribution(choice=[0.1, 1.0])}
     Params = FedAMPParams
     params: FedAMPParams
     client_slots = {"personal_model": "full"}

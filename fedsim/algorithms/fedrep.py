@@ -1,6 +1,7 @@
 from pydantic import Field
 
 from fedsim.algorithms.base import HeadFirst, HeadFirstParams
+from fedsim.config.schema import Distribution
 
 
 class FedRepParams(HeadFirstParams):
@@ -11,6 +12,8 @@ class FedRepParams(HeadFirstParams):
 class FedRep(HeadFirst):
     """head epochs on the received body, then body epochs; body shared (Collins et al. 2021)"""
     name, train, share, then = "fedrep", "body", "body", "body"
+    # Collins et al. 2021 (FedRep, ICML), Sec. 5: 10 epochs of the head per round; PFLlib's plocal_epochs: 1.
+    tunable = {"head_epochs": Distribution(choice=[1, 10])}
     Params = FedRepParams
     params: FedRepParams
 

@@ -6,6 +6,7 @@ import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Algorithm, Params
+from fedsim.config.schema import Distribution
 from fedsim.core.aggregate import weighted_average
 from fedsim.core.protocol import WEIGHTS, Reply
 
@@ -38,6 +39,8 @@ class IFCA(Algorithm):
     cluster most training samples chose in the last round (cluster 0 before any): with k = 1, FedAvg's model.
     """
     name, train, share = "ifca", "full", "full"
+    # Ghosh et al. 2020 (IFCA), Sec. 5: k = 2 (rotated CIFAR-10) and k = 4 (rotated MNIST).
+    tunable = {"clusters": Distribution(choice=[2, 4])}
     Params = IFCAParams
     params: IFCAParams
     uploads = {WEIGHTS: None, CLUSTER: None}

@@ -30,6 +30,7 @@ import numpy as np
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Algorithm, Params
+from fedsim.config.schema import Distribution
 from fedsim.core.protocol import WEIGHTS
 
 if TYPE_CHECKING:
@@ -58,6 +59,9 @@ class PFedMeParams(Params):
 class PFedMe(Algorithm):
     """a personal model solved against a Moreau-envelope pull, the local model moved toward it (T. Dinh et al. 2020)"""
     name, train, share = "pfedme", "full", "full"
+    # T. Dinh et al. 2020 (pFedMe, NeurIPS), Sec. 5: lambda 15 (MNIST) or 20 (Synthetic) and the personal lr of
+    # each setting (0.1, 0.01), drawn independently; K stays at the paper's 5.
+    tunable = {"lambda": Distribution(choice=[15.0, 20.0]), "personal_lr": Distribution(choice=[0.01, 0.1])}
     Params = PFedMeParams
     params: PFedMeParams
     client_slots = {"personal_model": "full"}

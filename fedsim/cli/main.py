@@ -1,5 +1,6 @@
 """The ``fedsim`` command line: its argument parser, and the dispatch to one module per subcommand (``run``,
-``sweep``, ``reproduce``, ``report``, ``export``; ``algorithms`` prints the method catalog) with the exit code of what happened.
+``sweep``, ``tune``, ``reproduce``, ``report``, ``export``; ``algorithms`` prints the method catalog) with the exit
+code of what happened.
 
 Exit codes: 0 success; 2 bad input (one line naming the field or file and the fix; nothing was changed);
 3 the run failed at run time (one line with the cause and the exact ``--resume`` command that continues it), or Ray
@@ -22,6 +23,7 @@ from fedsim.cli.report import report_command
 from fedsim.cli.reproduce import KEPT_DEFAULT, RUNS_DEFAULT, reproduce_command
 from fedsim.cli.run import run_command
 from fedsim.cli.sweep import sweep_command
+from fedsim.cli.tune import tune_command
 from fedsim.errors import ConfigError, DataError, RayUnavailable, RunFailed, UserCodeFailed
 
 
@@ -42,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="+", help="run folders or their URIs, e.g. runs/quickstart-fedavg s3://BUCKET/runs/quickstart-fedper")
     report.add_argument("--out", default="reports", help="output folder (default: reports/)")
     _sweep_parser(sub)
+    _tune_parser(sub)
     _reproduce_parser(sub)
     _export_parser(sub)
     algorithms = sub.add_parser("algorithms", help="every method with its parameters and what it does")
@@ -71,6 +74,17 @@ def _export_parser(sub) -> None:
     export.add_argument("--out", metavar="DIR", help="where the files go (default: RUN/export/round-NNNN[-fine-tuned])")
     export.add_argument("--trust-plugins", action="store_true", help="import the code (plug-in strings) the run "
                         "folder's config names, its LightningModule included; without it, a run that names any is refused")
+
+
+def _tune_parser(sub) -> None:
+    tune = sub.add_parser("tune", help="tune every method of a config's tune: section with the same budget, choose on "
+                          "validation, run the choices at the final seeds")
+    tune.add_argument("config", help="YAML file with a tune: section and data.validation")
+    tune.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run")
+    tune.add_argument("--max-concurrent", type=_positive, metavar="N",
+                      help="at most N trials at once (default: as many as the cluster has room for)")
+    tune.add_argument("--dry-run", action="store_true", help="validate, print the count of runs (search + final), "
+                      "the budget and each method's search space; starts no Ray")
 
 
 def _reproduce_parser(sub) -> None:
@@ -106,7 +120,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-OVERRIDABLE = ("run", "sweep", "reproduce")  # the commands that take key=value overrides
+OVERRIDABLE = ("run", "sweep", "tune", "reproduce")  # the commands that take key=value overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     caller_ray = _ray_connected()
     try:
         commands = {"export": export_command, "report": report_command, "reproduce": reproduce_command, "run": run_command,
-                    "sweep": sweep_command}
+                    "sweep": sweep_command, "tune": tune_command}
         return commands[args.command](args)
     except Interrupted as err:
         print(f"fedsim: {err}", file=sys.stderr)

@@ -44,6 +44,18 @@ def check_sections(cfg: RunConfig) -> None:
                           "through the module")
     check_population(cfg)
     check_work(cfg)
+    if cfg.tune is not None:
+        check_tuning(cfg)
+
+
+def check_tuning(cfg: RunConfig) -> None:
+    """``fedsim tune`` selects on the validation split only, and draws its own runs (no sweep beside it)."""
+    if not cfg.data.validation:
+        raise ConfigError("data.validation: fedsim tune chooses each method's settings on the validation split, and "
+                          "this config has none; set data.validation (e.g. 0.1)")
+    if cfg.sweep:
+        raise ConfigError("sweep: fedsim tune draws its own runs from tune (methods, trials, seeds, space); remove "
+                          "the sweep section, or run `fedsim sweep` on a copy without tune")
 
 
 def method_with_its_parameters(cfg: RunConfig) -> type[Algorithm]:

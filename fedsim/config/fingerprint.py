@@ -14,7 +14,7 @@ from fedsim.config.learning import FLAT_PARTITION_KEYS, ServerConfig
 
 # Where a run writes, how it logs and its sweep never change its results; of the engine settings only these
 # do (they change floating-point results in the last bits). Everything else does.
-NOT_RESULTS = ("name", "out_dir", "sweep", "search", "logging")
+NOT_RESULTS = ("name", "out_dir", "sweep", "search", "tune", "logging")
 ENGINE_RESULTS = ("threads_per_worker", "memory_format")
 
 

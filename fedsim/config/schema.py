@@ -79,6 +79,47 @@ class AlgorithmConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
+SharedKey = Literal["lr", "momentum", "local_epochs"]  # what `fedsim tune` searches for every method alike
+
+
+def _default_space() -> dict[SharedKey, Distribution]:
+    # lr over the decades the suites' methods train at (0.005 pFedMe ... 0.1 FedBABU); momentum: plain SGD (the
+    # FedPer, pFedMe and PFLlib settings) or 0.9 (FedBABU's); local epochs: 1 (PFLlib), 5 (FedAvg's E) or 10.
+    return {"lr": Distribution(loguniform=(1e-3, 0.3)), "momentum": Distribution(choice=[0.0, 0.9]),
+            "local_epochs": Distribution(choice=[1, 5, 10])}
+
+
+class TuneConfig(Section):
+    """``fedsim tune``: every method of ``methods`` searched with the same budget (trials x seeds x rounds) over the
+    same shared space plus its own declared parameters, chosen on validation, then run at ``final_seeds`` seeds."""
+    methods: list[AlgorithmConfig] = Field(min_length=1, description="the methods compared: a name, or a mapping "
+                                           "whose parameters stay fixed (not searched)")
+    trials: int = Field(8, ge=1, description="settings drawn per method (shared and own parameters jointly)")
+    rounds: int | None = Field(None, ge=1, description="rounds of every search and final run; null: train.rounds")
+    seeds: list[int] = Field([0], min_length=1, description="the seeds each trial runs at; its score is their mean")
+    final_seeds: int = Field(5, ge=1, description="the chosen settings run at seeds 0..final_seeds-1 (test "
+                             "accuracy's mean and 95% CI)")
+    space: dict[SharedKey, Distribution] = Field(
+        default_factory=_default_space, description="the shared space (lr sets train.body.lr and train.head.lr, "
+        "momentum both parts' momentum, local_epochs train.local_epochs); leave a key out where the setting fixes it")
+
+    @field_validator("methods")
+    @classmethod
+    def _each_method_once(cls, methods: list[AlgorithmConfig]) -> list[AlgorithmConfig]:
+        names = [m.name for m in methods]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice is not None:
+            raise ValueError(f"{twice} is listed twice; list each method once (its own parameters are searched)")
+        return methods
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) < len(seeds) or min(seeds) < 0:
+            raise ValueError(f"give distinct seeds of at least 0 (got {seeds})")
+        return seeds
+
+
 # Keys that moved into a method's own parameters: old key -> where it lives now.
 MOVED_KEYS = {("train", "mu"): "algorithm: {name: fedprox, mu: ...}",
               ("train", "ditto_lambda"): "algorithm: {name: ditto, lambda: ...}",
@@ -109,6 +150,7 @@ class RunConfig(Section):
         default_factory=dict, description="dotted key -> a list of values (a grid: one run per combination) or a "
         "distribution ({uniform|loguniform|randint: [lo, hi]} or {choice: [...]}, drawn search.samples times)")
     search: SearchConfig = SearchConfig()
+    tune: TuneConfig | None = Field(None, description="`fedsim tune`: methods, budget and shared space")
 
     @field_validator("sweep", mode="before")
     @classmethod

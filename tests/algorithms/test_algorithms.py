@@ -480,6 +480,13 @@ def test_fedsim_algorithms_lists_every_system_key_with_its_default():
     assert all(f"system.{key} = " in listing for key in SystemConfig.model_fields if key != "availability")
 
 
+def test_fedsim_algorithms_shows_the_ranges_fedsim_tune_searches():
+    from fedsim.algorithms.catalog import text_listing
+
+    fedprox = text_listing().split("\n\nfedprox  (")[1].split("\n\n")[0]
+    assert "\n    fedsim tune searches: mu choice [0.001, 0.01, 0.1, 1.0]" in fedprox
+
+
 def test_every_experiment_config_validates():
     from fedsim.config import load_tree
     from fedsim.sweep.expand import expand_sweep

@@ -30,6 +30,12 @@ ASYNC = {**CLOCK, "mode": "async"}
      "algorithm.name: fedrod trains with its own objective (balanced softmax and a personal head) on the network's "
      "forward, which would bypass model.client user_plugins:TwoPartModule's training_step; use the built-in client "
      "(unset model.client) or a method that trains through the module"),
+    ({"tune": {"methods": ["fedavg"]}},
+     "data.validation: fedsim tune chooses each method's settings on the validation split, and this config has none; "
+     "set data.validation (e.g. 0.1)"),
+    ({"tune": {"methods": ["fedavg"]}, "data": {"validation": 0.1}, "sweep": {"seed": [1]}},
+     "sweep: fedsim tune draws its own runs from tune (methods, trials, seeds, space); remove the sweep section, or "
+     "run `fedsim sweep` on a copy without tune"),
 ])
 def test_each_cross_section_rule_is_refused_with_its_line(tree, message):
     with pytest.raises(ConfigError) as err:
@@ -52,6 +58,7 @@ def test_the_same_settings_pass_where_the_other_section_agrees():
     validate({"logging": {"wandb": {"x_axis": "sim_time"}}, "system": CLOCK})
     validate({"model": {"precision": "16-mixed"}, "engine": {"gpus_per_worker": 0.5}})
     validate({"algorithm": "fedavg", "model": {"client": "user_plugins:TwoPartModule"}})
+    validate({"tune": {"methods": ["fedavg"]}, "data": {"validation": 0.1}})
 
 
 def test_the_methods_parameters_are_checked_and_stored_with_their_defaults():

@@ -1,5 +1,5 @@
 """fedsim/config/schema.py: RunConfig as a whole: the run's name and where it writes, the method by name, and the
-sweep / search sections (a value list or a distribution per key)."""
+sweep / search sections (a value list or a distribution per key) and tune (fedsim tune's budget and space)."""
 import pytest
 
 from fedsim.config import Distribution, RunConfig, validate
@@ -55,3 +55,15 @@ def test_a_sweep_key_holds_a_list_or_one_distribution():
 def test_a_wrong_sweep_value_is_named(value, message):
     with pytest.raises(ConfigError, match=f"^{message}"):
         validate({"sweep": {"seed": value}})
+
+
+def test_tune_holds_the_budget_and_the_shared_space_with_their_defaults():
+    cfg = validate({"data": {"validation": 0.1}, "tune": {"methods": ["fedavg", {"name": "fedprox", "mu": 0.1}]}})
+    tune = cfg.tune
+    assert (tune.trials, tune.rounds, tune.seeds, tune.final_seeds) == (8, None, [0], 5)
+    assert [m.name for m in tune.methods] == ["fedavg", "fedprox"] and tune.methods[1].params == {"mu": 0.1}
+    assert {key: dist.kind for key, dist in tune.space.items()} == {"lr": "loguniform", "momentum": "choice",
+                                                                   "local_epochs": "choice"}
+    assert validate(cfg.model_dump()) == cfg and validate({}).tune is None
+    with pytest.raises(ConfigError, match=r"^tune.trials: "):
+        validate({"data": {"validation": 0.1}, "tune": {"methods": ["fedavg"], "trials": 0}})

@@ -1,0 +1,53 @@
+"""``fedsim tune CONFIG.yaml``: every method of the config's ``tune`` section searched with the same budget, chosen
+on validation, its choice run at the final seeds; ``--dry-run`` prints the runs it would train and the budget."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import TYPE_CHECKING
+
+from fedsim.config import load_tree, refuse_defaults_only
+from fedsim.errors import TuningIncomplete
+
+if TYPE_CHECKING:  # the sweep machinery is imported only by a command that tunes
+    from fedsim.sweep.tune import TunePlan
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    from fedsim.sweep.tune import plan_tuning, results_markdown, run_tuning
+
+    tree = load_tree(args.config, args.overrides)
+    plan = plan_tuning(tree)
+    refuse_defaults_only(args.config, tree)
+    if args.dry_run:
+        print(dry_run_text(plan))
+        return 0
+    command = shlex.join(["fedsim", "tune", args.config, *args.overrides])
+    try:
+        table = run_tuning(plan, args.max_concurrent)
+    except TuningIncomplete as err:
+        print(f"fedsim: error: tune: {err}; `{command}` continues (finished runs are not retrained)", file=sys.stderr)
+        return 3
+    print(results_markdown(plan.base.name, table))
+    print(f"chosen configs and the table: {plan.folder}")
+    short = [row["method"] for row in table["methods"] if row["final_runs"] < plan.tune.final_seeds]
+    if short:
+        print(f"fedsim: error: tune: final runs of {', '.join(short)} failed (causes above); `{command}` runs them "
+              "again", file=sys.stderr)
+        return 3
+    return 0
+
+
+def dry_run_text(plan: TunePlan) -> str:
+    """The count of runs (search + final), the budget, how many search runs are done and each method's space."""
+    from fedsim.sweep.runs import status
+    from fedsim.sweep.tune import space_text
+
+    search, final = len(plan.search_runs), len(plan.methods) * plan.tune.final_seeds
+    done = sum(status(cfg) == "finished" for cfg in plan.search_runs)
+    lines = [f"{search + final} runs: {search} search + {final} final ({len(plan.methods)} methods)",
+             f"budget: {plan.budget()}", f"search runs finished: {done} of {search} (a rerun trains only the rest)"]
+
+    lines += [f"{method.method}: {space_text(method.space)}" for method in plan.methods]
+    return "\n".join(lines)

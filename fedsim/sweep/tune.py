@@ -1,0 +1,281 @@
+"""``fedsim tune``: methods compared at equal tuning budgets, chosen on validation only.
+
+Every method of ``tune.methods`` gets ``tune.trials`` settings, each drawn jointly over the shared space (lr,
+momentum, local epochs: the same values for every method at trial k, a paired comparison) and the method's own
+``tunable`` parameters, from the config's seed on a stream of its own; each trial runs at ``tune.seeds`` for
+``tune.rounds`` rounds. So the budget (trials x seeds x rounds) is the same whatever a method declares. The trial
+with the highest mean validation accuracy at the final round (the accuracy the protocol reports: personalized
+where the run personalizes) is chosen, and its settings run again at seeds 0..final_seeds-1, whose test accuracy
+the table reports. Both phases are sweeps (``fedsim.sweep.executor``): a rerun finds finished runs and trains only
+what is missing."""
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import yaml
+
+from fedsim import storage
+from fedsim.algorithms import algorithm_class
+from fedsim.config import Distribution, RunConfig, SearchConfig, TuneConfig, set_dotted, validate
+from fedsim.core.protocol import on_validation
+from fedsim.errors import ConfigError, TuningIncomplete
+from fedsim.metrics.confidence import mean_ci
+from fedsim.metrics.receipt import receipt, receipt_table
+from fedsim.sweep.executor import Outcome, Sweep, run_sweep
+from fedsim.sweep.expand import draw, expand_sweep
+
+TUNE_STREAM = 0x7E4E  # the tuner's draws: a stream of their own, apart from a run's and a sweep's
+SHARED_KEYS = {"lr": ("train.body.lr", "train.head.lr"), "momentum": ("train.body.momentum", "train.head.momentum"),
+               "local_epochs": ("train.local_epochs",)}
+
+
+@dataclass(frozen=True)
+class MethodSearch:
+    """One method's search: its entry in tune.methods, its space (shared keys, then ``algorithm.<param>``), the
+    settings of each trial and, per trial, its runs (one per search seed)."""
+    method: str
+    entry: dict[str, Any]
+    space: dict[str, Distribution]
+    trials: list[dict[str, Any]]
+    runs: list[list[RunConfig]]
+
+
+@dataclass(frozen=True)
+class TunePlan:
+    """What ``fedsim tune`` runs: the config as written, its tree (without ``tune``, at the tuning's rounds), the
+    rounds of every run and each method's search."""
+    base: RunConfig
+    tune: TuneConfig
+    tree: dict[str, Any]
+    rounds: int
+    methods: list[MethodSearch]
+
+    @property
+    def search_runs(self) -> list[RunConfig]:
+        return [cfg for m in self.methods for trial in m.runs for cfg in trial]
+
+    @property
+    def folder(self) -> str:
+        """Where the chosen configs and the table go: ``out_dir/tune/<name>``."""
+        return storage.join(self.base.out_dir, "tune", self.base.name)
+
+    def budget(self) -> str:
+        t = self.tune
+        return (f"{t.trials} trials x {len(t.seeds)} seed(s) ({', '.join(map(str, t.seeds))}) x {self.rounds} rounds "
+                f"per method; the chosen settings at {t.final_seeds} seeds (0..{t.final_seeds - 1})")
+
+
+def plan_tuning(tree: dict[str, Any]) -> TunePlan:
+    """Validate the config and draw every method's trials; refuses (one line) a config without ``tune``."""
+    base = validate(tree)
+    if base.tune is None:
+        raise ConfigError("tune: this config has no tune section; add tune: {methods: [...], trials: N, seeds: [...]}")
+    rounds = base.tune.rounds or base.train.rounds
+    run_tree = {k: v for k, v in copy.deepcopy(tree).items() if k != "tune"}
+    set_dotted(run_tree, "train.rounds", rounds)
+    return TunePlan(base, base.tune, run_tree, rounds, [_method_search(base, run_tree, entry.model_dump(by_alias=True))
+                                                        for entry in base.tune.methods])
+
+
+def search_space(tune: TuneConfig, entry: dict[str, Any]) -> dict[str, Distribution]:
+    """The shared space, then the method's own declared parameters the entry does not fix."""
+    own = algorithm_class(entry["name"]).tunable
+    shared: dict[str, Distribution] = {key: dist for key, dist in tune.space.items()}
+    return {**shared, **{f"algorithm.{key}": dist for key, dist in own.items() if key not in entry}}
+
+
+def draw_trials(seed: int, space: dict[str, Distribution], trials: int) -> list[dict[str, Any]]:
+    """``trials`` settings: trial k draws the space's keys in order from (seed, TUNE_STREAM, k), so the shared
+    keys (first) take the same values for every method at trial k."""
+    drawn = []
+    for k in range(trials):
+        rng = np.random.default_rng([seed, TUNE_STREAM, k])
+        drawn.append({key: draw(dist, rng) for key, dist in space.items()})
+    return drawn
+
+
+def _method_search(base: RunConfig, run_tree: dict[str, Any], entry: dict[str, Any]) -> MethodSearch:
+    tune = base.tune
+    assert tune is not None
+    method = entry["name"]
+    try:
+        space = search_space(tune, entry)
+    except ValueError as err:
+        raise ConfigError(f"tune.methods: {err}") from None
+    trials = draw_trials(base.seed, space, tune.trials)
+    runs = [[_run(run_tree, entry, values, f"{base.name}-{method}-t{k}", seed) for seed in tune.seeds]
+            for k, values in enumerate(trials)]
+    return MethodSearch(method, entry, space, trials, runs)
+
+
+def method_tree(run_tree: dict[str, Any], entry: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """The run tree with the method ``entry`` and a trial's ``values`` set."""
+    tree = copy.deepcopy(run_tree)
+    tree["algorithm"] = dict(entry)
+    for key, value in values.items():
+        for dotted in SHARED_KEYS.get(key, (key,)):
+            set_dotted(tree, dotted, value)
+    return tree
+
+
+def _run(run_tree: dict[str, Any], entry: dict[str, Any], values: dict[str, Any], name: str, seed: int) -> RunConfig:
+    tree = method_tree(run_tree, entry, values)
+    tree.update(name=f"{name}-s{seed}", seed=seed)
+    tree.setdefault("logging", {}).setdefault("wandb", {}).setdefault("group", name)  # W&B averages a trial's seeds
+    try:
+        return validate(tree)
+    except ConfigError as err:
+        raise ConfigError(f"tune: {err} (in the run {tree['name']})") from None
+
+
+def reported_key(cfg: RunConfig) -> str:
+    """The accuracy the protocol reports: personalized where the run personalizes, else the model each client holds."""
+    return "acc_personalized" if cfg.eval.personalizes else "acc"
+
+
+def selection_key(cfg: RunConfig) -> str:
+    """The validation accuracy a trial is chosen on: the reported one, on the validation split."""
+    return on_validation(reported_key(cfg))
+
+
+def validation_part(summary: dict) -> dict:
+    """A run summary's validation scores alone: what the chooser may read."""
+    return {key: value for key, value in summary.items() if key.startswith(on_validation(""))}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A method's chosen trial, its mean validation score there (a fraction) and the trials left out (failed)."""
+    trial: int
+    score: float
+    failed: list[int]
+
+
+def choose(method: str, trials: Sequence[Sequence[dict | None]], key: str) -> Choice:
+    """The trial with the highest mean over its seeds of ``key`` (first on a tie), from each run's validation scores
+    (``validation_part`` of its summary; None where the run failed). A trial with a failed run is out."""
+    scores: dict[int, float] = {}
+    failed = []
+    for k, runs in enumerate(trials):
+        if any(run is None or key not in run for run in runs):
+            failed.append(k)
+            continue
+        scores[k] = float(np.mean([run[key]["mean"] for run in runs if run is not None]))
+    if not scores:
+        raise TuningIncomplete(f"every trial of {method} failed (their causes above); move or narrow the space")
+    best = max(scores, key=lambda k: (scores[k], -k))
+    return Choice(best, scores[best], failed)
+
+
+def _summaries(outcomes: Sequence[Outcome]) -> dict[str, dict | None]:
+    return {o.name: (o.summary if o.state == "finished" else None) for o in outcomes}
+
+
+def _refuse_skipped(outcomes: Sequence[Outcome]) -> None:
+    skipped = [o.name for o in outcomes if o.state == "skipped"]
+    if skipped:
+        raise TuningIncomplete(f"another process holds {', '.join(skipped)}; run the same command once it is done")
+
+
+@dataclass(frozen=True)
+class Final:
+    """A method's choice, the config of its chosen settings (``fedsim run`` runs it) and that config's runs."""
+    choice: Choice
+    tree: dict[str, Any]
+    runs: list[RunConfig]
+
+
+def final_tree(plan: TunePlan, search: MethodSearch, choice: Choice) -> dict[str, Any]:
+    """The chosen settings as a config `fedsim run` runs: the method at its chosen values, at the final seeds."""
+    tree = method_tree(plan.tree, search.entry, search.trials[choice.trial])
+    tree["name"] = f"{plan.base.name}-{search.method}"
+    tree["sweep"] = {"seed": list(range(plan.tune.final_seeds))}
+    return tree
+
+
+def _chosen(plan: TunePlan, search: MethodSearch, searched: dict[str, dict | None]) -> Final:
+    """The method's choice from its search runs' validation scores alone."""
+    trials = [[_validation_or_none(searched[cfg.name]) for cfg in runs] for runs in search.runs]
+    choice = choose(search.method, trials, selection_key(search.runs[0][0]))
+    tree = final_tree(plan, search, choice)
+    return Final(choice, tree, expand_sweep(tree))
+
+
+def run_tuning(plan: TunePlan, max_concurrent: int | None = None, say: Callable[[str], None] = print) -> dict:
+    """Search, choose on validation, run the choices at the final seeds; write each chosen config and the table.
+    Returns the table's data (also ``results.json``)."""
+    searched = _summaries(_run_phase(f"{plan.base.name}-tune-search", plan.search_runs, max_concurrent, say))
+    finals = {search.method: _chosen(plan, search, searched) for search in plan.methods}
+    store = storage.Store(plan.folder)
+    for method, final in finals.items():
+        store.write_bytes(f"{method}.yaml", yaml.safe_dump(final.tree, sort_keys=False).encode())
+    final_runs = [cfg for final in finals.values() for cfg in final.runs]
+    ended = _summaries(_run_phase(f"{plan.base.name}-tune-final", final_runs, max_concurrent, say))
+    rows = [_row(plan, search, finals[search.method], ended) for search in plan.methods]
+    table = {"budget": plan.budget(), "trials": plan.tune.trials, "rounds": plan.rounds, "seeds": plan.tune.seeds,
+             "final_seeds": list(range(plan.tune.final_seeds)), "selection": SELECTION, "methods": rows}
+    store.write_bytes("results.json", json.dumps(table, indent=1).encode())
+    store.write_bytes("results.md", results_markdown(plan.base.name, table).encode())
+    return table
+
+
+SELECTION = ("each trial's mean over its seeds of the clients' mean validation accuracy at the final round (the "
+             "accuracy the protocol reports: personalized where the run personalizes); test is never read to choose")
+
+
+def _validation_or_none(summary: dict | None) -> dict | None:
+    return None if summary is None else validation_part(summary)
+
+
+def _run_phase(name: str, configs: list[RunConfig], max_concurrent: int | None,
+               say: Callable[[str], None]) -> list[Outcome]:
+    outcomes = run_sweep(Sweep(name, configs, SearchConfig()), max_concurrent, say)
+    _refuse_skipped(outcomes)
+    return outcomes
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def space_text(space: dict[str, Distribution]) -> str:
+    return "; ".join(f"{key} {dist.kind} {list(dist.bounds)}" for key, dist in space.items())
+
+
+def _row(plan: TunePlan, search: MethodSearch, final: Final, ended: dict[str, dict | None]) -> dict:
+    """A method's row: its space, choice, validation score there and the final seeds' test accuracy (percent)."""
+    choice, configs = final.choice, final.runs
+    key = reported_key(configs[0])
+    tests = [summary[key]["mean"] for cfg in configs if (summary := ended.get(cfg.name)) is not None]
+    estimate = mean_ci([100 * t for t in tests]) if tests else None
+    return {"method": search.method, "space": space_text(search.space),
+            "chosen": {k: search.trials[choice.trial][k] for k in search.space}, "trial": choice.trial,
+            "failed_trials": choice.failed, "validation": 100 * choice.score, "scored": key,
+            "test_mean": estimate.mean if estimate else None, "test_low": estimate.low if estimate else None,
+            "test_high": estimate.high if estimate else None, "final_runs": len(tests),
+            "config": storage.join(plan.folder, f"{search.method}.yaml"),
+            "receipt": receipt([cfg.model_dump() for cfg in configs], [key])}
+
+
+def results_markdown(name: str, table: dict) -> str:
+    """The table: budget, each method's space, its choice, the validation score it was chosen on and the final
+    seeds' test accuracy (mean, 95% CI); then each method's receipt (optimizer, lr, momentum, rounds, local work,
+    what is scored, the round, the seeds)."""
+    lines = [f"# Tuning {name}", "", f"Budget: {table['budget']}.", "", f"Selection: {table['selection']}.", "",
+             "| method | search space | chosen | validation at selection | test, final seeds (mean [95% CI]) | "
+             "final runs | failed trials |", "|---|---|---|---:|---:|---:|---|"]
+    for row in table["methods"]:
+        chosen = ", ".join(f"{k} {_shown(v)}" for k, v in row["chosen"].items())
+        test = "-" if row["test_mean"] is None else f"{row['test_mean']:.2f}" + (
+            "" if row["test_low"] is None else f" [{row['test_low']:.2f}, {row['test_high']:.2f}]")
+        failed = ", ".join(map(str, row["failed_trials"])) or "-"
+        lines.append(f"| {row['method']} | {row['space']} | {chosen} (trial {row['trial']}) | "
+                     f"{row['validation']:.2f} | {test} | {row['final_runs']} | {failed} |")
+    lines += ["", "What each method's final runs ran and scored:", "",
+              *receipt_table([(row["method"], row["receipt"]) for row in table["methods"]])]
+    return "\n".join(lines) + "\n"
