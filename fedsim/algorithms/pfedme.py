@@ -59,9 +59,10 @@ class PFedMeParams(Params):
 class PFedMe(Algorithm):
     """a personal model solved against a Moreau-envelope pull, the local model moved toward it (T. Dinh et al. 2020)"""
     name, train, share = "pfedme", "full", "full"
-    # T. Dinh et al. 2020 (pFedMe, NeurIPS), Sec. 5: lambda 15 (MNIST) or 20 (Synthetic) and the personal lr of
-    # each setting (0.1, 0.01), drawn independently; K stays at the paper's 5.
-    tunable = {"lambda": Distribution(choice=[15.0, 20.0]), "personal_lr": Distribution(choice=[0.01, 0.1])}
+    # The authors' runs (CharlieDinh/pFedMe README.md:42-138): lambda 15, 20 or 30 and personal lr 0.01, 0.05, 0.09
+    # or 0.1 across MNIST, Synthetic and CIFAR-10, drawn independently; K stays at their 5.
+    tunable = {"lambda": Distribution(choice=[15.0, 20.0, 30.0]),
+               "personal_lr": Distribution(choice=[0.01, 0.05, 0.09, 0.1])}
     Params = PFedMeParams
     params: PFedMeParams
     client_slots = {"personal_model": "full"}

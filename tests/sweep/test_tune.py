@@ -49,24 +49,24 @@ def test_each_declared_tunable_parameter_is_one_its_method_takes():
 
 
 def _summary(val: float, test: float) -> dict:
-    return {"acc": {"mean": test}, "acc_personalized": {"mean": test}, "val_acc": {"mean": val},
-            "val_acc_personalized": {"mean": val}}
+    return {"acc": {"mean": test}, "acc_personalized": {"mean": test}, "validation_acc": {"mean": val},
+            "validation_acc_personalized": {"mean": val}}
 
 
 def test_the_key_chosen_on_is_validations_reported_accuracy(tmp_path):
     personalized, initial = plan_tuning(tune_tree(tmp_path)), plan_tuning(
         {**tune_tree(tmp_path), "eval": {"finetune_epochs": 0}})
-    assert selection_key(personalized.search_runs[0]) == "val_acc_personalized"
-    assert selection_key(initial.search_runs[0]) == "val_acc"
+    assert selection_key(personalized.search_runs[0]) == "validation_acc_personalized"
+    assert selection_key(initial.search_runs[0]) == "validation_acc"
 
 
 def test_the_choice_reads_validation_only():
     runs = [[_summary(0.5, 0.9), _summary(0.6, 0.9)], [_summary(0.7, 0.1), _summary(0.7, 0.1)],
             [_summary(0.2, 1.0), None]]
     chosen = choose("m", [[None if r is None else validation_part(r) for r in trial] for trial in runs],
-                    "val_acc_personalized")
+                    "validation_acc_personalized")
     assert (chosen.trial, chosen.score, chosen.failed) == (1, 0.7, [2])
-    assert validation_part(_summary(0.5, 0.9)) == {"val_acc": {"mean": 0.5}, "val_acc_personalized": {"mean": 0.5}}
+    assert validation_part(_summary(0.5, 0.9)) == {"validation_acc": {"mean": 0.5}, "validation_acc_personalized": {"mean": 0.5}}
     with pytest.raises(TuningIncomplete, match="every trial of m failed"):  # test keys never reach the chooser
         choose("m", [[validation_part(_summary(0.5, 0.9))]], "acc")
 
