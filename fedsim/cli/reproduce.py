@@ -99,7 +99,8 @@ def _reproduce_dry_run(planned: list, seeds: int | None) -> int:
         if item.needs:  # its weights are another run's, possibly not yet there: the same work from random weights
             config = config.model_copy(update={"model": config.model.model_copy(update={"init_from": None})})
             after.append(f"{item.key} after {', '.join(key_of[dep.name] for dep in item.needs)}")
-        e = estimate(config)
+        state = status(item.config)  # checked as its run would take it: a kept run is replayed, not started anew
+        e = estimate(config, resume=state == "resumable", overwrite=state in ("changed", "finished"))
         work[item.key] = e.train_sample_steps + e.finetune_sample_steps
         print(f"{item.config.name:<44} {e.model:<13} {e.rounds:>6} {e.sampled_per_round:>7} {e.epochs_per_round:>6} "
               f"{e.train_sample_steps:>18,} {e.finetune_sample_steps:>12,}")

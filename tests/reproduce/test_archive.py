@@ -140,3 +140,18 @@ def test_every_kept_archive_of_the_repository_is_within_the_bounds():
         pytest.skip("no kept runs in this checkout")
     for source in kept:
         assert archive.KEPT[0] in archive._members(source)
+
+
+def test_the_dry_run_over_the_repositorys_kept_runs_leaves_nothing_to_run(tmp_path, capsys, data_root):
+    """`fedsim reproduce fedbabu --dry-run` on a fresh clone: the kept runs (LG-FedAvg's from another machine's FedAvg
+    among them) are put back and checked as their runs would take them (replayed, never started anew): none changed,
+    none left."""
+    from fedsim.cli.main import main
+
+    kept = TESTS.parent / KEPT_DEFAULT
+    if not any(kept.glob("fedbabu-cpu-lg_fedavg-s*.tar.gz")):
+        pytest.skip(f"{KEPT_DEFAULT} holds no kept LG-FedAvg run")
+    assert main(["reproduce", "fedbabu", "--dry-run", "--only", "fedbabu-best", "--runs", str(tmp_path / "runs"),
+                 "--kept", str(kept)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert ": changed" not in out and "left: 0 runs" in out and "fedbabu-cpu-lg_fedavg-s0: finished" in out
