@@ -87,11 +87,12 @@ def resume_fingerprint(cfg_dict: dict) -> str:
     return hashlib.sha256(json.dumps(_resume_settings(cfg_dict), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    """A nested settings tree as dotted keys (an empty mapping stays a value)."""
     flat: dict[str, object] = {}
     for key, value in tree.items():
         if isinstance(value, dict) and value:
-            flat |= _flatten(value, f"{prefix}{key}.")
+            flat |= flatten(value, f"{prefix}{key}.")
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -99,5 +100,5 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
 
 def changed_settings(before: dict, after: dict) -> list[str]:
     """Dotted keys a resume may not change whose values differ between two resolved configs."""
-    old, new = _flatten(_resume_settings(before)), _flatten(_resume_settings(after))
+    old, new = flatten(_resume_settings(before)), flatten(_resume_settings(after))
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))

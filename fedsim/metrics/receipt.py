@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim import strict_yaml
-from fedsim.config import result_settings
+from fedsim.config.fingerprint import flatten, result_settings
 from fedsim.core import runfiles
 
 RECEIPT = ("method", "optimizer", "lr", "momentum", "rounds", "local work", "scored", "round", "seeds")
@@ -98,19 +98,9 @@ def receipt_table(arms: list[tuple[str, dict[str, str]]]) -> list[str]:
             *(f"| {label} | " + " | ".join(r.get(key, "-") for key in RECEIPT) + " |" for label, r in arms)]
 
 
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat |= _flat(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def differences(configs: list[dict]) -> list[str]:
     """The settings that change results (``result_settings``) whose values differ between the arms' configs, seed
     aside: what a comparison of these arms is also about."""
-    flats = [_flat(result_settings({**c, "engine": c.get("engine", {})})) for c in configs]
+    flats = [flatten(result_settings({**c, "engine": c.get("engine", {})})) for c in configs]
     keys = sorted(set().union(*flats) - {"seed"}) if flats else []
     return [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
