@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedsim.algorithms.base import PARTS, Params, PartialSharing
 from fedsim.config.schema import Distribution
@@ -30,6 +30,13 @@ class APFLParams(Params):
                                   "defaults to False, FedTorch parameters.py:70)")
     alpha_lr: float | None = Field(None, ge=0, description="step size for alpha; null: train.body.lr (FedTorch "
                                    "passes the round's lr, centered/apfl.py:115-116)")
+
+    @model_validator(mode="after")
+    def _variants_adaptive(self) -> APFLParams:
+        # resolved here, so that a run's stored settings (and the fingerprint of a kept paper run) say true or false
+        if self.adaptive is None:
+            self.adaptive = self.variant != "fedtorch"
+        return self
 
 
 class APFL(PartialSharing):
@@ -146,9 +153,7 @@ class APFL(PartialSharing):
 
     @property
     def adaptive(self) -> bool:
-        if self.params.adaptive is not None:
-            return self.params.adaptive
-        return self.params.variant != "fedtorch"
+        return bool(self.params.adaptive)  # null resolved by APFLParams for the variant
 
     @property
     def start_alpha(self) -> float:
