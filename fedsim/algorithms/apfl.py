@@ -120,7 +120,8 @@ class APFL(PartialSharing):
 
         def fedtorch_step(x: torch.Tensor, y: torch.Tensor) -> None:
             # After w's step on the batch: v's step on the loss of the mixed outputs, w's output from w after its step.
-            v_out = torch.func.functional_call(ctx.net, {**personal, **{k: b.clone() for k, b in buffers.items()}}, (x,))
+            scratch = {k: b.clone() for k, b in buffers.items()}  # w's BatchNorm statistics stay w's own
+            v_out = torch.func.functional_call(ctx.net, {**personal, **scratch}, (x,))
             w_out = torch.func.functional_call(ctx.net, {k: b.clone() for k, b in buffers.items()}, (x,))
             mixing = alpha.detach()  # a constant of the loss: FedTorch's alpha is a float (eval.py:36)
             loss = F.cross_entropy(mixing * v_out + (1 - mixing) * w_out, y)

@@ -30,8 +30,8 @@ def test_every_method_is_bit_identical_on_one_two_and_three_workers(tmp_path, da
 
 
 @pytest.mark.parametrize("algorithm, validation", [
-    *((name, 0.0) for name in ["scaffold", "fedavgm", "apfl", "apfl-fedtorch", "fedper", "pfedme", "fedrod", "fedproto", "ifca",
-                               "fedfomo", "fedala", "fedamp"]), ("fedala", 0.3)])
+    *((name, 0.0) for name in ["scaffold", "fedavgm", "apfl", "apfl-fedtorch", "fedper", "pfedme", "fedrod",
+                               "fedproto", "ifca", "fedfomo", "fedala", "fedamp"]), ("fedala", 0.3)])
 def test_checkpointed_server_and_client_state_resume_exactly(tmp_path, data_root, monkeypatch, algorithm, validation):
     """Server slots (momentum, control variates) and client slots survive a checkpoint, also when the
     resumed run has another number of workers (and with data.validation's split)."""
