@@ -14,7 +14,7 @@ algorithms never see the runtime itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol, overload
+from typing import Any, Literal, Protocol, overload
 
 import numpy as np
 import torch
@@ -25,8 +25,10 @@ from fedsim.core.protocol import WEIGHTS
 # A term added to the loss before every backward pass; a plain 0 where it covers no parameters (sum of nothing).
 Penalty = Callable[[], torch.Tensor | float]
 StepCallback = Callable[[torch.Tensor, torch.Tensor], None]
-# (input of the output layer, its logits) -> the logits a client is scored with (ctx.score_with)
+# (input of the output layer, its logits) -> the logits a client is scored with (ctx.score_with); with
+# on="network": (the network's input, its logits)
 LogitAdjustment = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+AdjustedModule = Literal["output_layer", "network"]
 
 
 class Proximal:
@@ -157,6 +159,7 @@ class ClientContext:
         self.slots: dict[str, np.ndarray] = {}  # staged per-client state, kept if the round succeeds
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
         self.logit_adjustment: LogitAdjustment | None = None  # what score_with set, applied while this client is scored
+        self.logit_adjustment_on: AdjustedModule = "output_layer"  # the module whose (input, output) it sees
         self.recorded: dict[str, float] = {}  # what ``record`` noted of this client's round: its mechanism, by name
 
     # -- the model -------------------------------------------------------------------------------
@@ -292,11 +295,12 @@ class ClientContext:
         """The head's last linear layer of the network."""
         return self._rt.whole_runtime("reads ctx.output_layer").output_layer
 
-    def score_with(self, adjust: LogitAdjustment) -> None:
+    def score_with(self, adjust: LogitAdjustment, on: AdjustedModule = "output_layer") -> None:
         """From ``load_for_evaluation``: score this client with ``adjust(input of the output layer, its logits)`` in
-        place of the output layer's logits (FedRoD's generic + personal logits). The runtime applies it while it
-        scores this client and removes it after."""
-        self.logit_adjustment = adjust
+        place of the output layer's logits (FedRoD's generic + personal logits), or with ``on="network"``
+        ``adjust(the network's input, its logits)`` (APFL's output mixture as FedTorch scores it). The runtime applies
+        it while it scores this client and removes it after."""
+        self.logit_adjustment, self.logit_adjustment_on = adjust, on
 
     def features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the representation entering the output layer, flattened; the logits) of one forward pass: FedRoD's

@@ -11,7 +11,7 @@ import torch
 
 from fedsim.algorithms import PARTS
 from fedsim.algorithms.base import Algorithm
-from fedsim.algorithms.context import ClientContext, LogitAdjustment, RuntimePort
+from fedsim.algorithms.context import AdjustedModule, ClientContext, LogitAdjustment, RuntimePort
 from fedsim.client.loop import LocalLoop
 from fedsim.client.logged import recorded
 from fedsim.client.randomness import FINETUNE_STREAM, client_generator
@@ -68,7 +68,7 @@ class Evaluation:
             self.algorithm.load_for_evaluation(ctx)
             if seen is not None:
                 seen(ctx, "initial")
-            with self._adjusted_logits(ctx.logit_adjustment):
+            with self._adjusted_logits(ctx.logit_adjustment, ctx.logit_adjustment_on):
                 rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test),
                        **({"n_validation": len(cd.val)} if len(cd.val) else {}), **self._record(client),
                        **recorded(self.algorithm.name, ctx.recorded)}  # a second score of the method's (FedProto's)
@@ -94,12 +94,13 @@ class Evaluation:
         self.port.sgd(x, y, PARTS[ecfg.finetune_part], ecfg.finetune_epochs, gen, ctx.round, finetune=True)
 
     @contextmanager
-    def _adjusted_logits(self, adjust: LogitAdjustment | None) -> Iterator[None]:
+    def _adjusted_logits(self, adjust: LogitAdjustment | None, on: AdjustedModule) -> Iterator[None]:
         """A method's scoring logits (``ClientContext.score_with``) for one client's evaluation, then the network's own."""
         if adjust is None:
             yield
             return
-        handle = self.port.output_layer.register_forward_hook(lambda _, inputs, logits: adjust(inputs[0], logits))
+        module = self.port.output_layer if on == "output_layer" else self.port.net
+        handle = module.register_forward_hook(lambda _, inputs, logits: adjust(inputs[0], logits))
         try:
             yield
         finally:

@@ -519,3 +519,40 @@ def test_apfl_pfllib_variant_trains_v_on_its_own_loss_and_is_scored_with_the_mix
     paper = runtime(tmp_path, "apfl")
     train_one(paper, state, CLIENT, 1)
     assert not np.array_equal(paper.slots["personal_model"][CLIENT], rt.slots["personal_model"][CLIENT])
+
+
+def _logits(rt: ClientRuntime, full: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    """The network's logits on x with the full weights ``full`` loaded, in evaluation mode."""
+    rt.layouts["full"].load(full)
+    rt.net.eval()
+    with torch.no_grad():
+        return rt.net(x)
+
+
+def test_apfl_fedtorch_variant_is_scored_with_the_outputs_of_v_and_the_clients_own_w_mixed(tmp_path):
+    """FedTorch's APFL (centered/apfl.py:87-134): alpha fixed by default, v trained on the mixed output's loss,
+    the client scored with alpha v(x) + (1 - alpha) w(x), w as its local training left it."""
+    rt = runtime(tmp_path, {"name": "apfl", "variant": "fedtorch"})
+    state = start(rt)
+    train_one(rt, state, CLIENT, 1)
+    assert float(rt.slots["alpha"][CLIENT][0]) == 0.5  # --fed_adaptive_alpha is off by default
+    v, w = rt.slots["personal_model"][CLIENT], rt.slots["local_model"][CLIENT]
+    assert not np.array_equal(v, rt.initial("full")) and not np.array_equal(v, w)
+    loss = rt.evaluate(state, [CLIENT], 1)[0]["loss"]
+    x, y = rt.client_tensors(CLIENT, "test")
+    v_logits, w_logits = _logits(rt, v, x), _logits(rt, w, x)
+    mixed = float(torch.nn.functional.cross_entropy(0.5 * v_logits + 0.5 * w_logits, y))
+    assert loss == pytest.approx(mixed, rel=1e-5)
+    assert abs(loss - float(torch.nn.functional.cross_entropy(w_logits, y))) > 1e-3  # not w's own score
+    assert rt.evaluate(state, [CLIENT], 1)[0]["loss"] == loss  # the same again: v's hook was removed after scoring
+
+
+def test_apfl_fedtorch_variant_steps_alpha_once_a_round_on_its_first_batch(tmp_path):
+    """With alpha adaptive, FedTorch steps it on a round's first batch only (centered/apfl.py:114): a second local
+    epoch leaves the round's alpha as one epoch did, and it moved."""
+    alphas = []
+    for epochs in (1, 2):
+        rt = runtime(tmp_path, {"name": "apfl", "variant": "fedtorch", "adaptive": True}, train__local_epochs=epochs)
+        train_one(rt, start(rt), CLIENT, 1)
+        alphas.append(float(rt.slots["alpha"][CLIENT][0]))
+    assert alphas[0] == alphas[1] != 0.5

@@ -8,14 +8,16 @@ from fedsim.algorithms import ALGORITHMS
 
 ROUNDS = 2
 QUICK = {"fedrep": {"head_epochs": 2}}  # the default 10 head epochs test nothing more, slowly
+# variants with state or scoring of their own (APFL's FedTorch variant: the client's w kept, the outputs mixed)
+VARIANTS = {"apfl-fedtorch": {"name": "apfl", "variant": "fedtorch", "adaptive": True}}
 
 
 def _setup(tmp_path, data_root, algorithm, workers, validation=0.0):
-    return six_client_run(tmp_path, data_root, {"name": algorithm, **QUICK.get(algorithm, {})}, workers, ROUNDS,
-                          validation=validation)
+    method = VARIANTS.get(algorithm, {"name": algorithm, **QUICK.get(algorithm, {})})
+    return six_client_run(tmp_path, data_root, method, workers, ROUNDS, validation=validation)
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS) + sorted(VARIANTS))
 def test_every_method_is_bit_identical_on_one_two_and_three_workers(tmp_path, data_root, monkeypatch, algorithm):
     results = {}
     for workers in (1, 2, 3):
@@ -28,8 +30,8 @@ def test_every_method_is_bit_identical_on_one_two_and_three_workers(tmp_path, da
 
 
 @pytest.mark.parametrize("algorithm, validation", [
-    *((name, 0.0) for name in ["scaffold", "fedavgm", "apfl", "fedper", "pfedme", "fedrod", "fedproto", "ifca",
-                               "fedfomo", "fedala", "fedamp"]), ("fedala", 0.3)])
+    *((name, 0.0) for name in ["scaffold", "fedavgm", "apfl", "apfl-fedtorch", "fedper", "pfedme", "fedrod",
+                               "fedproto", "ifca", "fedfomo", "fedala", "fedamp"]), ("fedala", 0.3)])
 def test_checkpointed_server_and_client_state_resume_exactly(tmp_path, data_root, monkeypatch, algorithm, validation):
     """Server slots (momentum, control variates) and client slots survive a checkpoint, also when the
     resumed run has another number of workers (and with data.validation's split)."""
