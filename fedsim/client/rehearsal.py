@@ -5,6 +5,7 @@ and the workers have started."""
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 
 import torch
 
@@ -22,7 +23,10 @@ def rehearse(plan: RunPlan) -> None:
         return
     threads = torch.get_num_threads()  # a worker's set-up fixes the process's threads (engine.threads_per_worker)
     try:
-        _one_step(plan, client)
+        # In a scratch out_dir: what the step writes (a ModelCheckpoint's file under RUN/lightning/) never lands in
+        # the run folder, which --dry-run promises to leave unwritten and a run has not created yet.
+        with tempfile.TemporaryDirectory(prefix="fedsim-rehearsal-") as scratch:
+            _one_step(_on_this_machine(plan, scratch), client)
     except (ConfigError, UserCodeError):
         raise
     except Exception as err:  # as a worker reports it: the user's, once (fedsim.client.worker.Worker)
@@ -33,18 +37,18 @@ def rehearse(plan: RunPlan) -> None:
         torch.set_num_threads(threads)
 
 
-def _on_this_machine(plan: RunPlan) -> RunPlan:
-    """The plan as this process can train it: on its CPU, so at full precision where the workers' is a GPU's
-    (16-mixed has no CPU kernels); what the module does wrong does not depend on it."""
+def _on_this_machine(plan: RunPlan, scratch: str) -> RunPlan:
+    """The plan as this process can train it, writing under ``scratch``: on its CPU, so at full precision where the
+    workers' is a GPU's (16-mixed has no CPU kernels); what the module does wrong depends on neither."""
+    update: dict = {"out_dir": scratch}
     model = plan.cfg.model
-    if plan.cfg.engine.gpus_per_worker == 0 or model.precision in ("32", "32-true"):
-        return plan
-    cfg = plan.cfg.model_copy(update={"model": model.model_copy(update={"precision": "32"})})
-    return dataclasses.replace(plan, cfg=cfg)
+    if plan.cfg.engine.gpus_per_worker > 0 and model.precision not in ("32", "32-true"):
+        update["model"] = model.model_copy(update={"precision": "32"})
+    return dataclasses.replace(plan, cfg=plan.cfg.model_copy(update=update))
 
 
 def _one_step(plan: RunPlan, client: int) -> None:
-    runtime = ClientRuntime(_on_this_machine(plan), {client: plan.clients[client]})
+    runtime = ClientRuntime(plan, {client: plan.clients[client]})
     batch = plan.cfg.train.batch_size
     runtime.loop.working_on(client, 1, "training")  # as round 1 trains it
     x, y = runtime.client_tensors(client, "train")

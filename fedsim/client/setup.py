@@ -69,9 +69,13 @@ def set_up_worker(plan: RunPlan) -> WorkerModel:
     train = training_optimizers(module, keys, fabric, settings)
     with_trainer = cfg.model.client_loop == "trainer"
     own, listed = callbacks(module, cfg, with_trainer)
+    # Under the Trainer loop the callbacks are each local update's Trainer's (it makes and calls them); fedsim's own
+    # scoring is no Trainer stage, so it calls the module's hooks alone (a ModelCheckpoint's on_validation_end reads
+    # Trainer-only state, and would save on every client's scoring).
+    hooked = [] if with_trainer else [*own, *listed]
     loop = LocalLoop(module, fabric, {"train": train, "finetune": finetune_optimizers(module, keys, fabric, settings,
                                                                                         train)},
-                     keys, [*own, *listed], plan.num_classes, listed, cfg.model.precision,
+                     keys, hooked, plan.num_classes, listed, cfg.model.precision,
                      with_trainer, lightning_folder(cfg))
     layouts = {name: BoundLayout.bind(layout, net, fabric.device) for name, layout in plan.model.layouts.items()}
     layouts["full"].load(plan.model.initial["full"])
