@@ -18,6 +18,7 @@ from fedsim.client.resident import BoundLayout
 from fedsim.client.settings import OptimizerSettings
 from fedsim import storage
 from fedsim.config import RunConfig
+from fedsim.core import runfiles
 from fedsim.core.layout import KeyParts
 from fedsim.errors import UserCodeError
 from fedsim.models.lightning import (build_callbacks, config_optimizers, module_optimizers, network_of,
@@ -149,5 +150,5 @@ def _first_line(err: BaseException) -> str:
 def lightning_folder(cfg: RunConfig) -> str | None:
     """Where a local update's Trainer keeps what Lightning's callbacks write (ModelCheckpoint's files): the run
     folder's ``lightning/``; a run in a bucket leaves Lightning its default (the worker's directory)."""
-    location = storage.join(cfg.out_dir, cfg.name, "lightning")
+    location = storage.join(cfg.out_dir, cfg.name, runfiles.LIGHTNING)
     return None if storage.is_uri(location) else storage.anchored(location)

@@ -37,9 +37,12 @@ CHECKPOINTS = "checkpoints"
 WANDB = "wandb"
 WANDB_RUN = "wandb_run.json"
 LOCK = ".lock"
+EXPORT = "export"  # fedsim export's default folder
+LIGHTNING = "lightning"  # what Lightning's callbacks write under the Trainer loop (a ModelCheckpoint's files)
 
 JSONL_RESULTS = (METRICS, ROUNDS, COMM)  # appended each round, truncated on resume
 RESULT_FILES = (*JSONL_RESULTS, ROUNDS_CSV, SUMMARY, PARTS)  # what a new run starts without (--overwrite removes them)
+RESULT_FOLDERS = (EXPORT, LIGHTNING)  # made from a run's results: --overwrite removes them with the files
 
 
 def compare_stored(stored: dict[str, Any], cfg: RunConfig) -> tuple[RunConfig, list[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -223,6 +224,8 @@ class RunFolder:
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in runfiles.RESULT_FILES:
             (run_dir / stale).unlink(missing_ok=True)
+        for folder in runfiles.RESULT_FOLDERS:  # an old run's exports beside new results would claim to be theirs
+            _remove_tree(run_dir / folder)
         checkpoint.remove_all(run_dir)
         atomic.write_text(run_dir / runfiles.DATASET, json.dumps({"dataset": self.cfg.data.dataset, "digest": data.digest}))
         partition.save(run_dir / runfiles.PARTITION)
@@ -267,3 +270,11 @@ class RunFolder:
     def close(self) -> None:
         if self.remote:
             storage.remove_staging(self.local)
+
+
+def _remove_tree(path: Path) -> None:
+    """``path`` gone: a link itself (never what it points to), a folder with what it holds."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)

@@ -195,3 +195,28 @@ def test_the_resume_command_a_failure_prints_carries_trust_plugins_when_the_conf
     assert RunFailed("cause", own.location, names_code=own.names_code).resume_command == own.resume_command
     assert RunFolder(validate(synthetic_tree(tmp_path, "p"))).resume_command == f"fedsim run --resume {tmp_path / 'p'}"
     assert own.written() == "its config and partition, no checkpoint yet (resume starts at round 1)"
+
+
+def test_overwrite_removes_what_an_old_run_exported_never_what_a_link_points_to(tmp_path):
+    """`--overwrite` starts a run without the old one's results: its exports and Lightning's checkpoint files
+    (folders made from its results) go too, or they would sit beside the new results as theirs. A planted link
+    is removed as a link: what it points to stays."""
+    from conftest import synthetic_tree
+
+    from fedsim.config import validate
+    from fedsim.core import runfiles
+    from fedsim.engine.runfolder import RunFolder
+    from fedsim.plan.build import load_inputs
+
+    cfg = validate(synthetic_tree(tmp_path, "over"))
+    run_dir = tmp_path / cfg.name
+    (run_dir / runfiles.EXPORT / "round-0005").mkdir(parents=True)
+    (run_dir / runfiles.EXPORT / "round-0005" / "client-0.pt").write_bytes(b"an old run's model")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("kept")
+    (run_dir / runfiles.LIGHTNING).symlink_to(outside)
+    inputs = load_inputs(cfg)
+    RunFolder(cfg).create(inputs.partition, inputs.data)
+    assert not (run_dir / runfiles.EXPORT).exists() and not (run_dir / runfiles.LIGHTNING).is_symlink()
+    assert (outside / "keep.txt").read_text() == "kept" and (run_dir / runfiles.CONFIG).exists()
