@@ -109,7 +109,8 @@ def _reproduce_parser(sub) -> None:
                      f"default {KEPT_DEFAULT})")
     rep.add_argument("--report-only", action="store_true", help="run nothing; report from the runs that exist (and "
                      "the kept ones)")
-    rep.add_argument("--dry-run", action="store_true", help="validate every run's config and list what would run (kept runs are put back into --runs first, as a run would)")
+    rep.add_argument("--dry-run", action="store_true", help="validate every run's config and list what would run "
+                     "(kept runs are put back into --runs first, as a run would)")
     rep.add_argument("--max-concurrent", type=_positive, metavar="N", help="run N runs at once as Ray Tune trials on "
                      "the current Ray cluster (default: one after another in this process)")
 
