@@ -9,6 +9,7 @@ code that resume imports unless the user says so (``fedsim run --resume RUN --tr
 given to the same field on the command line: :func:`plugin_settings` lists what a config names)."""
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import sys
@@ -162,11 +163,11 @@ def names_code(cfg: Any) -> bool:
     return bool(plugin_settings(cfg.model_dump()))
 
 
-def imported_files(tree: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    """(module, file) of fedsim and of each plug-in module ``tree`` names, as this process imported them: what the
-    workers of a run must import too (:func:`other_code`)."""
+def imported_files(tree: dict[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """(module, file, digest of its source) of fedsim and of each plug-in module ``tree`` names, as this process
+    imported them: what the workers of a run must import too (:func:`other_code`)."""
     names = ["fedsim", *sorted({spec.partition(":")[0] for spec in plugin_settings(tree).values()})]
-    return tuple((name, _file_of(name)) for name in names if _file_of(name))
+    return tuple((name, file, _source_digest(file)) for name in names if (file := _file_of(name)))
 
 
 def _file_of(module_name: str) -> str:
@@ -174,12 +175,24 @@ def _file_of(module_name: str) -> str:
     return str(Path(file).resolve()) if file else ""
 
 
-def other_code(expected: tuple[tuple[str, str], ...]) -> str | None:
-    """One line naming the first module this process imported from another file than ``expected`` (the driver's),
-    or None. A module not imported here is not compared."""
-    for name, there in expected:
+def _source_digest(file: str) -> str:
+    """A module's source, or a package's (every .py file under its folder, by relative name): the same code at
+    another path (a job's working_dir unpacked on each node) has the same digest."""
+    path = Path(file)
+    files = sorted(path.parent.rglob("*.py")) if path.name == "__init__.py" else [path]
+    digest = hashlib.sha256()
+    for one in files:
+        digest.update(str(one.relative_to(path.parent)).encode() + b"\0" + one.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def other_code(expected: tuple[tuple[str, str, str], ...]) -> str | None:
+    """One line naming the first module this process imported other code for than ``expected`` (the driver's),
+    or None. A module not imported here is not compared; the same source at another path is the same code."""
+    for name, there, source in expected:
         here = _file_of(name)
-        if here and here != there:
-            return (f"{name}: this worker imported {here}, the driver {there}; Ray puts the folder fedsim was started "
-                    "from ahead of PYTHONPATH on its workers: run fedsim from another folder, or install one copy")
+        if here and _source_digest(here) != source:
+            return (f"{name}: this worker imported {here}, the driver {there} (other code); Ray puts the folder fedsim "
+                    "was started from ahead of PYTHONPATH on its workers: run fedsim from another folder, or install "
+                    "one copy")
     return None

@@ -159,8 +159,8 @@ def test_the_libraries_fedsim_runs_on_are_each_refused():
 
 
 def test_a_worker_that_imported_other_code_than_the_driver_says_which_file(tmp_path):
-    """Issue 46 item 6: each worker compares the files it imported fedsim and the config's plug-ins from with the
-    driver's (RunPlan.code), and refuses in one line on the first call."""
+    """Issue 46 item 6: each worker compares the code it imported for fedsim and the config's plug-ins with the
+    driver's (RunPlan.code: their sources' digests), and refuses in one line on the first call."""
     import dataclasses
 
     from conftest import lightning_tree, plan_for
@@ -170,9 +170,12 @@ def test_a_worker_that_imported_other_code_than_the_driver_says_which_file(tmp_p
     from fedsim.plugins import imported_files, other_code
 
     plan = plan_for(validate(lightning_tree(tmp_path, "TwoPartModule")))
-    assert dict(plan.code).keys() == {"fedsim", "user_plugins"} and other_code(plan.code) is None
+    assert [name for name, _, _ in plan.code] == ["fedsim", "user_plugins"] and other_code(plan.code) is None
     assert imported_files({"model": {"client": "user_plugins:TwoPartModule"}}) == plan.code
-    elsewhere = dataclasses.replace(plan, code=(("user_plugins", "/old/copy/user_plugins.py"),))
+    # The same source at another path (a job's working_dir unpacked on another node) is the same code.
+    moved = tuple((name, f"/elsewhere/{name}.py", source) for name, _, source in plan.code)
+    assert other_code(moved) is None
+    elsewhere = dataclasses.replace(plan, code=(("user_plugins", "/old/copy/user_plugins.py", "0" * 16),))
     worker = Worker(elsewhere, dict(enumerate(plan.clients)))
     assert isinstance(worker.failure, UserCodeError) and str(worker.failure).startswith(
         "user_plugins: this worker imported ") and "the driver /old/copy/user_plugins.py" in str(worker.failure)

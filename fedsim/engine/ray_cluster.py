@@ -87,27 +87,36 @@ def run_environment() -> dict:
     """What every Ray process of the run (a sweep's trials, the workers) gets from this driver: the directory the
     user ran fedsim from, which a config's relative paths start from (``fedsim.storage.user_dir``), and this
     process's import path ahead of the one Ray gives it (:func:`imports_as_driver`)."""
+    here = Path.cwd().resolve()
+    # The driver's own folder is named as "the process's folder" (None): a job's working_dir is unpacked at another
+    # path on each node, and each worker runs in its node's copy, which is what the driver imported from.
+    paths = [None if Path(p or ".").resolve() == here else str(Path(p).resolve()) for p in sys.path]
     return {"env_vars": {storage.USER_DIR_ENV: str(storage.user_dir())},
-            "worker_process_setup_hook": imports_as_driver([str(Path(p or ".").resolve()) for p in sys.path])}
+            "worker_process_setup_hook": imports_as_driver(paths)}
 
 
-def imports_as_driver(paths: list[str]) -> Callable[[], None]:
+def imports_as_driver(paths: list[str | None]) -> Callable[[], None]:
     """A Ray worker's set-up: top-level modules found along the driver's import path (``paths``) first. Ray puts
     the driver's working folder ahead of PYTHONPATH on every worker (after this hook runs, so editing sys.path here
     does not hold), where the ``fedsim`` command does not look: a folder holding another copy of fedsim (or of a
     plug-in) would have the workers run other code than the driver. A finder first on sys.meta_path looks a
-    top-level module up in the driver's order (a submodule follows its package). A closure, so Ray sends it by
+    top-level module up in the driver's order (a submodule follows its package); the driver's own folder stands for
+    the worker's, which under `ray job submit` is the job's working_dir as unpacked on the worker's node. A closure, so Ray sends it by
     value: unpickling it on the worker imports no fedsim (each worker then checks what it imported against the
     driver's files: ``fedsim.plugins.other_code``)."""
     def find_as_driver() -> None:
         import importlib.machinery
+        import os as worker_os
         import sys as worker_sys
+
+        # None: the driver's own folder, here the worker's (a job's working_dir as unpacked on this node).
+        order = [worker_os.getcwd() if p is None else p for p in paths]
 
         class DriverOrder:
             @staticmethod
             def find_spec(name: str, path: object = None,
                           target: object = None) -> importlib.machinery.ModuleSpec | None:
-                return None if path is not None else importlib.machinery.PathFinder.find_spec(name, paths)
+                return None if path is not None else importlib.machinery.PathFinder.find_spec(name, order)
 
         worker_sys.meta_path.insert(0, DriverOrder)
 

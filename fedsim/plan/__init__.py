@@ -108,7 +108,7 @@ class RunPlan:
     input_shape: tuple[int, int, int]
     system: SystemModel | None = None  # devices and availability (system.devices set): the virtual clock's inputs
     unseen: frozenset[int] = frozenset()  # eval.unseen: the clients held out of training (scored only)
-    code: tuple[tuple[str, str], ...] = ()  # (module, file) of fedsim and the plug-ins the driver imported
+    code: tuple[tuple[str, str, str], ...] = ()  # (module, file, source digest) of fedsim and the driver's plug-ins
 
     # -- clients ---------------------------------------------------------------------------------
     @property
