@@ -11,9 +11,10 @@ from fedsim.config.fingerprint import changed_settings, result_settings, results
 from fedsim.config.learning import (PARTITIONS, CallbackSpec, DataConfig, EvalConfig, ModelConfig, OptimConfig,
                                     PartitionSettings, ServerConfig, TrainConfig)
 from fedsim.config.loading import load_tree, merge_trees, parse_overrides, refuse_defaults_only, set_dotted, validate
+from fedsim.config.privacy import AdaptiveClipping, PrivacyConfig
 from fedsim.config.schema import AlgorithmConfig, Distribution, RunConfig, SearchConfig, TuneConfig
 
-__all__ = ["PARTITIONS", "AlgorithmConfig", "AvailabilityConfig", "CallbackSpec", "DataConfig", "DevicesConfig",
+__all__ = ["PARTITIONS", "AdaptiveClipping", "PrivacyConfig", "AlgorithmConfig", "AvailabilityConfig", "CallbackSpec", "DataConfig", "DevicesConfig",
            "Distribution", "EngineConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig",
            "PartitionSettings", "RunConfig", "SearchConfig", "ServerConfig", "SystemConfig", "TrainConfig",
            "TuneConfig", "WandbConfig", "changed_settings", "check_sections", "load_tree", "merge_trees",

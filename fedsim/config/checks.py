@@ -42,10 +42,35 @@ def check_sections(cfg: RunConfig) -> None:
                           f"on the network's forward, which would bypass model.client {cfg.model.client}'s "
                           "training_step; use the built-in client (unset model.client) or a method that trains "
                           "through the module")
+    if cfg.privacy is not None:
+        check_privacy(cfg, method)
     check_population(cfg)
     check_work(cfg)
     if cfg.tune is not None:
         check_tuning(cfg)
+
+
+def check_privacy(cfg: RunConfig, method: type[Algorithm]) -> None:
+    """DP and secure aggregation act on the exact sum of the clients' shared weights: a method whose server takes
+    that mean, under the mean rule (a robust rule sees every reply, which neither protects)."""
+    from fedsim.algorithms import WEIGHTS
+    what = "secure aggregation" if cfg.privacy is not None and cfg.privacy.dp == "none" else "privacy.dp"
+    if method.aggregation != "sums" or set(method.uploads) != {WEIGHTS} or method.share == "none":
+        raise ConfigError(f"privacy: {what} protects the mean of the clients' shared weights, and "
+                          f"{cfg.algorithm.name}'s server does not take one (it "
+                          f"{_what_the_server_takes(method)}); "
+                          "choose a method of the FedAvg family (e.g. fedavg, fedper, fedbabu, ditto) or remove privacy")
+    if cfg.server.aggregator != "mean":
+        raise ConfigError(f"server.aggregator: {cfg.server.aggregator} sees every client's reply, which {what} "
+                          "does not allow; set server.aggregator: mean")
+
+
+def _what_the_server_takes(method: type[Algorithm]) -> str:
+    if method.share == "none":
+        return "shares nothing"
+    if method.aggregation != "sums":
+        return "combines its clients' replies itself"
+    return "uploads " + ", ".join(method.uploads)
 
 
 def check_tuning(cfg: RunConfig) -> None:

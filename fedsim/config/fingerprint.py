@@ -24,6 +24,11 @@ def result_settings(cfg_dict: dict) -> dict:
     settings["engine"] = {k: v for k, v in settings["engine"].items() if k in ENGINE_RESULTS}
     # Packed training changes the last bits (other kernels); its pack size never does (docs/packed.md).
     settings["engine"]["packed"] = cfg_dict["engine"].get("pack", 1) != 1
+    # Added later: at their defaults (no privacy section, fixed-size sampling) a run's settings read as they did.
+    if settings.get("privacy", ...) is None:
+        del settings["privacy"]
+    if settings.get("train", {}).get("sampling") == "fixed":
+        settings["train"] = {k: v for k, v in settings["train"].items() if k != "sampling"}
     return settings
 
 

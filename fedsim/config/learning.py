@@ -249,6 +249,9 @@ class TrainConfig(Section):
     local_epochs: int = Field(4, ge=1)
     batch_size: int = Field(50, ge=1)
     fraction: float = Field(1.0, gt=0, le=1, description="f: share of clients sampled each round")
+    sampling: Literal["fixed", "poisson"] = Field(
+        "fixed", description="fixed: round(f x N) clients drawn without replacement each round; poisson: each client "
+        "joins each round with probability f, independently (what DP accountants assume for amplification)")
     eval_every: int = Field(1, ge=1)
     weighting: Literal["samples", "uniform"] = Field(
         "samples", description="aggregation weights: n_j / sum n (FedPer's Algorithm 1) or uniform (FedBABU's code)")

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedsim.config.base import Section, format_error
 from fedsim.config.execution import EngineConfig, LoggingConfig, SystemConfig
 from fedsim.config.learning import DataConfig, EvalConfig, ModelConfig, ServerConfig, TrainConfig
+from fedsim.config.privacy import PrivacyConfig
 
 
 class Distribution(Section):
@@ -145,6 +146,8 @@ class RunConfig(Section):
     engine: EngineConfig = EngineConfig()
     system: SystemConfig = SystemConfig()
     server: ServerConfig = ServerConfig()
+    privacy: PrivacyConfig | None = Field(None, description="user-level differential privacy and secure "
+                                          "aggregation (docs/privacy.md); null: none")
     logging: LoggingConfig = LoggingConfig()
     sweep: dict[str, list[Any] | Distribution] = Field(
         default_factory=dict, description="dotted key -> a list of values (a grid: one run per combination) or a "

@@ -1,0 +1,54 @@
+"""The ``privacy`` section: differential privacy of what leaves a client (user-level: one client's whole
+contribution to a round is the unit protected) and secure aggregation of the uploads. Absent, a run is as it
+always was. What each setting guarantees, to whom, and what the simulator does not model: docs/privacy.md."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from fedsim.config.base import Section
+
+
+class AdaptiveClipping(Section):
+    """Andrew et al. (NeurIPS 2021): the clip norm follows a quantile of the clients' update norms, steered each
+    round by a noisy count of the clients whose update was within it (that count is accounted too)."""
+    target_quantile: float = Field(0.5, gt=0, lt=1, description="gamma: the share of clients' update norms the "
+                                   "clip norm tracks")
+    lr: float = Field(0.2, gt=0, description="eta_C: the clip norm's geometric step each round")
+    count_noise: float | None = Field(None, ge=0, description="sigma_b: std of the noise on the count of clients "
+                                      "within the clip norm; null: noise_multiplier / 20 (Andrew et al.'s choice)")
+
+
+class PrivacyConfig(Section):
+    """User-level DP on the shared part's update (personal parts never leave a client) and secure aggregation."""
+    dp: Literal["central", "local", "none"] = Field(
+        "central", description="central: each client's update clipped, the server adds Gaussian noise once to the "
+        "round's sum (DP-FedAvg, McMahan et al. 2018); local: each client clips and noises its own update (Flower's "
+        "LocalDpMod); none: no DP (secure aggregation alone)")
+    noise_multiplier: float | None = Field(None, ge=0, description="z: noise std / clip norm; null: calibrated "
+                                           "from target_epsilon before the run")
+    clip_norm: float = Field(1.0, gt=0, description="C: the L2 bound of one client's update of the shared part, "
+                             "over all its tensors (the initial bound under adaptive clipping)")
+    adaptive: AdaptiveClipping | None = Field(None, description="adaptive clipping to a quantile of the update norms")
+    delta: float | None = Field(None, gt=0, lt=1, description="the guarantee's delta; null: 1 / N^1.1 for N clients")
+    target_epsilon: float | None = Field(None, gt=0, description="the budget: with noise_multiplier null the "
+                                         "multiplier is calibrated to spend it over train.rounds; a run that would "
+                                         "pass it refuses to start")
+    accountant: Literal["rdp", "pld"] = Field("rdp", description="Google's dp-accounting: Renyi DP or privacy loss "
+                                              "distributions (tighter, slower)")
+    secure_aggregation: bool = Field(False, description="pairwise masks on the clients' fixed-point uploads that "
+                                     "cancel exactly in the sum (Bonawitz et al. 2017): same results, the server "
+                                     "never sees one client's upload")
+
+    @model_validator(mode="after")
+    def _noise_from_one_source(self) -> PrivacyConfig:
+        if self.dp == "none":
+            for name in ("noise_multiplier", "target_epsilon", "adaptive"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"privacy.{name}: set with privacy.dp: none; leave it out, or set privacy.dp: "
+                                     "central or local")
+        elif self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError("privacy: give privacy.noise_multiplier (e.g. 1.0) or privacy.target_epsilon (e.g. 8) "
+                             "to say how much noise; or set privacy.dp: none for secure aggregation alone")
+        return self
