@@ -9,7 +9,7 @@ import fedsim
 
 PACKAGE = Path(fedsim.__file__).resolve().parent
 # Bottom to top. A file imports files of its own layer or of layers below it.
-LAYERS = ("core", "data", "models", "algorithms", "plan", "client", "engine", "metrics", "simulate", "sweep", "reproduce",
+LAYERS = ("core", "privacy", "data", "models", "algorithms", "plan", "client", "engine", "metrics", "simulate", "sweep", "reproduce",
           "cli")
 # The top-level helpers sit with the core: settings (the config package), errors, files and storage, used by every
 # layer.
