@@ -42,19 +42,23 @@ def _same(server_a, outcomes_a, server_b, outcomes_b) -> None:
     assert all(np.array_equal(server_a.state[k], server_b.state[k]) for k in server_a.state)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedper"])
-def test_results_are_the_plain_runs_on_one_two_and_three_workers(tmp_path, monkeypatch, algorithm):
-    plain = _rounds(monkeypatch, _config(tmp_path, "plain", 2, False, algorithm=algorithm))
+ASYNC = {"devices": {"preset": "lognormal", "sigma": 1.0}, "mode": "async", "async_buffer": 2}
+
+
+@pytest.mark.parametrize("over", [{}, {"algorithm": "fedper", "engine__pack": 2}, {"system": ASYNC}],
+                         ids=["fedavg", "fedper-packed", "fedbuff"])
+def test_results_are_the_plain_runs_on_one_two_and_three_workers(tmp_path, monkeypatch, over):
+    plain = _rounds(monkeypatch, _config(tmp_path, "plain", 2, False, **over))
     for workers in (1, 2, 3):
-        _same(*plain, *_rounds(monkeypatch, _config(tmp_path, f"s{workers}", workers, True, algorithm=algorithm)))
+        _same(*plain, *_rounds(monkeypatch, _config(tmp_path, f"s{workers}", workers, True, **over)))
 
 
 def test_results_are_the_plain_runs_after_a_resume(tmp_path, monkeypatch):
     plain = _rounds(monkeypatch, _config(tmp_path, "plain", 2, False))
-    straight = in_process_server(monkeypatch, _config(tmp_path, "b", 2, True))
-    straight.restore(None)
-    head = [straight.round(1)]
-    ckpt = straight.checkpoint(str(tmp_path / "run"), 1)
+    first = in_process_server(monkeypatch, _config(tmp_path, "b", 2, True))
+    first.restore(None)
+    head = [first.round(1)]
+    ckpt = first.checkpoint(str(tmp_path / "run"), 1)
     resumed, tail = _rounds(monkeypatch, _config(tmp_path, "b", 3, True), ckpt, first=2)
     _same(*plain, resumed, head + tail)
 
