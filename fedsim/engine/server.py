@@ -139,6 +139,8 @@ class Server:
             else:
                 sums.add(partial.sums, partial.weights)  # then dropped: W partials are never held at once
             reports += partial.reports
+        if masks is not None:  # secure aggregation's recovery: the totals become the kept clients' plain sum
+            masks.unmask(sums.totals, [r.client for r in reports if not r.diverged])
         # In client order, so logs and the client an error names do not depend on how work was split.
         reports.sort(key=lambda r: r.client)
         diverged = [r for r in reports if r.diverged]
@@ -154,8 +156,6 @@ class Server:
             self.broadcast_ref = self._publish()
         elif self.shared_size and kept:
             assert scaling is not None  # made for every round that sampled clients and sums their uploads
-            if masks is not None:  # the dropped clients' masks out: the totals are the kept clients' sum
-                masks.unmask(sums.totals, [r.client for r in kept])
             self._aggregate(scaling, sums, kept, timing)
             del sums  # two model sizes of int64, not to be held while the new state is published and evaluated
             self.broadcast_ref = self._publish()

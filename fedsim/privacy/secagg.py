@@ -22,7 +22,7 @@ fewer than t survivors aborts; here it goes on), the self-masks b_i of double ma
 whose upload arrives after the server declared it dropped), and a malicious server. docs/privacy.md says what
 this means for what the server sees.
 
-With DP, central noise is added by the server to the unmasked sum (the server is trusted with the aggregate, never
+With DP, central noise is added by the server to the unmasked aggregate (it is trusted with the aggregate, never
 with one client's update); local noise is each client's own, added before its upload is masked.
 
 Cost: each client expands |U| - 1 pair seeds over the upload's length d, O(|U|^2 d) across the cohort per round;
@@ -78,8 +78,8 @@ class PairwiseMasks:
             raise ValueError(f"secure aggregation: survivors {sorted(set(kept) - set(self.cohort))} are not in round "
                              f"{self.round}'s cohort")
         dropped = sorted(set(self.cohort) - set(kept))
-        if not dropped:
-            return  # every pair cancelled inside the sum
+        if not dropped or not kept:
+            return  # every pair cancelled inside the sum, or nothing was summed
         size = sum(v.size for v in totals.values())
         residue = np.zeros(size, np.uint64)  # what the survivors' masks left: sum over (survivor, dropped) pairs
         for gone in dropped:
