@@ -36,6 +36,6 @@ def test_sums_mask_each_kept_client_and_only_the_kept():
     expected = plain.sums["weights"].total.numpy().view(np.uint64) + words[4] + words[6]
     np.testing.assert_array_equal(masked.sums["weights"].total.numpy().view(np.uint64), expected)
     totals = {"weights": masked.sums["weights"].total.numpy().copy()}
-    totals["weights"] += masks.mask(9, {"weights": 3})["weights"].view(np.int64)  # client 9's masked partial: zero upload
+    totals["weights"] += masks.mask(9, {"weights": 3})["weights"].view(np.int64)  # client 9's partial: a zero upload
     masks.unmask(totals, [4, 6, 9])
     np.testing.assert_array_equal(totals["weights"], plain.sums["weights"].total.numpy())

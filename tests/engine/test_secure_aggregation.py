@@ -97,7 +97,9 @@ def test_a_diverged_clients_masks_are_removed(tmp_path, monkeypatch):
 
     def diverging(self, port, client, round_idx, *args):
         trained = update(self, port, client, round_idx, *args)
-        return dataclasses.replace(trained, loss=torch.tensor(float("nan"))) if (client, round_idx) == (3, 1) else trained
+        if (client, round_idx) != (3, 1):
+            return trained
+        return dataclasses.replace(trained, loss=torch.tensor(float("nan")))
 
     monkeypatch.setattr(ClientRuntime, "_client_update", diverging)
     plain = _rounds(monkeypatch, _config(tmp_path, "plain", 2, False, train__on_nonfinite="drop"))
