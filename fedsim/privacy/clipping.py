@@ -23,7 +23,8 @@ def update_noise_multiplier(total: float, count_std: float) -> float:
     if total == 0:
         return 0.0  # no noise at all: nothing to split
     if 2 * count_std <= total:
-        raise ConfigError(f"privacy.adaptive.count_noise: {count_std:g} leaves no noise for the update at "
+        raise ConfigError(f"privacy.adaptive.count_noise: sigma_b {count_std:g} (null: the clients a round / 20) "
+                          f"leaves no noise for the update at "
                           f"noise_multiplier {total:g} (adaptive clipping needs count_noise > noise_multiplier / 2, "
                           f"Andrew et al.); raise privacy.adaptive.count_noise above {total / 2:g}")
     return (total ** -2 - (2 * count_std) ** -2) ** -0.5
