@@ -19,15 +19,15 @@ from fedsim.privacy.noise import local_noise
 
 
 def clipped(trained: Trained, started_from: torch.Tensor, clip_norm: float, noise: np.ndarray | None) -> Trained:
-    """``trained`` with its WEIGHTS upload started_from + min(1, C / ||update||) update (+ ``noise``), in float64 then
-    float32, and the update's norm before clipping (on the device: read with the client's loss)."""
-    upload = trained.uploads[WEIGHTS]
-    update = upload.double() - started_from.double()
+    """``trained`` with its WEIGHTS upload started_from + min(1, C / ||update||) update (+ ``noise``), in float64
+    (``started_from`` is) then float32, and the update's norm before clipping (on the device: read with the client's
+    loss)."""
+    update = trained.uploads[WEIGHTS].double() - started_from
     norm = torch.linalg.vector_norm(update)
     update *= torch.clamp(clip_norm / norm, max=1.0)  # a zero update: C / 0 = inf, clamped to 1
     if noise is not None:
         update += torch.from_numpy(noise).to(update.device)
-    private = (started_from.double() + update).float()
+    private = (started_from + update).float()
     return dataclasses.replace(trained, uploads={**trained.uploads, WEIGHTS: private}, update_norm=norm)
 
 
@@ -37,7 +37,7 @@ def privatized(rounds: Iterable[Trained], clients: list[int], broadcast: dict[st
     if clip_norm is None or dp is None:
         yield from rounds
         return
-    started_from = host_vector(broadcast[WEIGHTS], device)
+    started_from = host_vector(broadcast[WEIGHTS], device).double()  # once per worker and round
     std = dp.local_std(clip_norm)
     for client, trained in zip(clients, rounds):
         noise = local_noise(dp.seed, round_idx, client, started_from.numel(), std) if std else None

@@ -208,7 +208,8 @@ class RunPlan:
 
     @cached_property
     def user_level_dp(self) -> UserLevelDP | None:
-        """The run's DP mechanism (None without DP): the server's noise and adaptive clip norm, each client's clipping."""
+        """The run's DP mechanism (None without DP): the server's noise and adaptive clip norm, each client's
+        clipping."""
         t, clients = self.cfg.train, self.cfg.data.num_clients  # the config's count: a worker's plan holds no clients
         trainable = clients - self.cfg.eval.held_out(clients)
         poisson = t.sampling == "poisson"

@@ -150,5 +150,5 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
     plan = RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
                    system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen,
                    code=imported_files(cfg.model_dump()))
-    _ = plan.user_level_dp  # DP's noise multiplier calibrated (or refused) and its split checked before any file is written
+    _ = plan.user_level_dp  # DP's noise multiplier calibrated (or refused), its split checked, before a file is written
     return plan

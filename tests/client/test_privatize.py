@@ -20,19 +20,20 @@ def trained(upload: np.ndarray) -> Trained:
 def test_an_update_beyond_the_clip_norm_is_scaled_onto_it_and_one_within_is_left_bit_for_bit():
     rng = np.random.default_rng(0)
     start = rng.standard_normal(100).astype(np.float32)
-    far = clipped(trained(start + 3 * rng.standard_normal(100).astype(np.float32)), torch.from_numpy(start), 1.0, None)
-    update = far.uploads[WEIGHTS].double() - torch.from_numpy(start).double()
+    started_from = torch.from_numpy(start).double()
+    far = clipped(trained(start + 3 * rng.standard_normal(100).astype(np.float32)), started_from, 1.0, None)
+    update = far.uploads[WEIGHTS].double() - started_from
     assert float(update.norm()) == pytest.approx(1.0, abs=1e-5) and float(far.update_norm) > 20
     near_upload = start + np.float32(1e-3) * rng.standard_normal(100).astype(np.float32)
-    near = clipped(trained(near_upload), torch.from_numpy(start), 1.0, None)
+    near = clipped(trained(near_upload), started_from, 1.0, None)
     assert np.array_equal(near.uploads[WEIGHTS].numpy(), near_upload)
-    assert clipped(trained(start), torch.from_numpy(start), 1.0, None).uploads[WEIGHTS].isfinite().all()  # norm 0
+    assert clipped(trained(start), started_from, 1.0, None).uploads[WEIGHTS].isfinite().all()  # a zero update
 
 
 def test_local_noise_is_added_to_the_clipped_update():
     start = np.zeros(4, np.float32)
     noise = np.array([0.5, -0.25, 0.0, 1.0])
-    out = clipped(trained(np.array([3.0, 4.0, 0.0, 0.0])), torch.from_numpy(start), 1.0, noise)
+    out = clipped(trained(np.array([3.0, 4.0, 0.0, 0.0])), torch.from_numpy(start).double(), 1.0, noise)
     assert np.allclose(out.uploads[WEIGHTS].numpy(), np.array([0.6, 0.8, 0.0, 0.0]) + noise)
 
 

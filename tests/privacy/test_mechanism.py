@@ -21,7 +21,8 @@ def test_without_dp_the_round_is_left_as_it_is():
     server = ServerPrivacy(user_level_dp(None, 0.0, 11, 4, False))
     mean = np.ones(10)
     assert server.clip_norm is None and server.noisy_mean(1, mean, mean, OFFSETS, ALL, 3) is mean
-    assert server.after_round(1, []) == {} and server.checkpointed() == {} and server.restore({"m": mean}) == {"m": mean}
+    assert server.after_round(1, []) == {} and server.checkpointed() == {}
+    assert server.restore({"m": mean}) == {"m": mean}
     assert user_level_dp(PrivacyConfig(dp="none"), 0.0, 11, 4, False) is None
 
 
@@ -71,5 +72,6 @@ def test_the_adaptive_clip_norm_moves_is_checkpointed_and_restored():
 
 
 def test_an_adaptive_split_without_room_for_the_update_is_refused_when_the_mechanism_is_built():
-    with pytest.raises(ConfigError, match=r"^privacy.adaptive.count_noise: sigma_b 0.2 \(null: the clients a round / 20\) leaves no noise"):
+    with pytest.raises(ConfigError, match=r"^privacy.adaptive.count_noise: sigma_b 0.2 \(null: the clients a round "
+                                          r"/ 20\) leaves no noise"):
         mechanism(adaptive=AdaptiveClipping(count_noise=None).model_dump())  # 4 clients / 20 = 0.2 <= 1 / 2
