@@ -148,6 +148,7 @@ class RoundResult:
     # The method's server-side mechanism after this round's server step (Algorithm.mechanism: FedAMP's self-weights,
     # IFCA's cluster sizes), by name; rounds.jsonl keeps it under "mechanism".
     mechanism: dict[str, float] = field(default_factory=dict)
+    privacy: dict[str, float] = field(default_factory=dict)  # DP's epsilon spent by the round's end (RunPlan.privacy_at)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fedsim.config import RunConfig
 from fedsim.engine.preflight import Rehearse, prepared
 from fedsim.plan import RunPlan, steps_per_epoch
+from fedsim.plan.privacy import describe_privacy
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class WorkEstimate:
     gpus_per_worker: float
     clock: dict | None = None  # on the virtual clock: simulated seconds, selected and taking part per round
     packing: tuple[int | str, str | None] = (1, None)  # engine.pack as the run will use it, and why not if it cannot
+    privacy: dict | None = None  # DP's accounting (RunPlan.privacy_summary): z, q, delta, epsilon at the final round
 
     @property
     def train_sample_steps_per_round(self) -> float:
@@ -104,7 +106,7 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         evaluation_rounds=evaluation_rounds, scored_test_images=scored,
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
         workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
-        clock=_clock(plan), packing=plan.packing)
+        clock=_clock(plan), packing=plan.packing, privacy=plan.privacy_summary)
 
 
 def _clock(plan: RunPlan) -> dict | None:
@@ -146,6 +148,7 @@ def describe(e: WorkEstimate) -> str:
         f"  workers      {e.workers} x ({e.cpus_per_worker:g} CPU{gpus}): {e.workers * e.cpus_per_worker:g} CPU"
         + (f", {e.workers * e.gpus_per_worker:g} GPU" if e.gpus_per_worker else "") + " in all",
         f"  training as  {_packing(e.packing)}",
+        *([f"  privacy      {describe_privacy(e.privacy)}"] if e.privacy else []),
     ])
 
 

@@ -163,7 +163,8 @@ class Server:
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.received[r.client], "bytes_up": r.bytes_up}
                 for r in kept]
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start,
-                           timing=timing.row() if timing else {}, mechanism=mechanism)
+                           timing=timing.row() if timing else {}, mechanism=mechanism,
+                           privacy=self.plan.privacy_at(round_idx))
 
     def _failure(self, round_idx: int, diverged: list[ClientReport], kept: list[ClientReport]) -> str | None:
         """Why the run cannot go on after this round's training, if it cannot: a diverged client under

@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,16 @@ from fedsim.core.robust import fewest_replies
 from fedsim.plan.async_clock import AsyncClock
 from fedsim.plan.system import Clock, RoundTime, SystemModel
 
+if TYPE_CHECKING:
+    from fedsim.privacy.accountant import Accounting
+
+POISSON_STREAM = 0x9015  # train.sampling: poisson's draws, a stream apart from the fixed sampler's (0x5A3)
+
+
+def cohort_size(fraction: float, population: int) -> int:
+    """The fixed sampler's clients a round: max(1, round(f x N)) of the N that may train."""
+    return max(1, round(fraction * population))
+
 
 def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
                    pool: np.ndarray | None = None) -> list[int]:
@@ -33,9 +44,19 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
     train, eval.unseen held out) f of the pool, from it. Drawing from the whole range or from a pool holding all
     of it gives the same clients."""
     candidates = num_clients if pool is None else pool
-    count = max(1, round(fraction * (num_clients if pool is None else len(pool))))
+    count = cohort_size(fraction, num_clients if pool is None else len(pool))
     rng = np.random.default_rng([seed, round_idx, 0x5A3])
     return sorted(int(c) for c in rng.choice(candidates, size=count, replace=False))
+
+
+def poisson_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
+                    pool: np.ndarray | None = None) -> list[int]:
+    """train.sampling: poisson: each client of the pool (all clients, or those that may train) joins independently
+    with probability f, drawn from (seed, round) only; possibly nobody (the round then trains no one, the server keeps
+    its state, and the round counts for the accountant all the same)."""
+    candidates = np.arange(num_clients) if pool is None else pool
+    rng = np.random.default_rng([seed, round_idx, POISSON_STREAM])
+    return [int(c) for c in candidates[rng.random(len(candidates)) < fraction]]
 
 
 def held_out_clients(seed: int, num_clients: int, evaluation: EvalConfig) -> list[int]:
@@ -204,11 +225,56 @@ class RunPlan:
         return np.array([c for c in range(self.num_clients) if c not in self.unseen]) if self.unseen else None
 
     def sampled(self, round_idx: int) -> list[int]:
-        """The clients that train in ``round_idx``: f x N drawn from (seed, round), or on the virtual clock
-        those that report before the round closes."""
+        """The clients that train in ``round_idx``: f x N drawn from (seed, round) (train.sampling: poisson, each
+        with probability f), or on the virtual clock those that report before the round closes."""
         if self.clock is not None:
             return list(self.clock.round(round_idx).participants)
-        return sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction, self.training_pool)
+        draw = poisson_clients if self.cfg.train.sampling == "poisson" else sample_clients
+        return draw(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction, self.training_pool)
+
+    # -- privacy (fedsim.plan.privacy; imported where used: dp-accounting takes ~0.6 s to import, and the server
+    # -- reads these values computed on the driver, so it never imports it) --------------------------------
+    @cached_property
+    def accounting(self) -> Accounting | None:
+        """The accountant's view of the run (privacy.dp central or local), else None."""
+        from fedsim.plan.privacy import run_accounting
+
+        population = self.num_clients - len(self.unseen)
+        return run_accounting(self.cfg, population, cohort_size(self.cfg.train.fraction, population))
+
+    @cached_property
+    def noise_multiplier(self) -> float | None:
+        """z, the noise std over the clip norm: privacy.noise_multiplier, or calibrated to privacy.target_epsilon at
+        train.rounds before the run (None without DP). The one place the mechanisms read it from."""
+        from fedsim.plan.privacy import noise_multiplier
+
+        if self.accounting is None:
+            return None
+        return noise_multiplier(self.cfg, self.accounting, self.sampled, self.num_clients)
+
+    @cached_property
+    def privacy_spent(self) -> tuple[dict[str, float], ...]:
+        """Per round 1..train.rounds, the DP spent by its end (``privacy/epsilon``, and local DP's
+        ``privacy/epsilon_median``); empty without DP."""
+        from fedsim.plan.privacy import spent_per_round
+
+        if self.accounting is None or self.noise_multiplier is None:
+            return ()
+        pool = [c for c in range(self.num_clients) if c not in self.unseen]
+        return spent_per_round(self.cfg, self.accounting, self.noise_multiplier, self.sampled, self.num_clients, pool)
+
+    def privacy_at(self, round_idx: int) -> dict[str, float]:
+        """What rounds.jsonl records of round ``round_idx``'s privacy: a look-up in :attr:`privacy_spent`."""
+        return self.privacy_spent[round_idx - 1] if self.privacy_spent else {}
+
+    @property
+    def privacy_summary(self) -> dict[str, object] | None:
+        """summary.json's ``privacy`` (and ``--dry-run``'s line): epsilon at the final round, delta, z, accountant."""
+        from fedsim.plan.privacy import privacy_summary
+
+        if self.accounting is None or self.noise_multiplier is None:
+            return None
+        return privacy_summary(self.cfg, self.accounting, self.noise_multiplier, self.privacy_spent)
 
     @cached_property
     def clock(self) -> Clock | None:
@@ -260,7 +326,10 @@ class RunPlan:
         """The plan a worker receives: without the clients' data, which each worker gets beside it for its own
         clients only (every client's indices on every worker would cost each one memory in the population:
         measured 5.6 KB per registered client at N = 10,000, 2.4 KB without)."""
-        return dataclasses.replace(self, clients=(), system=None)  # the server alone keeps the clock
+        plan = dataclasses.replace(self, clients=(), system=None)  # the server alone keeps the clock
+        if self.accounting is not None:  # calibrated once, here: a plan without its clients could not calibrate it
+            plan.__dict__["noise_multiplier"] = self.noise_multiplier
+        return plan
 
     @cached_property
     def fingerprint(self) -> str:
