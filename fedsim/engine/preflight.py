@@ -20,7 +20,6 @@ from fedsim.engine.ray_cluster import refuse_beyond_this_machine
 from fedsim.engine.runfolder import RunFolder
 from fedsim.plan import RunPlan
 from fedsim.plan.build import Inputs, build_plan, load_inputs
-from fedsim.plan.privacy import refuse_over_budget
 
 Rehearse = Callable[[RunPlan], None]
 """``rehearse(plan)``: one training step of the client module in this process, raising what a worker would
@@ -53,9 +52,7 @@ def prepared(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
     try:
         partition, ckpt = folder.open(inputs.data, inputs.partition, resume, overwrite)
         plan = build_plan(cfg, inputs, partition)
-        # DP's noise (calibrated, if so) and epsilon series are computed here, on the driver, once: the server reads
-        # them from the plan it is sent.
-        refuse_over_budget(cfg, plan.privacy_spent)
+        plan.refuse_over_budget()  # DP's z and epsilon series computed here, once: the server's plan carries them
         folder.check_checkpoint(ckpt, plan)
         if rehearse is not None:
             rehearse(plan)  # the module's mistakes now, not from a worker after Ray and the workers started

@@ -232,11 +232,19 @@ class RunPlan:
         draw = poisson_clients if self.cfg.train.sampling == "poisson" else sample_clients
         return draw(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction, self.training_pool)
 
-    # -- privacy (fedsim.plan.privacy; imported where used: dp-accounting takes ~0.6 s to import, and the server
-    # -- reads these values computed on the driver, so it never imports it) --------------------------------
-    @cached_property
+    # -- privacy (fedsim.plan.privacy; imported where used, and only with DP on: dp-accounting takes ~0.6 s to
+    # -- import, and the server reads the float and the per-round values the driver computed, never importing it) --
+    @property
+    def private(self) -> bool:
+        """Whether the run has DP to account for (privacy.dp central or local)."""
+        return self.cfg.privacy is not None and self.cfg.privacy.dp != "none"
+
+    @property
     def accounting(self) -> Accounting | None:
-        """The accountant's view of the run (privacy.dp central or local), else None."""
+        """The accountant's view of the run, else None. Not kept on the plan: the server's copy unpickles without
+        the accountant's module."""
+        if not self.private:
+            return None
         from fedsim.plan.privacy import run_accounting
 
         population = self.num_clients - len(self.unseen)
@@ -246,22 +254,24 @@ class RunPlan:
     def noise_multiplier(self) -> float | None:
         """z, the noise std over the clip norm: privacy.noise_multiplier, or calibrated to privacy.target_epsilon at
         train.rounds before the run (None without DP). The one place the mechanisms read it from."""
+        accounting = self.accounting
+        if accounting is None:
+            return None
         from fedsim.plan.privacy import noise_multiplier
 
-        if self.accounting is None:
-            return None
-        return noise_multiplier(self.cfg, self.accounting, self.sampled, self.num_clients)
+        return noise_multiplier(self.cfg, accounting, self.sampled, self.num_clients)
 
     @cached_property
     def privacy_spent(self) -> tuple[dict[str, float], ...]:
         """Per round 1..train.rounds, the DP spent by its end (``privacy/epsilon``, and local DP's
         ``privacy/epsilon_median``); empty without DP."""
+        accounting = self.accounting
+        if accounting is None or self.noise_multiplier is None:
+            return ()
         from fedsim.plan.privacy import spent_per_round
 
-        if self.accounting is None or self.noise_multiplier is None:
-            return ()
         pool = [c for c in range(self.num_clients) if c not in self.unseen]
-        return spent_per_round(self.cfg, self.accounting, self.noise_multiplier, self.sampled, self.num_clients, pool)
+        return spent_per_round(self.cfg, accounting, self.noise_multiplier, self.sampled, self.num_clients, pool)
 
     def privacy_at(self, round_idx: int) -> dict[str, float]:
         """What rounds.jsonl records of round ``round_idx``'s privacy: a look-up in :attr:`privacy_spent`."""
@@ -270,11 +280,20 @@ class RunPlan:
     @property
     def privacy_summary(self) -> dict[str, object] | None:
         """summary.json's ``privacy`` (and ``--dry-run``'s line): epsilon at the final round, delta, z, accountant."""
+        accounting = self.accounting
+        if accounting is None or self.noise_multiplier is None:
+            return None
         from fedsim.plan.privacy import privacy_summary
 
-        if self.accounting is None or self.noise_multiplier is None:
-            return None
-        return privacy_summary(self.cfg, self.accounting, self.noise_multiplier, self.privacy_spent)
+        return privacy_summary(self.cfg, accounting, self.noise_multiplier, self.privacy_spent)
+
+    def refuse_over_budget(self) -> None:
+        """Refuse a run that would pass privacy.target_epsilon (:func:`fedsim.plan.privacy.refuse_over_budget`).
+        Called on the driver before the plan is shipped: it computes z and the epsilon series here, once."""
+        if self.private:
+            from fedsim.plan.privacy import refuse_over_budget
+
+            refuse_over_budget(self.cfg, self.privacy_spent)
 
     @cached_property
     def clock(self) -> Clock | None:
@@ -327,7 +346,7 @@ class RunPlan:
         clients only (every client's indices on every worker would cost each one memory in the population:
         measured 5.6 KB per registered client at N = 10,000, 2.4 KB without)."""
         plan = dataclasses.replace(self, clients=(), system=None)  # the server alone keeps the clock
-        if self.accounting is not None:  # calibrated once, here: a plan without its clients could not calibrate it
+        if self.private:  # calibrated once, here: a plan without its clients could not calibrate it
             plan.__dict__["noise_multiplier"] = self.noise_multiplier
         return plan
 
