@@ -52,3 +52,8 @@ def test_a_modules_own_val_acc_scored_on_test_is_never_selected_on():
         row["val_acc"] = summarize([logged] * 2)
     best = best_rounds(rows)["acc"]
     assert best["round"] == 2 and best["picked_on"] == "test"
+
+
+def test_a_rounds_row_records_the_epsilon_spent_by_its_end():
+    row = round_row(RoundResult(round=3, sampled=[], dropped=[], privacy={"privacy/epsilon": 0.42}))
+    assert row["privacy/epsilon"] == 0.42 and row["sampled"] == 0  # an empty Poisson round still spends
