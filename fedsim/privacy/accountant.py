@@ -1,8 +1,8 @@
 """The accountant: what a run's DP noise guarantees, by Google's dp-accounting, for the sampling the run really does.
 
 Central DP (DP-FedAvg): one round is one sampled Gaussian mechanism on the round's sum of clipped updates, the
-unit protected is one client (user-level), and the run is those rounds composed, empty rounds included (the server
-releases its state every round, whoever was drawn):
+unit protected is one client (user-level), and the run is those rounds composed, empty rounds included (the analysis
+takes the noised sum as released every round: an empty round's is its zero sum noised):
 
 - ``train.sampling: poisson``: each client joins with probability q = train.fraction, independently:
   ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` under add-or-remove-one neighbouring (a client's data present or
