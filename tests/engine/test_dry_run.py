@@ -131,10 +131,14 @@ def test_dry_run_prints_the_noise_multiplier_q_delta_and_final_epsilon_and_refus
             "privacy": {"noise_multiplier": 1.0}}
     config = write_yaml(tmp_path / "dp.yaml", tree)
     assert main(["run", str(config), "--dry-run"]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("privacy"))
+    out = capsys.readouterr().out
+    assert "drawn in round 1 (Poisson: each client with probability f)" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("privacy"))
     assert line.strip().startswith("privacy      central DP, noise multiplier 1, poisson sampling q=0.25 of 8 "
                                    "clients, delta=0.102, rdp: epsilon ")
     assert line.endswith("after round 4")
+    assert main(["run", str(config), "--dry-run", "privacy.delta=-1"]) == 2
+    assert capsys.readouterr().err.strip() == "fedsim: error: privacy.delta: Input should be greater than 0 (got -1)"
     assert main(["run", str(config), "--dry-run", "privacy.target_epsilon=0.3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedsim: error: privacy.target_epsilon: epsilon would pass 0.3 at "
