@@ -8,7 +8,7 @@ means: :mod:`fedsim.privacy.accountant` and docs/privacy.md."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -31,13 +31,13 @@ def run_accounting(cfg: RunConfig, population: int, cohort: int) -> Accounting |
                       p.delta if p.delta is not None else default_delta(population), p.accountant)
 
 
-def participations(sampled: Sampler, num_clients: int, rounds: int) -> list[np.ndarray]:
-    """Local DP: each client's count of rounds taken part in, after each of rounds 1..``rounds``."""
-    counts, out = np.zeros(num_clients, np.int64), []
+def participations(sampled: Sampler, num_clients: int, rounds: int) -> Iterator[np.ndarray]:
+    """Local DP: each client's count of rounds taken part in, after each of rounds 1..``rounds`` (one array,
+    updated in place: rounds x clients counts need not be held at once)."""
+    counts = np.zeros(num_clients, np.int64)
     for round_idx in range(1, rounds + 1):
         counts[sampled(round_idx)] += 1
-        out.append(counts.copy())
-    return out
+        yield counts
 
 
 def noise_multiplier(cfg: RunConfig, accounting: Accounting, sampled: Sampler, num_clients: int) -> float:
@@ -49,7 +49,10 @@ def noise_multiplier(cfg: RunConfig, accounting: Accounting, sampled: Sampler, n
         return p.noise_multiplier
     assert p.target_epsilon is not None  # the schema asks for one of the two
     rounds = cfg.train.rounds
-    most = int(participations(sampled, num_clients, rounds)[-1].max()) if accounting.dp == "local" else 0
+    most = 0
+    if accounting.dp == "local":
+        for counts in participations(sampled, num_clients, rounds):
+            most = int(counts.max())  # the counts only grow: the last round's are the run's
     try:
         return accounting.calibrate(p.target_epsilon, rounds, most)
     except BudgetUnreachable as err:

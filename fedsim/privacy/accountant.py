@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Iterator, Literal
 
 import dp_accounting as dpa
-import numpy as np
 from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
@@ -148,11 +147,6 @@ class Accounting:
         accountant = self.fresh_accountant()
         accountant.compose(dpa.GaussianDpEvent(effective), participations)
         return float(accountant.get_epsilon(self.delta))
-
-    def client_epsilons(self, noise_multiplier: float, participations: np.ndarray) -> np.ndarray:
-        """Each client's epsilon, from its count of rounds taken part in (one accountant call per distinct count)."""
-        counts, where = np.unique(participations, return_inverse=True)
-        return np.array([self.client_epsilon(noise_multiplier, int(k)) for k in counts])[where]
 
     # -- calibration --------------------------------------------------------------------------------
     def calibrate(self, target_epsilon: float, rounds: int, most_participations: int) -> float:

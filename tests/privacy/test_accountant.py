@@ -3,7 +3,6 @@ independently; a published value; the per-round series; calibration; local DP's 
 import math
 
 import dp_accounting as dpa
-import numpy as np
 import pytest
 
 from fedsim.privacy.accountant import (Accounting, BudgetUnreachable, default_delta, replace_one_multiplier,
@@ -74,10 +73,7 @@ def test_local_dp_is_the_gaussian_composed_over_the_clients_own_rounds_without_a
     assert rdp.client_epsilon(4.0, 5) == pytest.approx(theirs.get_epsilon(1e-4), rel=1e-12)
     pld = Accounting("local", "poisson", 100, 10, 0.1, 1e-4, "pld")
     assert pld.client_epsilon(4.0, 5) == pytest.approx(dpa.get_epsilon_gaussian(2.0 / math.sqrt(5), 1e-4), rel=1e-9)
-    assert rdp.client_epsilon(4.0, 0) == 0.0
-    counts = np.array([0, 5, 2, 5])
-    eps = rdp.client_epsilons(4.0, counts)
-    assert eps[1] == eps[3] == rdp.client_epsilon(4.0, 5) and eps[0] == 0 and 0 < eps[2] < eps[1]
+    assert rdp.client_epsilon(4.0, 0) == 0.0 < rdp.client_epsilon(4.0, 2) < rdp.client_epsilon(4.0, 5)
     z = rdp.calibrate(3.0, 40, 7)
     assert rdp.client_epsilon(z, 7) <= 3.0 < rdp.client_epsilon(0.99 * z, 7)
 
