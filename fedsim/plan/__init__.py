@@ -51,9 +51,8 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
 
 def poisson_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
                     pool: np.ndarray | None = None) -> list[int]:
-    """train.sampling: poisson: each client of the pool (all clients, or those that may train) joins independently
-    with probability f, drawn from (seed, round) only; possibly nobody (the round then trains no one, the server keeps
-    its state, and the round counts for the accountant all the same)."""
+    """train.sampling: poisson: each client of the pool joins with probability f, independently, from (seed, round)
+    only; possibly nobody (the round trains no one, the server keeps its state, the accountant counts the round)."""
     candidates = np.arange(num_clients) if pool is None else pool
     rng = np.random.default_rng([seed, round_idx, POISSON_STREAM])
     return [int(c) for c in candidates[rng.random(len(candidates)) < fraction]]
@@ -232,8 +231,7 @@ class RunPlan:
         draw = poisson_clients if self.cfg.train.sampling == "poisson" else sample_clients
         return draw(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction, self.training_pool)
 
-    # -- privacy (fedsim.plan.privacy; imported where used, and only with DP on: dp-accounting takes ~0.6 s to
-    # -- import, and the server reads the float and the per-round values the driver computed, never importing it) --
+    # -- privacy: fedsim.plan.privacy, imported only with DP on (dp-accounting: ~0.6 s), never by the server ------
     @property
     def private(self) -> bool:
         """Whether the run has DP to account for (privacy.dp central or local)."""
@@ -241,8 +239,7 @@ class RunPlan:
 
     @property
     def accounting(self) -> Accounting | None:
-        """The accountant's view of the run, else None. Not kept on the plan: the server's copy unpickles without
-        the accountant's module."""
+        """The accountant's view of the run, else None; not kept, so the server's copy unpickles without it."""
         if not self.private:
             return None
         from fedsim.plan.privacy import run_accounting
@@ -252,8 +249,8 @@ class RunPlan:
 
     @cached_property
     def noise_multiplier(self) -> float | None:
-        """z, the noise std over the clip norm: privacy.noise_multiplier, or calibrated to privacy.target_epsilon at
-        train.rounds before the run (None without DP). The one place the mechanisms read it from."""
+        """z (noise std / clip norm), the one place the mechanisms read it: privacy.noise_multiplier, or calibrated to
+        privacy.target_epsilon at train.rounds before the run; None without DP."""
         accounting = self.accounting
         if accounting is None:
             return None
@@ -263,15 +260,14 @@ class RunPlan:
 
     @cached_property
     def privacy_spent(self) -> tuple[dict[str, float], ...]:
-        """Per round 1..train.rounds, the DP spent by its end (``privacy/epsilon``, and local DP's
-        ``privacy/epsilon_median``); empty without DP."""
-        accounting = self.accounting
-        if accounting is None or self.noise_multiplier is None:
+        """Per round, the epsilon spent by its end (``fedsim.privacy.SPENT``'s keys); empty without DP."""
+        accounting, z = self.accounting, self.noise_multiplier
+        if accounting is None or z is None:
             return ()
         from fedsim.plan.privacy import spent_per_round
 
         pool = [c for c in range(self.num_clients) if c not in self.unseen]
-        return spent_per_round(self.cfg, accounting, self.noise_multiplier, self.sampled, self.num_clients, pool)
+        return spent_per_round(self.cfg, accounting, z, self.sampled, self.num_clients, pool)
 
     def privacy_at(self, round_idx: int) -> dict[str, float]:
         """What rounds.jsonl records of round ``round_idx``'s privacy: a look-up in :attr:`privacy_spent`."""
@@ -279,17 +275,16 @@ class RunPlan:
 
     @property
     def privacy_summary(self) -> dict[str, object] | None:
-        """summary.json's ``privacy`` (and ``--dry-run``'s line): epsilon at the final round, delta, z, accountant."""
-        accounting = self.accounting
-        if accounting is None or self.noise_multiplier is None:
+        """summary.json's ``privacy`` and ``--dry-run``'s line: final epsilon, delta, z, accountant, sampling."""
+        accounting, z = self.accounting, self.noise_multiplier
+        if accounting is None or z is None:
             return None
         from fedsim.plan.privacy import privacy_summary
 
-        return privacy_summary(self.cfg, accounting, self.noise_multiplier, self.privacy_spent)
+        return privacy_summary(self.cfg, accounting, z, self.privacy_spent)
 
     def refuse_over_budget(self) -> None:
-        """Refuse a run that would pass privacy.target_epsilon (:func:`fedsim.plan.privacy.refuse_over_budget`).
-        Called on the driver before the plan is shipped: it computes z and the epsilon series here, once."""
+        """Refuse a run that would pass privacy.target_epsilon; on the driver, computing z and the series once."""
         if self.private:
             from fedsim.plan.privacy import refuse_over_budget
 
@@ -346,7 +341,7 @@ class RunPlan:
         clients only (every client's indices on every worker would cost each one memory in the population:
         measured 5.6 KB per registered client at N = 10,000, 2.4 KB without)."""
         plan = dataclasses.replace(self, clients=(), system=None)  # the server alone keeps the clock
-        if self.private:  # calibrated once, here: a plan without its clients could not calibrate it
+        if self.private:  # calibrated here, once: a plan without its clients could not
             plan.__dict__["noise_multiplier"] = self.noise_multiplier
         return plan
 
