@@ -25,3 +25,18 @@ def test_an_empty_poisson_round_keeps_the_state_and_still_spends(tmp_path, monke
         assert np.array_equal(before, after) and results[i].comm == []
     spent = [r.privacy[EPSILON] for r in results]
     assert spent == [plan.privacy_at(r)[EPSILON] for r in range(1, 7)] and spent == sorted(set(spent))
+
+
+def test_poisson_rounds_are_the_same_on_one_and_two_workers(tmp_path, monkeypatch):
+    from conftest import round_records
+
+    outcomes = []
+    for workers in (1, 2):
+        tree = synthetic_tree(tmp_path, algorithm="fedavg", **{"train.sampling": "poisson", "train.fraction": 0.3,
+                                                                "train.rounds": 3, "train.eval_every": 3,
+                                                                "engine.workers": workers})
+        server = in_process_server(monkeypatch, validate(tree))
+        server.restore(None)
+        outcomes.append([server.round(r) for r in range(1, 4)])
+    assert round_records(outcomes[0]) == round_records(outcomes[1])
+    assert len({len(o.sampled) for o in outcomes[0]}) > 1  # the rounds' sizes vary: Poisson, not a fixed cohort
