@@ -36,11 +36,11 @@ ASYNC = {**CLOCK, "mode": "async"}
     ({"train": {"sampling": "poisson"}, "system": CLOCK},
      "train.sampling: poisson draws who takes part, and the virtual clock (system.devices) picks participants "
      "itself; set train.sampling: fixed or remove system.devices"),
-    ({"algorithm": "fedavg", "privacy": {"noise_multiplier": 1.0}, "system": CLOCK},
+    ({"algorithm": "fedavg", "privacy": {"noise_multiplier": 1.0}, "system": CLOCK, "train": {"weighting": "uniform"}},
      "privacy.dp: the virtual clock (system.devices) decides who takes part by availability, deadlines and dropouts, "
      "which no accountant's sampling describes, so epsilon could not be stated; remove system.devices, or set "
      "privacy.dp: none"),
-    ({"algorithm": "fedavg", "privacy": {"noise_multiplier": 1.0, "accountant": "pld"}},
+    ({"algorithm": "fedavg", "privacy": {"noise_multiplier": 1.0, "accountant": "pld"}, "train": {"weighting": "uniform"}},
      "privacy.accountant: pld has no accounting for fixed-size sampling without replacement (dp-accounting's PLD "
      "accountant lacks that event); set train.sampling: poisson or privacy.accountant: rdp"),
     ({"tune": {"methods": ["fedavg"]}, "data": {"validation": 0.1}, "sweep": {"seed": [1]}},
@@ -72,8 +72,9 @@ def test_the_same_settings_pass_where_the_other_section_agrees():
     validate({"train": {"sampling": "poisson"}})
     validate({"algorithm": "fedavg", "privacy": {"dp": "none", "secure_aggregation": True}, "system": CLOCK})
     validate({"algorithm": "fedavg", "privacy": {"noise_multiplier": 1.0, "accountant": "pld"},
-              "train": {"sampling": "poisson"}})
-    validate({"algorithm": "fedavg", "privacy": {"dp": "local", "noise_multiplier": 1.0, "accountant": "pld"}})
+              "train": {"sampling": "poisson", "weighting": "uniform"}})
+    validate({"algorithm": "fedavg", "privacy": {"dp": "local", "noise_multiplier": 1.0, "accountant": "pld"},
+              "train": {"weighting": "uniform"}})
 
 
 def test_the_methods_parameters_are_checked_and_stored_with_their_defaults():

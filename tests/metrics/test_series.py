@@ -25,8 +25,8 @@ def test_the_epsilon_spent_is_a_series_every_round_and_lower_is_better():
 
     row = {"round": 2, "bytes_up": 0, "bytes_down": 0, "seconds": 1.0, "privacy/epsilon": 0.5}
     assert round_metrics(row)["privacy/epsilon"] == 0.5 and series_mode("privacy/epsilon") == "min"
-    central = {"algorithm": "fedavg", "privacy": {"noise_multiplier": 1.0}}
+    central = {"algorithm": "fedavg", "privacy": {"noise_multiplier": 1.0}, "train": {"weighting": "uniform"}}
     assert "privacy/epsilon" in metric_names(validate(central))
-    local = {"algorithm": "fedavg", "privacy": {"dp": "local", "noise_multiplier": 1.0}}
+    local = {"algorithm": "fedavg", "privacy": {"dp": "local", "noise_multiplier": 1.0}, "train": {"weighting": "uniform"}}
     assert {"privacy/epsilon", "privacy/epsilon_median"} <= set(metric_names(validate(local)))
     assert not any(name.startswith("privacy/") for name in metric_names(validate({})))

@@ -159,7 +159,7 @@ def test_a_dp_runs_epsilon_reaches_rounds_jsonl_wandb_and_the_summary(tmp_path, 
     from conftest import synthetic_tree
 
     tree = synthetic_tree(tmp_path, "dp", algorithm="fedavg", **{"train.sampling": "poisson", "train.fraction": 0.25,
-                                                                  "train.rounds": 3, "train.eval_every": 3,
+                                                                  "train.rounds": 3, "train.eval_every": 3, "train.weighting": "uniform",
                                                                   "eval.finetune_epochs": 0})
     tree |= {"privacy": {"noise_multiplier": 1.0}, "logging": {"wandb": {"mode": "offline", "project": "fedsim-test"}}}
     res = run(validate(tree))

@@ -12,7 +12,7 @@ from fedsim.errors import ConfigError
 from fedsim.plan.privacy import describe_privacy, refuse_over_budget, spent_per_round
 from fedsim.privacy import EPSILON, EPSILON_MEDIAN
 
-POISSON = {"algorithm": "fedavg", "train.sampling": "poisson", "train.fraction": 0.25}
+POISSON = {"algorithm": "fedavg", "train.sampling": "poisson", "train.fraction": 0.25, "train.weighting": "uniform"}
 
 
 def dp_tree(tmp_path, privacy: dict, **over):
