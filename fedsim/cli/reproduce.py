@@ -56,7 +56,7 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     """The search, then the finals of every method whose search has ended (planned again once the search has
     run: its choices are read from the finished search runs), then the table from every run folder."""
     from fedsim.reproduce import leaderboard, leaderboard_table
-    from fedsim.reproduce.runner import keep_finished, restore_kept
+    from fedsim.reproduce.runner import keep_finished
 
     runs_dir, kept = Path(args.runs).resolve(), Path(args.kept).resolve()
 
@@ -64,9 +64,9 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
         return leaderboard.plan(args.scale, runs_dir, kept, args.overrides, only, args.seeds)
 
     def restored() -> leaderboard.Plan:  # kept runs put back first: a choice is read from the search's folders
-        full = planned(None)
-        _restored(restore_kept(full.runs, kept), kept)
-        return planned(None)
+        full, count = leaderboard.restored(lambda: planned(None), kept)
+        _restored(count, kept)
+        return full
 
     full = restored()
     mine = full if args.only is None else planned(args.only)

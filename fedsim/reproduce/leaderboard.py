@@ -23,7 +23,7 @@ from fedsim.algorithms import algorithm_class
 from fedsim.config import (Distribution, TuneConfig, load_tree, merge_trees, parse_overrides, resume_fingerprint,
                            validate)
 from fedsim.errors import ConfigError, TrainingDiverged, TuningIncomplete
-from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, read_summary
+from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, read_summary, restore_kept
 from fedsim.sweep.tune import Choice, choose, draw_trials, method_tree, selection_key, validation_part
 
 KEY = "leaderboard"
@@ -216,6 +216,19 @@ def _final(scale: str, run_tree: dict[str, Any], search: Search, seed: int, runs
     key = run_key(search.setting, search.entry)
     tree = _tree(run_tree, search.setting, search.entry, search.trials[search.choice.trial])
     return PlannedRun(key, seed, _named(tree, f"{KEY}-{scale}-{key}-s{seed}", seed, runs_dir))
+
+
+def restored(make_plan: Callable[[], Plan], kept: Path) -> tuple[Plan, int]:
+    """The plan once every run it names that the archive ``kept`` holds and the runs folder lacks is put back,
+    and how many were: the search's runs first, then (their choices now read) the finals' -- so a leaderboard
+    continues on another machine, or a fresh clone, from everything kept."""
+    count = 0
+    while True:
+        full = make_plan()
+        put_back = restore_kept(full.runs, kept)
+        if not put_back:
+            return full, count
+        count += put_back
 
 
 class Diverged:

@@ -9,7 +9,6 @@ from fedsim.cli.main import main
 from fedsim.errors import TrainingDiverged
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce import archive, leaderboard
-from fedsim.reproduce.runner import restore_kept
 from fedsim.sweep.runs import status
 
 
@@ -102,10 +101,8 @@ def test_a_resumed_leaderboard_plans_only_what_its_kept_runs_lack(tmp_path):
         if item.seed < 2:
             finish(item, test=0.5, validation=0.4)
             archive.keep(item.folder, kept)
-    before = leaderboard.plan("cpu", fresh, kept, over, only="fedper")
-    assert restore_kept(before.runs, kept) == len(before.search)  # the finals are planned once the choice is read
-    after = leaderboard.plan("cpu", fresh, kept, over, only="fedper")
-    assert restore_kept(after.runs, kept) == 2 * 2  # 2 settings x seeds 0, 1
+    after, count = leaderboard.restored(lambda: leaderboard.plan("cpu", fresh, kept, over, only="fedper"), kept)
+    assert count == len(after.search) + 2 * 2  # the search, then (its choices read) 2 settings x final seeds 0, 1
     left = [p for p in after.runs if status(p.config) != "finished"]
     assert sorted({p.seed for p in left}) == [2, 3, 4] and len(left) == 2 * 3
 
