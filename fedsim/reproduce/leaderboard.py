@@ -74,10 +74,16 @@ ENTRIES = (
 )
 
 
-def base_tree(scale: str, configs: Path = CONFIGS) -> dict:
+def base_file(scale: str, configs: Path = CONFIGS) -> dict:
+    """The scale's base config as written: a run's settings and the search's budget (``tune``)."""
     if scale not in BASES:
         raise ConfigError(f"--scale: {scale!r} is not one of {sorted(BASES)}")
     return load_tree(configs / BASES[scale])
+
+
+def base_tree(scale: str, configs: Path = CONFIGS) -> dict:
+    """The settings every run of the scale starts from (its base config without the search's budget)."""
+    return {k: v for k, v in base_file(scale, configs).items() if k != "tune"}
 
 
 def entries(only: str | None) -> tuple[Entry, ...]:
@@ -157,7 +163,7 @@ def plan(scale: str, runs_dir: Path, kept: Path, overrides: Sequence[str] = (), 
     (key=value) apply to the base (``tune.*`` included) before anything is drawn; ``final_seeds`` replaces
     tune.final_seeds. Finals are seed-major (all of seed 0 first), so a partial leaderboard ranks every chosen
     method at fewer seeds."""
-    tree = merge_trees(base_tree(scale, configs), parse_overrides(list(overrides)))
+    tree = merge_trees(base_file(scale, configs), parse_overrides(list(overrides)))
     tune = tuning(tree)
     if final_seeds is not None:
         tune = tune.model_copy(update={"final_seeds": final_seeds})
