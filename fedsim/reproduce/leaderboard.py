@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from fedsim import atomic
 from fedsim.algorithms import algorithm_class
 from fedsim.config import (Distribution, TuneConfig, load_tree, merge_trees, parse_overrides, resume_fingerprint,
@@ -153,7 +155,11 @@ def tuning(tree: dict[str, Any]) -> TuneConfig:
     if not isinstance(section, dict):
         raise ConfigError("tune: the leaderboard's base config needs a tune section (trials, seeds, final_seeds, "
                           "space): the budget every method is searched with")
-    return TuneConfig.model_validate({**section, "methods": [e.method for e in ENTRIES]})
+    try:
+        return TuneConfig.model_validate({**section, "methods": [e.method for e in ENTRIES]})
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ConfigError(f"tune.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
 def plan(scale: str, runs_dir: Path, kept: Path, overrides: Sequence[str] = (), only: str | None = None,

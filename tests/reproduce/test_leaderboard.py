@@ -6,8 +6,7 @@ import pytest
 from conftest import finished_leaderboard_run as finish
 
 from fedsim.cli.main import main
-from fedsim.errors import TrainingDiverged
-from fedsim.metrics.summary import summarize
+from fedsim.errors import ConfigError, TrainingDiverged
 from fedsim.reproduce import archive, leaderboard
 from fedsim.sweep.runs import status
 
@@ -34,8 +33,10 @@ def test_every_method_is_searched_with_one_budget_before_any_final(tmp_path):
     assert dirichlet.runs[0][0].config.data.partition.beta == 0.1
     assert dirichlet.runs[0][0].config.eval.finetune_epochs == 5
     assert full.search[0].config.data.validation > 0
-    with pytest.raises(Exception, match="--only: the leaderboard has no method 'fedfoo'"):
+    with pytest.raises(ConfigError, match="--only: the leaderboard has no method 'fedfoo'"):
         leaderboard.plan("cpu", tmp_path, tmp_path, only="fedfoo")
+    with pytest.raises(ConfigError, match="^tune.trials: Input should be greater than or equal to 1$"):
+        leaderboard.plan("cpu", tmp_path, tmp_path, ["tune.trials=0"])
 
 
 def test_the_choice_reads_validation_only_and_its_settings_run_at_the_final_seeds(tmp_path):
