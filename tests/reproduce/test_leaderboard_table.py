@@ -56,7 +56,8 @@ def test_a_row_reports_the_final_and_the_validation_picked_round_at_the_chosen_s
     assert "| 60.00 ± 24.84 | 65.00 ± 0.00 | 20 |" in text
     assert "| 3 of 5 | 70.00 ± 0.00 | 63.53 ± 0.21 |" in text  # beside PFLlib's FedPer, pathological
     assert "| `fedper` | own model | searching" not in text
-    assert "20 rounds instead of 2,000" in text and "10% of CIFAR-100's training images" in text
+    assert "cut.** 20 clients" in text
+    assert "PFLlib's protocol: **20 rounds instead of 2,000**, **10% of CIFAR-100's training images**, **20% of" in text
     assert "| `fedper` | fedper (keep_personal True) | sgd |" in text  # the final runs' receipt
 
 
