@@ -426,3 +426,28 @@ def write_yaml(path: Path, tree: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(tree))
     return path
+
+
+def finished_leaderboard_run(item, test: float, validation: float, per_client: int = 2) -> None:
+    """A finished leaderboard run folder (a ``PlannedRun``'s) as the engine leaves it, as far as the leaderboard
+    reads it: config.yaml, summary.json (test and validation at the final round), rounds.jsonl and metrics.jsonl
+    (one row per client per evaluated round)."""
+    import yaml
+
+    from fedsim.metrics.summary import summarize
+
+    cfg, folder = item.config, item.folder
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    metric = "acc_personalized" if cfg.eval.finetune_epochs else "acc"
+    tests, vals = [test] * per_client, [validation] * per_client
+    best = {"round": cfg.train.rounds, **summarize(tests), "picked_on": "validation",
+            "validation": summarize(vals)}
+    (folder / "summary.json").write_text(json.dumps({
+        "rounds": cfg.train.rounds, metric: summarize(tests), f"validation_{metric}": summarize(vals),
+        "best_round": {metric: best}}))
+    (folder / "rounds.jsonl").write_text("".join(json.dumps({"round": r, "seconds": 1.0}) + "\n"
+                                                 for r in range(1, cfg.train.rounds + 1)))
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"client": c, "round": cfg.train.rounds, "n_test": 10, metric: test,
+                    f"validation_{metric}": validation}) + "\n" for c in range(per_client)))

@@ -98,7 +98,7 @@ def _reproduce_parser(sub) -> None:
                      help="cpu: settings cut to run on a laptop (default); paper: exactly as the paper states")
     rep.add_argument("--seeds", type=_positive, help="at most N seeds: each claim runs the seeds it fixes (0..n-1, "
                      "5 unless it says otherwise) and N caps them, which leaves a capped claim inconclusive "
-                     "(default: no cap); leaderboard: seeds 0..N-1 per run (default 5)")
+                     "(default: no cap); leaderboard: the chosen settings' final seeds 0..N-1 (default: its tune.final_seeds)")
     rep.add_argument("--only", metavar="CLAIM", help="run only this claim's runs, or the leaderboard's method's (the "
                      "report still covers everything)")
     rep.add_argument("--runs", default=RUNS_DEFAULT, help=f"folder of the run folders (default {RUNS_DEFAULT})")

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedsim.reproduce import leaderboard
 
 RUNS_DEFAULT = "runs/reproduce"
 KEPT_DEFAULT = "reproduction/runs"
@@ -49,25 +53,67 @@ def reproduce_command(args: argparse.Namespace) -> int:
 
 
 def _leaderboard_command(args: argparse.Namespace) -> int:
-    from fedsim.reproduce import leaderboard
-    from fedsim.reproduce.runner import keep_finished, restore_kept
+    """The search, then the finals of every method whose search has ended (planned again once the search has
+    run: its choices are read from the finished search runs), then the table from every run folder."""
+    from fedsim.reproduce import leaderboard, leaderboard_table
+    from fedsim.reproduce.runner import keep_finished
 
-    seeds = args.seeds or 5
     runs_dir, kept = Path(args.runs).resolve(), Path(args.kept).resolve()
-    planned = leaderboard.plan(args.scale, seeds, runs_dir, args.overrides, args.only)  # validates every config first
-    everything = planned if args.only is None else leaderboard.plan(args.scale, seeds, runs_dir, args.overrides)
-    _restored(restore_kept(everything, kept), kept)
+
+    def planned(only: str | None) -> leaderboard.Plan:  # validates every config first
+        return leaderboard.plan(args.scale, runs_dir, kept, args.overrides, only, args.seeds)
+
+    def restored() -> leaderboard.Plan:  # kept runs put back first: a choice is read from the search's folders
+        full, count = leaderboard.restored(lambda: planned(None), kept)
+        _restored(count, kept)
+        return full
+
+    full = restored()
+    mine = full if args.only is None else planned(args.only)
     if args.dry_run:
-        return _reproduce_dry_run(planned, seeds)
+        return _leaderboard_dry_run(mine)
     if not args.report_only:
-        leaderboard.complete(planned, kept, args.max_concurrent)
-    for item in planned:
-        keep_finished(item, planned, kept)
-    command = " ".join(["fedsim reproduce leaderboard", f"--scale {args.scale}", f"--seeds {seeds}",
-                        *_folder_options(args), *args.overrides])
-    table = leaderboard.evaluate(everything, kept)
-    for path in leaderboard.write(table, args.scale, everything, command, Path(args.report or "docs/leaderboard.md")):
+        leaderboard.complete(mine.search, kept, args.max_concurrent)
+        full = restored()
+        mine = full if args.only is None else planned(args.only)
+        leaderboard.complete(mine.finals, kept, args.max_concurrent)
+    for item in mine.runs:
+        keep_finished(item, mine.runs, kept)
+    full = planned(None)
+    command = " ".join(["fedsim reproduce leaderboard", f"--scale {args.scale}",
+                        *([f"--seeds {args.seeds}"] if args.seeds else []), *_folder_options(args), *args.overrides])
+    table = leaderboard_table.evaluate(full, kept)
+    for path in leaderboard_table.write(table, args.scale, full, command, Path(args.report or "docs/leaderboard.md")):
         print(path)
+    return 0
+
+
+def _leaderboard_dry_run(mine: "leaderboard.Plan") -> int:
+    """Each run key's work estimated once (a final's seeds are the same work), every planned run's status and the
+    time left at the measured rate; then the finals still waiting for their search, estimated at the mean work of
+    that method's trials (their settings are not chosen yet)."""
+    from fedsim.engine.estimate import estimate
+    from fedsim.sweep.runs import status
+
+    work: dict[str, int] = {}
+    for item in mine.runs:
+        if item.key not in work:
+            e = estimate(item.config, overwrite=True)  # work only: the run's own status is listed below
+            work[item.key] = e.train_sample_steps + e.finetune_sample_steps
+    states = [(item, status(item.config)) for item in mine.runs]
+    for item, state in states:
+        print(f"{item.config.name}: {state}")
+    counts = {state: sum(s == state for _, s in states) for state in dict.fromkeys(s for _, s in states)}
+    print(f"planned now: {len(mine.search)} search runs, {len(mine.finals)} final runs "
+          f"({', '.join(f'{n} {state}' for state, n in counts.items()) or 'none'}); "
+          f"{sum(work[item.key] for item in mine.runs):,} sample-steps (training and fine-tuning)")
+    waiting = mine.waiting()
+    if waiting:
+        steps = sum(mine.tune.final_seeds * sum(work[t[0].key] for t in s.runs) / len(s.runs) for s in waiting)
+        print(f"waiting for their search: {len(waiting) * mine.tune.final_seeds} final runs ({len(waiting)} method x "
+              f"setting searches not ended), about {steps:,.0f} sample-steps (each at its method's mean trial)")
+    print(_time_left(states, work))
+    print(f"budget: {mine.budget()}")
     return 0
 
 

@@ -1,25 +1,32 @@
 """``fedsim reproduce leaderboard``: every personalized method on PFLlib's two CIFAR-100 label-skew settings, each
-for several seeds, in one table of means with 95% confidence intervals, fairness across clients, best-round and
-final-round accuracy and time per round, with PFLlib's published numbers beside (named as PFLlib's, its protocol
-stated). The runs are ordinary run folders brought to completion by the reproduction runner: an interrupted
-leaderboard resumes where it stopped, and the table is written from whatever has finished."""
+at its own settings from an equal-budget search chosen on validation, then run at several seeds.
+
+Two phases, planned from the base config's ``tune`` section (the budget ``fedsim tune`` states: trials x search
+seeds x rounds, the same for every method): the **search** runs each method's trials (trial k draws the shared
+space -- lr, momentum -- with the same values for every method, and the method's own ``tunable`` parameters, from
+the tuner's stream, ``fedsim.sweep.tune.draw_trials``) at the search seeds; once a method's trials in a setting
+have finished, the trial with the highest mean validation accuracy at the final round is chosen (validation scores
+only: ``fedsim.sweep.tune.choose``), and the **finals** run the chosen settings at seeds 0..final_seeds-1, whose
+test accuracy the table reports. The runs are ordinary run folders brought to completion by the reproduction
+runner: an interrupted leaderboard resumes where it stopped, and each finished run is kept (``--kept``) as it
+finishes, so the leaderboard continues on another machine. The table is written by ``leaderboard_table``."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from pydantic import ValidationError
 
 from fedsim import atomic
-from fedsim.config import load_tree, merge_trees, parse_overrides, resume_fingerprint, validate
-from fedsim.core import runfiles
-from fedsim.errors import ConfigError, TrainingDiverged
-from fedsim.metrics.confidence import mean_ci
-from fedsim.metrics.receipt import receipt, receipt_table
-from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, read_summary, run_seconds
+from fedsim.algorithms import algorithm_class
+from fedsim.config import (Distribution, TuneConfig, load_tree, merge_trees, parse_overrides, resume_fingerprint,
+                           validate)
+from fedsim.errors import ConfigError, TrainingDiverged, TuningIncomplete
+from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, read_summary, restore_kept
+from fedsim.sweep.tune import Choice, choose, draw_trials, method_tree, selection_key, validation_part
 
 KEY = "leaderboard"
 BASES = {"cpu": "cpu/leaderboard_cifar100.yaml", "paper": "paper/leaderboard_cifar100.yaml"}
@@ -33,21 +40,25 @@ SETTING_TITLES = {"pathological": "CIFAR-100, pathological (10 classes per clien
 
 @dataclass(frozen=True)
 class Entry:
-    """A method on the leaderboard: its config overrides, the accuracy it is ranked by, PFLlib's name for it."""
+    """A method on the leaderboard: its config overrides (settings outside the search: the evaluation it is scored
+    by), PFLlib's name for it, and what PFLlib's number scores where that is not what this row reports (PFLlib's
+    column is then left out of the row: the quantities differ)."""
     method: str
     overrides: dict[str, Any] = field(default_factory=dict)
-    metric: str = "acc"  # the model each client holds after the method's own personalization
     pfllib: str | None = None  # the row of PFLlib's leaderboard, where it has one
-    pfllib_scores: str | None = None  # what PFLlib's number scores, where it is not what this row ranks by
+    pfllib_scores: str | None = None  # what PFLlib's number scores, where it is not what this row reports
 
 
-FINETUNE = {"eval.finetune_epochs": 5}  # FedBABU's protocol: the head (here the network) tuned 5 epochs at evaluation
+FINETUNE = {"eval.finetune_epochs": 5}  # FedBABU's protocol: the network tuned 5 epochs at evaluation
 ENTRIES = (
     Entry("fedavg", pfllib="FedAvg"),
     Entry("local"),
     Entry("fedper", pfllib="FedPer"),
-    Entry("fedrep", {"algorithm.head_epochs": 1}, pfllib="FedRep"),  # PFLlib: 1 head epoch (plocal_epochs)
-    Entry("fedbabu", FINETUNE, metric="acc_personalized", pfllib="FedBABU"),
+    Entry("fedrep", pfllib="FedRep"),
+    # PFLlib evaluates FedBABU's rounds without fine-tuning and fine-tunes each client's own model once, after the
+    # last round (serverbabu.py train()); fedsim fine-tunes from the global model at every evaluation.
+    Entry("fedbabu", FINETUNE, pfllib="FedBABU",
+          pfllib_scores="rounds without fine-tuning, and one evaluation after fine-tuning each client's own model"),
     Entry("lg_fedavg"),
     Entry("fedbn"),
     Entry("ditto", pfllib="Ditto"),
@@ -57,33 +68,24 @@ ENTRIES = (
     Entry("fedrod", pfllib="FedRoD"),
     Entry("fedala", pfllib="FedALA"),
     # PFLlib scores FedProto by the nearest global prototype (clientproto.py:101-126); fedsim records that too
-    # (fedproto_acc_prototypes in each run's records and summary) and ranks by the client's own classifier.
-    Entry("fedproto", pfllib="FedProto", pfllib_scores="nearest global prototype (fedsim's: fedproto_acc_prototypes)"),
+    # (fedproto_acc_prototypes) and ranks by the client's own classifier.
+    Entry("fedproto", pfllib="FedProto", pfllib_scores="nearest global prototype"),
     Entry("ifca"),
     Entry("fedamp", pfllib="FedAMP"),
     Entry("fedfomo", pfllib="FedFomo"),
 )
 
-# PFLlib's leaderboard (TsingZ0/PFLlib docs/benchmark.html, read at commit d832e76): test accuracy %, mean ± std of
-# 3 trials (a standard deviation, not an interval), CIFAR-100 pathological and Dir(0.1) columns.
-PFLLIB_NUMBERS = {
-    "FedAvg": ("25.98 ± 0.13", "31.89 ± 0.47"), "Per-FedAvg": ("56.80 ± 0.26", "44.28 ± 0.33"),
-    "pFedMe": ("58.20 ± 0.14", "47.34 ± 0.46"), "Ditto": ("67.23 ± 0.07", "52.87 ± 0.64"),
-    "APFL": ("64.26 ± 0.13", "46.74 ± 0.60"), "FedFomo": ("62.49 ± 0.22", "45.39 ± 0.45"),
-    "FedAMP": ("64.34 ± 0.37", "47.69 ± 0.49"), "FedALA": ("67.83 ± 0.06", "55.92 ± 0.03"),
-    "FedPer": ("63.53 ± 0.21", "49.63 ± 0.54"), "FedRep": ("67.56 ± 0.31", "52.39 ± 0.35"),
-    "FedRoD": ("62.30 ± 0.02", "50.94 ± 0.11"), "FedBABU": ("66.85 ± 0.07", "55.02 ± 0.33"),
-    "FedProto": ("69.18 ± 0.03", "52.70 ± 0.33"),
-}
-PFLLIB_PROTOCOL = ("PFLlib's protocol: 20 clients, all join every round, each client's data split 75/25 into train "
-                   "and test, a 4-layer CNN (2 conv + 2 fc, no BatchNorm), batch 10, 1 local epoch, lr 0.005, 2,000 "
-                   "rounds, the **best** round's accuracy averaged over clients, mean ± std of 3 trials")
 
-
-def base_tree(scale: str, configs: Path = CONFIGS) -> dict:
+def base_file(scale: str, configs: Path = CONFIGS) -> dict:
+    """The scale's base config as written: a run's settings and the search's budget (``tune``)."""
     if scale not in BASES:
         raise ConfigError(f"--scale: {scale!r} is not one of {sorted(BASES)}")
     return load_tree(configs / BASES[scale])
+
+
+def base_tree(scale: str, configs: Path = CONFIGS) -> dict:
+    """The settings every run of the scale starts from (its base config without the search's budget)."""
+    return {k: v for k, v in base_file(scale, configs).items() if k != "tune"}
 
 
 def entries(only: str | None) -> tuple[Entry, ...]:
@@ -98,30 +100,154 @@ def entries(only: str | None) -> tuple[Entry, ...]:
 
 
 def run_key(setting: str, entry: Entry) -> str:
+    """A final run's key (its setting and method); a search run's adds ``-t<trial>``."""
     return f"{setting}-{entry.method}"
 
 
-def plan(scale: str, seeds: int, runs_dir: Path, overrides: Sequence[str] = (), only: str | None = None,
-         configs: Path = CONFIGS) -> list[PlannedRun]:
-    """Every run, seed-major (all of seed 0 first), so a partial leaderboard already ranks every method at fewer
-    seeds. ``overrides`` (key=value) apply to every run after the entry's own."""
-    base, extra = base_tree(scale, configs), parse_overrides(list(overrides))
-    planned = []
-    for seed in range(seeds):
-        for setting, varies in SETTINGS.items():
-            for entry in entries(only):
-                tree = merge_trees(configure(base, {**varies, "algorithm.name": entry.method, **entry.overrides}), extra)
-                key = run_key(setting, entry)
-                tree |= {"name": f"{KEY}-{scale}-{key}-s{seed}", "seed": seed, "out_dir": str(runs_dir)}
-                planned.append(PlannedRun(key, seed, validate(tree)))
-    return planned
+@dataclass(frozen=True)
+class Search:
+    """One method's search in one setting: its space, the settings of each trial and each trial's runs (one per
+    search seed), and its choice once every trial has finished or diverged (None before; ``failed``: why no trial
+    could be chosen)."""
+    setting: str
+    entry: Entry
+    space: dict[str, Distribution]
+    trials: list[dict[str, Any]]
+    runs: list[list[PlannedRun]]
+    choice: Choice | None = None
+    failed: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The leaderboard's runs: the search (every method's trials), the finals of each method chosen so far, and
+    the budget it was planned with."""
+    tune: TuneConfig
+    rounds: int
+    searches: list[Search]
+    finals: list[PlannedRun]
+
+    @property
+    def search(self) -> list[PlannedRun]:
+        """The search runs, trial-major (every method's trial 0 first), so an interrupted search has drawn every
+        method's trials as evenly as it could."""
+        count = max((len(s.runs) for s in self.searches), default=0)
+        return [item for k in range(count) for s in self.searches if k < len(s.runs) for item in s.runs[k]]
+
+    @property
+    def runs(self) -> list[PlannedRun]:
+        return self.search + self.finals
+
+    def waiting(self) -> list[Search]:
+        """The searches whose finals cannot be planned yet (a trial still to run)."""
+        return [s for s in self.searches if s.choice is None and s.failed is None]
+
+    def budget(self) -> str:
+        t = self.tune
+        return (f"{t.trials} trials x {len(t.seeds)} search seed(s) ({', '.join(map(str, t.seeds))}) x {self.rounds} "
+                f"rounds per method and setting; the chosen settings at {t.final_seeds} seeds "
+                f"(0..{t.final_seeds - 1}) x {self.rounds} rounds")
+
+
+def tuning(tree: dict[str, Any]) -> TuneConfig:
+    """The base config's ``tune`` section (budget and shared space) with the leaderboard's methods."""
+    section = tree.get("tune")
+    if not isinstance(section, dict):
+        raise ConfigError("tune: the leaderboard's base config needs a tune section (trials, seeds, final_seeds, "
+                          "space): the budget every method is searched with")
+    try:
+        return TuneConfig.model_validate({**section, "methods": [e.method for e in ENTRIES]})
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ConfigError(f"tune.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def plan(scale: str, runs_dir: Path, kept: Path, overrides: Sequence[str] = (), only: str | None = None,
+         final_seeds: int | None = None, configs: Path = CONFIGS) -> Plan:
+    """Every search run, and the finals of each method whose search has ended (chosen from its runs' validation
+    scores in ``runs_dir``; a run recorded in ``kept``'s ledger as diverged is a failed trial). ``overrides``
+    (key=value) apply to the base (``tune.*`` included) before anything is drawn; ``final_seeds`` replaces
+    tune.final_seeds. Finals are seed-major (all of seed 0 first), so a partial leaderboard ranks every chosen
+    method at fewer seeds."""
+    tree = merge_trees(base_file(scale, configs), parse_overrides(list(overrides)))
+    tune = tuning(tree)
+    if final_seeds is not None:
+        tune = tune.model_copy(update={"final_seeds": final_seeds})
+    run_tree = {k: v for k, v in tree.items() if k != "tune"}
+    rounds = tune.rounds or validate(run_tree).train.rounds
+    run_tree = configure(run_tree, {"train.rounds": rounds})
+    diverged = Diverged(kept)
+    searches = [_search(scale, run_tree, setting, entry, tune, runs_dir, diverged)
+                for setting in SETTINGS for entry in entries(only)]
+    finals = [_final(scale, run_tree, s, seed, runs_dir) for seed in range(tune.final_seeds)
+              for s in searches if s.choice is not None]
+    return Plan(tune, rounds, searches, finals)
+
+
+def _space(tune: TuneConfig, method: str) -> dict[str, Distribution]:
+    """The shared space, then the method's own declared parameters (``tunable``)."""
+    shared: dict[str, Distribution] = {key: dist for key, dist in tune.space.items()}
+    return {**shared, **{f"algorithm.{key}": dist for key, dist in algorithm_class(method).tunable.items()}}
+
+
+def _tree(run_tree: dict[str, Any], setting: str, entry: Entry, values: dict[str, Any]) -> dict[str, Any]:
+    return method_tree(configure(run_tree, {**SETTINGS[setting], **entry.overrides}), {"name": entry.method}, values)
+
+
+def _named(tree: dict[str, Any], name: str, seed: int, runs_dir: Path) -> Any:
+    return validate({**tree, "name": name, "seed": seed, "out_dir": str(runs_dir)})
+
+
+def _search(scale: str, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig, runs_dir: Path,
+            diverged: Diverged) -> Search:
+    space = _space(tune, entry.method)
+    trials = draw_trials(validate(run_tree).seed, space, tune.trials)
+    key = run_key(setting, entry)
+    runs = [[PlannedRun(f"{key}-t{k}", seed, _named(_tree(run_tree, setting, entry, values),
+                                                     f"{KEY}-{scale}-{key}-t{k}-s{seed}", seed, runs_dir))
+             for seed in tune.seeds] for k, values in enumerate(trials)]
+    search = Search(setting, entry, space, trials, runs)
+    if any(read_summary(item.folder) is None and not diverged.of(item) for trial in runs for item in trial):
+        return search  # a trial still to run: no choice yet
+    scores = [[_scores(item) for item in trial] for trial in runs]
+    try:
+        chosen = choose(entry.method, scores, selection_key(runs[0][0].config))
+    except TuningIncomplete as err:
+        return Search(setting, entry, space, trials, runs, failed=str(err))
+    return Search(setting, entry, space, trials, runs, choice=chosen)
+
+
+def _scores(item: PlannedRun) -> dict | None:
+    """A search run's validation scores alone (what the choice may read); None where it diverged."""
+    summary = read_summary(item.folder)
+    return None if summary is None else validation_part(summary)
+
+
+def _final(scale: str, run_tree: dict[str, Any], search: Search, seed: int, runs_dir: Path) -> PlannedRun:
+    assert search.choice is not None
+    key = run_key(search.setting, search.entry)
+    tree = _tree(run_tree, search.setting, search.entry, search.trials[search.choice.trial])
+    return PlannedRun(key, seed, _named(tree, f"{KEY}-{scale}-{key}-s{seed}", seed, runs_dir))
+
+
+def restored(make_plan: Callable[[], Plan], kept: Path) -> tuple[Plan, int]:
+    """The plan once every run it names that the archive ``kept`` holds and the runs folder lacks is put back,
+    and how many were: the search's runs first, then (their choices now read) the finals' -- so a leaderboard
+    continues on another machine, or a fresh clone, from everything kept."""
+    count = 0
+    while True:
+        full = make_plan()
+        put_back = restore_kept(full.runs, kept)
+        if not put_back:
+            return full, count
+        count += put_back
 
 
 class Diverged:
     """The runs whose training diverged (a client's loss not finite, train.on_nonfinite=stop): a result of the
-    leaderboard, recorded in ``diverged.json`` where the finished runs are kept (``--kept``), with the settings it
-    diverged under, so a resumed leaderboard, here or on another machine, neither retries them (the same seed
-    diverges again) nor drops them from the table."""
+    leaderboard (a search trial that diverges is left out of the choice), recorded in ``diverged.json`` where the
+    finished runs are kept (``--kept``), with the settings it diverged under, so a resumed leaderboard, here or on
+    another machine, neither retries them (the same seed diverges again) nor drops them from the table."""
 
     def __init__(self, kept: Path):
         self.path = kept / "diverged.json"
@@ -148,6 +274,8 @@ def complete(planned: list[PlannedRun], kept: Path, max_concurrent: int | None =
     each kept in ``kept`` as it finishes), recording a run that diverges instead of stopping the leaderboard.
     ``max_concurrent``: as Ray Tune trials on the current cluster (a diverged trial is then reported by Tune as
     failed, and left out of the table)."""
+    if not planned:
+        return
     if max_concurrent is not None:
         execute(planned, say, max_concurrent, name=f"{KEY}-{planned[0].config.name.split('-')[1]}", kept=kept)
         return
@@ -158,6 +286,7 @@ def complete(planned: list[PlannedRun], kept: Path, max_concurrent: int | None =
         if why:
             say(f"{where}: diverged before ({why}), skipped")
             continue
+
         def say_where(line: str) -> None:  # execute numbers its one run [1/1]: show its place in the leaderboard
             say(line.replace("[1/1] " + item.config.name, where))
 
@@ -166,112 +295,3 @@ def complete(planned: list[PlannedRun], kept: Path, max_concurrent: int | None =
         except TrainingDiverged as err:
             diverged.record(item, str(err))
             say(f"{where}: diverged: {err}")
-
-
-def _stats(planned: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict | None:
-    """The finished seeds of one entry in one setting: per seed, final and best-round mean accuracy (points), p10,
-    Jain's index, seconds per round; None before any seed has finished."""
-    per_seed, failed = [], [why for why in map(diverged.of, planned) if why]
-    for item in planned:
-        summary = read_summary(item.folder)
-        if summary is None or entry.metric not in summary:
-            continue
-        final, best = summary[entry.metric], summary["best_round"][entry.metric]
-        per_seed.append({"final": 100 * final["mean"], "best": 100 * best["mean"], "best_round": best["round"],
-                         "p10": 100 * final["p10"], "jain": final["jain"],
-                         "seconds": run_seconds(item.folder) / item.config.train.rounds,
-                         "picked_on": best.get("picked_on", "test")})  # a summary from before validation: on test
-    if not per_seed:
-        return {"seeds": 0, "diverged": failed} if failed else None
-    column = {key: [s[key] for s in per_seed] for key in per_seed[0]}
-    return {"seeds": len(per_seed), "diverged": failed, "final": mean_ci(column["final"]).__dict__, "best": mean_ci(column["best"]).__dict__,
-            "best_on": "validation" if set(column["picked_on"]) == {"validation"} else "test",
-            **{key: float(np.mean(column[key])) for key in ("best_round", "p10", "jain", "seconds")}}
-
-
-def evaluate(planned: list[PlannedRun], kept: Path) -> dict:
-    """Per setting and method, the statistics of its finished seeds (and why any seed diverged: ``kept``'s
-    ledger)."""
-    diverged = Diverged(kept)
-    by_key: dict[str, list[PlannedRun]] = {}
-    for item in planned:
-        by_key.setdefault(item.key, []).append(item)
-    table: dict[str, dict[str, dict[str, Any] | None]] = {}
-    for setting in SETTINGS:
-        table[setting] = {}
-        for entry in ENTRIES:
-            runs = by_key.get(run_key(setting, entry), [])
-            table[setting][entry.method] = _stats(runs, entry, diverged) if runs else None
-    return table
-
-
-def _interval(est: dict) -> str:
-    if est["low"] is None:
-        return f"{est['mean']:.2f}"
-    return f"{est['mean']:.2f} ± {(est['high'] - est['low']) / 2:.2f}"
-
-
-def _row(entry: Entry, stats: dict | None, column: int) -> str:
-    pfl = PFLLIB_NUMBERS.get(entry.pfllib, ("-", "-"))[column] if entry.pfllib else "-"
-    what = "personalized (fine-tuned)" if entry.metric == "acc_personalized" else "own model"
-    if entry.pfllib_scores:
-        what += f"; PFLlib's % scores the {entry.pfllib_scores}"
-    if stats is None:
-        return f"| `{entry.method}` | {what} | not run yet | | | | | | | {pfl} |"
-    failed = f" ({len(stats['diverged'])} diverged: {stats['diverged'][0]})" if stats["diverged"] else ""
-    if not stats["seeds"]:
-        return f"| `{entry.method}` | {what} | diverged{failed} | | | | | | 0 | {pfl} |"
-    on_test = "" if stats.get("best_on") == "validation" else " (on test)"
-    return (f"| `{entry.method}` | {what} | {_interval(stats['final'])} | {_interval(stats['best'])}{on_test} | "
-            f"{stats['best_round']:.0f} | {stats['p10']:.2f} | {stats['jain']:.3f} | {stats['seconds']:.2f} | "
-            f"{stats['seeds']}{failed} | {pfl} |")
-
-
-def render(table: dict, scale: str, planned: list[PlannedRun], command: str) -> str:
-    cfg = planned[0].config if planned else None
-    done = sum(read_summary(p.folder) is not None for p in planned)
-    seconds = sum(run_seconds(p.folder) for p in planned if (p.folder / runfiles.ROUNDS).exists())
-    lines = [f"# Leaderboard ({scale} scale)", "",
-             f"Generated by `{command}` from {done} of {len(planned)} finished run folders ({seconds / 3600:.1f} h of "
-             "rounds measured on this machine). Do not edit by hand: run the command again.", ""]
-    if cfg is not None:
-        t = cfg.train
-        lines += [f"fedsim's protocol here: {cfg.data.num_clients} clients, f = {t.fraction:g}, {cfg.model.name} "
-                  f"(model.batchnorm {cfg.model.batchnorm}), {t.rounds} rounds of {t.local_epochs} local epoch(s), "
-                  f"batch {t.batch_size}, SGD lr {t.body.lr:g} momentum {t.body.momentum:g}, "
-                  f"data.train_fraction {cfg.data.train_fraction:g} / test_fraction {cfg.data.test_fraction:g} of "
-                  "CIFAR-100's own train / test sets; accuracy = the mean over clients of each client's accuracy on "
-                  "its own test images, evaluated every "
-                  f"{t.eval_every} rounds. Each cell: mean over seeds ± the half-width of its Student-t 95% interval. "
-                  "s / round is the rounds' measured time (training, aggregation, evaluation) on the machine that ran "
-                  "them, averaged over seeds: it compares methods only as far as their runs met the same load.",
-                  "", f"{PFLLIB_PROTOCOL}. PFLlib's numbers are printed beside fedsim's for orientation only: the "
-                  "protocols differ (model, rounds, split, pooled vs per-client mean), so the columns are not "
-                  "a like-for-like comparison. PFLlib's number is its best round on test; fedsim's best round is picked "
-                  "on the runs' validation split (data.validation) where they have one, and a cell marked (on test) "
-                  "is the best round on test, as PFLlib's: a number to compare with theirs, not a selection.", ""]
-    for column, setting in enumerate(SETTINGS):
-        lines += [f"## {SETTING_TITLES[setting]}", "",
-                  "| method | accuracy of | final round % | best round % | best at round | p10 % (final) | Jain (final) "
-                  "| s / round | seeds | PFLlib % (best on test) |", "|" + "---|" * 10]
-        lines += [_row(entry, table[setting][entry.method], column) for entry in ENTRIES]
-        lines += ["", *_receipts(setting, planned), ""]
-    return "\n".join(lines)
-
-
-def _receipts(setting: str, planned: list[PlannedRun]) -> list[str]:
-    """Each method's receipt in one setting, from the configs its seeds run (or ran) with."""
-    arms = []
-    for entry in ENTRIES:
-        configs = [p.config.model_dump() for p in planned if p.key == run_key(setting, entry)]
-        if configs:
-            arms.append((f"`{entry.method}`", receipt(configs, [entry.metric])))
-    return ["Receipt (each method's runs, from their configs):", "", *receipt_table(arms)] if arms else []
-
-
-def write(table: dict, scale: str, planned: list[PlannedRun], command: str, report: Path) -> list[Path]:
-    report.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(report, render(table, scale, planned, command))
-    results = report.with_suffix(".json")
-    atomic.write_text(results, json.dumps({"scale": scale, "command": command, "table": table}, indent=1))
-    return [report, results]

@@ -1,100 +1,123 @@
-"""`fedsim reproduce leaderboard`: every method x setting x seed planned and valid, the table computed from run
-folders (mean and 95% interval over seeds, best and final round, p10, Jain, time per round, PFLlib beside), a
-diverged run recorded as a result and never retried, and the paper-scale plan dry-run."""
-import json
-import math
-
+"""`fedsim reproduce leaderboard`'s plan: an equal-budget search per method and setting (the same trials, seeds and
+rounds, the shared lr and momentum drawn alike for every method, each method's own `tunable` beside them), the
+choice read from validation scores only, then the chosen settings at the final seeds; a diverged trial is left out
+and never retried; a resumed leaderboard plans only the runs its kept archive lacks; the dry run counts them."""
 import pytest
+from conftest import finished_leaderboard_run as finish
 
 from fedsim.cli.main import main
-from fedsim.errors import TrainingDiverged
-from fedsim.metrics.confidence import t975
-from fedsim.metrics.summary import summarize
-from fedsim.reproduce import leaderboard
+from fedsim.errors import ConfigError, TrainingDiverged
+from fedsim.reproduce import archive, leaderboard
+from fedsim.sweep.runs import status
 
 
-def test_every_method_and_setting_is_planned_seed_major_and_valid(tmp_path):
-    planned = leaderboard.plan("cpu", 2, tmp_path)
-    per_seed = len(leaderboard.SETTINGS) * len(leaderboard.ENTRIES)
-    assert len(planned) == 2 * per_seed and [p.seed for p in planned] == [0] * per_seed + [1] * per_seed
-    assert len({p.config.name for p in planned}) == len(planned)
-    dirichlet = next(p.config for p in planned if p.key == "dirichlet-fedbabu")
-    assert dirichlet.data.partition.beta == 0.1 and dirichlet.eval.finetune_epochs == 5
-    assert next(p.config for p in planned if p.key == "pathological-ifca").data.partition.k == 10
-    with pytest.raises(Exception, match="--only: the leaderboard has no method 'fedfoo'"):
-        leaderboard.plan("cpu", 1, tmp_path, only="fedfoo")
+def test_every_method_is_searched_with_one_budget_before_any_final(tmp_path):
+    full = leaderboard.plan("cpu", tmp_path, tmp_path / "kept")
+    tune = full.tune
+    assert len(full.searches) == len(leaderboard.SETTINGS) * len(leaderboard.ENTRIES) and not full.finals
+    assert len(full.waiting()) == len(full.searches)  # no choice before its trials have run
+    assert {len(s.runs) for s in full.searches} == {tune.trials}
+    assert {len(trial) for s in full.searches for trial in s.runs} == {len(tune.seeds)}
+    assert {item.config.train.rounds for item in full.search} == {full.rounds}
+    assert {item.seed for item in full.search} == set(tune.seeds)
+    assert not set(tune.seeds) & set(range(tune.final_seeds))  # the choice never reads a run the table reports
+    for k in range(tune.trials):  # trial k: the same lr and momentum for every method and setting
+        shared = {(c.train.body.lr, c.train.head.lr, c.train.body.momentum, c.train.local_epochs)
+                  for s in full.searches for c in (item.config for item in s.runs[k])}
+        assert len(shared) == 1
+    assert "momentum" in tune.space and "lr" in tune.space
+    fedrep = next(s for s in full.searches if s.entry.method == "fedrep")
+    assert "algorithm.head_epochs" in fedrep.space  # the method's own tunable parameter is searched
+    assert [item.key for item in full.search[:2]] == ["pathological-fedavg-t0", "pathological-local-t0"]  # trial-major
+    dirichlet = next(s for s in full.searches if s.setting == "dirichlet" and s.entry.method == "fedbabu")
+    assert dirichlet.runs[0][0].config.data.partition.beta == 0.1
+    assert dirichlet.runs[0][0].config.eval.finetune_epochs == 5
+    assert full.search[0].config.data.validation > 0
+    with pytest.raises(ConfigError, match="--only: the leaderboard has no method 'fedfoo'"):
+        leaderboard.plan("cpu", tmp_path, tmp_path, only="fedfoo")
+    with pytest.raises(ConfigError, match="^tune.trials: Input should be greater than or equal to 1$"):
+        leaderboard.plan("cpu", tmp_path, tmp_path, ["tune.trials=0"])
 
 
-def _finish(item, final: list[float], best: float, seconds: float, picked_on: str | None = None) -> None:
-    """What a finished run leaves that the leaderboard reads: summary.json and rounds.jsonl (``picked_on``: how its
-    best round was picked; None: a summary written before data.validation)."""
-    item.folder.mkdir(parents=True)
-    metric = "acc_personalized" if item.key.endswith("fedbabu") else "acc"
-    best_round = {"round": 5, **summarize(final), "mean": best, **({"picked_on": picked_on} if picked_on else {})}
-    summary = {metric: summarize(final), "best_round": {metric: best_round}}
-    (item.folder / "summary.json").write_text(json.dumps(summary))
-    rounds = item.config.train.rounds
-    (item.folder / "rounds.jsonl").write_text("".join(json.dumps({"round": r, "seconds": seconds / rounds}) + "\n"
-                                                      for r in range(1, rounds + 1)))
+def test_the_choice_reads_validation_only_and_its_settings_run_at_the_final_seeds(tmp_path):
+    kept = tmp_path / "kept"
+    searched = leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=3"], only="fedper")
+    for search in searched.searches:  # trial 2 is best on validation and worst on test
+        for k, trial in enumerate(search.runs):
+            for item in trial:
+                finish(item, test=0.9 - 0.3 * k, validation=0.3 + 0.2 * k)
+    full = leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=3"], only="fedper")
+    assert all(s.choice is not None and s.choice.trial == 2 for s in full.searches) and not full.waiting()
+    chosen = full.searches[0].trials[2]
+    assert len(full.finals) == 2 * full.tune.final_seeds
+    assert [p.seed for p in full.finals[:2]] == [0, 0]  # seed-major
+    for item in full.finals:
+        assert (item.config.train.body.lr, item.config.train.body.momentum) == (chosen["lr"], chosen["momentum"])
+        assert item.config.train.rounds == full.rounds
+    assert full.finals[0].config.name == "leaderboard-cpu-pathological-fedper-s0"
+    assert len(leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=3"], only="fedper", final_seeds=7).finals) == 14
 
 
-def test_the_table_is_computed_from_the_finished_run_folders(tmp_path):
-    planned = leaderboard.plan("cpu", 3, tmp_path, only="fedper")
-    finals = {0: [0.5, 0.7], 1: [0.6, 0.8], 2: [0.4, 0.6]}  # client means 60, 70, 50 points
-    for item in planned:
-        if item.key == "pathological-fedper":
-            _finish(item, finals[item.seed], best=0.75, seconds=80.0)
-    stats = leaderboard.evaluate(planned, tmp_path)["pathological"]["fedper"]
-    half = t975(2) * 10.0 / math.sqrt(3)  # std of (60, 70, 50) is 10
-    assert stats["seeds"] == 3 and math.isclose(stats["final"]["mean"], 60.0)
-    assert math.isclose((stats["final"]["high"] - stats["final"]["low"]) / 2, half)
-    assert math.isclose(stats["best"]["mean"], 75.0) and stats["best"]["low"] == stats["best"]["high"] == 75.0
-    assert math.isclose(stats["p10"], sum(100 * summarize(v)["p10"] for v in finals.values()) / 3)
-    assert math.isclose(stats["seconds"], 2.0)  # 80 s over 40 rounds
-    text = leaderboard.render(leaderboard.evaluate(planned, tmp_path), "cpu", planned, "cmd")
-    assert f"| `fedper` | own model | 60.00 ± {half:.2f} | 75.00 ± 0.00 (on test) | 5 |" in text  # no validation
-    assert "| PFLlib % (best on test) |" in text
-    assert ("| `fedper` | fedper (keep_personal True) | sgd | 0.05 | 0 | 40 | 1 epoch(s) of batch 10, f = 1 | initial "
-            "(the model each client holds) | final; best round on test, shown as PFLlib reports it, not a selection | "
-            "0, 1, 2 |") in text  # its receipt
-    assert "| 3 | 63.53 ± 0.21 |" in text  # PFLlib's FedPer, pathological
-    assert "| `fedbabu` | personalized (fine-tuned) | not run yet |" in text
-    # PFLlib's FedProto number scores the nearest global prototype, not the client's own classifier: the row says so.
-    assert ("| `fedproto` | own model; PFLlib's % scores the nearest global prototype (fedsim's: "
-            "fedproto_acc_prototypes) | not run yet |") in text
-
-
-def test_a_best_round_picked_on_validation_is_not_marked_as_on_test(tmp_path):
-    planned = leaderboard.plan("cpu", 2, tmp_path, only="fedper")
-    for item in planned:
-        if item.key == "pathological-fedper":
-            _finish(item, [0.5, 0.7], best=0.65, seconds=40.0, picked_on="validation")
-    text = leaderboard.render(leaderboard.evaluate(planned, tmp_path), "cpu", planned, "cmd")
-    assert "| `fedper` | own model | 60.00 ± 0.00 | 65.00 ± 0.00 | 5 |" in text
-
-
-def test_a_diverged_run_is_a_result_recorded_once(tmp_path, monkeypatch):
-    planned = leaderboard.plan("cpu", 1, tmp_path, only="fedamp")
+def test_a_diverged_trial_is_left_out_of_the_choice_and_never_retried(tmp_path, monkeypatch):
+    kept = tmp_path / "kept"
+    searched = leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=2"], only="fedamp")
     calls = []
 
-    def execute(items, say, **_):
-        calls.append(items[0].config.name)
-        raise TrainingDiverged("client 3, round 2: training loss is not finite")
+    def execute(items, say, **_):  # the runner's: a finished run is skipped
+        if not (items[0].folder / "summary.json").exists():
+            calls.append(items[0].config.name)
+            if items[0].key.endswith("-t1"):
+                raise TrainingDiverged("client 3, round 2: training loss is not finite")
+            finish(items[0], test=0.5, validation=0.4)
 
     monkeypatch.setattr(leaderboard, "execute", execute)
-    leaderboard.complete(planned, tmp_path, say=lambda _: None)
-    leaderboard.complete(planned, tmp_path, say=lambda _: None)  # resumed: not retried
-    assert calls == [p.config.name for p in planned]
-    stats = leaderboard.evaluate(planned, tmp_path)["dirichlet"]["fedamp"]
-    assert stats["seeds"] == 0 and "round 2" in stats["diverged"][0]
-    assert "| `fedamp` | own model | diverged (1 diverged: client 3" in leaderboard.render(
-        leaderboard.evaluate(planned, tmp_path), "cpu", planned, "cmd")
-    changed = leaderboard.plan("cpu", 1, tmp_path, ["train.body.lr=0.01"], only="fedamp")
-    assert leaderboard.Diverged(tmp_path).of(changed[0]) is None  # other settings: run again
+    leaderboard.complete(searched.search, kept, say=lambda _: None)
+    leaderboard.complete(searched.search, kept, say=lambda _: None)  # resumed: the diverged trial is not retried
+    assert calls == [p.config.name for p in searched.search]
+    full = leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=2"], only="fedamp")
+    assert all(s.choice is not None and s.choice.trial == 0 and s.choice.failed == [1] for s in full.searches)
+    changed = leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=2", "train.eval_every=2"], only="fedamp")
+    assert leaderboard.Diverged(kept).of(changed.search[1]) is None  # other settings: run again
 
 
-def test_the_paper_scale_plan_dry_runs(tmp_path, capsys, data_root):
-    assert main(["reproduce", "leaderboard", "--scale", "paper", "--dry-run", "--only", "fedavg", "--seeds", "1",
-                 "--runs", str(tmp_path), "--kept", str(tmp_path / "kept")]) == 0
+def test_a_search_every_trial_of_which_diverged_chooses_nothing(tmp_path):
+    kept = tmp_path / "kept"
+    searched = leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=2"], only="fedamp")
+    for item in searched.search:
+        leaderboard.Diverged(kept).record(item, "loss is not finite")
+    full = leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=2"], only="fedamp")
+    assert all(s.choice is None and "every trial of fedamp failed" in str(s.failed) for s in full.searches)
+    assert not full.finals and not full.waiting()
+
+
+def test_a_resumed_leaderboard_plans_only_what_its_kept_runs_lack(tmp_path):
+    """A partial set of kept runs (here: the search and two final seeds), put back into an empty runs folder on
+    another machine: they read as finished, so only the rest is left to run."""
+    kept, first, fresh = tmp_path / "kept", tmp_path / "here", tmp_path / "clone"
+    over = ["tune.trials=2"]
+    for item in leaderboard.plan("cpu", first, kept, over, only="fedper").search:
+        finish(item, test=0.5, validation=0.4)
+        archive.keep(item.folder, kept)
+    for item in leaderboard.plan("cpu", first, kept, over, only="fedper").finals:
+        if item.seed < 2:
+            finish(item, test=0.5, validation=0.4)
+            archive.keep(item.folder, kept)
+    after, count = leaderboard.restored(lambda: leaderboard.plan("cpu", fresh, kept, over, only="fedper"), kept)
+    assert count == len(after.search) + 2 * 2  # the search, then (its choices read) 2 settings x final seeds 0, 1
+    left = [p for p in after.runs if status(p.config) != "finished"]
+    assert sorted({p.seed for p in left}) == [2, 3, 4] and len(left) == 2 * 3
+
+
+def test_the_dry_run_counts_the_search_and_the_finals_waiting_for_it(tmp_path, capsys, data_root):
+    assert main(["reproduce", "leaderboard", "--dry-run", "--only", "fedavg", "--runs", str(tmp_path),
+                 "--kept", str(tmp_path / "kept"), "tune.trials=2", "train.rounds=2"]) == 0
     out = capsys.readouterr().out
-    assert "leaderboard-paper-pathological-fedavg-s0" in out and "2000" in out
+    assert "leaderboard-cpu-pathological-fedavg-t1-s1000: new" in out
+    assert "planned now: 4 search runs, 0 final runs (4 new)" in out
+    assert "waiting for their search: 10 final runs (2 method x setting searches not ended)" in out
+    assert "budget: 2 trials x 1 search seed(s) (1000) x 2 rounds per method and setting" in out
+
+
+def test_the_paper_scale_plan_is_valid(tmp_path):
+    full = leaderboard.plan("paper", tmp_path, tmp_path / "kept", only="fedavg")
+    assert {item.config.train.rounds for item in full.search} == {2000}

@@ -1,0 +1,239 @@
+"""The leaderboard's table, computed from the finished run folders of its plan (``leaderboard.plan``): per setting
+and method, the settings its search chose (on validation) and its finals' test accuracy at the final round and at
+the round validation picks, fairness across clients (p10, Jain) and time per round, each a mean over seeds with a
+95% interval; nothing is selected on test. The one number read at the best round on test is the column beside
+PFLlib's, because that is PFLlib's quantity (its best round on test of the accuracy pooled over clients,
+serverbase.py evaluate()), and only in rows where PFLlib's number scores what the row reports."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedsim import atomic
+from fedsim.core import runfiles
+from fedsim.metrics.confidence import mean_ci
+from fedsim.metrics.logger import read_jsonl
+from fedsim.metrics.receipt import receipt, receipt_table
+from fedsim.reproduce.leaderboard import ENTRIES, SETTING_TITLES, SETTINGS, Diverged, Entry, Plan, Search, run_key
+from fedsim.reproduce.runner import PlannedRun, read_summary, run_seconds
+from fedsim.sweep.tune import SELECTION, reported_key, space_text
+
+# PFLlib's leaderboard (TsingZ0/PFLlib docs/benchmark.html, read at commit d832e76): test accuracy %, mean ± std of
+# 3 trials (a standard deviation, not an interval), CIFAR-100 pathological and Dir(0.1) columns.
+PFLLIB_NUMBERS = {
+    "FedAvg": ("25.98 ± 0.13", "31.89 ± 0.47"), "Per-FedAvg": ("56.80 ± 0.26", "44.28 ± 0.33"),
+    "pFedMe": ("58.20 ± 0.14", "47.34 ± 0.46"), "Ditto": ("67.23 ± 0.07", "52.87 ± 0.64"),
+    "APFL": ("64.26 ± 0.13", "46.74 ± 0.60"), "FedFomo": ("62.49 ± 0.22", "45.39 ± 0.45"),
+    "FedAMP": ("64.34 ± 0.37", "47.69 ± 0.49"), "FedALA": ("67.83 ± 0.06", "55.92 ± 0.03"),
+    "FedPer": ("63.53 ± 0.21", "49.63 ± 0.54"), "FedRep": ("67.56 ± 0.31", "52.39 ± 0.35"),
+    "FedRoD": ("62.30 ± 0.02", "50.94 ± 0.11"), "FedBABU": ("66.85 ± 0.07", "55.02 ± 0.33"),
+    "FedProto": ("69.18 ± 0.03", "52.70 ± 0.33"),
+}
+PFLLIB_ROUNDS = 2000
+PFLLIB_PROTOCOL = ("PFLlib's protocol: 20 clients, all join every round, each client's data split 75/25 into train "
+                   "and test, a 4-layer CNN (2 conv + 2 fc, no BatchNorm), batch 10, 1 local epoch, SGD lr 0.005 "
+                   "without momentum for every method (no tuning), 2,000 rounds, the **best round on test** of the "
+                   "accuracy pooled over clients (correct / samples of all clients, serverbase.py evaluate()), "
+                   "mean ± std of 3 trials")
+
+
+def pooled_best_on_test(folder: Path, metric: str) -> float | None:
+    """PFLlib's quantity from a finished run's per-client rows: per evaluated round the accuracy pooled over
+    clients (each client's accuracy weighted by its test images), and the highest over rounds (percent)."""
+    correct: dict[int, float] = {}
+    images: dict[int, float] = {}
+    for row in read_jsonl(folder / runfiles.METRICS):
+        if metric in row and "n_test" in row:
+            correct[row["round"]] = correct.get(row["round"], 0.0) + row[metric] * row["n_test"]
+            images[row["round"]] = images.get(row["round"], 0.0) + row["n_test"]
+    pooled = [correct[r] / images[r] for r in correct if images[r]]
+    return 100 * max(pooled) if pooled else None
+
+
+def _seed_stats(item: PlannedRun, summary: dict, comparable: bool) -> dict[str, Any]:
+    metric = reported_key(item.config)
+    final, picked = summary[metric], summary["best_round"][metric]
+    return {"final": 100 * final["mean"], "picked": 100 * picked["mean"], "picked_round": picked["round"],
+            "picked_on": picked.get("picked_on", "test"), "p10": 100 * final["p10"], "jain": final["jain"],
+            "seconds": run_seconds(item.folder) / item.config.train.rounds,
+            "pooled_best": pooled_best_on_test(item.folder, metric) if comparable else None}
+
+
+def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[str, Any]:
+    """The finished seeds of one method's finals: means (and 95% intervals) of the final round's and the
+    validation-picked round's accuracy (points), p10, Jain's index, seconds per round."""
+    comparable = entry.pfllib is not None and entry.pfllib_scores is None
+    per_seed = [_seed_stats(item, summary, comparable) for item in finals
+                if (summary := read_summary(item.folder)) is not None]
+    out: dict[str, Any] = {"seeds": len(per_seed), "planned": len(finals),
+                           "diverged": [why for why in map(diverged.of, finals) if why]}
+    if not per_seed:
+        return out
+    column = {key: [s[key] for s in per_seed] for key in per_seed[0]}
+    out |= {"final": mean_ci(column["final"]).__dict__, "picked": mean_ci(column["picked"]).__dict__,
+            "picked_on": sorted(set(column["picked_on"])),
+            **{key: float(np.mean(column[key])) for key in ("picked_round", "p10", "jain", "seconds")}}
+    if comparable and None not in column["pooled_best"]:
+        out["pooled_best"] = mean_ci(column["pooled_best"]).__dict__
+    return out
+
+
+def _tuning(search: Search, diverged: Diverged) -> dict[str, Any]:
+    done = sum(all(read_summary(i.folder) is not None or diverged.of(i) for i in trial) for trial in search.runs)
+    out: dict[str, Any] = {"space": space_text(search.space), "trials_done": done, "trials": len(search.runs),
+                           "failed": search.failed}
+    if search.choice is not None:
+        out |= {"trial": search.choice.trial, "validation": 100 * search.choice.score,
+                "chosen": search.trials[search.choice.trial], "failed_trials": search.choice.failed}
+    return out
+
+
+def evaluate(full: Plan, kept: Path) -> dict:
+    """Per setting and method: its search (space, progress, choice) and its finals' statistics."""
+    diverged = Diverged(kept)
+    table: dict[str, dict[str, dict[str, Any]]] = {setting: {} for setting in SETTINGS}
+    for search in full.searches:
+        finals = [p for p in full.finals if p.key == run_key(search.setting, search.entry)]
+        table[search.setting][search.entry.method] = {"tuning": _tuning(search, diverged),
+                                                      "finals": _stats(finals, search.entry, diverged)}
+    return table
+
+
+def _interval(est: dict) -> str:
+    if est["low"] is None:
+        return f"{est['mean']:.2f}"
+    return f"{est['mean']:.2f} ± {(est['high'] - est['low']) / 2:.2f}"
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _chosen(tuning: dict) -> str:
+    if tuning["failed"]:
+        return f"none: {tuning['failed']}"
+    if "chosen" not in tuning:
+        return f"searching ({tuning['trials_done']} of {tuning['trials']} trials done)"
+    values = ", ".join(f"{k.removeprefix('algorithm.')} {_shown(v)}" for k, v in tuning["chosen"].items())
+    return f"{values} (trial {tuning['trial']}; validation {tuning['validation']:.2f})"
+
+
+def _pfllib(entry: Entry, stats: dict, column: int) -> tuple[str, str]:
+    """fedsim's best round on test (pooled) and PFLlib's, only where PFLlib's number is the same quantity."""
+    if entry.pfllib is None:
+        return "-", "-"
+    if entry.pfllib_scores is not None:
+        return "-", f"left out: PFLlib scores the {entry.pfllib_scores}"
+    ours = _interval(stats["pooled_best"]) if "pooled_best" in stats else "-"
+    return ours, PFLLIB_NUMBERS[entry.pfllib][column]
+
+
+def _row(entry: Entry, cell: dict, column: int) -> str:
+    stats = cell["finals"]
+    what = "fine-tuned" if entry.overrides.get("eval.finetune_epochs") else "own model"
+    ours, theirs = _pfllib(entry, stats, column)
+    chosen = _chosen(cell["tuning"])
+    failed = f" ({len(stats['diverged'])} diverged: {stats['diverged'][0]})" if stats["diverged"] else ""
+    if "final" not in stats:
+        left = "not run yet" if not stats["diverged"] else "diverged"
+        return f"| `{entry.method}` | {what} | {chosen} | {left}{failed} | | | | | | 0 | | {theirs} |"
+    on = "" if stats["picked_on"] == ["validation"] else " (picked on test: no validation split)"
+    return (f"| `{entry.method}` | {what} | {chosen} | {_interval(stats['final'])} | {_interval(stats['picked'])}{on} "
+            f"| {stats['picked_round']:.0f} | {stats['p10']:.2f} | {stats['jain']:.3f} | {stats['seconds']:.2f} | "
+            f"{stats['seeds']} of {stats['planned']}{failed} | {ours} | {theirs} |")
+
+
+# How the cpu scale was sized, as measured (2026-12-05, this machine): the leaderboard's compute plan.
+SIZING = {"cpu": "**Compute.** Sized before running, on 2026-12-05: `fedsim reproduce leaderboard --dry-run` counts "
+                 "27.4 M sample-steps for the 204 search runs and about 22.9 M for the 170 final runs (each at its "
+                 "method's mean trial), 50.3 M in all; FedAvg measured 1,540 sample-steps/s on one core of this "
+                 "machine (2.6 s per round of 4,000 sample-steps, 1 worker x 1 thread, load average 1.2 on its 2 "
+                 "cores) and ~4 s per run outside its rounds. So about 9.1 h of training, 0.4 h of run overhead and the "
+                 "work the count leaves out (Per-FedAvg's Hessian products, FedFomo's and IFCA's scoring of received "
+                 "models, FedALA's weight learning): about 10 to 12 h of one full lane (one core). Shared with other "
+                 "work, the run takes longer in proportion: the hours measured so far are above."}
+
+
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:g}%"
+
+
+def cut(full: Plan, scale: str) -> str:
+    """fedsim's protocol here, and what in it is smaller than PFLlib's, read from the runs' config."""
+    cfg = full.runs[0].config
+    t, d = cfg.train, cfg.data
+    cuts = [*([f"**{t.rounds:,} rounds instead of 2,000**"] if t.rounds < PFLLIB_ROUNDS else []),
+            *([f"**{_percent(d.train_fraction)} of CIFAR-100's training images**"] if d.train_fraction < 1 else []),
+            *([f"**{_percent(d.test_fraction)} of its test images**"] if d.test_fraction < 1 else [])]
+    smaller = (f"Smaller than PFLlib's protocol: {', '.join(cuts)}. So the levels are not PFLlib's: the ranking is "
+               "fedsim's, at this budget." if cuts else "Rounds and data as PFLlib's.")
+    return (f"**Protocol, and the cut.** {d.num_clients} clients, all join every round (f = {t.fraction:g}), "
+            f"fedsim's {cfg.model.name} (4 conv layers) where PFLlib's CNN has 2 conv + 2 fc layers, "
+            f"{t.local_epochs} local epoch(s) of batch {t.batch_size}, SGD at the tuned lr and momentum, no weight "
+            f"decay; evaluated every {t.eval_every} rounds. CIFAR-100's own train / test sets are partitioned to the "
+            f"clients (PFLlib splits each client's pooled data 75/25); each client holds out "
+            f"{_percent(d.validation)} of its training images as its validation split. {smaller}"
+            + (f"\n\n{SIZING[scale]}" if scale in SIZING else ""))
+
+
+HEADER = ("| method | scored | tuned settings (chosen on validation) | final round % | validation-picked round % | "
+          "picked round | p10 % (final) | Jain (final) | s / round | seeds | best round on test, pooled % (PFLlib's "
+          "quantity) | PFLlib % (best round on test, pooled) |")
+
+
+def render(table: dict, scale: str, full: Plan, command: str) -> str:
+    runs = full.runs
+    done = sum(read_summary(p.folder) is not None for p in runs)
+    waiting = full.tune.final_seeds * len(full.waiting())
+    seconds = sum(run_seconds(p.folder) for p in runs if (p.folder / runfiles.ROUNDS).exists())
+    lines = [f"# Leaderboard ({scale} scale)", "",
+             f"Generated by `{command}` from {done} of {len(runs) + waiting} finished run folders "
+             f"({len(full.search)} search runs, {len(full.finals) + waiting} final runs; {seconds / 3600:.1f} h of "
+             "rounds measured on this machine). Do not edit by hand: run the command again.", "", cut(full, scale), "",
+             f"**Tuning.** Every method gets the same budget: {full.budget()}. Trial k draws lr and momentum with the "
+             "same values for every method (a paired comparison) and the method's own declared parameters "
+             f"(`tunable`), from the tuner's stream (`fedsim tune`'s). Selection: {SELECTION}. A trial that diverged "
+             "is left out of the choice.", "",
+             "**Reading a row.** Each cell is the mean over the final seeds ± the half-width of its Student-t 95% "
+             "interval. *Final round*: the last round's accuracy (mean over clients of each client's accuracy on its "
+             "own test images). *Validation-picked round*: test accuracy at the evaluated round with the highest "
+             "validation accuracy, and that round. p10 and Jain's index are the final round's, across clients. "
+             "s / round is the rounds' measured time on the machine that ran them under its load at the time: it "
+             "compares methods only as far as their runs met the same load. The one number read at the best round "
+             "on test is the column beside PFLlib's, because it is PFLlib's quantity; it is shown only where "
+             "PFLlib's number scores what the row reports.", "", f"{PFLLIB_PROTOCOL}.", ""]
+    for column, setting in enumerate(SETTINGS):
+        lines += [f"## {SETTING_TITLES[setting]}", "", HEADER, "|" + "---|" * 12]
+        lines += [_row(e, table[setting][e.method], column) for e in ENTRIES if e.method in table[setting]]
+        lines += ["", *_spaces(table, setting), "", *_receipts(setting, full.finals), ""]
+    return "\n".join(lines)
+
+
+def _spaces(table: dict, setting: str) -> list[str]:
+    rows = [f"| `{method}` | {cell['tuning']['space']} | "
+            f"{', '.join(map(str, cell['tuning'].get('failed_trials', []))) or '-'} |"
+            for method, cell in table[setting].items()]
+    return ["Search spaces (and trials left out because they diverged):", "", "| method | space | diverged trials |",
+            "|---|---|---|", *rows]
+
+
+def _receipts(setting: str, finals: list[PlannedRun]) -> list[str]:
+    """Each method's receipt in one setting, from the configs its final seeds run (or ran) with."""
+    arms = []
+    for entry in ENTRIES:
+        configs = [p.config for p in finals if p.key == run_key(setting, entry)]
+        if configs:
+            arms.append((f"`{entry.method}`", receipt([c.model_dump() for c in configs], [reported_key(configs[0])])))
+    return ["Receipt (each method's final runs, from their configs):", "", *receipt_table(arms)] if arms else []
+
+
+def write(table: dict, scale: str, full: Plan, command: str, report: Path) -> list[Path]:
+    report.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(report, render(table, scale, full, command))
+    results = report.with_suffix(".json")
+    atomic.write_text(results, json.dumps({"scale": scale, "command": command, "budget": full.budget(),
+                                           "table": table}, indent=1, default=str))
+    return [report, results]
