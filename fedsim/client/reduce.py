@@ -10,8 +10,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fedsim.client.resident import ExactSum
+from fedsim.client.resident import ExactSum, host_vector
 from fedsim.core.protocol import ClientReport, Reply, FixedPointScales, WorkerPartial, WorkerReplies, payload_bytes
+from fedsim.privacy.secagg import PairwiseMasks
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,12 @@ class ClientSums:
     """The weighted uploads summed exactly (fixed point, on the device): one partial per worker reaches the server,
     never a vector per client. An upload that leaves the fixed-point range cannot be taken."""
 
-    def __init__(self, scaling: FixedPointScales, device: torch.device):
+    def __init__(self, scaling: FixedPointScales, device: torch.device, masks: PairwiseMasks | None = None):
         self.scaling = scaling
         self.sums = {name: ExactSum(scale, device) for name, scale in scaling.scales.items()}
         self.weights = dict.fromkeys(scaling.scales, 0)
+        self.masks = masks  # secure aggregation: each client's quanta are masked before they enter the sums
+        self.device = device
 
     def _weight(self, trained: Trained) -> dict[str, int]:
         return {name: 1 if self.scaling.uniform[name] else trained.n_train for name in trained.uploads}
@@ -81,9 +84,17 @@ class ClientSums:
         return _all(staged, trained.loss.device)
 
     def add(self, client: int, trained: Trained) -> None:
+        masks = self._masks(client)
         for name, weight in self._weight(trained).items():
-            self.sums[name].add()
+            self.sums[name].add(masks.get(name))
             self.weights[name] += weight
+
+    def _masks(self, client: int) -> dict[str, torch.Tensor]:
+        """The client's pairwise masks on the device, per upload (none without secure aggregation)."""
+        if self.masks is None:
+            return {}
+        words = self.masks.mask(client, {name: s.total.numel() for name, s in self.sums.items()})
+        return {name: host_vector(w.view(np.int64), self.device) for name, w in words.items()}
 
     def partial(self, reports: list[ClientReport]) -> WorkerPartial:
         return WorkerPartial(reports, {name: s.total.cpu().numpy() for name, s in self.sums.items()}, self.weights)

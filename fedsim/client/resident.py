@@ -135,7 +135,11 @@ class ExactSum:
         low, high = torch.aminmax(self._scaled)
         return (high <= weight * self.limit) & (low >= -weight * self.limit)
 
-    def add(self) -> None:
-        """Add the staged upload."""
+    def add(self, mask: torch.Tensor | None = None) -> None:
+        """Add the staged upload; with secure aggregation, masked first (``mask``: int64 words on the device, added
+        with wrap-around mod 2^64, ``fedsim.privacy.secagg``), so that only masked uploads enter the total."""
         self._scaled.round_()  # half to even, as numpy's rint
-        self.total.add_(self._quanta.copy_(self._scaled))
+        quanta = self._quanta.copy_(self._scaled)
+        if mask is not None:
+            quanta.add_(mask)
+        self.total.add_(quanta)

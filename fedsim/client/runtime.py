@@ -31,6 +31,7 @@ from fedsim.core.store import VectorStore
 from fedsim.data import ArrayDataset, load_run_data, shuffled_batches, to_float
 from fedsim.models.state import output_layer
 from fedsim.plan import RunPlan
+from fedsim.privacy.secagg import PairwiseMasks
 
 
 class ClientRuntime:
@@ -155,9 +156,10 @@ class ClientRuntime:
 
     # -- a round ---------------------------------------------------------------------------------
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
-                      scaling: FixedPointScales) -> WorkerPartial:
-        """Train ``clients`` and sum their weighted uploads exactly (``reduce.ClientSums``)."""
-        sums = ClientSums(scaling, self.device)
+                      scaling: FixedPointScales, masks: PairwiseMasks | None = None) -> WorkerPartial:
+        """Train ``clients`` and sum their weighted uploads exactly (``reduce.ClientSums``), each masked first under
+        secure aggregation (``masks``)."""
+        sums = ClientSums(scaling, self.device, masks)
         return sums.partial(reduce_clients(clients, self.train_clients(broadcast, clients, round_idx), sums, self.keep))
 
     def train_and_reply(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> WorkerReplies:

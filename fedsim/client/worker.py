@@ -13,6 +13,7 @@ import ray
 from fedsim.core.protocol import ClientData, FixedPointScales, WorkerPartial, WorkerReplies
 from fedsim.errors import ConfigError, UserCodeError
 from fedsim.plan import RunPlan
+from fedsim.privacy.secagg import PairwiseMasks
 from fedsim.plugins import other_code
 
 
@@ -51,8 +52,8 @@ class Worker:
         return self._runtime
 
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
-                      plan: FixedPointScales) -> WorkerPartial:
-        return self.runtime.train_and_sum(broadcast, clients, round_idx, plan)
+                      plan: FixedPointScales, masks: PairwiseMasks | None = None) -> WorkerPartial:
+        return self.runtime.train_and_sum(broadcast, clients, round_idx, plan, masks)
 
     def train_and_reply(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> WorkerReplies:
         return self.runtime.train_and_reply(broadcast, clients, round_idx)

@@ -30,6 +30,7 @@ from fedsim.engine.pool import Spawn, WorkerPool
 from fedsim.errors import CheckpointError
 from fedsim.plan import RunPlan, balanced_owners
 from fedsim.plan.system import RoundTime
+from fedsim.privacy.secagg import PairwiseMasks
 
 
 def _signature(state: dict[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -128,15 +129,18 @@ class Server:
         sampled = self.plan.sampled(round_idx)  # on the virtual clock, possibly nobody (all dropped or late)
         replying = self.plan.sees_replies
         scaling = self._fixed_point_scales(sampled, timing) if sampled and not replying else None
+        masks = self.plan.pairwise_masks(round_idx) if scaling else None
         sums = RoundSums(scaling.scales if scaling else (), self.shared_size)
         reports: list[ClientReport] = []
         replies: list[Reply] = []
-        for _, partial in self.pool.as_completed(self._training_calls(sampled, round_idx, scaling, timing)):
+        for _, partial in self.pool.as_completed(self._training_calls(sampled, round_idx, scaling, timing, masks)):
             if replying:
                 replies += partial.replies
             else:
                 sums.add(partial.sums, partial.weights)  # then dropped: W partials are never held at once
             reports += partial.reports
+        if masks is not None:  # secure aggregation's recovery: the totals become the kept clients' plain sum
+            masks.unmask(sums.totals, [r.client for r in reports if not r.diverged])
         # In client order, so logs and the client an error names do not depend on how work was split.
         reports.sort(key=lambda r: r.client)
         diverged = [r for r in reports if r.diverged]
@@ -183,7 +187,7 @@ class Server:
         return None
 
     def _training_calls(self, sampled: list[int], round_idx: int, scaling: FixedPointScales | None,
-                        timing: RoundTime | None) -> list:
+                        timing: RoundTime | None, masks: PairwiseMasks | None) -> list:
         """One call per worker and model: a synchronous round sends every client the current model; an
         asynchronous step each client the model it was dispatched with (kept in ``self.fedbuff.models`` since)."""
         current = round_idx - 1
@@ -201,7 +205,7 @@ class Server:
                 for w, cs in self._by_worker(members, self.plan.train_steps).items():
                     worker = self.pool.workers[w]
                     calls.append(worker.train_and_reply.remote(ref, cs, round_idx) if self.plan.sees_replies
-                                 else worker.train_and_sum.remote(ref, cs, round_idx, scaling))
+                                 else worker.train_and_sum.remote(ref, cs, round_idx, scaling, masks))
         return calls
 
     def _fixed_point_scales(self, sampled: list[int], timing: RoundTime | None) -> FixedPointScales:

@@ -25,6 +25,7 @@ from fedsim.core.protocol import ClientData, arrays_bytes, payload_bytes
 from fedsim.core.robust import fewest_replies
 from fedsim.plan.async_clock import AsyncClock
 from fedsim.plan.system import Clock, RoundTime, SystemModel
+from fedsim.privacy.secagg import PairwiseMasks
 
 
 def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
@@ -209,6 +210,16 @@ class RunPlan:
         if self.clock is not None:
             return list(self.clock.round(round_idx).participants)
         return sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction, self.training_pool)
+
+    def pairwise_masks(self, round_idx: int) -> PairwiseMasks | None:
+        """privacy.secure_aggregation: the round's masks over its cohort, the clients sent the model: on the virtual
+        clock also those that drop out or report late (the server removes their masks, as the protocol's recovery
+        does), in an asynchronous step the reports it takes. None without secure aggregation."""
+        if self.cfg.privacy is None or not self.cfg.privacy.secure_aggregation:
+            return None
+        timing = self.timing(round_idx)
+        cohort = timing.selected if timing is not None and not timing.versions else self.sampled(round_idx)
+        return PairwiseMasks(self.cfg.seed, round_idx, tuple(sorted(cohort)))
 
     @cached_property
     def clock(self) -> Clock | None:
