@@ -118,8 +118,9 @@ def setting(config: RunConfig) -> str:
     d, t, p = config.data, config.train, config.privacy
     assert p is not None
     delta = p.delta if p.delta is not None else d.num_clients ** -1.1
-    return (f"{d.dataset}, {d.num_clients} clients ({d.partition.name} partition"
-            f"{f', k = {d.partition.k}' if getattr(d.partition, 'k', None) else ''}), model {config.model.name}, "
+    k = getattr(d.partition, "k", None)  # the classes partition's classes per client
+    return (f"{d.dataset}, {d.num_clients} clients ({d.partition.name} partition{f', k = {k}' if k else ''}), "
+            f"model {config.model.name}, "
             f"{t.rounds} rounds of {t.local_epochs} local epoch(s) at batch {t.batch_size}, "
             f"{t.sampling} sampling q = {t.fraction:g} (about {t.fraction * d.num_clients:.0f} clients a round), "
             f"weights {t.weighting}; central DP, clip norm C = {p.clip_norm:g}, δ = {delta:.3g} "

@@ -31,6 +31,8 @@ def test_every_method_runs_at_every_epsilon_and_the_arms_differ_only_in_the_nois
     assert base["privacy"]["dp"] == "central"
     planned = plan(PAPER, PAPER.claims, "cpu", None, tmp_path)
     assert len(planned) == 20 * SEEDS and {p.seed for p in planned} == set(range(SEEDS))
+    # Seed by seed, the runs the tests read first: a partial suite has the verdicts' runs before the curve's.
+    assert {p.key for p in planned[:8]} == {run_key(m, e) for m in METHODS for e in (None, TESTED)}
 
 
 def test_each_claim_compares_a_personalized_methods_drop_with_fedavgs():
