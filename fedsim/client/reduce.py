@@ -23,6 +23,7 @@ class Trained:
     uploads: dict[str, torch.Tensor]  # on the worker's device
     slots: dict[str, np.ndarray]  # staged per-client state
     logged: dict[str, float]  # what the module's self.log recorded in this round's training
+    update_norm: torch.Tensor | None = None  # under DP: the norm of its shared update before clipping (on the device)
 
     def bytes_up(self) -> int:
         """The serialised size of the uploads, from their lengths (nothing is pickled per client)."""
@@ -43,17 +44,19 @@ def reduce_clients(clients: list[int], rounds: Iterable[Trained], into: Reductio
                    keep: Callable[[int, Trained], None]) -> list[ClientReport]:
     """Each client's round into ``into`` and its state kept (``keep``), or, for a client whose loss is not finite
     or whose uploads cannot be taken, nothing kept and the client reported diverged. One host synchronisation per
-    client reads its loss and whether its uploads fit."""
+    client reads its loss, whether its uploads fit and, under DP, its update's norm before clipping."""
     reports = []
     for client, t in zip(clients, rounds):
-        loss, fits = torch.stack([t.loss.double(), into.stage(client, t).double()]).tolist()
+        norm = [] if t.update_norm is None else [t.update_norm.double()]
+        loss, fits, *norms = torch.stack([t.loss.double(), into.stage(client, t).double(), *norm]).tolist()
         finite = bool(np.isfinite(loss))
         kept = finite and bool(fits)
         if kept:
             keep(client, t)
             into.add(client, t)
         reports.append(ClientReport(client, t.n_train, loss, t.bytes_up() if kept else 0, diverged=not kept,
-                                    out_of_range=not kept and finite, logged=t.logged))
+                                    out_of_range=not kept and finite, logged=t.logged,
+                                    update_norm=norms[0] if norms else None))
     return reports
 
 

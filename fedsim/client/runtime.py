@@ -21,6 +21,7 @@ from fedsim.algorithms.context import ClientContext, PackablePort, Penalty, Runt
 from fedsim.client.evaluation import Evaluation
 from fedsim.client.logged import recorded
 from fedsim.client.packing import Packing
+from fedsim.client.privatize import privatized
 from fedsim.client.randomness import client_generator
 from fedsim.client.reduce import ClientReplies, ClientSums, Trained, reduce_clients
 from fedsim.client.resident import host_vector, to_device
@@ -157,10 +158,13 @@ class ClientRuntime:
     # -- a round ---------------------------------------------------------------------------------
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
                       scaling: FixedPointScales, masks: PairwiseMasks | None = None) -> WorkerPartial:
-        """Train ``clients`` and sum their weighted uploads exactly (``reduce.ClientSums``), each masked first under
-        secure aggregation (``masks``)."""
+        """Train ``clients`` and sum their weighted uploads exactly (``reduce.ClientSums``): under DP each client's
+        shared update clipped (and under local DP noised) first (``privatize``), under secure aggregation each
+        masked (``masks``)."""
         sums = ClientSums(scaling, self.device, masks)
-        return sums.partial(reduce_clients(clients, self.train_clients(broadcast, clients, round_idx), sums, self.keep))
+        rounds = privatized(self.train_clients(broadcast, clients, round_idx), clients, broadcast, round_idx,
+                            scaling.clip_norm, self.plan.user_level_dp, self.device)
+        return sums.partial(reduce_clients(clients, rounds, sums, self.keep))
 
     def train_and_reply(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> WorkerReplies:
         """Train ``clients`` and hand back each kept client's uploads (``reduce.ClientReplies``)."""

@@ -63,6 +63,23 @@ def check_privacy(cfg: RunConfig, method: type[Algorithm]) -> None:
     if cfg.server.aggregator != "mean":
         raise ConfigError(f"server.aggregator: {cfg.server.aggregator} sees every client's reply, which {what} "
                           "does not allow; set server.aggregator: mean")
+    if cfg.privacy is not None and cfg.privacy.dp != "none":
+        check_user_level_dp(cfg, method)
+
+
+def check_user_level_dp(cfg: RunConfig, method: type[Algorithm]) -> None:
+    """What DP's guarantee needs of the run (fedsim.privacy.mechanism): equal weights (a client's weight bounds how far
+    it moves the mean), synchronous rounds, and adaptive clipping only where the server adds the noise."""
+    from fedsim.algorithms import WEIGHTS
+    assert cfg.privacy is not None
+    if (method.uploads[WEIGHTS] or cfg.train.weighting) != "uniform":
+        raise ConfigError("train.weighting: samples lets a client's sample count scale its update, which privacy.dp's "
+                          "clip norm does not bound; set train.weighting: uniform")
+    if cfg.system.mode == "async":
+        raise ConfigError("system.mode: async steps on stale updates, which privacy.dp does not account; use mode sync")
+    if cfg.privacy.dp == "local" and cfg.privacy.adaptive is not None:
+        raise ConfigError("privacy.adaptive: adaptive clipping steers the clip norm by a count the server noises, "
+                          "which local DP has not; remove privacy.adaptive or set privacy.dp: central")
 
 
 def _what_the_server_takes(method: type[Algorithm]) -> str:

@@ -17,7 +17,8 @@ class AdaptiveClipping(Section):
                                    "clip norm tracks")
     lr: float = Field(0.2, gt=0, description="eta_C: the clip norm's geometric step each round")
     count_noise: float | None = Field(None, ge=0, description="sigma_b: std of the noise on the count of clients "
-                                      "within the clip norm; null: noise_multiplier / 20 (Andrew et al.'s choice)")
+                                      "within the clip norm, above noise_multiplier / 2 (the rest of the noise is the "
+                                      "update's); null: the clients a round / 20 (Andrew et al.'s choice)")
 
 
 class PrivacyConfig(Section):

@@ -87,6 +87,9 @@ class FixedPointScales:
     # Asynchronous rounds: per client, the staleness factor its upload is scaled by (its weight in the mean's
     # denominator stays n_j or 1). Absent: 1, and the sums are those of a synchronous round bit for bit.
     factors: dict[int, float] = field(default_factory=dict)
+    # User-level DP (fedsim.privacy): the L2 bound each client's update of the shared part is clipped to before it is
+    # summed (the server's adaptive clip norm, or privacy.clip_norm). None: no DP, uploads are summed as they are.
+    clip_norm: float | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,9 @@ class ClientReport:
     diverged: bool = False  # non-finite loss, or an upload outside the fixed-point range: nothing was kept
     out_of_range: bool = False  # diverged because an upload left the fixed-point range (the loss was finite)
     logged: dict[str, float] = field(default_factory=dict)  # the module's self.log values of this round's training
+    # Under DP: the L2 norm of its update of the shared part before clipping, a simulator diagnostic the server only
+    # counts (fedsim.privacy.mechanism.ServerPrivacy.after_round)
+    update_norm: float | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,9 @@ class RoundResult:
     # The method's server-side mechanism after this round's server step (Algorithm.mechanism: FedAMP's self-weights,
     # IFCA's cluster sizes), by name; rounds.jsonl keeps it under "mechanism".
     mechanism: dict[str, float] = field(default_factory=dict)
+    # User-level DP's mechanism in this round (fedsim.privacy.mechanism.ServerPrivacy.after_round: the clip norm, the
+    # clipped fraction, the mean update norm, the noise std), by name; rounds.jsonl keeps it under "privacy".
+    privacy: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from fedsim.engine.pool import Spawn, WorkerPool
 from fedsim.errors import CheckpointError
 from fedsim.plan import RunPlan, balanced_owners
 from fedsim.plan.system import RoundTime
+from fedsim.privacy.mechanism import ServerPrivacy
 from fedsim.privacy.secagg import PairwiseMasks
 
 
@@ -60,6 +61,7 @@ class Server:
             statistics[start:end] = key in plan.model.buffers
         # asynchronous rounds: the older models
         self.fedbuff = FedBuff(self.cfg.system.server_lr, statistics, self.cfg.system.server_momentum)
+        self.privacy = ServerPrivacy(plan.user_level_dp)  # user-level DP: the clip norm and the noise on the mean
         self.state = plan.initial_server_state()
         # What a checkpoint's server state must match: entries, shapes and types, never the round-0 values.
         self.state_signature = _signature(self.state)
@@ -156,7 +158,7 @@ class Server:
             self.broadcast_ref = self._publish()
         elif self.shared_size and kept:
             assert scaling is not None  # made for every round that sampled clients and sums their uploads
-            self._aggregate(scaling, sums, kept, timing)
+            self._aggregate(round_idx, scaling, sums, kept, timing)
             del sums  # two model sizes of int64, not to be held while the new state is published and evaluated
             self.broadcast_ref = self._publish()
         if previous is not None:
@@ -164,10 +166,11 @@ class Server:
         self.times_sampled[sampled] += 1
         records = self._evaluate(round_idx, {r.client: r for r in kept}) if self.plan.evaluates(round_idx) else []
         mechanism = self.algorithm.mechanism(self.state) if kept else {}
+        privacy = self.privacy.after_round(round_idx, [r.update_norm for r in kept if r.update_norm is not None])
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.received[r.client], "bytes_up": r.bytes_up}
                 for r in kept]
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start,
-                           timing=timing.row() if timing else {}, mechanism=mechanism)
+                           timing=timing.row() if timing else {}, mechanism=mechanism, privacy=privacy)
 
     def _failure(self, round_idx: int, diverged: list[ClientReport], kept: list[ClientReport]) -> str | None:
         """Why the run cannot go on after this round's training, if it cannot: a diverged client under
@@ -220,17 +223,18 @@ class Server:
             total = len(sampled) if uniform[name] else sum(self.plan.train_sizes[c] for c in sampled)
             scales[name] = FixedPoint.plan(self.state.get(name, self.state[WEIGHTS]), self.tensor_offsets, total)
         if timing is None or not timing.versions:
-            return FixedPointScales(scales, uniform)
+            return FixedPointScales(scales, uniform, clip_norm=self.privacy.clip_norm)
         exponent = self.cfg.system.staleness_exponent
         return FixedPointScales(scales, uniform,
                                 {c: (1 + s) ** -exponent for c, s in zip(timing.participants, timing.staleness())})
 
-    def _aggregate(self, scaling: FixedPointScales, sums: RoundSums, kept: list[ClientReport],
+    def _aggregate(self, round_idx: int, scaling: FixedPointScales, sums: RoundSums, kept: list[ClientReport],
                    timing: RoundTime | None) -> None:
         """Turn the exact sums into means and let the algorithm's server hook make the next global state of
         them, tensor by tensor where the hook allows (``Algorithm.server_by_tensor``): float64 means of one tensor
-        at a time, never of the whole model; in an asynchronous step, FedBuff's step on the weights' means first.
-        The caller publishes the new state."""
+        at a time, never of the whole model; in an asynchronous step, FedBuff's step on the weights' means first;
+        under central DP, the weights' mean noised first (``ServerPrivacy.noisy_mean``). The caller publishes the new
+        state."""
         # Staleness factors exist only in an asynchronous step, which always has its timing.
         step = self.fedbuff.step(scaling, kept, timing, self.state[WEIGHTS]) \
             if timing is not None and scaling.factors else None
@@ -240,6 +244,8 @@ class Server:
             start, end = self.tensor_offsets[group[0]], self.tensor_offsets[group[-1] + 1]
             means = {name: _joined([scale.mean(sums.totals[name], sums.weights[name], t) for t in group])
                      for name, scale in scaling.scales.items()}
+            means[WEIGHTS] = self.privacy.noisy_mean(round_idx, means[WEIGHTS], self.state[WEIGHTS][start:end],
+                                                     self.tensor_offsets, group, len(kept))
             if step:
                 means[WEIGHTS] = step.apply(self.state[WEIGHTS], means[WEIGHTS], start, end)
             state = {name: vector[start:end] for name, vector in self.state.items()}
@@ -301,7 +307,8 @@ class Server:
             return RolledBack(round_idx, self._recover())
         meta = {"fingerprint": self.plan.fingerprint, "partition": self.plan.partition_digest,
                 "recoveries": self.pool.recoveries, "digests": dict(zip(names, digests)), **checkpoint.new_links(bases)}
-        server_state = {name: v for name, v in self.state.items() if name != WEIGHTS} | self.fedbuff.checkpointed()
+        server_state = ({name: v for name, v in self.state.items() if name != WEIGHTS} | self.fedbuff.checkpointed()
+                        | self.privacy.checkpointed())
         self.last_checkpoint = checkpoint.finish(staging, round_idx, self.state[WEIGHTS], meta, names, server_state)
         self.last_chain = checkpoint.links_of(meta, storage.parent_and_name(self.last_checkpoint)[1])
         return self.last_checkpoint
@@ -319,11 +326,13 @@ class Server:
         if ckpt is None:
             round_idx, self.state, self.last_chain = 0, self.plan.initial_server_state(), []
             self.fedbuff.restore({})  # round 0: no older model is held
+            self.privacy.restore({})  # and the initial clip norm
         else:
             with storage.local_folder(ckpt) as local:
                 state, global_vector, server_state = checkpoint.read_state(local, self.plan.fingerprint, self.shared_size)
             round_idx = int(state["round"])
-            self.state = self._checked_state(ckpt, {WEIGHTS: global_vector, **self.fedbuff.restore(server_state)})
+            rest = self.fedbuff.restore(self.privacy.restore(server_state))
+            self.state = self._checked_state(ckpt, {WEIGHTS: global_vector, **rest})
             self.last_chain = checkpoint.links_of(state, storage.parent_and_name(ckpt)[1])
         self.pool.get_from_each([w.load_state.remote(ckpt) for w in self.pool.workers])
         self.broadcast_ref = self._publish()

@@ -52,6 +52,8 @@ def round_row(result: RoundResult) -> dict:
         row[key] = summarize([r[key] for r in records if r.get(key) is not None], lower_is_better(key))
     if result.mechanism:  # the method's server-side mechanism (Algorithm.mechanism)
         row["mechanism"] = dict(result.mechanism)
+    if result.privacy:  # user-level DP's clip norm, clipped fraction, update norm and noise (fedsim.privacy)
+        row["privacy"] = dict(result.privacy)
     return row
 
 

@@ -23,8 +23,10 @@ from fedsim.config import EvalConfig, RunConfig, resume_fingerprint
 from fedsim.core.layout import KeyParts, Layout
 from fedsim.core.protocol import ClientData, arrays_bytes, payload_bytes
 from fedsim.core.robust import fewest_replies
+from fedsim.errors import ConfigError
 from fedsim.plan.async_clock import AsyncClock
 from fedsim.plan.system import Clock, RoundTime, SystemModel
+from fedsim.privacy.mechanism import UserLevelDP, user_level_dp
 from fedsim.privacy.secagg import PairwiseMasks
 
 
@@ -81,6 +83,12 @@ def worker_count(cfg: RunConfig) -> int:
 def steps_per_epoch(n_train: int, batch_size: int) -> int:
     """A client's SGD steps per local epoch: the cost that client -> worker balancing evens out."""
     return math.ceil(n_train / batch_size)
+
+
+def calibrated_noise_multiplier(plan: RunPlan) -> float:
+    """The noise multiplier that spends privacy.target_epsilon over the run: not calibrated yet, refused."""
+    raise ConfigError("privacy.target_epsilon: calibration of the noise multiplier from a budget is not available "
+                      "yet; set privacy.noise_multiplier (e.g. 1.0)")
 
 
 @dataclass(frozen=True)
@@ -188,6 +196,26 @@ class RunPlan:
         (FedAMP, FedFOMO) it is a clients x model table that the server replaces every round, and a kept round-0
         copy would double the server's memory for the whole run."""
         return self.algorithm.server_state(self.model.initial["shared"], self.num_clients, self.cfg.seed)
+
+    # -- privacy -------------------------------------------------------------------------------
+    @cached_property
+    def noise_multiplier(self) -> float:
+        """z, the noise std over the clip norm: the one place every DP mechanism and the accountant read it
+        (privacy.noise_multiplier, or calibrated from privacy.target_epsilon); 0 without DP."""
+        privacy = self.cfg.privacy
+        if privacy is None or privacy.dp == "none":
+            return 0.0
+        return privacy.noise_multiplier if privacy.noise_multiplier is not None else calibrated_noise_multiplier(self)
+
+    @cached_property
+    def user_level_dp(self) -> UserLevelDP | None:
+        """The run's DP mechanism (None without DP): the server's noise and adaptive clip norm, each client's
+        clipping."""
+        t, clients = self.cfg.train, self.cfg.data.num_clients  # the config's count: a worker's plan holds no clients
+        trainable = clients - self.cfg.eval.held_out(clients)
+        poisson = t.sampling == "poisson"
+        cohort = t.fraction * trainable if poisson else max(1, round(t.fraction * trainable))
+        return user_level_dp(self.cfg.privacy, self.noise_multiplier, self.cfg.seed, cohort, poisson)
 
     @cached_property
     def traffic_per_client(self) -> tuple[int, int]:

@@ -147,6 +147,8 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
     clients = tuple(ClientData(train[c], part.test[c], None if maps is None else maps[c], val[c])
                     for c in range(part.num_clients))
     unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval))
-    return RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
+    plan = RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
                    system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen,
                    code=imported_files(cfg.model_dump()))
+    _ = plan.user_level_dp  # DP's noise multiplier calibrated (or refused), its split checked, before a file is written
+    return plan

@@ -133,3 +133,37 @@ def test_a_run_past_the_work_bound_is_refused_with_the_estimate_and_one_below_pa
                                           r"training: train\.rounds 1e\+11 x 10 clients a round x train\.local_epochs "
                                           r"1; 0 of fine-tuning.*lower train\.rounds$"):
         validate({**tree, "train": {**tree["train"], "rounds": MAX_CLIENT_EPOCHS // 10 + 1}})
+
+
+DP = {"noise_multiplier": 1.0}
+UNIFORM = {"weighting": "uniform"}
+
+
+@pytest.mark.parametrize("tree, message", [
+    ({"algorithm": "fedavg", "privacy": DP},
+     "train.weighting: samples lets a client's sample count scale its update, which privacy.dp's clip norm does not "
+     "bound; set train.weighting: uniform"),
+    ({"algorithm": "fedavg", "privacy": DP, "train": UNIFORM, "system": ASYNC},
+     "system.mode: async steps on stale updates, which privacy.dp does not account; use mode sync"),
+    ({"algorithm": "fedavg", "privacy": {**DP, "dp": "local", "adaptive": {}}, "train": UNIFORM},
+     "privacy.adaptive: adaptive clipping steers the clip norm by a count the server noises, which local DP has not; "
+     "remove privacy.adaptive or set privacy.dp: central"),
+])
+def test_what_user_level_dp_needs_of_the_run_is_refused_with_its_line(tree, message):
+    with pytest.raises(ConfigError) as err:
+        validate(tree)
+    assert str(err.value) == message
+    validate({**tree, "privacy": {"dp": "none", "secure_aggregation": True}})  # secure aggregation alone needs neither
+
+
+def test_dp_with_weights_by_sample_count_exits_2_with_one_line_before_anything_is_written(tmp_path, capsys):
+    from conftest import synthetic_tree
+
+    tree = synthetic_tree(tmp_path / "runs", privacy=DP)
+    config = write_yaml(tmp_path / "c.yaml", tree)
+    assert main(["run", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.weighting: samples lets a client's sample count" in err, err
+    assert not (tmp_path / "runs").exists()
+    tree["train"]["weighting"] = "uniform"
+    validate(tree)

@@ -52,3 +52,13 @@ def test_a_modules_own_val_acc_scored_on_test_is_never_selected_on():
         row["val_acc"] = summarize([logged] * 2)
     best = best_rounds(rows)["acc"]
     assert best["round"] == 2 and best["picked_on"] == "test"
+
+
+def test_a_rounds_row_keeps_the_dp_mechanism_and_wandb_plots_it():
+    from fedsim.metrics.series import round_metrics
+
+    privacy = {"clip_norm": 0.5, "clipped_fraction": 0.25, "update_norm_mean": 0.4, "noise_std": 0.5}
+    row = round_row(RoundResult(round=1, sampled=[0, 1], dropped=[], privacy=privacy))
+    assert row["privacy"] == privacy
+    assert round_metrics(row)["privacy/clipped_fraction"] == 0.25
+    assert "privacy" not in round_row(RoundResult(round=1, sampled=[0, 1], dropped=[]))

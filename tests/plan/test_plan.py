@@ -40,3 +40,23 @@ def test_images_that_are_not_square_plan_with_cnn4_and_a_model_sized_for_squares
     tree["model"] = {"name": "user_plugins:square_only"}
     with pytest.raises(ConfigError, match=r"model.name: user_plugins:square_only cannot take the data's 3x48x40"):
         plan_for(validate(tree))
+
+
+def test_the_noise_multiplier_is_read_from_one_place_and_a_budget_alone_is_refused_at_plan_time(tmp_path):
+    from conftest import plan_for
+
+    from fedsim.errors import ConfigError
+
+    tree = synthetic_tree(tmp_path, **{"train.weighting": "uniform", "train.fraction": 0.5})
+    tree["privacy"] = {"noise_multiplier": 0.8, "clip_norm": 2.0, "adaptive": {"count_noise": 1.0}}
+    plan = plan_for(validate(tree))
+    dp = plan.user_level_dp
+    assert plan.noise_multiplier == dp.noise_multiplier == 0.8 and dp.clip_norm == 2.0 and dp.central
+    assert dp.cohort == 4 and not dp.poisson and dp.update_multiplier > 0.8
+    assert plan.for_workers().user_level_dp == dp  # a worker's plan holds no clients, and derives the same
+    tree["privacy"] = {"target_epsilon": 8.0}
+    with pytest.raises(ConfigError, match=r"^privacy.target_epsilon: calibration .* set privacy.noise_multiplier"):
+        plan_for(validate(tree))
+    del tree["privacy"]
+    plan = plan_for(validate(tree))
+    assert plan.noise_multiplier == 0.0 and plan.user_level_dp is None

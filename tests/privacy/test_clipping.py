@@ -1,0 +1,48 @@
+"""fedsim/privacy/clipping.py: adaptive clipping's step (Andrew et al. 2021) and the split of the noise multiplier
+between the update and the count that steers the clip norm."""
+import math
+
+import numpy as np
+import pytest
+
+from fedsim.errors import ConfigError
+from fedsim.privacy.clipping import next_clip_norm, update_noise_multiplier
+from fedsim.privacy.noise import count_noise
+
+
+@pytest.mark.parametrize("quantile", [0.2, 0.5, 0.9])
+def test_adaptive_clipping_converges_to_its_target_quantile_on_a_stream_of_norms(quantile):
+    """Norms drawn afresh each round (lognormal, 100 clients), the count noised as a run noises it (sigma_b = m / 20):
+    the clip norm settles where the share of norms within it is the target quantile."""
+    rng = np.random.default_rng(7)
+    clip, clients, settled = 0.01, 100, []
+    for round_idx in range(1, 601):
+        norms = rng.lognormal(mean=0.0, sigma=1.0, size=clients)
+        within = float(np.sum(norms <= clip)) + count_noise(7, round_idx, clients / 20)
+        clip = next_clip_norm(clip, within, clients, quantile, lr=0.2)
+        if round_idx > 300:
+            settled.append(clip)
+    true_quantile = math.exp(1.0 * float(np.quantile(rng.standard_normal(10**6), quantile)))  # of lognormal(0, 1)
+    assert abs(np.mean(settled) / true_quantile - 1) < 0.1
+    share = np.mean(rng.lognormal(0.0, 1.0, 10**6) <= np.mean(settled))
+    assert abs(share - quantile) < 0.04
+
+
+def test_the_clip_norm_grows_below_its_quantile_shrinks_above_and_stays_at_it():
+    assert next_clip_norm(1.0, 2, 10, 0.5, 0.2) > 1.0  # 20% within, 50% wanted: grow
+    assert next_clip_norm(1.0, 8, 10, 0.5, 0.2) < 1.0
+    assert next_clip_norm(1.0, 5, 10, 0.5, 0.2) == 1.0
+    assert next_clip_norm(2.0, 10, 10, 0.5, 0.2) == pytest.approx(2.0 * math.exp(-0.1))
+
+
+@pytest.mark.parametrize("z, sigma_b", [(1.0, 5.0), (0.5, 0.3), (3.0, 1.6)])
+def test_the_update_and_the_count_compose_to_the_configured_noise_multiplier(z, sigma_b):
+    update = update_noise_multiplier(z, sigma_b)
+    assert update > z  # the update takes more noise than the total: the count spent some of the budget
+    assert (update ** -2 + (2 * sigma_b) ** -2) ** -0.5 == pytest.approx(z, rel=1e-12)
+
+
+def test_a_count_noise_that_leaves_the_update_none_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^privacy.adaptive.count_noise: sigma_b 0.5 .* no noise .* above 0.5$"):
+        update_noise_multiplier(1.0, 0.5)
+    assert update_noise_multiplier(0.0, 0.0) == 0.0  # no noise at all: nothing to split
