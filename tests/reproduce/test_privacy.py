@@ -68,6 +68,11 @@ def _evaluate(runs: Path) -> dict:
                     folder_keys(run_trees(PAPER, "cpu")))
 
 
+def _dp_config(runs: Path):
+    """The config the section states the setting from, as the command picks it: FedAvg at the tested epsilon."""
+    return next(p.config for p in plan(PAPER, PAPER.claims, "cpu", 1, runs) if p.key == run_key("FedAvg", TESTED))
+
+
 def personalization_helps(method: str, eps: float | None, seed: int) -> float:
     """FedAvg falls from 40 to 10 points at epsilon 1; the personalized methods only from 65 to 60."""
     if method == "FedAvg":
@@ -101,7 +106,7 @@ def test_the_section_shows_each_arm_each_calibrated_z_and_the_tests(tmp_path):
     results = _evaluate(runs)
     spent = privacy_of_runs(PAPER, "cpu", runs, folders, SEEDS)
     assert spent["1"]["noise_multiplier"] == [Z[1]] and spent["8"]["delta"] == [1.07e-3]  # once, not per run
-    config = plan(PAPER, PAPER.claims, "cpu", 1, runs)[0].config
+    config = _dp_config(runs)
     page = tmp_path / "docs" / "privacy.md"
     page.parent.mkdir()
     page.write_text("# Privacy\n\n## User-level DP: what is clipped and noised\n\nTheirs.\n")
@@ -131,7 +136,7 @@ def test_a_section_goes_between_the_markers_or_under_its_heading(tmp_path):
 
 def test_without_finished_runs_the_section_says_so_and_draws_nothing(tmp_path):
     results = _evaluate(tmp_path / "none")
-    config = plan(PAPER, PAPER.claims, "cpu", 1, tmp_path)[0].config
+    config = _dp_config(tmp_path)
     text = section(results, {}, config, "")
     assert f"0 of {20 * SEEDS} runs finished" in text and "![" not in text
     assert text.count("| - | - | - | - | - |") == 4  # every method's row empty
