@@ -80,7 +80,9 @@ def tests_table(results: dict) -> list[str]:
             est = test["estimate"]
             shown = "-" if est is None else (f"{est['mean']:+.2f}" + (
                 "" if est["low"] is None else f" [{est['low']:.2f}, {est['high']:.2f}]"))
-            lines.append(f"| {claim['title']} | {test['text']} | {shown} | {len(test['seeds'])} of "
+            title = claim["title"] + ("" if claim.get("counts", True) else " (a check of the setting, outside the "
+                                                                             "tally)")
+            lines.append(f"| {title} | {test['text']} | {shown} | {len(test['seeds'])} of "
                          f"{claim['seeds']} | {test['fails_if']} | **{test['verdict']}** |")
     return lines
 

@@ -31,18 +31,23 @@ def test_every_method_runs_at_every_epsilon_and_the_arms_differ_only_in_the_nois
     assert base["privacy"]["dp"] == "central"
     planned = plan(PAPER, PAPER.claims, "cpu", None, tmp_path)
     assert len(planned) == 20 * SEEDS and {p.seed for p in planned} == set(range(SEEDS))
-    # Seed by seed, the runs the tests read first: a partial suite has the verdicts' runs before the curve's.
-    assert {p.key for p in planned[:8]} == {run_key(m, e) for m in METHODS for e in (None, TESTED)}
+    # `--only fedper` runs the four runs its test reads, for every seed: a verdict's runs before the figure's others.
+    only = plan(PAPER, (PAPER.claim("fedper"),), "cpu", None, tmp_path)
+    assert {p.key for p in only} == {run_key(m, e) for m in ("FedAvg", "FedPer") for e in (None, TESTED)}
+    assert len(only) == 4 * SEEDS
 
 
 def test_each_claim_compares_a_personalized_methods_drop_with_fedavgs():
-    assert [c.id for c in PAPER.claims] == [m.lower() for m in PERSONALIZED]
+    assert [c.id for c in PAPER.claims] == [*(m.lower() for m in PERSONALIZED), "noise-matters"]
     for claim, method in zip(PAPER.claims, PERSONALIZED):
         [test] = claim.tests
         assert dict(test.terms) == {arm_label("FedAvg", None): 1.0, arm_label("FedAvg", TESTED): -1.0,
                                     arm_label(method, None): -1.0, arm_label(method, TESTED): 1.0}
-        assert {a.run for a in claim.arms} == {run_key(m, e) for m in ("FedAvg", method) for e in EPSILONS}
+        assert claim.counts and claim.seeds == SEEDS >= 3
     assert PAPER.claim("fedbabu").arm(arm_label("FedBABU", 1)).metric == "acc_personalized"
+    setting = PAPER.claim("noise-matters")  # every run, read for the table and the figure; outside the tally
+    assert not setting.counts and {a.run for a in setting.arms} == set(PAPER.runs)
+    assert {label for label, _ in setting.tests[0].terms} == {arm_label("FedAvg", eps) for eps in EPSILONS}
 
 
 def _runs(root: Path, accuracy) -> Path:
@@ -98,6 +103,8 @@ def test_the_verdict_follows_the_drops_either_way(tmp_path, accuracy, test_verdi
                  - (accuracy(method, None, s) - accuracy(method, TESTED, s)) for s in range(SEEDS)]
         assert test["values"] == pytest.approx(drops)  # paired by seed, in points
         assert test["verdict"] == test_verdict and claim["verdict"] == claim_verdict
+    if accuracy is personalization_helps:  # FedAvg at 11..18 points for epsilon 1..8, 40 without DP: noise matters
+        assert results["claims"][-1]["verdict"] == REPRODUCED
 
 
 def test_the_section_shows_each_arm_each_calibrated_z_and_the_tests(tmp_path):
@@ -119,7 +126,7 @@ def test_the_section_shows_each_arm_each_calibrated_z_and_the_tests(tmp_path):
     assert "| FedBABU (personalized) |" in text
     assert "| noise multiplier z (calibrated) | 1.93 | 1.27 | 0.89 | 0.65 | no noise |" in text
     assert "δ = 0.00107 (1/N^1.1)" in text and "500 clients" in text
-    assert text.count("**holds**") == 3 and "![accuracy against epsilon per method](images/" + FIGURE + ")" in text
+    assert text.count("**holds**") == 4 and "(a check of the setting, outside the tally)" in text and "![accuracy against epsilon per method](images/" + FIGURE + ")" in text
     # Again: the section is replaced between its markers, not appended.
     write(results, spent, config, page, tmp_path / "docs" / "images")
     assert page.read_text() == text and text.count(START) == text.count(END) == 1
