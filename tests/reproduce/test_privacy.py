@@ -126,7 +126,8 @@ def test_the_section_shows_each_arm_each_calibrated_z_and_the_tests(tmp_path):
     assert "| FedBABU (personalized) |" in text
     assert "| noise multiplier z (calibrated) | 1.93 | 1.27 | 0.89 | 0.65 | no noise |" in text
     assert "δ = 0.00107 (1/N^1.1)" in text and "500 clients" in text
-    assert text.count("**holds**") == 4 and "(a check of the setting, outside the tally)" in text and "![accuracy against epsilon per method](images/" + FIGURE + ")" in text
+    assert text.count("**holds**") == 4 and "(a check of the setting, outside the tally)" in text
+    assert f"![accuracy against epsilon per method](images/{FIGURE})" in text
     # Again: the section is replaced between its markers, not appended.
     write(results, spent, config, page, tmp_path / "docs" / "images")
     assert page.read_text() == text and text.count(START) == text.count(END) == 1
