@@ -44,6 +44,7 @@ def check_sections(cfg: RunConfig) -> None:
                           "through the module")
     if cfg.privacy is not None:
         check_privacy(cfg, method)
+    check_accounting(cfg)
     check_population(cfg)
     check_work(cfg)
     if cfg.tune is not None:
@@ -80,6 +81,27 @@ def check_user_level_dp(cfg: RunConfig, method: type[Algorithm]) -> None:
     if cfg.privacy.dp == "local" and cfg.privacy.adaptive is not None:
         raise ConfigError("privacy.adaptive: adaptive clipping steers the clip norm by a count the server noises, "
                           "which local DP has not; remove privacy.adaptive or set privacy.dp: central")
+
+
+def check_accounting(cfg: RunConfig) -> None:
+    """What the accountant can state (fedsim.privacy.accountant): who takes part must be the sampler's draw alone.
+    The virtual clock picks participants itself (availability, deadlines, dropouts: they depend on each device's
+    trace and speed, not only on the seed's draw), so neither Poisson sampling nor DP runs on it: the sampling rate
+    an accountant would read is not the one the run has. dp-accounting's PLD has no fixed-size event."""
+    if cfg.system.devices is not None and cfg.train.sampling == "poisson":
+        raise ConfigError("train.sampling: poisson draws who takes part, and the virtual clock (system.devices) "
+                          "picks participants itself; set train.sampling: fixed or remove system.devices")
+    p = cfg.privacy
+    if p is None or p.dp == "none":
+        return
+    if cfg.system.devices is not None:
+        raise ConfigError("privacy.dp: the virtual clock (system.devices) decides who takes part by availability, "
+                          "deadlines and dropouts, which no accountant's sampling describes, so epsilon could not be "
+                          "stated; remove system.devices, or set privacy.dp: none")
+    if p.dp == "central" and p.accountant == "pld" and cfg.train.sampling == "fixed":
+        raise ConfigError("privacy.accountant: pld has no accounting for fixed-size sampling without replacement "
+                          "(dp-accounting's PLD accountant lacks that event); set train.sampling: poisson or "
+                          "privacy.accountant: rdp")
 
 
 def _what_the_server_takes(method: type[Algorithm]) -> str:

@@ -63,7 +63,8 @@ LATER_MODEL_DEFAULTS: dict[str, Any] = {"client_args": {}, "head": None, "callba
 
 def _resume_settings(cfg_dict: dict) -> dict:
     """``result_settings`` less what a resume may change: a resumed run may be extended (train.rounds),
-    unless a step schedule places its milestones by the round count."""
+    unless a step schedule places its milestones by the round count or DP's noise is calibrated to spend
+    privacy.target_epsilon over it (more rounds, another noise multiplier than the rounds already run had)."""
     settings = result_settings(cfg_dict)
     settings["data"] = {k: v for k, v in _flat_partition(settings["data"]).items() if LATER_DATA_DEFAULTS.get(k, ...) != v}
     settings["model"] = {k: v for k, v in settings["model"].items() if LATER_MODEL_DEFAULTS.get(k, ...) != v}
@@ -77,7 +78,9 @@ def _resume_settings(cfg_dict: dict) -> dict:
     if settings.get("server") == SERVER_MEAN:  # added later: the exact mean keeps the fingerprint it had
         del settings["server"]
     stepped = any(settings["train"][part]["schedule"] != "constant" for part in ("body", "head"))
-    settings["train"] = {k: v for k, v in settings["train"].items() if k != "rounds" or stepped}
+    privacy = settings.get("privacy") or {}
+    calibrated = privacy.get("target_epsilon") is not None and privacy.get("noise_multiplier") is None
+    settings["train"] = {k: v for k, v in settings["train"].items() if k != "rounds" or stepped or calibrated}
     return settings
 
 

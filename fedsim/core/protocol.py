@@ -157,6 +157,7 @@ class RoundResult:
     # User-level DP's mechanism in this round (fedsim.privacy.mechanism.ServerPrivacy.after_round: the clip norm, the
     # clipped fraction, the mean update norm, the noise std), by name; rounds.jsonl keeps it under "privacy".
     privacy: dict[str, float] = field(default_factory=dict)
+    spent: dict[str, float] = field(default_factory=dict)  # DP's epsilon spent by the round's end (RunPlan.privacy_at)
 
 
 @dataclass(frozen=True)

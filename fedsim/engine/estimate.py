@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fedsim.config import RunConfig
 from fedsim.engine.preflight import Rehearse, prepared
 from fedsim.plan import RunPlan, steps_per_epoch
+from fedsim.plan.privacy import describe_privacy
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class WorkEstimate:
     gpus_per_worker: float
     clock: dict | None = None  # on the virtual clock: simulated seconds, selected and taking part per round
     packing: tuple[int | str, str | None] = (1, None)  # engine.pack as the run will use it, and why not if it cannot
+    poisson: bool = False  # train.sampling: poisson (round 1's draw is one draw, not every round's size)
+    privacy: dict | None = None  # DP's accounting (RunPlan.privacy_summary): z, q, delta, epsilon at the final round
 
     @property
     def train_sample_steps_per_round(self) -> float:
@@ -104,7 +107,7 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         evaluation_rounds=evaluation_rounds, scored_test_images=scored,
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
         workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
-        clock=_clock(plan), packing=plan.packing)
+        clock=_clock(plan), packing=plan.packing, poisson=cfg.train.sampling == "poisson", privacy=plan.privacy_summary)
 
 
 def _clock(plan: RunPlan) -> dict | None:
@@ -128,7 +131,7 @@ def describe(e: WorkEstimate) -> str:
         f"{e.name}: ok (dry run: nothing started, nothing written)",
         f"  model        {e.model}: {e.parameters:,} parameters, {_mb(e.model_bytes)}; server holds "
         f"{e.shared_values:,} values",
-        f"  clients      {e.clients}, {e.sampled_per_round} {'took part in round 1' if e.clock else 'sampled per round'}, "
+        f"  clients      {e.clients}, {e.sampled_per_round} {_per_round(e)}, "
         f"{e.rounds} rounds x "
         f"{e.epochs_per_round} epochs",
         f"  training     {e.train_sample_steps:,} sample-steps ({e.train_sample_steps_per_round:,.0f} per round), "
@@ -146,7 +149,14 @@ def describe(e: WorkEstimate) -> str:
         f"  workers      {e.workers} x ({e.cpus_per_worker:g} CPU{gpus}): {e.workers * e.cpus_per_worker:g} CPU"
         + (f", {e.workers * e.gpus_per_worker:g} GPU" if e.gpus_per_worker else "") + " in all",
         f"  training as  {_packing(e.packing)}",
+        *([f"  privacy      {describe_privacy(e.privacy)}"] if e.privacy else []),
     ])
+
+
+def _per_round(e: WorkEstimate) -> str:
+    if e.clock:
+        return "took part in round 1"
+    return "drawn in round 1 (Poisson: each client with probability f)" if e.poisson else "sampled per round"
 
 
 def _packing(packing: tuple[int | str, str | None]) -> str:

@@ -161,6 +161,9 @@ class Server:
             self._aggregate(round_idx, scaling, sums, kept, timing)
             del sums  # two model sizes of int64, not to be held while the new state is published and evaluated
             self.broadcast_ref = self._publish()
+        elif self.shared_size and self.privacy.releases_empty_rounds:
+            self._release_noise_alone(round_idx)
+            self.broadcast_ref = self._publish()
         if previous is not None:
             self.fedbuff.keep(*previous)
         self.times_sampled[sampled] += 1
@@ -170,7 +173,8 @@ class Server:
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.received[r.client], "bytes_up": r.bytes_up}
                 for r in kept]
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start,
-                           timing=timing.row() if timing else {}, mechanism=mechanism, privacy=privacy)
+                           timing=timing.row() if timing else {}, mechanism=mechanism, privacy=privacy,
+                           spent=self.plan.privacy_at(round_idx))
 
     def _failure(self, round_idx: int, diverged: list[ClientReport], kept: list[ClientReport]) -> str | None:
         """Why the run cannot go on after this round's training, if it cannot: a diverged client under
@@ -255,6 +259,16 @@ class Server:
         for vector in self.state.values():
             release_shared(vector)  # the round-0 state is the plan's, in Ray's object store
         self.state = new
+
+    def _release_noise_alone(self, round_idx: int) -> None:
+        """Central DP under Poisson sampling with nobody kept: the round still releases the noise over q x N, as the
+        accountant's mechanism does every round (a model left unmoved would tell that the round was empty)."""
+        weights = self.state[WEIGHTS].astype(np.float64)
+        noisy = self.privacy.noisy_mean(round_idx, weights, weights, self.tensor_offsets,
+                                        list(range(len(self.tensor_offsets) - 1)), 0)
+        state = dict(self.state)
+        self.algorithm.server_update(state, {WEIGHTS: noisy}, 0, self.num_clients)
+        self.state = state
 
     def _fold_replies(self, replies: list[Reply]) -> None:
         """The new server state from the round's kept replies (in client order): the method's own hook, or a robust

@@ -44,7 +44,7 @@ def round_row(result: RoundResult) -> dict:
            "evaluated": len(records),  # the eval.clients cohort, or everyone
            "dropped": result.dropped,
            "bytes_down": sum(c["bytes_down"] for c in result.comm),
-           "bytes_up": sum(c["bytes_up"] for c in result.comm), **result.timing}
+           "bytes_up": sum(c["bytes_up"] for c in result.comm), **result.timing, **result.spent}
     for key in SCORED:
         if records and key in records[0]:
             row[key] = summarize([r[key] for r in records])
@@ -151,6 +151,8 @@ class JsonlLogger(Callback):
         rounds = read_jsonl(self.folder / runfiles.ROUNDS)
         summary["best_round"] = best_rounds(rounds)
         summary["reported"] = run.plan.reported_accuracy  # the accuracy the one-line summary shows
+        if run.plan.privacy_summary is not None:  # epsilon at the final round, delta, z, accountant, sampling
+            summary["privacy"] = run.plan.privacy_summary
         if run.plan.system is not None:
             summary["system"] = system_summary(cfg, rounds, records, run.plan.system.devices.kind)
         comm = read_jsonl(self.folder / runfiles.COMM)

@@ -14,8 +14,8 @@ from fedsim.metrics.report_figures import (communication_png, comparison_png, di
 from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.receipt import differences, receipt, receipt_table
 from fedsim.metrics.report_runs import Run, load_run, seed_groups
-from fedsim.metrics.report_tables import (accuracy_table, device_table, logged_table, mechanism_table, saving_lines,
-                                          seed_table, selection_table, time_to_accuracy_table)
+from fedsim.metrics.report_tables import (accuracy_table, device_table, logged_table, mechanism_table, privacy_table,
+                                          saving_lines, seed_table, selection_table, time_to_accuracy_table)
 from fedsim.metrics.summary import times_to_accuracy
 
 
@@ -73,6 +73,10 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         md += ["## The methods' mechanism", "", "What each run's method recorded of its server-side mechanism after its "
                "server step (rounds.jsonl's mechanism: FedAMP's self-weights, IFCA's cluster sizes).", "",
                *mechanism_table(runs), ""]
+    if any(run.spent for run in runs):
+        md += ["## Privacy spent", "", "Each DP run's epsilon by its last recorded round, at the delta shown (local "
+               "DP: the most frequent client's, and the median client's): docs/privacy.md says what it guarantees.", "",
+               *privacy_table(runs), ""]
     with_comm = [run for run in runs if any(v is not None for v in run.comm.values())]
     if with_comm:
         md += ["## Communication", "", *saving_lines(with_comm), "",

@@ -19,6 +19,7 @@ from fedsim.core.protocol import SCORED, logged_keys
 from fedsim.core.results import read_results
 from fedsim.metrics.confidence import Estimate, mean_ci
 from fedsim.metrics.summary import summarize
+from fedsim.privacy import SPENT
 
 MB = 1e6  # the report's megabyte, in its tables and figures
 DIRECTIONS = ("bytes_up", "bytes_down")
@@ -40,6 +41,8 @@ class Run:
     system: dict = field(default_factory=dict)  # summary.json's system block: totals, fairness by device class
     mechanism: dict[str, dict[int, float]] = field(default_factory=dict)  # server-side quantity -> round -> value
     config: dict = field(default_factory=dict)  # the run's stored config.yaml, as written: its receipt's source
+    privacy: dict = field(default_factory=dict)  # summary.json's privacy block: delta, noise multiplier, accountant
+    spent: dict[int, dict[str, float]] = field(default_factory=dict)  # round -> DP's epsilon by its end (rounds.jsonl)
 
     def curve(self, kind: str) -> tuple[list[int], list[dict[str, float]]]:
         rounds = sorted(self.per_round[kind])
@@ -101,7 +104,9 @@ def load_run(run_dir: Path) -> Run:
                wall_seconds=summary.get("wall_seconds"), per_round=per_round,
                comm={d: comm.get(d) for d in DIRECTIONS}, seed=config.get("seed"), settings=_settings(config),
                logged=logged, sim_time={r["round"]: r["sim_time_s"] for r in rows if "sim_time_s" in r},
-               system=summary.get("system", {}), mechanism=_mechanism(rows), config=config)
+               system=summary.get("system", {}), mechanism=_mechanism(rows), config=config,
+               privacy=summary.get("privacy", {}),
+               spent={r["round"]: {k: r[k] for k in SPENT if k in r} for r in rows if SPENT[0] in r})
 
 
 def _mechanism(rows: list[dict]) -> dict[str, dict[int, float]]:

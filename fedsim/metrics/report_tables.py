@@ -8,6 +8,7 @@ from fedsim.core.protocol import ACCURACIES, SCORED, lower_is_better
 from fedsim.metrics.logger import best_rounds
 from fedsim.metrics.report_runs import DIRECTIONS, MB, Run, group_label, seed_curve
 from fedsim.metrics.summary import summarize, times_to_accuracy
+from fedsim.privacy import EPSILON, EPSILON_MEDIAN
 
 
 def seed_table(groups: list[list[Run]]) -> list[str]:
@@ -83,6 +84,24 @@ def mechanism_table(runs: list[Run]) -> list[str]:
         for key, by_round in run.mechanism.items():
             first, last = min(by_round), max(by_round)
             lines.append(f"| {run.name} | {key} | {first} | {by_round[first]:.4g} | {last} | {by_round[last]:.4g} |")
+    return lines
+
+
+def privacy_table(runs: list[Run]) -> list[str]:
+    """Each DP run's epsilon at its last recorded round (rounds.jsonl: a run in progress too), with what it means
+    from summary.json (delta, noise multiplier, accountant, sampling; "-" until the run finishes)."""
+    lines = ["| run | DP | round | epsilon | median client's | delta | noise multiplier | accountant | sampling (q) |",
+             "|" + "---|" * 9]
+    for run in runs:
+        if not run.spent:
+            continue
+        last = max(run.spent)
+        spent, p = run.spent[last], run.privacy
+        median = spent.get(EPSILON_MEDIAN)
+        sampling = f"{p['sampling']} ({p['q']:.4g})" if p else "-"
+        lines.append(f"| {run.name} | {p.get('dp', '-')} | {last} | {spent[EPSILON]:.4g} | "
+                     f"{_fmt(median, '.4g')} | {_fmt(p.get('delta'), '.3g')} | {_fmt(p.get('noise_multiplier'), '.4g')} | "
+                     f"{p.get('accountant', '-')} | {sampling} |")
     return lines
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from fedsim.config import RunConfig
 from fedsim.core.protocol import ACCURACIES, RECORD_KEYS, SCORED, lower_is_better, on_validation
+from fedsim.privacy import EPSILON, SPENT
 
 STATS = ("mean", "std", "min", "max", "p10", "worst10_mean", "jain")  # fedsim.metrics.summarize's statistics
 ROUND_KEYS = {"comm/bytes_up": "bytes_up", "comm/bytes_down": "bytes_down", "round_seconds": "seconds"}
 CLOCK_KEYS = {"sim/time_s": "sim_time_s", "sim/round_seconds": "sim_seconds", "sim/selected": "selected"}  # system.devices
-FEDSIM_PREFIXES = ("fairness/", "final/", "comm/", "sim/", "client_acc/", "round_seconds")  # fedsim's own series
+FEDSIM_PREFIXES = ("fairness/", "final/", "comm/", "sim/", "client_acc/", "round_seconds", "privacy/")  # fedsim's own series
 NOT_LOGGED = {"round", "seconds", "sampled", "evaluated", "dropped", "bytes_up", "bytes_down"}
 
 
@@ -25,6 +26,7 @@ def round_metrics(row: dict) -> dict[str, float]:
     statistics and a user module's ``self.log`` values (``name/mean``, ..., in the module's units)."""
     data = {"round": row["round"], **{name: row[key] for name, key in ROUND_KEYS.items()}} | fairness(row)
     data |= {name: row[key] for name, key in CLOCK_KEYS.items() if key in row}
+    data |= {name: row[name] for name in SPENT if name in row}  # DP's epsilon spent so far, every round
     for key, stats in row.items():
         if key not in NOT_LOGGED and key not in ACCURACIES and key not in RECORD_KEYS and isinstance(stats, dict):
             data |= {f"{key}/{stat}": value for stat, value in stats.items()}
@@ -42,7 +44,9 @@ def metric_names(cfg: RunConfig) -> list[str]:
     accuracies = ["acc", *(["acc_personalized"] if cfg.eval.personalizes else [])]
     accuracies += [on_validation(key) for key in accuracies] if cfg.data.validation else []
     clock = [*CLOCK_KEYS] if cfg.system.devices is not None else []
-    return [*ROUND_KEYS, *clock, *(f"fairness/{key}_{stat}" for key in accuracies for stat in STATS)]
+    dp = cfg.privacy.dp if cfg.privacy is not None else "none"
+    privacy = [] if dp == "none" else list(SPENT) if dp == "local" else [EPSILON]
+    return [*ROUND_KEYS, *clock, *privacy, *(f"fairness/{key}_{stat}" for key in accuracies for stat in STATS)]
 
 
 def on_test(metric: str) -> str | None:
@@ -64,6 +68,6 @@ def series_mode(name: str) -> str:
     statistics (a loss: ``val_loss/mean``), for a spread (``std``), traffic and time; "max" for the rest (an
     accuracy and its worst clients, Jain's index)."""
     stat = name.rpartition("_")[2] if name.startswith(("fairness/", "final/")) else name.rpartition("/")[2]
-    if name.startswith(("comm/", "sim/time_s", "sim/round_seconds", "round_seconds")) or stat == "std":
+    if name.startswith(("comm/", "sim/time_s", "sim/round_seconds", "round_seconds", "privacy/")) or stat == "std":
         return "min"
     return "max" if stat == "jain" or not lower_is_better(name) else "min"

@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,16 @@ from fedsim.plan.system import Clock, RoundTime, SystemModel
 from fedsim.privacy.mechanism import UserLevelDP, user_level_dp
 from fedsim.privacy.secagg import PairwiseMasks
 
+if TYPE_CHECKING:
+    from fedsim.privacy.accountant import Accounting
+
+POISSON_STREAM = 0x9015  # train.sampling: poisson's draws, a stream apart from the fixed sampler's (0x5A3)
+
+
+def cohort_size(fraction: float, population: int) -> int:
+    """The fixed sampler's clients a round: max(1, round(f x N)) of the N that may train."""
+    return max(1, round(fraction * population))
+
 
 def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
                    pool: np.ndarray | None = None) -> list[int]:
@@ -36,9 +47,18 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
     train, eval.unseen held out) f of the pool, from it. Drawing from the whole range or from a pool holding all
     of it gives the same clients."""
     candidates = num_clients if pool is None else pool
-    count = max(1, round(fraction * (num_clients if pool is None else len(pool))))
+    count = cohort_size(fraction, num_clients if pool is None else len(pool))
     rng = np.random.default_rng([seed, round_idx, 0x5A3])
     return sorted(int(c) for c in rng.choice(candidates, size=count, replace=False))
+
+
+def poisson_clients(seed: int, round_idx: int, num_clients: int, fraction: float,
+                    pool: np.ndarray | None = None) -> list[int]:
+    """train.sampling: poisson: each client of the pool joins with probability f, independently, from (seed, round)
+    only; possibly nobody (the round trains no one, the server keeps its state, the accountant counts the round)."""
+    candidates = np.arange(num_clients) if pool is None else pool
+    rng = np.random.default_rng([seed, round_idx, POISSON_STREAM])
+    return [int(c) for c in candidates[rng.random(len(candidates)) < fraction]]
 
 
 def held_out_clients(seed: int, num_clients: int, evaluation: EvalConfig) -> list[int]:
@@ -83,12 +103,6 @@ def worker_count(cfg: RunConfig) -> int:
 def steps_per_epoch(n_train: int, batch_size: int) -> int:
     """A client's SGD steps per local epoch: the cost that client -> worker balancing evens out."""
     return math.ceil(n_train / batch_size)
-
-
-def calibrated_noise_multiplier(plan: RunPlan) -> float:
-    """The noise multiplier that spends privacy.target_epsilon over the run: not calibrated yet, refused."""
-    raise ConfigError("privacy.target_epsilon: calibration of the noise multiplier from a budget is not available "
-                      "yet; set privacy.noise_multiplier (e.g. 1.0)")
 
 
 @dataclass(frozen=True)
@@ -197,26 +211,6 @@ class RunPlan:
         copy would double the server's memory for the whole run."""
         return self.algorithm.server_state(self.model.initial["shared"], self.num_clients, self.cfg.seed)
 
-    # -- privacy -------------------------------------------------------------------------------
-    @cached_property
-    def noise_multiplier(self) -> float:
-        """z, the noise std over the clip norm: the one place every DP mechanism and the accountant read it
-        (privacy.noise_multiplier, or calibrated from privacy.target_epsilon); 0 without DP."""
-        privacy = self.cfg.privacy
-        if privacy is None or privacy.dp == "none":
-            return 0.0
-        return privacy.noise_multiplier if privacy.noise_multiplier is not None else calibrated_noise_multiplier(self)
-
-    @cached_property
-    def user_level_dp(self) -> UserLevelDP | None:
-        """The run's DP mechanism (None without DP): the server's noise and adaptive clip norm, each client's
-        clipping."""
-        t, clients = self.cfg.train, self.cfg.data.num_clients  # the config's count: a worker's plan holds no clients
-        trainable = clients - self.cfg.eval.held_out(clients)
-        poisson = t.sampling == "poisson"
-        cohort = t.fraction * trainable if poisson else max(1, round(t.fraction * trainable))
-        return user_level_dp(self.cfg.privacy, self.noise_multiplier, self.cfg.seed, cohort, poisson)
-
     @cached_property
     def traffic_per_client(self) -> tuple[int, int]:
         """(bytes down, bytes up) of one client in one round, as the server and workers account them: what the
@@ -233,11 +227,82 @@ class RunPlan:
         return np.array([c for c in range(self.num_clients) if c not in self.unseen]) if self.unseen else None
 
     def sampled(self, round_idx: int) -> list[int]:
-        """The clients that train in ``round_idx``: f x N drawn from (seed, round), or on the virtual clock
-        those that report before the round closes."""
+        """The clients that train in ``round_idx``: f x N drawn from (seed, round) (train.sampling: poisson, each
+        with probability f), or on the virtual clock those that report before the round closes."""
         if self.clock is not None:
             return list(self.clock.round(round_idx).participants)
-        return sample_clients(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction, self.training_pool)
+        draw = poisson_clients if self.cfg.train.sampling == "poisson" else sample_clients
+        return draw(self.cfg.seed, round_idx, self.num_clients, self.cfg.train.fraction, self.training_pool)
+
+    # -- privacy: fedsim.plan.privacy, imported only with DP on (dp-accounting: ~0.6 s), never by the server ------
+    @cached_property
+    def user_level_dp(self) -> UserLevelDP | None:
+        """The run's DP mechanism (None without DP): the server's noise and adaptive clip norm, each client's
+        clipping."""
+        t, clients = self.cfg.train, self.cfg.data.num_clients  # the config's count: a worker's plan holds no clients
+        trainable = clients - self.cfg.eval.held_out(clients)
+        poisson = t.sampling == "poisson"
+        cohort = t.fraction * trainable if poisson else max(1, round(t.fraction * trainable))
+        z = self.noise_multiplier
+        return None if z is None else user_level_dp(self.cfg.privacy, z, self.cfg.seed, cohort, poisson)
+
+    @property
+    def private(self) -> bool:
+        """Whether the run has DP to account for (privacy.dp central or local)."""
+        return self.cfg.privacy is not None and self.cfg.privacy.dp != "none"
+
+    @property
+    def accounting(self) -> Accounting | None:
+        """The accountant's view of the run, else None; not kept, so the server's copy unpickles without it."""
+        if not self.private:
+            return None
+        from fedsim.plan.privacy import run_accounting
+
+        population = self.num_clients - len(self.unseen)
+        return run_accounting(self.cfg, population, cohort_size(self.cfg.train.fraction, population))
+
+    @cached_property
+    def noise_multiplier(self) -> float | None:
+        """z (noise std / clip norm), the one place the mechanisms read it: privacy.noise_multiplier, or calibrated to
+        privacy.target_epsilon at train.rounds before the run; None without DP."""
+        accounting = self.accounting
+        if accounting is None:
+            return None
+        from fedsim.plan.privacy import noise_multiplier
+
+        return noise_multiplier(self.cfg, accounting, self.sampled, self.num_clients)
+
+    @cached_property
+    def privacy_spent(self) -> tuple[dict[str, float], ...]:
+        """Per round, the epsilon spent by its end (``fedsim.privacy.SPENT``'s keys); empty without DP."""
+        accounting, z = self.accounting, self.noise_multiplier
+        if accounting is None or z is None:
+            return ()
+        from fedsim.plan.privacy import spent_per_round
+
+        pool = [c for c in range(self.num_clients) if c not in self.unseen]
+        return spent_per_round(self.cfg, accounting, z, self.sampled, self.num_clients, pool)
+
+    def privacy_at(self, round_idx: int) -> dict[str, float]:
+        """What rounds.jsonl records of round ``round_idx``'s privacy: a look-up in :attr:`privacy_spent`."""
+        return self.privacy_spent[round_idx - 1] if self.privacy_spent else {}
+
+    @property
+    def privacy_summary(self) -> dict[str, object] | None:
+        """summary.json's ``privacy`` and ``--dry-run``'s line: final epsilon, delta, z, accountant, sampling."""
+        accounting, z = self.accounting, self.noise_multiplier
+        if accounting is None or z is None:
+            return None
+        from fedsim.plan.privacy import privacy_summary
+
+        return privacy_summary(self.cfg, accounting, z, self.privacy_spent)
+
+    def refuse_over_budget(self) -> None:
+        """Refuse a run that would pass privacy.target_epsilon; on the driver, computing z and the series once."""
+        if self.private:
+            from fedsim.plan.privacy import refuse_over_budget
+
+            refuse_over_budget(self.cfg, self.privacy_spent)
 
     def pairwise_masks(self, round_idx: int) -> PairwiseMasks | None:
         """privacy.secure_aggregation: the round's masks over its cohort, the clients sent the model: on the virtual
@@ -299,7 +364,10 @@ class RunPlan:
         """The plan a worker receives: without the clients' data, which each worker gets beside it for its own
         clients only (every client's indices on every worker would cost each one memory in the population:
         measured 5.6 KB per registered client at N = 10,000, 2.4 KB without)."""
-        return dataclasses.replace(self, clients=(), system=None)  # the server alone keeps the clock
+        plan = dataclasses.replace(self, clients=(), system=None)  # the server alone keeps the clock
+        if self.private:  # calibrated here, once: a plan without its clients could not
+            plan.__dict__["noise_multiplier"] = self.noise_multiplier
+        return plan
 
     @cached_property
     def fingerprint(self) -> str:

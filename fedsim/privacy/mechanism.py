@@ -87,6 +87,11 @@ class ServerPrivacy:
             return mean + noise / kept
         return started_from + (kept * (mean - started_from) + noise) / dp.cohort
 
+    @property
+    def releases_empty_rounds(self) -> bool:
+        """Central DP under Poisson sampling releases a noisy model even in a round that kept nobody."""
+        return self.dp is not None and self.dp.central and self.dp.poisson
+
     def after_round(self, round_idx: int, norms: list[float]) -> dict[str, float]:
         """What the round's mechanism did (rounds.jsonl's and W&B's ``privacy``), then adaptive clipping's step."""
         dp = self.dp

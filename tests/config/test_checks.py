@@ -33,6 +33,16 @@ ASYNC = {**CLOCK, "mode": "async"}
     ({"tune": {"methods": ["fedavg"]}},
      "data.validation: fedsim tune chooses each method's settings on the validation split, and this config has none; "
      "set data.validation (e.g. 0.1)"),
+    ({"train": {"sampling": "poisson"}, "system": CLOCK},
+     "train.sampling: poisson draws who takes part, and the virtual clock (system.devices) picks participants "
+     "itself; set train.sampling: fixed or remove system.devices"),
+    ({"algorithm": "fedavg", "privacy": {"noise_multiplier": 1.0}, "system": CLOCK},
+     "privacy.dp: the virtual clock (system.devices) decides who takes part by availability, deadlines and dropouts, "
+     "which no accountant's sampling describes, so epsilon could not be stated; remove system.devices, or set "
+     "privacy.dp: none"),
+    ({"algorithm": "fedavg", "privacy": {"noise_multiplier": 1.0, "accountant": "pld"}},
+     "privacy.accountant: pld has no accounting for fixed-size sampling without replacement (dp-accounting's PLD "
+     "accountant lacks that event); set train.sampling: poisson or privacy.accountant: rdp"),
     ({"tune": {"methods": ["fedavg"]}, "data": {"validation": 0.1}, "sweep": {"seed": [1]}},
      "sweep: fedsim tune draws its own runs from tune (methods, trials, seeds, space); remove the sweep section, or "
      "run `fedsim sweep` on a copy without tune"),
@@ -59,6 +69,11 @@ def test_the_same_settings_pass_where_the_other_section_agrees():
     validate({"model": {"precision": "16-mixed"}, "engine": {"gpus_per_worker": 0.5}})
     validate({"algorithm": "fedavg", "model": {"client": "user_plugins:TwoPartModule"}})
     validate({"tune": {"methods": ["fedavg"]}, "data": {"validation": 0.1}})
+    validate({"train": {"sampling": "poisson"}})
+    validate({"algorithm": "fedavg", "privacy": {"dp": "none", "secure_aggregation": True}, "system": CLOCK})
+    validate({"algorithm": "fedavg", "privacy": {"noise_multiplier": 1.0, "accountant": "pld"},
+              "train": {"sampling": "poisson"}})
+    validate({"algorithm": "fedavg", "privacy": {"dp": "local", "noise_multiplier": 1.0, "accountant": "pld"}})
 
 
 def test_the_methods_parameters_are_checked_and_stored_with_their_defaults():

@@ -65,3 +65,10 @@ def test_a_resume_may_extend_the_rounds_unless_a_step_schedule_places_milestones
     assert changed_settings(dump(), dump(train={"rounds": 9})) == []
     step = {"body": {"schedule": "step"}}
     assert changed_settings(dump(train={"rounds": 4, **step}), dump(train={"rounds": 9, **step})) == ["train.rounds"]
+
+
+def test_a_resume_may_not_extend_the_rounds_a_calibrated_noise_multiplier_was_computed_for():
+    calibrated = {"target_epsilon": 4.0}
+    assert changed_settings(dump(privacy=calibrated), dump(privacy=calibrated, train={"rounds": 9})) == ["train.rounds"]
+    given = {"noise_multiplier": 1.0, "target_epsilon": 40.0}  # the budget is checked again at the new round count
+    assert changed_settings(dump(privacy=given), dump(privacy=given, train={"rounds": 9})) == []

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TESTS, in_process_server, six_client_run, small_config, small_tree
+from conftest import TESTS, in_process_server, six_client_run, small_config, small_tree, synthetic_tree, write_yaml
 
 REPO = TESTS.parent
 SHIPPED = sorted([*(REPO / "experiments").rglob("*.yaml"), *(REPO / "fedsim" / "reproduce" / "configs").rglob("*.yaml")])
@@ -121,3 +121,25 @@ def test_every_shipped_config_dry_runs(path, data_root, monkeypatch, tmp_path, c
     monkeypatch.chdir(tmp_path)  # a relative out_dir would land here: the check below sees it
     assert main(["run", str(path), "--dry-run"]) == 0, capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_prints_the_noise_multiplier_q_delta_and_final_epsilon_and_refuses_a_run_past_its_budget(
+        tmp_path, capsys):
+    from fedsim.cli.main import main
+
+    tree = {**synthetic_tree(tmp_path, algorithm="fedavg", **{"train.sampling": "poisson", "train.fraction": 0.25}),
+            "privacy": {"noise_multiplier": 1.0}}
+    config = write_yaml(tmp_path / "dp.yaml", tree)
+    assert main(["run", str(config), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "drawn in round 1 (Poisson: each client with probability f)" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("privacy"))
+    assert line.strip().startswith("privacy      central DP, noise multiplier 1, poisson sampling q=0.25 of 8 "
+                                   "clients, delta=0.102, rdp: epsilon ")
+    assert line.endswith("after round 4")
+    assert main(["run", str(config), "--dry-run", "privacy.delta=-1"]) == 2
+    assert capsys.readouterr().err.strip() == "fedsim: error: privacy.delta: Input should be greater than 0 (got -1)"
+    assert main(["run", str(config), "--dry-run", "privacy.target_epsilon=0.3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedsim: error: privacy.target_epsilon: epsilon would pass 0.3 at "
+                                               "round ") and "raise privacy.noise_multiplier" in err[0]

@@ -7,6 +7,7 @@ from conftest import in_process_server, round_records, synthetic_tree
 
 from fedsim.config import validate
 from fedsim.core.protocol import WEIGHTS
+from fedsim.privacy.secagg import PairwiseMasks
 
 ROUNDS = 2
 MECHANISMS = {"central": {"dp": "central"}, "local": {"dp": "local"},
@@ -53,3 +54,18 @@ def test_a_resumed_dp_run_equals_an_undisturbed_one(tmp_path, monkeypatch, mecha
     tail = resumed.round(2)
     assert round_records([head, tail]) == expected and [head.privacy, tail.privacy] == privacy
     assert all(np.array_equal(resumed.state[k], state[k]) for k in state)
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_secure_aggregation_leaves_a_dp_run_bit_identical(tmp_path, monkeypatch, mechanism):
+    """Clipping (and local noise) come before the masks, central noise after they cancel: masking changes nothing."""
+    plain, privacy, state = rounds(monkeypatch, dp_config(tmp_path, mechanism, 3))
+    masked_cfg = dp_config(tmp_path, mechanism, 3)
+    masked_cfg.privacy.secure_aggregation = True
+    masked_uploads = []
+    mask = PairwiseMasks.mask
+    monkeypatch.setattr(PairwiseMasks, "mask", lambda self, *a, **k: masked_uploads.append(1) or mask(self, *a, **k))
+    masked, masked_privacy, masked_state = rounds(monkeypatch, masked_cfg)
+    assert masked_uploads  # the uploads were masked
+    assert masked == plain and masked_privacy == privacy
+    assert all(np.array_equal(masked_state[k], state[k]) for k in state)

@@ -62,3 +62,8 @@ def test_a_rounds_row_keeps_the_dp_mechanism_and_wandb_plots_it():
     assert row["privacy"] == privacy
     assert round_metrics(row)["privacy/clipped_fraction"] == 0.25
     assert "privacy" not in round_row(RoundResult(round=1, sampled=[0, 1], dropped=[]))
+
+
+def test_a_rounds_row_records_the_epsilon_spent_by_its_end():
+    row = round_row(RoundResult(round=3, sampled=[], dropped=[], spent={"privacy/epsilon": 0.42}))
+    assert row["privacy/epsilon"] == 0.42 and row["sampled"] == 0  # an empty Poisson round still spends

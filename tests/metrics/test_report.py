@@ -190,3 +190,25 @@ def test_a_methods_server_side_mechanism_gets_its_own_table(tmp_path):
     text = (tmp_path / "out" / "report.md").read_text()
     assert "## The methods' mechanism" in text
     assert "| amp | fedamp_self_weight_mean | 1 | 0.8 | 2 | 0.6 |" in text
+
+
+def test_dp_runs_get_their_epsilon_by_the_last_recorded_round_with_what_it_means(tmp_path):
+    """rounds.jsonl's privacy/epsilon (a run in progress too) with summary.json's delta, z, accountant, sampling."""
+    import json
+
+    run = make_run(tmp_path, "dp", "fedavg", [[0.5, 0.7], [0.6, 0.8]])
+    make_run(tmp_path, "plain", "fedavg", [[0.5, 0.7], [0.6, 0.8]])
+    path = run / "rounds.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row, eps in zip(rows, (0.7, 1.25)):
+        row["privacy/epsilon"] = eps
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((run / "summary.json").read_text())
+    summary["privacy"] = {"dp": "central", "epsilon": 1.25, "delta": 1e-3, "noise_multiplier": 1.1,
+                          "accountant": "rdp", "sampling": "poisson", "q": 0.1}
+    (run / "summary.json").write_text(json.dumps(summary))
+    write_report([run, tmp_path / "plain"], tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## Privacy spent" in text
+    assert "| dp | central | 2 | 1.25 | - | 0.001 | 1.1 | rdp | poisson (0.1) |" in text
+    assert "| plain |" not in text.split("## Privacy spent")[1].split("##")[0]

@@ -152,3 +152,22 @@ def test_a_users_self_log_values_reach_wandb_beside_the_accuracies(tmp_path, mon
     [offline] = list((tmp_path / "wandb").glob("offline-run-*"))
     [row] = [h for h in wandb_history(offline) if "fairness/acc_mean" in h]
     assert row["val_margin/mean"] == pytest.approx(0.2) and row["val_margin/min"] == 0.1 and "val_margin/jain" in row
+
+
+def test_a_dp_runs_epsilon_reaches_rounds_jsonl_wandb_and_the_summary(tmp_path, local_ray):
+    """Each round's epsilon, looked up by the server in the plan the driver computed, in every file a user reads."""
+    from conftest import synthetic_tree
+
+    tree = synthetic_tree(tmp_path, "dp", algorithm="fedavg", **{"train.sampling": "poisson", "train.fraction": 0.25,
+                                                                  "train.rounds": 3, "train.eval_every": 3,
+                                                                  "eval.finetune_epochs": 0})
+    tree |= {"privacy": {"noise_multiplier": 1.0}, "logging": {"wandb": {"mode": "offline", "project": "fedsim-test"}}}
+    res = run(validate(tree))
+    rows = [json.loads(line) for line in (res.run_dir / "rounds.jsonl").read_text().splitlines()]
+    spent = [row["privacy/epsilon"] for row in rows]
+    assert len(spent) == 3 and spent == sorted(spent) and spent[0] > 0
+    [offline] = list((res.run_dir / "wandb").glob("offline-run-*"))
+    assert [h["privacy/epsilon"] for h in wandb_history(offline) if "privacy/epsilon" in h] == spent
+    privacy = json.loads((res.run_dir / "summary.json").read_text())["privacy"]
+    assert privacy["epsilon"] == spent[-1] and privacy["noise_multiplier"] == 1.0 and privacy["q"] == 0.25
+    assert (privacy["accountant"], privacy["sampling"], privacy["calibrated"]) == ("rdp", "poisson", False)

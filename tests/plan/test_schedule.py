@@ -1,5 +1,7 @@
 """The run's schedule: client sampling and worker ownership, pure functions of the seed and the config."""
-from fedsim.plan import balanced_owners, sample_clients
+import numpy as np
+
+from fedsim.plan import balanced_owners, poisson_clients, sample_clients
 
 
 def test_sampling_is_seeded_and_sized():
@@ -7,6 +9,24 @@ def test_sampling_is_seeded_and_sized():
     assert s == sample_clients(3, 5, 100, 0.1) and len(s) == 10 and len(set(s)) == 10
     assert s != sample_clients(3, 6, 100, 0.1)
     assert sample_clients(0, 1, 10, 0.01) and len(sample_clients(0, 1, 10, 1.0)) == 10
+
+
+def test_poisson_sampling_is_seeded_independent_per_client_and_right_on_average():
+    first = poisson_clients(3, 5, 100, 0.1)
+    assert first == poisson_clients(3, 5, 100, 0.1) and first != poisson_clients(3, 6, 100, 0.1)
+    assert first != poisson_clients(4, 5, 100, 0.1)
+    sizes = np.array([len(poisson_clients(3, r, 100, 0.1)) for r in range(1, 2001)])
+    # Binomial(100, 0.1) per round: mean 10, std 3; the mean of 2,000 rounds within 5 of its std error (0.067).
+    assert abs(sizes.mean() - 10) < 5 * 3 / np.sqrt(2000) and 2.7 < sizes.std() < 3.3  # not a fixed size
+    counts = np.bincount(np.concatenate([np.array(poisson_clients(3, r, 20, 0.3), int) for r in range(1, 2001)]), minlength=20)
+    assert np.all(np.abs(counts / 2000 - 0.3) < 5 * np.sqrt(0.3 * 0.7 / 2000))  # every client at rate q
+
+
+def test_poisson_sampling_draws_only_from_the_pool_and_can_draw_no_one():
+    pool = np.array([1, 4, 7, 9])
+    drawn = [c for r in range(1, 200) for c in poisson_clients(0, r, 10, 0.5, pool)]
+    assert set(drawn) == {1, 4, 7, 9}
+    assert any(not poisson_clients(0, r, 10, 0.05) for r in range(1, 50))
 
 
 def test_ownership_balances_cost_and_is_a_pure_function():
