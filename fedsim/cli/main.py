@@ -91,8 +91,9 @@ def _reproduce_parser(sub) -> None:
     from fedsim.reproduce import PAPERS
 
     rep = sub.add_parser("reproduce", help="run (or resume) every run behind a paper's claims and write REPRODUCTION.md; "
-                         "or (leaderboard) every personalized method on two CIFAR-100 settings, docs/leaderboard.md")
-    rep.add_argument("paper", choices=[*sorted(PAPERS), "leaderboard"])
+                         "or (leaderboard) every personalized method on two CIFAR-100 settings, docs/leaderboard.md; "
+                         "or (privacy) FedAvg, FedPer, FedBABU and Ditto at epsilon 1..inf, docs/privacy.md")
+    rep.add_argument("paper", choices=[*sorted(PAPERS), "leaderboard", "privacy"])
     rep.add_argument("overrides", nargs="*", help="key=value applied to every run (cuts it further; the report says so)")
     rep.add_argument("--scale", choices=("cpu", "paper"), default="cpu",
                      help="cpu: settings cut to run on a laptop (default); paper: exactly as the paper states")
@@ -102,8 +103,10 @@ def _reproduce_parser(sub) -> None:
     rep.add_argument("--only", metavar="CLAIM", help="run only this claim's runs, or the leaderboard's method's (the "
                      "report still covers everything)")
     rep.add_argument("--runs", default=RUNS_DEFAULT, help=f"folder of the run folders (default {RUNS_DEFAULT})")
-    rep.add_argument("--report", help="the Markdown report (default REPRODUCTION.md; leaderboard docs/leaderboard.md)")
-    rep.add_argument("--figures", help="figures and per-paper results (default: reproduction/ beside the report)")
+    rep.add_argument("--report", help="the Markdown report (default REPRODUCTION.md; leaderboard docs/leaderboard.md; "
+                     "privacy docs/privacy.md, its section between markers)")
+    rep.add_argument("--figures", help="figures and per-paper results (default: reproduction/ beside the report; privacy: "
+                     "images/ beside it)")
     rep.add_argument("--kept", default=KEPT_DEFAULT, help="each finished run's results are kept here, and put back "
                      "into --runs where that lacks them, so a suite spans machines and sessions (commit the folder; "
                      f"default {KEPT_DEFAULT})")

@@ -22,6 +22,8 @@ def reproduce_command(args: argparse.Namespace) -> int:
 
     if args.paper == "leaderboard":
         return _leaderboard_command(args)
+    if args.paper == "privacy":
+        return _privacy_command(args)
     args.report = args.report or "REPRODUCTION.md"
     paper = PAPERS[args.paper]
     claims = (paper.claim(args.only),) if args.only else paper.claims
@@ -114,6 +116,41 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan") -> int:
               f"setting searches not ended), about {steps:,.0f} sample-steps (each at its method's mean trial)")
     print(_time_left(states, work))
     print(f"budget: {mine.budget()}")
+    return 0
+
+
+def _privacy_command(args: argparse.Namespace) -> int:
+    """fedsim's own privacy-utility question (``fedsim.reproduce.privacy``): the same runner and verdicts as a
+    paper's claims, its report a section of docs/privacy.md and a figure of accuracy against epsilon."""
+    from fedsim.reproduce import privacy, privacy_report
+    from fedsim.reproduce.runner import execute, folder_keys, keep_finished, plan, restore_kept, run_trees
+    from fedsim.reproduce.verdicts import evaluate
+
+    paper = privacy.PAPER
+    claims = (paper.claim(args.only),) if args.only else paper.claims
+    runs_dir, kept = Path(args.runs).resolve(), Path(args.kept).resolve()
+    planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
+    everything = planned if args.only is None else plan(paper, paper.claims, args.scale, args.seeds, runs_dir,
+                                                        args.overrides)
+    _restored(restore_kept(everything, kept), kept)
+    if args.dry_run:
+        return _reproduce_dry_run(planned, args.seeds)
+    if not args.report_only:
+        execute(planned, max_concurrent=args.max_concurrent, name=f"privacy-{args.scale}", kept=kept)
+    for item in planned:
+        keep_finished(item, planned, kept)
+    page = Path(args.report or "docs/privacy.md").resolve()
+    figures = Path(args.figures).resolve() if args.figures else page.parent / "images"
+    command = " ".join(["fedsim reproduce privacy", f"--scale {args.scale}",
+                        *([f"--seeds {args.seeds}"] if args.seeds else []), *_folder_options(args), *args.overrides])
+    folders = folder_keys(run_trees(paper, args.scale, args.overrides))
+    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command, folders)
+    spent = privacy_report.privacy_of_runs(paper, args.scale, runs_dir, folders, privacy.SEEDS)
+    setting = next(item.config for item in everything if item.key == privacy.run_key("FedAvg", privacy.TESTED))
+    for path in privacy_report.write(results, spent, setting, page, figures):
+        print(path)
+    for claim in results["claims"]:
+        print(f"{claim['id']}: {claim['verdict']}")
     return 0
 
 

@@ -1,0 +1,189 @@
+"""The privacy claim's report (``fedsim reproduce privacy``): a section of docs/privacy.md between its markers, a
+table of accuracy by method and epsilon with each calibrated noise multiplier, the tests, and a figure of accuracy
+against epsilon per method. Everything comes from the verdicts (``verdicts.evaluate``) and the finished runs'
+summary.json (their ``privacy`` block), so the section is rebuilt from the kept runs alone.
+
+The section lives in docs/privacy.md, not in REPRODUCTION.md: it is fedsim's own question, not a paper's claim, and
+the page that says what the guarantee is should show what it costs."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from matplotlib.figure import Figure
+
+from fedsim import atomic
+from fedsim.config import RunConfig
+from fedsim.core.protocol import ACCURACIES
+from fedsim.reproduce.privacy import EPSILONS, METHODS, arm_label, run_key
+from fedsim.reproduce.claims import Paper
+from fedsim.reproduce.runner import read_summary, run_name
+
+START, END = "<!-- privacy-claim:start -->", "<!-- privacy-claim:end -->"
+HEADING = "## Does personalization recover what DP takes away?"
+FIGURE = "privacy-cpu-accuracy-vs-epsilon.png"
+
+
+def privacy_of_runs(paper: Paper, scale: str, runs_dir: Path, folders: dict[str, str],
+                    seeds: int) -> dict[str, dict[str, list[float]]]:
+    """Per epsilon (its name), what the finished runs' summary.json says of their privacy: the noise multiplier the
+    accountant calibrated, the epsilon it accounted over the rounds run, and delta, each value once."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for eps in EPSILONS:
+        if eps is None:
+            continue
+        seen = found.setdefault(f"{eps:g}", {"noise_multiplier": [], "epsilon": [], "delta": []})
+        for method in METHODS:
+            for seed in range(seeds):
+                summary = read_summary(runs_dir / run_name(paper, scale, folders[run_key(method, eps)], seed))
+                for key, values in seen.items():
+                    value = ((summary or {}).get("privacy") or {}).get(key)
+                    if value is not None and not any(math.isclose(value, v, rel_tol=1e-9) for v in values):
+                        values.append(float(value))
+    return found
+
+
+def _cell(arm: dict | None) -> str:
+    if not arm or not arm["seeds"]:
+        return "-"
+    est = arm["estimate"]
+    interval = "" if est["low"] is None else f" [{est['low']:.1f}, {est['high']:.1f}]"
+    return f"{est['mean']:.1f}{interval}"
+
+
+def arms_by_label(results: dict) -> dict[str, dict]:
+    """Each arm once (FedAvg's arms are read by every claim, identically)."""
+    return {arm["label"]: arm for claim in results["claims"] for arm in claim["arms"]}
+
+
+def accuracy_table(results: dict, privacy: dict[str, dict[str, list[float]]]) -> list[str]:
+    """Methods by epsilon: client-mean accuracy (%) over seeds with its 95% interval; then z and the epsilon spent."""
+    arms = arms_by_label(results)
+    names = [f"ε = {'∞' if eps is None else f'{eps:g}'}" for eps in EPSILONS]
+    lines = [f"| method (accuracy) | {' | '.join(names)} |", "|---|" + "---|" * len(EPSILONS)]
+    for method, (_, metric) in METHODS.items():
+        cells = [_cell(arms.get(arm_label(method, eps))) for eps in EPSILONS]
+        lines.append(f"| {method} ({ACCURACIES[metric]}) | {' | '.join(cells)} |")
+    for key, what in (("noise_multiplier", "noise multiplier z (calibrated)"),
+                      ("epsilon", "ε the accountant spent over the rounds")):
+        cells = [", ".join(f"{v:.4g}" for v in privacy.get(f"{eps:g}", {}).get(key, [])) or "-"
+                 if eps is not None else "no noise" for eps in EPSILONS]
+        lines.append(f"| {what} | {' | '.join(cells)} |")
+    return lines
+
+
+def tests_table(results: dict) -> list[str]:
+    lines = ["| claim | test (final round, points) | mean [95% CI] | seeds | what would have failed it | result |",
+             "|---|---|---|---|---|---|"]
+    for claim in results["claims"]:
+        for test in claim["tests"]:
+            est = test["estimate"]
+            shown = "-" if est is None else (f"{est['mean']:+.2f}" + (
+                "" if est["low"] is None else f" [{est['low']:.2f}, {est['high']:.2f}]"))
+            title = claim["title"] + ("" if claim.get("counts", True) else " (a check of the setting, outside the "
+                                                                             "tally)")
+            lines.append(f"| {title} | {test['text']} | {shown} | {len(test['seeds'])} of "
+                         f"{claim['seeds']} | {test['fails_if']} | **{test['verdict']}** |")
+    return lines
+
+
+def accuracy_figure(results: dict, path: Path) -> None:
+    """Accuracy against epsilon per method: the mean over seeds with its 95% interval; epsilon on a log axis, with
+    no privacy (inf) drawn one step past the largest epsilon."""
+    arms = arms_by_label(results)
+    finite = [eps for eps in EPSILONS if eps is not None]
+    x_of = {eps: float(eps) if eps is not None else 2.0 * max(finite) for eps in EPSILONS}
+    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    ax = fig.subplots()
+    for i, method in enumerate(METHODS):
+        points = [(x_of[eps], arms[arm_label(method, eps)]["estimate"]) for eps in EPSILONS
+                  if arm_label(method, eps) in arms and arms[arm_label(method, eps)]["seeds"]]
+        if not points:
+            continue
+        xs, means = [x for x, _ in points], [e["mean"] for _, e in points]
+        low = [m - (e["low"] if e["low"] is not None else m) for m, (_, e) in zip(means, points)]
+        high = [(e["high"] if e["high"] is not None else m) - m for m, (_, e) in zip(means, points)]
+        ax.errorbar(xs, means, yerr=[low, high], marker="o", capsize=4, color=f"C{i}",
+                    label=f"{method} ({ACCURACIES[METHODS[method][1]]})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([x_of[eps] for eps in EPSILONS],
+                  [f"{eps:g}" if eps is not None else "∞ (no DP)" for eps in EPSILONS])
+    ax.set(xlabel="ε (user-level, central DP)", ylabel="client accuracy, mean over clients (%)", ylim=(0, 100),
+           title="Accuracy against ε (mean over seeds, 95% interval)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="lower right")
+    fig.savefig(path, dpi=100)
+
+
+def setting(config: RunConfig) -> str:
+    """The setting in words, from the runs' own config (the ε = 1 FedAvg run of seed 0, as planned)."""
+    d, t, p = config.data, config.train, config.privacy
+    assert p is not None
+    delta = p.delta if p.delta is not None else d.num_clients ** -1.1
+    k = getattr(d.partition, "k", None)  # the classes partition's classes per client
+    return (f"{d.dataset}, {d.num_clients} clients ({d.partition.name} partition{f', k = {k}' if k else ''}), "
+            f"model {config.model.name}, "
+            f"{t.rounds} rounds of {t.local_epochs} local epoch(s) at batch {t.batch_size}, "
+            f"{t.sampling} sampling q = {t.fraction:g} (about {t.fraction * d.num_clients:.0f} clients a round), "
+            f"weights {t.weighting}; central DP, clip norm C = {p.clip_norm:g}, δ = {delta:.3g} "
+            f"({'1/N^1.1' if p.delta is None else 'set'}), accountant {p.accountant}, the noise multiplier calibrated "
+            "to each ε over the run's rounds")
+
+
+def section(results: dict, privacy: dict[str, dict[str, list[float]]], config: RunConfig, figure_rel: str) -> str:
+    done, total = results["runs_done"], results["runs_total"]
+    seconds = results["compute_seconds"]
+    per_run = f"; {seconds / done:.0f} s a run on average" if done else ""
+    lines = [START, "",
+             f"Written by `{results['command']}` from the kept runs (reproduction/runs/); do not edit by hand. "
+             "fedsim's own question, not a paper's reproduction.", "",
+             f"**Setting:** {setting(config)}. {results['scale_note']}.", "",
+             f"**Compute:** {done} of {total} runs finished; their rounds took {seconds / 60:.1f} min in all{per_run} "
+             "(training, aggregation and evaluation, Ray's start-up excluded, on the 2-core CPU machine shared with "
+             "other work).", "",
+             "Client accuracy in %, the final round's mean over clients, then the mean over seeds with its Student-t "
+             "95% interval. FedAvg is scored with the global model; FedPer with each client's model (shared body, "
+             "personal head); FedBABU after each client fine-tunes the received model on its own data; Ditto with "
+             "each client's personal model.", "",
+             *accuracy_table(results, privacy), "",
+             *tests_table(results), "",
+             "Each test is computed per seed (arms of one seed share the partition and the initial weights, so it is "
+             "paired), then averaged over the seeds with a Student-t 95% interval; it holds when the whole interval "
+             "lies above 0 and is decided only once every seed the claim fixes has finished.", ""]
+    explained = [c for c in results["claims"] if c["verdict"] != "reproduced" and c.get("explanation")]
+    lines += [f"*{c['title']}:* {c['explanation']}" for c in explained] + ([""] if explained else [])
+    if figure_rel:
+        lines += [f"![accuracy against epsilon per method]({figure_rel})", ""]
+    return "\n".join(lines + [END])
+
+
+def write_section(page: Path, text: str) -> None:
+    """Put ``text`` (markers included) between the page's markers, or append it under its heading where the page
+    has none (or does not exist yet)."""
+    old = page.read_text() if page.exists() else "# Privacy\n"
+    if START in old and END in old:
+        new = old[:old.index(START)] + text + old[old.index(END) + len(END):]
+    else:
+        new = old.rstrip("\n") + f"\n\n{HEADING}\n\n{text}\n"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(page, new)
+
+
+def write(results: dict, privacy: dict[str, dict[str, list[float]]], config: RunConfig, page: Path,
+          figures: Path) -> list[Path]:
+    """The figure (where any arm has finished) and the page's section; returns what was written."""
+    figures.mkdir(parents=True, exist_ok=True)
+    figure = figures / FIGURE
+    written = []
+    if any(arm["seeds"] for arm in arms_by_label(results).values()):
+        accuracy_figure(results, figure)
+        written.append(figure)
+    else:  # a figure drawn from runs that are gone would outlive its numbers
+        figure.unlink(missing_ok=True)
+    rel = _relative(figure, page.parent) if figure.exists() else ""
+    write_section(page, section(results, privacy, config, rel))
+    return [*written, page]
+
+
+def _relative(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path, start)).as_posix()
