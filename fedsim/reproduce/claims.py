@@ -154,6 +154,9 @@ class Claim:
     regime: str  # what of the paper's setting this claim keeps, and what it cuts or changes
     paper_number: str = "-"  # the paper's or a named peer's figure (with its source) to set beside fedsim's
     explanation: str = ""  # why it does not reproduce here (regime, cut, or a real difference); shown when it does not
+    # Where fedsim's level and the peer's number differ by more than the seed spread: the protocol differences that
+    # could explain it, each said measured or not (or that the difference is unexplained); always shown.
+    peer_gap: str = ""
     seeds: int = 5  # fixed before it runs: its verdict uses seeds 0..seeds-1, and is inconclusive until all finished
     counts: bool = True  # False: shown but outside the verdict count and the headline's tally (``outside`` says why)
     # Why a claim is outside the tally where it is not a smoke check: a setting the paper does not report, or a

@@ -33,7 +33,8 @@ RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed
         "more than one setting (the local optimizer at the CPU scale), a claim the counted settings decide "
         f"differently is **{DEPENDS}**, shown with both, never counted as reproduced; a setting marked untested is "
         "context only. Smoke checks, settings the paper does not report and verdicts resting on fedsim's own "
-        "reading of a table it could not read are shown with their reason, outside the tally. The arm tables show the best round's client mean beside the final round's; tests never use it. "
+        "reading of a table it could not read are shown with their reason, outside the tally. "
+        "The arm tables show the best round's client mean beside the final round's; tests never use it. "
         "It is picked on the runs' validation split (data.validation) where they have one; marked (on test), it is "
         "the best round on test, as PFLlib and the FedBABU authors report it: a number to compare with theirs, not a "
         "selection. "
@@ -162,6 +163,8 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
              f"**Here ({scale}):** {claim['regime']}", ""]
     if claim.get("paper_number", "-") != "-":
         lines += [f"**Paper's or peer's number** (beside fedsim's below): {claim['paper_number']}", ""]
+    if claim.get("peer_gap"):
+        lines += [f"**Why fedsim's level differs from the peer's:** {claim['peer_gap']}", ""]
     if not claim.get("counts", True):
         lines += [f"**Outside the tally** ({claim.get('outside') or 'a smoke check'}): shown here, outside the verdict "
                   "count and the headline's tally.", ""]
@@ -215,7 +218,8 @@ def _best_cell(arm: dict) -> str:
 def _needs_explaining(claim: dict) -> bool:
     """Failed, or undecided although every test has the seeds to decide (not merely runs still missing)."""
     enough_seeds = all(len(test["seeds"]) >= max(2, test.get("seeds_fixed", 2)) for test in _counted_tests(claim))
-    return claim["verdict"] in (NOT_REPRODUCED, NO_EFFECT, DEPENDS) or (claim["verdict"] == INCONCLUSIVE and enough_seeds)
+    undecided = claim["verdict"] == INCONCLUSIVE and enough_seeds
+    return claim["verdict"] in (NOT_REPRODUCED, NO_EFFECT, DEPENDS) or undecided
 
 
 def test_outcome(test: dict) -> str:

@@ -212,7 +212,8 @@ def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folde
     verdict = combined_verdict([s["verdict"] for s in per_setting if s["counts"]], pending)
     return {"id": claim.id, "title": claim.title, "paper_says": claim.paper_says, "regime": claim.regime,
             "paper_number": claim.paper_number, "seeds": claim.seeds, "counts": claim.counts,
-            "outside": claim.outside, "explanation": claim.explanation, "arms": arms_out, "tests": tests_out,
+            "outside": claim.outside, "explanation": claim.explanation, "peer_gap": claim.peer_gap,
+            "arms": arms_out, "tests": tests_out,
             "settings": per_setting if many else [], "verdict": verdict, "differences": diffs}
 
 

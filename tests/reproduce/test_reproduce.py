@@ -72,8 +72,8 @@ def test_what_would_fail_a_test_is_written_from_it():
     assert at_most("FedAvg", 20).fails_if() == ("fails if the interval of FedAvg lies above 20; no effect ≥ margin if "
                                                 "it lies above 18 (20 − margin 2)")
     assert trend(("a", "b", "c")).fails_if() == (
-        "fails if the interval of the slope over a → b → c lies below +0 per step; no effect ≥ margin if it lies below "
-        "+1 (0 + margin 2 over 2 steps)")
+        "fails if the interval of the slope over a → b → c lies below +0 per step; no effect ≥ margin if it lies "
+        "below +1 (0 + margin 2 over 2 steps)")
 
 
 def test_an_upper_bound_fails_when_the_arm_is_not_below_it_by_the_margin():
@@ -299,37 +299,47 @@ def test_a_tiny_claim_end_to_end(tmp_path, data_root, capsys):
     results = json.loads((tmp_path / "reproduction" / "fedper-cpu.json").read_text())
     [k4] = [c for c in results["claims"] if c["id"] == "k4"]
     markdown = report.read_text()
-    # The report's numbers are those recomputed here from the run folders.
+    # The report's numbers are those recomputed here from the run folders, at each of the claim's settings (the
+    # paper's plain SGD, counted, and the CPU base's momentum 0.9, context).
+    paper = PAPERS["fedper"]
+    claim = paper.claim("k4")
+    settings = paper.settings_of(claim, "cpu")
+    assert [s.counts for s in settings] == [True, False]
     means = {}
-    for arm in PAPERS["fedper"].claim("k4").arms:
-        means[arm.label] = [_client_mean(runs / f"fedper-cpu-{arm.run}-s{seed}") for seed in (0, 1)]
-        [reported] = [a for a in k4["arms"] if a["label"] == arm.label]
-        assert reported["per_seed_mean"] == pytest.approx(means[arm.label], abs=1e-9)
-        est = mean_ci(means[arm.label])
-        assert f"| {arm.label} | initial | {est.mean:.2f} [{est.low:.2f}, {est.high:.2f}] | " in markdown
-    gap = mean_ci([p - a for p, a in zip(means["FedPer"], means["FedAvg"])])
-    assert k4["tests"][0]["estimate"]["mean"] == pytest.approx(gap.mean)
-    assert (f"| FedPer − FedAvg > 10 | {gap.mean:+.2f} [{gap.low:.2f}, {gap.high:.2f}] | 2 | fails if the interval "
-            "of FedPer − FedAvg lies below +12 (10 + margin 2) | inconclusive |") in markdown  # 2 of its 5 seeds
+    for setting in settings:
+        for arm in claim.arms:
+            label = f"{arm.label} [{setting.label}]"
+            means[label] = [_client_mean(runs / f"fedper-cpu-{arm.run}{setting.suffix}-s{seed}") for seed in (0, 1)]
+            [reported] = [a for a in k4["arms"] if a["label"] == label]
+            assert reported["per_seed_mean"] == pytest.approx(means[label], abs=1e-9)
+            est = mean_ci(means[label])
+            assert f"| {label} | initial | {est.mean:.2f} [{est.low:.2f}, {est.high:.2f}] | " in markdown
+    sgd = settings[0].label
+    gap = mean_ci([p - a for p, a in zip(means[f"FedPer [{sgd}]"], means[f"FedAvg [{sgd}]"])])
+    assert k4["tests"][0]["estimate"]["mean"] == pytest.approx(gap.mean) and k4["tests"][0]["counts"]
+    assert (f"| FedPer − FedAvg > 10 [{sgd}] | {gap.mean:+.2f} [{gap.low:.2f}, {gap.high:.2f}] | 2 | fails if the "
+            "interval of FedPer − FedAvg lies below +10; no effect ≥ margin if it lies below +12 (10 + margin 2) | "
+            "inconclusive |") in markdown  # 2 of its 5 seeds
     assert k4["verdict"] == INCONCLUSIVE and "Seeds: 2 of 5 finished" in markdown
     assert (tmp_path / "reproduction" / "fedper-cpu-k4.png").stat().st_size > 0
     assert "train.rounds=2" in markdown  # the report says how these runs were cut
     # Each arm's receipt, from its runs' stored configs, and what else than the method the arms differ in.
     receipts = {arm["label"]: arm["receipt"] for arm in k4["arms"]}
-    assert receipts["FedPer"]["seeds"] == "0, 1" and receipts["FedPer"]["rounds"] == "2"
-    assert receipts["FedAvg"]["round"].startswith("final; best round on test")
+    assert receipts[f"FedPer [{sgd}]"]["seeds"] == "0, 1" and receipts[f"FedPer [{sgd}]"]["rounds"] == "2"
+    assert receipts[f"FedAvg [{sgd}]"]["round"].startswith("final; best round on test")
     assert "algorithm.name" in k4["differences"] and "seed" not in k4["differences"]
-    assert "| FedPer | fedper" in markdown and f"The arms differ in: {', '.join(k4['differences'])}." in markdown
+    assert f"| FedPer [{sgd}] | fedper" in markdown and f"The arms differ in: {', '.join(k4['differences'])}." in markdown
 
     # Again: every run is finished and skipped. An interrupted run (no summary yet) resumes to the same numbers.
-    interrupted = runs / "fedper-cpu-k4-fedper-s1"
+    interrupted = runs / "fedper-cpu-k4-fedper-sgd-s1"
     (interrupted / "summary.json").unlink()
     capsys.readouterr()
     assert main(argv) == 0
     out = capsys.readouterr().out
-    k4_runs = 2 * len(PAPERS["fedper"].runs_of((PAPERS["fedper"].claim("k4"),)))  # 2 seeds of each of its runs
-    assert out.count("finished, skipped") == k4_runs - 1 and "fedper-cpu-k4-fedper-s1: resuming" in out
-    assert _client_mean(interrupted) == pytest.approx(means["FedPer"][1], abs=0)
+    k4_runs = 2 * len(paper.runs_of((claim,), "cpu"))  # 2 seeds of each of its runs, at both settings
+    assert k4_runs == 8
+    assert out.count("finished, skipped") == k4_runs - 1 and "fedper-cpu-k4-fedper-sgd-s1: resuming" in out
+    assert _client_mean(interrupted) == pytest.approx(means[f"FedPer [{sgd}]"][1], abs=0)
     [k4_after] = [c for c in json.loads((tmp_path / "reproduction" / "fedper-cpu.json").read_text())["claims"]
                   if c["id"] == "k4"]
     assert headline_block(report.read_text()) == headline_block(markdown)
