@@ -153,8 +153,11 @@ def _progress(results: list[dict]) -> str:
 
     done = "; ".join(f"{r['paper']} ({r['scale']}) {r['runs_done']} of {r['runs_total']} runs{cap(r)}"
                      for r in results)
-    return (f"Runs finished: {done}. Each claim fixes its seeds before it runs; it is decided only once all of them "
-            "have finished.")
+    hours = sum(r["compute_seconds"] for r in results) / 3600
+    left = sum(r["runs_total"] - r["runs_done"] for r in results)
+    return (f"Runs finished: {done}. Total compute: {hours:.1f} h of rounds over the finished runs (summed over runs "
+            f"that shared a 2-core machine); {left} runs left (`--dry-run` estimates their time). Each claim fixes its "
+            "seeds before it runs; it is decided only once all of them have finished.")
 
 
 def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:

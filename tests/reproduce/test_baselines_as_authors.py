@@ -138,3 +138,13 @@ def test_fedbabus_method_comparisons_are_decided_at_both_momentum_settings(tmp_p
 @pytest.mark.parametrize("paper", [BABU, PER])
 def test_every_arm_names_a_run_of_its_paper(paper):
     assert all(arm.run in paper.runs for claim in paper.claims for arm in claim.arms)
+
+
+@pytest.mark.parametrize("paper, scale, folders", [(PER, "cpu", 38), (PER, "paper", 19), (BABU, "cpu", 55),
+                                                   (BABU, "paper", 35)])
+def test_the_suites_plan_counts_each_settings_runs_once(paper, scale, folders, tmp_path):
+    """What `--dry-run` lists: at the CPU scale FedPer's 19 run folders at plain SGD and at momentum 0.9 (K_P = 1 is
+    the base run), FedBABU's 35 as declared plus the 20 plain-SGD runs of its method comparisons; at paper scale
+    the runs as declared; 5 seeds each."""
+    planned = plan(paper, paper.claims, scale, None, tmp_path)
+    assert len({p.key for p in planned}) == folders and len(planned) == 5 * folders
