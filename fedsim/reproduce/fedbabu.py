@@ -92,8 +92,10 @@ APPF_CPU_ENGINE: Overrides = {"engine.workers": 2, "engine.cpus_per_worker": 1}
 # baseline. Read from its code (adap/flower baselines/fedbabu at 2fb0ae9970: pyproject.toml, server_app.py,
 # client_app.py, task.py), not measured here.
 FLOWER_APPF = (
-    "Not measured, so unexplained by measurement; read from Flower's code (adap/flower baselines/fedbabu, commit "
-    "2fb0ae9970), three protocol differences could explain ~20 points. (1) Its lr schedule: server_app.py multiplies "
+    "Not measured, so unexplained by measurement. Read from Flower's code (adap/flower baselines/fedbabu, commit "
+    "2fb0ae9970): its 100 clients, f = 0.1, 80 rounds, tau = 4, 5 fine-tuning epochs, batch 50, momentum 0.9 and "
+    "4convNet are fedsim's, so neither round count, fine-tuning epochs nor data fraction differs; three other "
+    "protocol differences could explain ~20 points. (1) Its lr schedule: server_app.py multiplies "
     "the configured 0.1 by 0.1 only in the two rounds where round + 1 is 40 or 60, so it trains at lr 0.1 in 78 of "
     "80 rounds; the authors (and fedsim) decay it to 0.01 at round 40 and to 0.001 at round 60. (2) Its fine-tuning: "
     "client_app.py fine-tunes the whole network 5 epochs at the round's lr (0.1 at round 80), momentum 0.9, for both "
