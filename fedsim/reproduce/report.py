@@ -198,8 +198,10 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
     if fails:
         lines += ["", f"**What would have failed it:** any test failing: {'; '.join(fails)}."]
     for setting in claim.get("settings", []):
-        lines += ["", f"At {setting['label']}: {setting['verdict']}" + ("" if setting["counts"] else
-                                                                     " (untested context, not counted)") + "."]
+        done = min(len(t["seeds"]) for t in claim["tests"] if t.get("setting") == setting["label"])
+        context = "" if setting["counts"] else ", untested context, not counted"
+        lines += ["", f"At {setting['label']}: {setting['verdict']} ({done} of {_seeds_fixed(claim)} seeds "
+                      f"finished{context})."]
     outside = "" if claim.get("counts", True) else " (outside the tally)"
     lines += ["", f"**Verdict: {claim['verdict']}{outside}.**", ""]
     if claim["explanation"] and _needs_explaining(claim):

@@ -424,3 +424,23 @@ def test_a_claim_without_finished_runs_loses_an_older_figure(tmp_path):
     results = {"paper": "fedper", "scale": "cpu", "claims": [{"id": "k4", "arms": [{"label": "FedAvg", "seeds": []}]}]}
     write_results(results, tmp_path)
     assert not stale.exists() and "figure" not in results["claims"][0]
+
+
+def test_a_claim_at_two_settings_shows_each_verdict_with_both_numbers():
+    def test(setting: str, values: list[float], counts: bool = True) -> dict:
+        result = _test_result(greater("A", "B"), _arms(A=values, B=[0.0] * len(values)), seeds=5)
+        return {**result, "text": f"A − B > 0 [{setting}]", "setting": setting, "counts": counts}
+
+    tests = [test("m 0.9", [5.0, 6.0, 5.5, 6.5, 5.0]), test("plain SGD", [0.3, -0.2, 0.1, 0.0, -0.1])]
+    settings = [{"label": "m 0.9", "counts": True, "verdict": claim_verdict(tests[:1])},
+                {"label": "plain SGD", "counts": True, "verdict": claim_verdict(tests[1:])}]
+    verdict = combined_verdict([s["verdict"] for s in settings], pending=False)
+    claim = {"id": "c", "title": "C", "paper_says": "p", "regime": "r", "arms": [], "tests": tests, "seeds": 5,
+             "settings": settings, "verdict": verdict, "explanation": "", "counts": True, "paper_number": "-"}
+    assert verdict == DEPENDS
+    section = "\n".join(_claim_section(claim, "cpu", "reproduction"))
+    assert "At m 0.9: reproduced (5 of 5 seeds finished)." in section
+    assert f"At plain SGD: {NO_EFFECT} (5 of 5 seeds finished)." in section
+    assert f"**Verdict: {DEPENDS}.**" in section and "| no effect ≥ 2 points: interval [" in section
+    [row] = headline_rows([{"paper": "p", "scale": "cpu", "claims": [claim]}])[2:]
+    assert "+5.60 [" in row and "(m 0.9); +0.02 [" in row and "(plain SGD)" in row and f"**{DEPENDS}**" in row
