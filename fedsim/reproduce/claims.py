@@ -213,7 +213,10 @@ class Paper:
         varied = [arm.run for claim in self.claims if claim.at_settings for arm in claim.arms]
         keys = [key for key in self.runs if key in varied]
         extra = {key: value for settings in self.settings.values() for setting in settings if setting.suffix
-                 for key, value in at_setting(self.runs, keys, setting).items() if key not in self.runs}
+                 for key, value in at_setting(self.runs, keys, setting).items()}
+        taken = sorted(set(extra) & set(self.runs))
+        if taken:  # a declared run would silently stand in for the run at that setting
+            raise ValueError(f"{self.key}: run {taken[0]!r} is declared and also a run at a setting; rename one")
         object.__setattr__(self, "runs", {**self.runs, **extra})
 
     def settings_of(self, claim: Claim, scale: str) -> tuple[Setting, ...]:

@@ -148,3 +148,12 @@ def test_the_suites_plan_counts_each_settings_runs_once(paper, scale, folders, t
     the runs as declared; 5 seeds each."""
     planned = plan(paper, paper.claims, scale, None, tmp_path)
     assert len({p.key for p in planned}) == folders and len(planned) == 5 * folders
+
+
+def test_a_setting_never_reuses_a_declared_runs_name():
+    from fedsim.reproduce.claims import Arm, Claim, Paper, Setting
+
+    claim = Claim("c", "c", "-", (Arm("A", "a"),), (), "-")
+    with pytest.raises(ValueError, match="'a-m0' is declared and also a run at a setting"):
+        Paper("toy", "toy", PER.bases, {"a": {}, "a-m0": {"data.k": 8}}, (claim,),
+              settings={"cpu": (Setting("", "as declared"), Setting("-m0", "plain SGD", {"train.body.momentum": 0.0}))})
