@@ -8,7 +8,7 @@ orthogonal-head claim's tested pair."""
 import pytest
 
 from fedsim.reproduce import PAPERS
-from fedsim.reproduce.claims import AS_DECLARED
+from fedsim.reproduce.claims import AS_DECLARED, Arm, Claim, Paper, Setting
 from fedsim.reproduce.runner import folder_keys, plan, run_trees
 
 BABU, PER = PAPERS["fedbabu"], PAPERS["fedper"]
@@ -151,8 +151,6 @@ def test_the_suites_plan_counts_each_settings_runs_once(paper, scale, folders, t
 
 
 def test_a_setting_never_reuses_a_declared_runs_name():
-    from fedsim.reproduce.claims import Arm, Claim, Paper, Setting
-
     claim = Claim("c", "c", "-", (Arm("A", "a"),), (), "-")
     with pytest.raises(ValueError, match="'a-m0' is declared and also a run at a setting"):
         Paper("toy", "toy", PER.bases, {"a": {}, "a-m0": {"data.k": 8}}, (claim,),
