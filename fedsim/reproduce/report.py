@@ -15,7 +15,7 @@ from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.receipt import receipt_table
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN
-from fedsim.reproduce.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from fedsim.reproduce.verdicts import DEPENDS, INCONCLUSIVE, NO_EFFECT, NOT_REPRODUCED, REPRODUCED
 
 HEADLINE_START, HEADLINE_END = "<!-- headline:start -->", "<!-- headline:end -->"
 RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed per seed from the **final round** - "
@@ -23,12 +23,18 @@ RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed
         "seeds with a Student-t 95% interval. A monotone claim over ordered arms is one trend test: per seed the "
         "least-squares slope of the arms' statistic on their rank (0, 1, ...), in points per step. A test **holds** "
         "when the whole interval lies above its threshold; it **fails** when the whole interval lies below the "
-        f"threshold plus an equivalence margin ({MARGIN:g} points, spread over the steps of a trend: any effect there "
-        "is smaller than the smallest that counts, so a true null comes out not reproduced); it is **inconclusive** "
-        "otherwise, and always until every seed the claim fixes has finished. Each claim fixes its seeds before "
-        "it runs (seeds 0..n-1, never grown until a test clears). A claim is **reproduced** when all its tests "
-        "hold, **not reproduced** when any fails, otherwise inconclusive. A smoke check is shown but is outside "
-        "the tally. The arm tables show the best round's client mean beside the final round's; tests never use it. "
+        "threshold (the opposite direction); it shows **no effect ≥ margin** when the interval lies below the "
+        f"threshold plus an equivalence margin ({MARGIN:g} points, spread over the steps of a trend) but not wholly "
+        "below the threshold: any effect is smaller than the smallest that counts, which neither confirms nor "
+        "refutes the claim; it is **inconclusive** otherwise, and always until every seed the claim fixes has "
+        "finished. Each claim fixes its seeds before it runs (seeds 0..n-1, never grown until a test clears). A "
+        "claim is **reproduced** when all its tests hold, **not reproduced** when any fails, **no effect ≥ margin** "
+        "when none fails and one shows no effect, otherwise inconclusive. Where a paper's claims are decided at "
+        "more than one setting (the local optimizer at the CPU scale), a claim the counted settings decide "
+        f"differently is **{DEPENDS}**, shown with both, never counted as reproduced; a setting marked untested is "
+        "context only. Smoke checks, settings the paper does not report and verdicts resting on fedsim's own "
+        "reading of a table it could not read are shown with their reason, outside the tally. "
+        "The arm tables show the best round's client mean beside the final round's; tests never use it. "
         "It is picked on the runs' validation split (data.validation) where they have one; marked (on test), it is "
         "the best round on test, as PFLlib and the FedBABU authors report it: a number to compare with theirs, not a "
         "selection. "
@@ -39,7 +45,7 @@ RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed
 
 def claim_figure(claim: dict, path: Path) -> None:
     """Bars: mean over seeds with the 95% interval; dots: each seed's mean over clients."""
-    arms = [a for a in claim["arms"] if a["seeds"]]
+    arms = [a for a in claim["arms"] if a["seeds"] and a.get("unit") != "rounds"]  # accuracies: rounds are no bar
     fig = Figure(figsize=(max(5.5, 1.3 * len(arms) + 2), 4.4), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(arms))
@@ -88,13 +94,29 @@ def _seeds_fixed(claim: dict) -> int | None:
 
 def _seeds_done(claim: dict) -> str:
     """"x of n": the seeds every test of the claim has finished, of those it fixes."""
-    done = min((len(t["seeds"]) for t in claim["tests"]), default=0)
+    done = min((len(t["seeds"]) for t in _counted_tests(claim)), default=0)
     fixed = _seeds_fixed(claim)
     return f"{done} of {fixed}" if fixed is not None else str(done)
 
 
 def _shown_verdict(claim: dict) -> str:
-    return f"**{claim['verdict']}**" if claim.get("counts", True) else f"smoke check, not counted: {claim['verdict']}"
+    if not claim.get("counts", True):
+        return f"outside the tally ({claim.get('outside') or 'smoke check'}): {claim['verdict']}"
+    return f"**{claim['verdict']}**"
+
+
+def _counted_tests(claim: dict) -> list[dict]:
+    return [t for t in claim["tests"] if t.get("counts", True)]
+
+
+def _first_tests(claim: dict) -> str:
+    """The first counted test's interval at each counted setting (one without settings: its first test)."""
+    shown: dict[str | None, dict] = {}
+    for test in _counted_tests(claim):
+        shown.setdefault(test.get("setting"), test)
+    many = len(shown) > 1
+    return "; ".join(_interval(t["estimate"], signed=True) + (f" ({t['setting']})" if many else "")
+                     for t in shown.values())
 
 
 def headline_rows(results: list[dict]) -> list[str]:
@@ -102,21 +124,26 @@ def headline_rows(results: list[dict]) -> list[str]:
              "finished | verdict |", "|---|---|---|---|---|---|---|---|"]
     for res in results:
         for claim in res["claims"]:
-            first = claim["tests"][0]
+            first = _counted_tests(claim)[0]
+            text = first["text"].removesuffix(f" [{first['setting']}]") if first.get("setting") else first["text"]
             lines.append(f"| {res['paper']} | {res['scale']} | {claim['title']} | {claim['paper_number']} | "
-                         f"{first['text']} | {_interval(first['estimate'], signed=True)} | {_seeds_done(claim)} | "
-                         f"{_shown_verdict(claim)} |")
+                         f"{text} | {_first_tests(claim)} | {_seeds_done(claim)} | {_shown_verdict(claim)} |")
     return lines
 
 
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, NO_EFFECT, DEPENDS, INCONCLUSIVE)
+
+
 def tally(results: list[dict]) -> str:
-    """The counted claims by verdict; smoke checks (counts=False) are named apart."""
+    """The counted claims by verdict; the claims outside the tally (counts=False) named apart, with their reason."""
     counted = [c for r in results for c in r["claims"] if c.get("counts", True)]
-    smoke = sum(1 for r in results for c in r["claims"] if not c.get("counts", True))
-    by = {v: sum(1 for c in counted if c["verdict"] == v) for v in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)}
-    line = (f"Of {len(counted)} claims: {by[REPRODUCED]} reproduced, {by[NOT_REPRODUCED]} not reproduced, "
-            f"{by[INCONCLUSIVE]} inconclusive")
-    return line + (f"; {smoke} smoke check{'s' if smoke != 1 else ''} outside the count." if smoke else ".")
+    outside = [c for r in results for c in r["claims"] if not c.get("counts", True)]
+    by = {v: sum(1 for c in counted if c["verdict"] == v) for v in VERDICTS}
+    line = f"Of {len(counted)} claims: " + ", ".join(f"{by[v]} {v}" for v in VERDICTS)
+    if not outside:
+        return line + "."
+    return line + "; outside the tally: " + "; ".join(
+        f"`{c['id']}` ({c.get('outside') or 'smoke check'})" for c in outside) + "."
 
 
 def _progress(results: list[dict]) -> str:
@@ -126,8 +153,11 @@ def _progress(results: list[dict]) -> str:
 
     done = "; ".join(f"{r['paper']} ({r['scale']}) {r['runs_done']} of {r['runs_total']} runs{cap(r)}"
                      for r in results)
-    return (f"Runs finished: {done}. Each claim fixes its seeds before it runs; it is decided only once all of them "
-            "have finished.")
+    hours = sum(r["compute_seconds"] for r in results) / 3600
+    left = sum(r["runs_total"] - r["runs_done"] for r in results)
+    return (f"Runs finished: {done}. Total compute: {hours:.1f} h of rounds over the finished runs (summed over runs "
+            f"that shared a 2-core machine); {left} runs left (`--dry-run` estimates their time). Each claim fixes its "
+            "seeds before it runs; it is decided only once all of them have finished.")
 
 
 def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
@@ -136,12 +166,20 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
              f"**Here ({scale}):** {claim['regime']}", ""]
     if claim.get("paper_number", "-") != "-":
         lines += [f"**Paper's or peer's number** (beside fedsim's below): {claim['paper_number']}", ""]
+    if claim.get("peer_gap"):
+        lines += [f"**Why fedsim's level differs from the peer's:** {claim['peer_gap']}", ""]
     if not claim.get("counts", True):
-        lines += ["**A smoke check:** shown here, outside the verdict count and the headline's tally.", ""]
+        lines += [f"**Outside the tally** ({claim.get('outside') or 'a smoke check'}): shown here, outside the verdict "
+                  "count and the headline's tally.", ""]
     lines += [f"Seeds: {_seeds_done(claim)} finished" + (f" (the claim fixes seeds 0..{fixed - 1})." if fixed else "."),
               "", "| arm | accuracy | final round: mean % [95% CI] | best round: mean % [95% CI] | seeds | client std | "
               "client min | client p10 |", "|---|---|---|---|---|---|---|---|"]
     for arm in claim["arms"]:
+        if arm.get("unit") == "rounds":  # a speed: one value per seed, no clients to spread
+            lines.append(f"| {arm['label']} | {ACCURACIES[arm['metric']]}: rounds to {arm['to_fraction']:.0%} of "
+                         f"its own final | {_interval(arm.get('estimate'))} rounds | - | {len(arm['seeds'])} | "
+                         "- | - | - |")
+            continue
         spread = [f"{arm[f'client_{k}']:.2f}" if arm["seeds"] else "-" for k in ("std", "min", "p10")]
         lines.append(f"| {arm['label']} | {ACCURACIES[arm['metric']]} | {_interval(arm.get('estimate'))} | "
                      f"{_best_cell(arm)} | {len(arm['seeds'])} | {' | '.join(spread)} |")
@@ -153,13 +191,19 @@ def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
     lines += ["", "| test (final round) | mean [95% CI] | seeds | what would have failed it | result |",
               "|---|---|---|---|---|"]
     for test in claim["tests"]:
+        context = "" if test.get("counts", True) else " (untested context)"
         lines.append(f"| {test['text']} | {_interval(test['estimate'], signed=True)} | {len(test['seeds'])} | "
-                     f"{test.get('fails_if', '-')} | {test['verdict']} |")
-    fails = [t["fails_if"] for t in claim["tests"] if t.get("fails_if")]
+                     f"{test.get('fails_if', '-')} | {test_outcome(test)}{context} |")
+    fails = list(dict.fromkeys(t["fails_if"] for t in _counted_tests(claim) if t.get("fails_if")))
     if fails:
         lines += ["", f"**What would have failed it:** any test failing: {'; '.join(fails)}."]
-    lines += ["", f"**Verdict: {claim['verdict']}{'' if claim.get('counts', True) else ' (smoke check, not counted)'}"
-              ".**", ""]
+    for setting in claim.get("settings", []):
+        done = min(len(t["seeds"]) for t in claim["tests"] if t.get("setting") == setting["label"])
+        context = "" if setting["counts"] else ", untested context, not counted"
+        lines += ["", f"At {setting['label']}: {setting['verdict']} ({done} of {_seeds_fixed(claim)} seeds "
+                      f"finished{context})."]
+    outside = "" if claim.get("counts", True) else " (outside the tally)"
+    lines += ["", f"**Verdict: {claim['verdict']}{outside}.**", ""]
     if claim["explanation"] and _needs_explaining(claim):
         lines += [f"*Why:* {claim['explanation']}", ""]
     if "figure" in claim:
@@ -178,8 +222,18 @@ def _best_cell(arm: dict) -> str:
 
 def _needs_explaining(claim: dict) -> bool:
     """Failed, or undecided although every test has the seeds to decide (not merely runs still missing)."""
-    enough_seeds = all(len(test["seeds"]) >= max(2, test.get("seeds_fixed", 2)) for test in claim["tests"])
-    return claim["verdict"] == NOT_REPRODUCED or (claim["verdict"] == INCONCLUSIVE and enough_seeds)
+    enough_seeds = all(len(test["seeds"]) >= max(2, test.get("seeds_fixed", 2)) for test in _counted_tests(claim))
+    undecided = claim["verdict"] == INCONCLUSIVE and enough_seeds
+    return claim["verdict"] in (NOT_REPRODUCED, NO_EFFECT, DEPENDS) or undecided
+
+
+def test_outcome(test: dict) -> str:
+    """A test's result in words: an equivalence outcome says what it is, with its interval."""
+    if test["verdict"] != NO_EFFECT or test["estimate"] is None:
+        return test["verdict"]
+    unit = f" {test['unit']}" if test.get("unit") else " points"
+    return (f"no effect ≥ {test['margin_total']:g}{unit}: interval [{test['estimate']['low']:.2f}, "
+            f"{test['estimate']['high']:.2f}]")
 
 
 def _paper_section(res: dict, figures_rel: str) -> list[str]:

@@ -125,9 +125,9 @@ def plan(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int | None,
                 raise ConfigError(f"reproduce: {paper.key} run {key!r} starts from run {dep!r}, which the paper does "
                                   f"not define; name one of {sorted(trees)}")
     needs = {key: list(dict.fromkeys(folders[dep] for dep in needs_of(tree))) for key, tree in trees.items()}
-    keys = dependency_order(list(dict.fromkeys(folders[key] for key in paper.runs_of(claims))), needs)
+    keys = dependency_order(list(dict.fromkeys(folders[key] for key in paper.runs_of(claims, scale))), needs)
     count: dict[str, int] = {}
-    for key, n in paper.seeds_of(claims, seeds).items():
+    for key, n in paper.seeds_of(claims, scale, seeds).items():
         count[folders[key]] = max(count.get(folders[key], 0), n)
     for key in reversed(keys):  # a needed run comes before the runs needing it: it gets their seeds
         for dep in needs[key]:
@@ -288,6 +288,18 @@ def client_values_at(folder: Path, metric: str, at: int | float) -> list[float] 
         raise ValueError(f"{folder}: metrics.jsonl has no {metric} for round {round_idx} (the run did not evaluate "
                          "that round: set train.eval_every so that it does)")
     return [float(r[metric]) for r in rows]
+
+
+def client_means(folder: Path, metric: str) -> dict[int, float] | None:
+    """Evaluation round -> client-mean accuracy (0..1) of a finished run, from its metrics.jsonl (a row per client
+    per evaluation round), or None when the run has not finished: the run's curve."""
+    if read_summary(folder) is None:
+        return None
+    by_round: dict[int, list[float]] = {}
+    for row in read_jsonl(folder / runfiles.METRICS):
+        if metric in row:
+            by_round.setdefault(int(row["round"]), []).append(float(row[metric]))
+    return {r: sum(v) / len(v) for r, v in by_round.items()}
 
 
 def run_seconds(folder: Path) -> float:

@@ -1,12 +1,14 @@
 """Issue 28 item 1, the remaining baselines as their authors run them (planning and config checks, no runs):
 FedRep personalized by a rerun of its own update (the FedBABU authors' main_fedrep.py / LocalUpdateFedRep,
-momentum 0.5 from utils/options.py since run_fedrep.sh passes none); FedPer's CPU optimizer deviation stated in
-every claim and measured by a plain-SGD pair; FedBABU's fixed head at nn.Linear's default row norm
+momentum 0.5 from utils/options.py since run_fedrep.sh passes none); FedPer decided at the paper's plain SGD, its CPU
+momentum 0.9 runs shown as context (issue 48); FedBABU's method comparisons at both momentum settings; FedBABU's
+fixed head at nn.Linear's default row norm
 (`head_init: orthogonal_scaled`) wherever FedBABU meets a default-initialised baseline, unit rows only in the
 orthogonal-head claim's tested pair."""
 import pytest
 
 from fedsim.reproduce import PAPERS
+from fedsim.reproduce.claims import AS_DECLARED, Arm, Claim, Paper, Setting
 from fedsim.reproduce.runner import folder_keys, plan, run_trees
 
 BABU, PER = PAPERS["fedbabu"], PAPERS["fedper"]
@@ -48,29 +50,36 @@ def test_fedbabu_best_states_fedreps_protocol_and_its_residual_difference():
 
 # -- FedPer ------------------------------------------------------------------------------------------------------
 
-def test_fedper_cpu_base_keeps_momentum_and_every_claim_states_it_and_the_batchnorm_averaging(tmp_path):
-    base = _configs(PER, ("k4",), "cpu", tmp_path)["k4-fedper"]
-    assert (base.train.body.momentum, base.train.batch_size, base.model.batchnorm) == (0.9, 50, None)  # None: averaged
+def test_fedper_cpu_optimizers_are_stated_in_every_claim_with_the_batchnorm_averaging(tmp_path):
+    runs = _configs(PER, ("k4",), "cpu", tmp_path)
+    assert (runs["k4-fedper"].train.body.momentum, runs["k4-fedper-sgd"].train.body.momentum) == (0.9, 0.0)
+    base = runs["k4-fedper-sgd"]
+    assert (base.train.batch_size, base.model.batchnorm) == (50, None)  # None: averaged
     for claim in PER.claims:
         assert "momentum 0.9" in claim.regime and "plain SGD" in claim.regime, claim.id
         assert "BatchNorm's running statistics" in claim.regime and "averaged" in claim.regime, claim.id
     assert "momentum 0.9" in PER.scale_notes["cpu"]
 
 
-def test_claim_k4_shows_the_papers_plain_sgd_as_untested_rows(tmp_path):
-    k4 = PER.claim("k4")
-    tested = {label for test in k4.tests for label, _ in test.terms}
-    assert tested == {"FedAvg", "FedPer"}
-    assert {k4.arm("FedAvg, plain SGD").run, k4.arm("FedPer, plain SGD").run} == {"k4-fedavg-sgd", "k4-fedper-sgd"}
-    trees = run_trees(PER, "cpu")
-    for sgd, base in (("k4-fedavg-sgd", "k4-fedavg"), ("k4-fedper-sgd", "k4-fedper")):
-        assert trees[sgd]["train"]["body"]["momentum"] == trees[sgd]["train"]["head"]["momentum"] == 0.0
-        # only the momentum differs from the tested run
-        changed = {part: {**trees[sgd]["train"][part], "momentum": 0.9} for part in ("body", "head")}
-        assert {**trees[sgd], "train": {**trees[sgd]["train"], **changed}} == trees[base], sgd
-    # The paper scale already runs plain SGD: the pair are the tested runs there (one folder each).
-    paper = folder_keys(run_trees(PER, "paper"))
-    assert (paper["k4-fedavg-sgd"], paper["k4-fedper-sgd"]) == ("k4-fedavg", "k4-fedper")
+@pytest.mark.parametrize("scale", ["cpu", "paper"])
+def test_every_fedper_claim_is_decided_at_the_papers_plain_sgd(scale, tmp_path):
+    """Issue 48 item 1: every counted run of every FedPer claim has momentum 0 (Algorithm 1, lr 0.01); at the CPU
+    scale the base's momentum 0.9 runs are shown beside it as untested context, and differ in the momentum only."""
+    trees, folders = run_trees(PER, scale), folder_keys(run_trees(PER, scale))
+    for claim in PER.claims:
+        settings = PER.settings_of(claim, scale)
+        counted = [s for s in settings if s.counts]
+        assert len(counted) == 1, claim.id
+        for arm in claim.arms:
+            tree = trees[folders[arm.run + counted[0].suffix]]
+            assert tree["train"]["body"]["momentum"] == tree["train"]["head"]["momentum"] == 0.0, (claim.id, arm.run)
+            assert tree["train"]["body"]["lr"] == 0.01, (claim.id, arm.run)
+            for context in (s for s in settings if not s.counts):
+                other = trees[arm.run + context.suffix]
+                momentum = {part: {**other["train"][part], "momentum": 0.0} for part in ("body", "head")}
+                assert {**other, "train": {**other["train"], **momentum}} == tree, (claim.id, arm.run)
+    if scale == "paper":  # plain SGD is the paper scale's base: read as declared, nothing else
+        assert all(PER.settings_of(c, scale) == (AS_DECLARED,) for c in PER.claims)
 
 
 # -- FedBABU's head ----------------------------------------------------------------------------------------------
@@ -86,7 +95,8 @@ def test_every_fedbabu_run_has_the_default_inits_row_norm_but_the_unit_norm_pair
             and runs[folders[key]].algorithm.name in ("fedbabu", "fedprox_babu")}
     assert "fedprox_babu-f1" in babu and "pfllib-fedbabu" in babu and set(UNIT) <= set(babu)
     for key, folder in babu.items():
-        assert runs[folder].algorithm.params.get("head_init") == UNIT.get(key, "orthogonal_scaled"), key
+        assert runs[folder].algorithm.params.get("head_init") == \
+            UNIT.get(key.removesuffix("-m0"), "orthogonal_scaled"), key
 
 
 def test_the_orthogonal_head_claim_tests_unit_rows_and_shows_the_scaled_head_untested():
@@ -98,6 +108,50 @@ def test_the_orthogonal_head_claim_tests_unit_rows_and_shows_the_scaled_head_unt
         assert "orthogonal_scaled" in BABU.claim(claim_id).regime, claim_id
 
 
+# -- FedBABU's optimizer ------------------------------------------------------------------------------------------
+
+COMPARE_METHODS = ("fedbabu-best", "finetune-part", "orthogonal-head", "dirichlet", "fedprox-babu")
+
+
+def test_fedbabus_method_comparisons_are_decided_at_both_momentum_settings(tmp_path):
+    """Issue 48 item 1: at the CPU scale each claim comparing methods counts momentum 0.9 (the authors') and plain SGD
+    alike, with only the local optimizer's momentum changed (the evaluation's fine-tuning keeps 0.9, as App. D);
+    App. F, App. D and the claims that vary FedAvg's setting alone are read as declared."""
+    for claim in BABU.claims:
+        settings = BABU.settings_of(claim, "cpu")
+        if claim.id in COMPARE_METHODS:
+            assert [(s.suffix, s.counts) for s in settings] == [("", True), ("-m0", True)], claim.id
+        else:
+            assert settings == (AS_DECLARED,), claim.id
+    runs = _configs(BABU, COMPARE_METHODS, "cpu", tmp_path)
+    for key in ("fedavg", "fedbabu", "fedper", "fedrep", "lg_fedavg", "dir0.1-fedbabu", "fedprox_babu-f1"):
+        plain, authors = runs[f"{key}-m0"], runs[key]
+        assert plain.train.body.momentum == plain.train.head.momentum == 0.0, key
+        assert plain.eval.finetune_momentum == authors.eval.finetune_momentum, key
+        same_start = plain.model.model_copy(update={"init_from": authors.model.init_from})  # its own setting's FedAvg
+        assert plain.model_copy(update={"train": authors.train, "name": authors.name, "model": same_start}) == authors
+    # LG-FedAvg starts from FedAvg's model at the same setting
+    assert runs["lg_fedavg-m0"].model.init_from.endswith("fedbabu-cpu-fedavg-m0-s0")
+    assert all(BABU.settings_of(c, "paper") == (AS_DECLARED,) for c in BABU.claims)
+
+
 @pytest.mark.parametrize("paper", [BABU, PER])
 def test_every_arm_names_a_run_of_its_paper(paper):
     assert all(arm.run in paper.runs for claim in paper.claims for arm in claim.arms)
+
+
+@pytest.mark.parametrize("paper, scale, folders", [(PER, "cpu", 38), (PER, "paper", 19), (BABU, "cpu", 55),
+                                                   (BABU, "paper", 35)])
+def test_the_suites_plan_counts_each_settings_runs_once(paper, scale, folders, tmp_path):
+    """What `--dry-run` lists: at the CPU scale FedPer's 19 run folders at plain SGD and at momentum 0.9 (K_P = 1 is
+    the base run), FedBABU's 35 as declared plus the 20 plain-SGD runs of its method comparisons; at paper scale
+    the runs as declared; 5 seeds each."""
+    planned = plan(paper, paper.claims, scale, None, tmp_path)
+    assert len({p.key for p in planned}) == folders and len(planned) == 5 * folders
+
+
+def test_a_setting_never_reuses_a_declared_runs_name():
+    claim = Claim("c", "c", "-", (Arm("A", "a"),), (), "-")
+    with pytest.raises(ValueError, match="'a-m0' is declared and also a run at a setting"):
+        Paper("toy", "toy", PER.bases, {"a": {}, "a-m0": {"data.k": 8}}, (claim,),
+              settings={"cpu": (Setting("", "as declared"), Setting("-m0", "plain SGD", {"train.body.momentum": 0.0}))})

@@ -22,7 +22,8 @@ from fedsim.sweep.runs import claimed
 from test_reproduce import TINY
 
 PAPER = PAPERS["fedbabu"]
-LG_ONLY = (Claim("lg", "LG-FedAvg alone", "-", (Arm("LG", "lg_fedavg"),), (), "-"),)
+# Read as declared: the CPU scale's plain-SGD setting (fedbabu.py) would plan each run twice.
+LG_ONLY = (Claim("lg", "LG-FedAvg alone", "-", (Arm("LG", "lg_fedavg"),), (), "-", at_settings=False),)
 
 
 def _plan(tmp_path, data_root, seeds=2, claims=LG_ONLY, extra=TINY):
@@ -77,7 +78,8 @@ def test_lg_fedavg_starts_from_its_own_seeds_fedavg_as_the_authors_run_it(tmp_pa
         assert set(shared) == {"classifier.1.weight", "classifier.1.bias"}  # the head: the authors' linear.*
         assert network_of(module).classifier[1].weight.shape == (100, 256)
     # The random-start LG-FedAvg stays a run of its own: FedAvg's rounds and lr, no init_from.
-    [random] = plan(PAPER, (Claim("r", "r", "-", (Arm("R", "lg_fedavg-random"),), (), "-"),), scale, 1, tmp_path,
+    [random] = plan(PAPER, (Claim("r", "r", "-", (Arm("R", "lg_fedavg-random"),), (), "-", at_settings=False),), scale, 1,
+                    tmp_path,
                     [f"data.root={data_root}"])
     assert random.needs == () and random.config.model.init_from is None and random.config.train.rounds == 4 * rounds
 

@@ -13,8 +13,8 @@ from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN, at_most, gap_trend, greater, slope_coefficients, trend
 from fedsim.reproduce.report import _claim_section, headline_block, headline_rows, tally, write_results
 from fedsim.reproduce.runner import execute, folder_keys, plan, run_trees
-from fedsim.reproduce.verdicts import (FAILS, HOLDS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, _arm_result,
-                                       _test_result, claim_verdict)
+from fedsim.reproduce.verdicts import (DEPENDS, FAILS, HOLDS, INCONCLUSIVE, NO_EFFECT, NOT_REPRODUCED, REPRODUCED,
+                                       _arm_result, _test_result, claim_verdict, combined_verdict)
 from fedsim.sweep.runs import claimed
 from fedsim.metrics.confidence import mean_ci, t975
 
@@ -48,16 +48,18 @@ NULL = [0.5, -0.3, 0.2, 0.1, -0.4]  # a true null: mean 0.02, interval about [-0
 
 
 @pytest.mark.parametrize("diff, by, margin, verdict", [
-    (NULL, 0.0, MARGIN, FAILS),  # the interval lies below 0 + 2: any effect is smaller than the smallest that counts
-    (NULL, 0.0, 0.0, INCONCLUSIVE),  # without a margin a null can never be "not reproduced"
+    (NULL, 0.0, MARGIN, NO_EFFECT),  # below 0 + 2, not below 0: any effect is smaller than the smallest that counts
+    (NULL, 0.0, 0.0, INCONCLUSIVE),  # without a margin a null can never be told apart
+    ([-1.0, -1.2, -0.9, -1.1, -1.0], 0.0, MARGIN, FAILS),  # wholly below 0: the opposite direction
     ([1.0, 1.2, 0.9, 1.1, 1.0], 0.0, MARGIN, HOLDS),  # real but under the margin: the direction holds
     ([-1.0, 3.0, 1.0, 4.0, 0.0], 0.0, MARGIN, INCONCLUSIVE),  # [-1.17, 3.97]: straddles both 0 and 2
     ([11.0, 11.5, 10.5, 11.2, 10.8], 10.0, MARGIN, HOLDS),  # "> 10": low 10.5 > 10
     ([10.5, 11.0, 11.5, 11.2, 10.8], 10.0, 3.0, HOLDS),
-    ([8.0, 9.0, 10.0, 9.5, 8.5], 10.0, MARGIN, FAILS),  # below 10 + 2
+    ([8.0, 9.0, 10.0, 9.5, 8.5], 10.0, MARGIN, FAILS),  # [8.2, 9.8]: wholly below 10
+    ([10.0, 10.5, 11.0, 10.2, 10.3], 10.0, MARGIN, NO_EFFECT),  # [9.8, 10.8]: below 10 + 2, not below 10
     ([10.0, 12.0, 11.0, 13.0, 11.0], 10.0, MARGIN, INCONCLUSIVE),  # [9.98, 12.82]: straddles 10 and 12
 ])
-def test_the_equivalence_margin_lets_a_null_fail(diff, by, margin, verdict):
+def test_the_equivalence_margin_tells_a_null_from_a_failure(diff, by, margin, verdict):
     result = _test_result(greater("A", "B", by=by, margin=margin), _arms(A=diff, B=[0.0] * len(diff)), seeds=5)
     est = mean_ci(diff)
     assert result["verdict"] == verdict, (est.low, est.high)
@@ -65,11 +67,13 @@ def test_the_equivalence_margin_lets_a_null_fail(diff, by, margin, verdict):
 
 
 def test_what_would_fail_a_test_is_written_from_it():
-    assert greater("FedPer", "FedAvg", by=10).fails_if() == \
-        "fails if the interval of FedPer − FedAvg lies below +12 (10 + margin 2)"
-    assert at_most("FedAvg", 20).fails_if() == "fails if the interval of FedAvg lies above 18 (20 − margin 2)"
-    assert trend(("a", "b", "c")).fails_if() == \
-        "fails if the interval of the slope over a → b → c lies below +1 per step (0 + margin 2 over 2 steps)"
+    assert greater("FedPer", "FedAvg", by=10).fails_if() == ("fails if the interval of FedPer − FedAvg lies below +10; "
+                                                          "no effect ≥ margin if it lies below +12 (10 + margin 2)")
+    assert at_most("FedAvg", 20).fails_if() == ("fails if the interval of FedAvg lies above 20; no effect ≥ margin if "
+                                                "it lies above 18 (20 − margin 2)")
+    assert trend(("a", "b", "c")).fails_if() == (
+        "fails if the interval of the slope over a → b → c lies below +0 per step; no effect ≥ margin if it lies "
+        "below +1 (0 + margin 2 over 2 steps)")
 
 
 def test_an_upper_bound_fails_when_the_arm_is_not_below_it_by_the_margin():
@@ -101,10 +105,12 @@ def test_a_trend_is_the_least_squares_slope_per_seed_by_hand():
     est = mean_ci(by_hand)
     assert result["estimate"]["mean"] == pytest.approx(3.5) and result["estimate"]["low"] == pytest.approx(est.low)
     assert result["verdict"] == HOLDS  # low 2.62 > 0
-    # The same arms read the other way: the slope's interval lies below the margin spread over 2 steps (1 per step).
+    # The same arms read the other way: the slope's interval lies below 0, the opposite direction.
     assert _test_result(trend(("high", "mid", "low")), _arms(low=LOW, mid=MID, high=HIGH), seeds=5)["verdict"] == FAILS
-    flat = [x + d for x, d in zip(LOW, [0.3, -0.2, 0.1, 0.0, -0.1])]  # slope about 0 in every seed
-    assert _test_result(trend(("low", "mid", "flat")), _arms(low=LOW, mid=LOW, flat=flat), seeds=5)["verdict"] == FAILS
+    flat = [x + d for x, d in zip(LOW, [0.3, -0.2, 0.1, 0.0, -0.1])]  # slope about 0 in every seed: below the
+    # margin spread over 2 steps (1 per step), not below 0
+    assert _test_result(trend(("low", "mid", "flat")), _arms(low=LOW, mid=LOW, flat=flat),
+                        seeds=5)["verdict"] == NO_EFFECT
     noisy = [LOW[0] + 8, LOW[1] - 6, LOW[2] + 5, LOW[3] - 4, LOW[4] + 1]
     assert _test_result(trend(("low", "mid", "noisy")), _arms(low=LOW, mid=MID, noisy=noisy),
                         seeds=5)["verdict"] == INCONCLUSIVE
@@ -130,20 +136,35 @@ def test_claim_verdict_rule():
     assert claim_verdict([{"verdict": HOLDS}, {"verdict": HOLDS}]) == "reproduced"
     assert claim_verdict([{"verdict": HOLDS}, {"verdict": FAILS}]) == "not reproduced"
     assert claim_verdict([{"verdict": HOLDS}, {"verdict": INCONCLUSIVE}]) == "inconclusive"
+    assert claim_verdict([{"verdict": HOLDS}, {"verdict": NO_EFFECT}]) == NO_EFFECT  # never "not reproduced"
+    assert claim_verdict([{"verdict": FAILS}, {"verdict": NO_EFFECT}]) == NOT_REPRODUCED
 
 
-def test_counts_false_is_shown_but_left_out_of_the_tally():
-    def claim(verdict: str, counts: bool = True) -> dict:
+def test_settings_that_decide_a_claim_differently_make_it_depend_on_the_optimizer():
+    assert combined_verdict([REPRODUCED, REPRODUCED], pending=False) == REPRODUCED
+    assert combined_verdict([NOT_REPRODUCED, NOT_REPRODUCED], pending=False) == NOT_REPRODUCED
+    assert combined_verdict([REPRODUCED, NO_EFFECT], pending=False) == DEPENDS
+    assert combined_verdict([REPRODUCED, INCONCLUSIVE], pending=False) == DEPENDS  # every seed in: a real difference
+    assert combined_verdict([REPRODUCED, INCONCLUSIVE], pending=True) == INCONCLUSIVE  # runs left: not yet
+    assert combined_verdict([REPRODUCED], pending=False) == REPRODUCED
+
+
+def test_counts_false_is_shown_with_its_reason_but_left_out_of_the_tally():
+    def claim(verdict: str, counts: bool = True, outside: str = "", name: str = "") -> dict:
         test = {"text": "A − B > 0", "seeds": [0, 1, 2, 3, 4], "estimate": None, "verdict": HOLDS}
-        return {"id": verdict, "title": verdict, "paper_number": "-", "tests": [test], "verdict": verdict,
-                "seeds": 5, "counts": counts}
+        return {"id": name or verdict, "title": verdict, "paper_number": "-", "tests": [test], "verdict": verdict,
+                "seeds": 5, "counts": counts, "outside": outside}
 
-    results = [{"paper": "p", "scale": "cpu", "claims": [claim(REPRODUCED), claim(NOT_REPRODUCED),
-                                                         claim(INCONCLUSIVE), claim(REPRODUCED, counts=False)]}]
-    assert tally(results) == ("Of 3 claims: 1 reproduced, 1 not reproduced, 1 inconclusive; 1 smoke check outside "
-                              "the count.")
+    results = [{"paper": "p", "scale": "cpu", "claims": [
+        claim(REPRODUCED), claim(NOT_REPRODUCED), claim(INCONCLUSIVE), claim(NO_EFFECT), claim(DEPENDS),
+        claim(REPRODUCED, counts=False, name="smoke"),
+        claim(REPRODUCED, counts=False, outside="a setting the paper does not report", name="extra")]}]
+    assert tally(results) == (f"Of 5 claims: 1 reproduced, 1 not reproduced, 1 {NO_EFFECT}, 1 {DEPENDS}, 1 "
+                              "inconclusive; outside the tally: `smoke` (smoke check); `extra` (a setting the paper "
+                              "does not report).")
     rows = headline_rows(results)
-    assert rows[-1].endswith("| 5 of 5 | smoke check, not counted: reproduced |")
+    assert rows[-1].endswith("| 5 of 5 | outside the tally (a setting the paper does not report): reproduced |")
+    assert rows[-2].endswith("| 5 of 5 | outside the tally (smoke check): reproduced |")
     assert rows[2].endswith("| 5 of 5 | **reproduced** |")
 
 
@@ -190,7 +211,9 @@ def test_an_arm_shows_the_final_and_the_best_round():
              "verdict": test["verdict"], "explanation": "", "seeds": 3, "counts": True, "paper_number": "peer 61"}
     section = "\n".join(_claim_section(claim, "cpu", "reproduction"))
     assert "| A | initial | 56.67 [" in section and "| 63.33 [" in section and "best round" in section
-    assert "fails if the interval of A − A lies below +2 (0 + margin 2)" in section and "peer 61" in section
+    assert "fails if the interval of A − A lies below +0; no effect ≥ margin if it lies below +2 (0 + margin 2)" \
+        in section and "peer 61" in section
+    assert "| no effect ≥ 2 points: interval [" in section and "Verdict: no effect ≥ margin." in section
     assert "Seeds: 3 of 3 finished" in section
     assert "estimate_best" not in _arm_result(Arm("A", "a"), per_seed, {0: 0.65, 1: None, 2: 0.55})  # old summaries
 
@@ -240,7 +263,8 @@ def test_every_run_of_both_scales_validates(paper, scale, tmp_path, data_root, c
     assert main(["reproduce", paper, "--scale", scale, "--dry-run", "--runs", str(tmp_path), "--seeds", "2",
                  "--kept", str(tmp_path / "kept")]) == 0
     out = capsys.readouterr().out
-    runs = len(set(folder_keys(run_trees(PAPERS[paper], scale)).values()))
+    folders = folder_keys(run_trees(PAPERS[paper], scale))
+    runs = len({folders[key] for key in PAPERS[paper].runs_of(PAPERS[paper].claims, scale)})
     statuses = [line for line in out.splitlines() if line.endswith(": new")]
     assert len(statuses) == 2 * runs and not any(tmp_path.iterdir())
     assert out.count(f"{paper}-{scale}-") == 3 * runs  # estimates of seed 0, then statuses
@@ -275,37 +299,47 @@ def test_a_tiny_claim_end_to_end(tmp_path, data_root, capsys):
     results = json.loads((tmp_path / "reproduction" / "fedper-cpu.json").read_text())
     [k4] = [c for c in results["claims"] if c["id"] == "k4"]
     markdown = report.read_text()
-    # The report's numbers are those recomputed here from the run folders.
+    # The report's numbers are those recomputed here from the run folders, at each of the claim's settings (the
+    # paper's plain SGD, counted, and the CPU base's momentum 0.9, context).
+    paper = PAPERS["fedper"]
+    claim = paper.claim("k4")
+    settings = paper.settings_of(claim, "cpu")
+    assert [s.counts for s in settings] == [True, False]
     means = {}
-    for arm in PAPERS["fedper"].claim("k4").arms:
-        means[arm.label] = [_client_mean(runs / f"fedper-cpu-{arm.run}-s{seed}") for seed in (0, 1)]
-        [reported] = [a for a in k4["arms"] if a["label"] == arm.label]
-        assert reported["per_seed_mean"] == pytest.approx(means[arm.label], abs=1e-9)
-        est = mean_ci(means[arm.label])
-        assert f"| {arm.label} | initial | {est.mean:.2f} [{est.low:.2f}, {est.high:.2f}] | " in markdown
-    gap = mean_ci([p - a for p, a in zip(means["FedPer"], means["FedAvg"])])
-    assert k4["tests"][0]["estimate"]["mean"] == pytest.approx(gap.mean)
-    assert (f"| FedPer − FedAvg > 10 | {gap.mean:+.2f} [{gap.low:.2f}, {gap.high:.2f}] | 2 | fails if the interval "
-            "of FedPer − FedAvg lies below +12 (10 + margin 2) | inconclusive |") in markdown  # 2 of its 5 seeds
+    for setting in settings:
+        for arm in claim.arms:
+            label = f"{arm.label} [{setting.label}]"
+            means[label] = [_client_mean(runs / f"fedper-cpu-{arm.run}{setting.suffix}-s{seed}") for seed in (0, 1)]
+            [reported] = [a for a in k4["arms"] if a["label"] == label]
+            assert reported["per_seed_mean"] == pytest.approx(means[label], abs=1e-9)
+            est = mean_ci(means[label])
+            assert f"| {label} | initial | {est.mean:.2f} [{est.low:.2f}, {est.high:.2f}] | " in markdown
+    sgd = settings[0].label
+    gap = mean_ci([p - a for p, a in zip(means[f"FedPer [{sgd}]"], means[f"FedAvg [{sgd}]"])])
+    assert k4["tests"][0]["estimate"]["mean"] == pytest.approx(gap.mean) and k4["tests"][0]["counts"]
+    assert (f"| FedPer − FedAvg > 10 [{sgd}] | {gap.mean:+.2f} [{gap.low:.2f}, {gap.high:.2f}] | 2 | fails if the "
+            "interval of FedPer − FedAvg lies below +10; no effect ≥ margin if it lies below +12 (10 + margin 2) | "
+            "inconclusive |") in markdown  # 2 of its 5 seeds
     assert k4["verdict"] == INCONCLUSIVE and "Seeds: 2 of 5 finished" in markdown
     assert (tmp_path / "reproduction" / "fedper-cpu-k4.png").stat().st_size > 0
     assert "train.rounds=2" in markdown  # the report says how these runs were cut
     # Each arm's receipt, from its runs' stored configs, and what else than the method the arms differ in.
     receipts = {arm["label"]: arm["receipt"] for arm in k4["arms"]}
-    assert receipts["FedPer"]["seeds"] == "0, 1" and receipts["FedPer"]["rounds"] == "2"
-    assert receipts["FedAvg"]["round"].startswith("final; best round on test")
+    assert receipts[f"FedPer [{sgd}]"]["seeds"] == "0, 1" and receipts[f"FedPer [{sgd}]"]["rounds"] == "2"
+    assert receipts[f"FedAvg [{sgd}]"]["round"].startswith("final; best round on test")
     assert "algorithm.name" in k4["differences"] and "seed" not in k4["differences"]
-    assert "| FedPer | fedper" in markdown and f"The arms differ in: {', '.join(k4['differences'])}." in markdown
+    assert f"| FedPer [{sgd}] | fedper" in markdown and f"The arms differ in: {', '.join(k4['differences'])}." in markdown
 
     # Again: every run is finished and skipped. An interrupted run (no summary yet) resumes to the same numbers.
-    interrupted = runs / "fedper-cpu-k4-fedper-s1"
+    interrupted = runs / "fedper-cpu-k4-fedper-sgd-s1"
     (interrupted / "summary.json").unlink()
     capsys.readouterr()
     assert main(argv) == 0
     out = capsys.readouterr().out
-    k4_runs = 2 * len(PAPERS["fedper"].runs_of((PAPERS["fedper"].claim("k4"),)))  # 2 seeds of each of its runs
-    assert out.count("finished, skipped") == k4_runs - 1 and "fedper-cpu-k4-fedper-s1: resuming" in out
-    assert _client_mean(interrupted) == pytest.approx(means["FedPer"][1], abs=0)
+    k4_runs = 2 * len(paper.runs_of((claim,), "cpu"))  # 2 seeds of each of its runs, at both settings
+    assert k4_runs == 8
+    assert out.count("finished, skipped") == k4_runs - 1 and "fedper-cpu-k4-fedper-sgd-s1: resuming" in out
+    assert _client_mean(interrupted) == pytest.approx(means[f"FedPer [{sgd}]"][1], abs=0)
     [k4_after] = [c for c in json.loads((tmp_path / "reproduction" / "fedper-cpu.json").read_text())["claims"]
                   if c["id"] == "k4"]
     assert headline_block(report.read_text()) == headline_block(markdown)
@@ -390,3 +424,23 @@ def test_a_claim_without_finished_runs_loses_an_older_figure(tmp_path):
     results = {"paper": "fedper", "scale": "cpu", "claims": [{"id": "k4", "arms": [{"label": "FedAvg", "seeds": []}]}]}
     write_results(results, tmp_path)
     assert not stale.exists() and "figure" not in results["claims"][0]
+
+
+def test_a_claim_at_two_settings_shows_each_verdict_with_both_numbers():
+    def test(setting: str, values: list[float], counts: bool = True) -> dict:
+        result = _test_result(greater("A", "B"), _arms(A=values, B=[0.0] * len(values)), seeds=5)
+        return {**result, "text": f"A − B > 0 [{setting}]", "setting": setting, "counts": counts}
+
+    tests = [test("m 0.9", [5.0, 6.0, 5.5, 6.5, 5.0]), test("plain SGD", [0.3, -0.2, 0.1, 0.0, -0.1])]
+    settings = [{"label": "m 0.9", "counts": True, "verdict": claim_verdict(tests[:1])},
+                {"label": "plain SGD", "counts": True, "verdict": claim_verdict(tests[1:])}]
+    verdict = combined_verdict([s["verdict"] for s in settings], pending=False)
+    claim = {"id": "c", "title": "C", "paper_says": "p", "regime": "r", "arms": [], "tests": tests, "seeds": 5,
+             "settings": settings, "verdict": verdict, "explanation": "", "counts": True, "paper_number": "-"}
+    assert verdict == DEPENDS
+    section = "\n".join(_claim_section(claim, "cpu", "reproduction"))
+    assert "At m 0.9: reproduced (5 of 5 seeds finished)." in section
+    assert f"At plain SGD: {NO_EFFECT} (5 of 5 seeds finished)." in section
+    assert f"**Verdict: {DEPENDS}.**" in section and "| no effect ≥ 2 points: interval [" in section
+    [row] = headline_rows([{"paper": "p", "scale": "cpu", "claims": [claim]}])[2:]
+    assert "+5.60 [" in row and "(m 0.9); +0.02 [" in row and "(plain SGD)" in row and f"**{DEPENDS}**" in row
