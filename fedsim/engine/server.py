@@ -8,7 +8,8 @@ This module imports no torch: the server's process is up in well under a second 
 (started by the entrypoint at the same time) spend ~3 s importing torch and Lightning.
 
 The workers' health, timeouts and replacement are the pool's (``pool.WorkerPool``); FedBuff's asynchronous step
-is ``fedbuff``'s."""
+is ``fedbuff``'s; DP's noise and clip norm ``fedsim.privacy.mechanism.ServerPrivacy``'s, secure aggregation's
+recovery ``fedsim.privacy.secagg``'s. Past ~350 lines: a round's steps read in one place, in order."""
 from __future__ import annotations
 
 import time

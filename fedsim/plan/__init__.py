@@ -6,7 +6,9 @@ clients sampled each round, the evaluation rounds and cohort, and which worker o
 schedule here is a pure function of the seed and the config, never of the number of workers, which is why
 results do not depend on how a run is spread.
 
-This module imports no torch: the server's process receives the plan too."""
+This module imports no torch: the server's process receives the plan too. It runs past ~350 lines because every
+derived value the server, the workers and the estimate read lives here, once (privacy's included: the noise
+multiplier, the epsilon series, the masks' cohort), rather than recomputed where it is read."""
 from __future__ import annotations
 
 import dataclasses
@@ -242,7 +244,7 @@ class RunPlan:
         t, clients = self.cfg.train, self.cfg.data.num_clients  # the config's count: a worker's plan holds no clients
         trainable = clients - self.cfg.eval.held_out(clients)
         poisson = t.sampling == "poisson"
-        cohort = t.fraction * trainable if poisson else max(1, round(t.fraction * trainable))
+        cohort = t.fraction * trainable if poisson else cohort_size(t.fraction, trainable)
         z = self.noise_multiplier
         return None if z is None else user_level_dp(self.cfg.privacy, z, self.cfg.seed, cohort, poisson)
 

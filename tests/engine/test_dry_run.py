@@ -127,7 +127,8 @@ def test_dry_run_prints_the_noise_multiplier_q_delta_and_final_epsilon_and_refus
         tmp_path, capsys):
     from fedsim.cli.main import main
 
-    tree = {**synthetic_tree(tmp_path, algorithm="fedavg", **{"train.sampling": "poisson", "train.fraction": 0.25}),
+    tree = {**synthetic_tree(tmp_path, algorithm="fedavg", **{"train.sampling": "poisson", "train.fraction": 0.25,
+                                                              "train.weighting": "uniform"}),
             "privacy": {"noise_multiplier": 1.0}}
     config = write_yaml(tmp_path / "dp.yaml", tree)
     assert main(["run", str(config), "--dry-run"]) == 0

@@ -17,6 +17,7 @@ from fedsim.core.aggregate import FixedPoint, ReferenceExactSum, RoundSums
 from fedsim.core.pages import release_shared
 from fedsim.core.protocol import FixedPointScales
 from fedsim.engine.server import Server
+from fedsim.privacy.mechanism import ServerPrivacy
 
 
 def test_aggregation_holds_the_totals_and_the_new_state_but_no_float64_model():
@@ -29,12 +30,13 @@ def test_aggregation_holds_the_totals_and_the_new_state_but_no_float64_model():
     scaling = FixedPointScales({WEIGHTS: FixedPoint.plan(weights, offsets, 300)}, {WEIGHTS: False})
     partials = [rng.integers(-2 ** 40, 2 ** 40, size) for _ in range(3)]
     server = types.SimpleNamespace(algorithm=Algorithm(), state={WEIGHTS: weights}, num_clients=10,
+                                   privacy=ServerPrivacy(None),
                                    tensor_offsets=offsets)
     tracemalloc.start()
     sums = RoundSums(scaling.scales, size)
     for partial in partials:
         sums.add({WEIGHTS: partial}, {WEIGHTS: 100})
-    Server._aggregate(server, scaling, sums, [None] * 4, None)  # synchronous: the reports are only counted
+    Server._aggregate(server, 1, scaling, sums, [None] * 4, None)  # synchronous: the reports are only counted
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 3.5 * 4 * size
@@ -130,8 +132,9 @@ def test_a_hook_that_does_not_say_it_works_tensor_by_tensor_gets_whole_vectors()
         sums = RoundSums(scaling.scales, 10)
         sums.add({WEIGHTS: exact.total}, {WEIGHTS: 1})
         server = types.SimpleNamespace(algorithm=algorithm, state={WEIGHTS: weights}, num_clients=2,
+                                       privacy=ServerPrivacy(None),
                                        tensor_offsets=offsets)
-        Server._aggregate(server, scaling, sums, [None] * 2, None)
+        Server._aggregate(server, 1, scaling, sums, [None] * 2, None)
         if isinstance(algorithm, Elementwise):
             assert seen["Elementwise"] == [3, 7]
         else:

@@ -121,3 +121,11 @@ def test_the_dry_run_counts_the_search_and_the_finals_waiting_for_it(tmp_path, c
 def test_the_paper_scale_plan_is_valid(tmp_path):
     full = leaderboard.plan("paper", tmp_path, tmp_path / "kept", only="fedavg")
     assert {item.config.train.rounds for item in full.search} == {2000}
+
+
+@pytest.mark.parametrize("scale", ["cpu", "paper"])
+def test_the_base_configs_tune_methods_are_the_leaderboards_rows(scale):
+    """The file's tune.methods (what `fedsim run` and `fedsim tune` read) names exactly the leaderboard's methods."""
+    from fedsim.reproduce.leaderboard import ENTRIES, base_file
+
+    assert base_file(scale)["tune"]["methods"] == [entry.method for entry in ENTRIES]
