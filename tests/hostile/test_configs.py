@@ -249,3 +249,24 @@ def test_the_command_exits_2_with_one_line(case, extra, fragment, tmp_path):
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and fragment in done.stderr, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml"]
+
+
+# -- bad privacy settings (issue 49, item 6): refused in one line before anything is written -------------------------
+UNIFORM = "train: {weighting: uniform}\n"
+PRIVACY = [
+    ("negative noise", UNIFORM + "privacy: {noise_multiplier: -1.0}", "privacy.noise_multiplier"),
+    ("delta of 1", UNIFORM + "privacy: {noise_multiplier: 1.0, delta: 1.0}", "privacy.delta"),
+    ("a budget the given noise passes", UNIFORM + "privacy: {noise_multiplier: 0.1, target_epsilon: 0.5}",
+     "privacy.target_epsilon"),
+    ("DP on a method whose server takes no mean", UNIFORM + "algorithm: fedproto\nprivacy: {noise_multiplier: 1.0}",
+     "privacy:"),
+    ("DP with samples weighting", "privacy: {noise_multiplier: 1.0}", "train.weighting"),
+    ("no noise named", UNIFORM + "privacy: {dp: central}", "privacy:"),
+    ("secure aggregation under a robust rule", "server: {aggregator: median}\nprivacy: {dp: none, secure_aggregation: true}",
+     "server.aggregator"),
+]
+
+
+@pytest.mark.parametrize("case,extra,fragment", PRIVACY, ids=[c[0] for c in PRIVACY])
+def test_a_bad_privacy_setting_is_one_line(case, extra, fragment, in_tmp, capsys):
+    refused(capsys, in_tmp, ["run", str(write_probe(in_tmp, extra))], fragment)
