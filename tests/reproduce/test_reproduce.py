@@ -169,10 +169,11 @@ def test_counts_false_is_shown_with_its_reason_but_left_out_of_the_tally():
 
 
 def test_every_claim_fixes_at_least_5_seeds_and_no_test_repeats_another():
+    """A check outside the tally may fix fewer (at least the 2 an interval needs): App. F under Flower's lr."""
     for paper in PAPERS.values():
         seen = {}
         for claim in paper.claims:
-            assert claim.seeds >= 5, claim.id
+            assert claim.seeds >= (5 if claim.counts else 2), claim.id
             for test in claim.tests:
                 arm = {a.label: (a.run, a.metric, getattr(a, "round", None)) for a in claim.arms}
                 key = (tuple(sorted(((arm[label], coef) for label, coef in test.terms), key=repr)), test.above,
