@@ -6,6 +6,9 @@ server's, which respawns lost workers), so the actor class is this thin shell, a
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import ray
@@ -16,12 +19,16 @@ from fedsim.plan import RunPlan
 from fedsim.privacy.secagg import PairwiseMasks
 from fedsim.plugins import other_code
 
+T = TypeVar("T")
+
 
 class Worker:
     """Ray actor hosting many virtual clients; every call goes to its ``ClientRuntime``."""
 
     def __init__(self, plan: RunPlan, clients: dict[int, ClientData]):
         from fedsim.client.runtime import ClientRuntime
+
+        self.busy_cpu_s = 0.0  # this process's CPU time inside the round's calls (``cpu_seconds``)
 
         # The user's module failing to build is their error, told once by the first call: an actor whose
         # constructor raises would count as lost and be respawned (and fail) engine.max_recoveries times.
@@ -51,15 +58,24 @@ class Worker:
             raise self.failure
         return self._runtime
 
+    def _timed(self, call: Callable[[], T]) -> T:
+        """``call()``, its CPU time added to ``busy_cpu_s``: the whole process's (its threads' too), so a client
+        module's own threads count; a worker is one process per Ray actor, so no other run's work is in it."""
+        started = time.process_time()
+        try:
+            return call()
+        finally:
+            self.busy_cpu_s += time.process_time() - started
+
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
                       plan: FixedPointScales, masks: PairwiseMasks | None = None) -> WorkerPartial:
-        return self.runtime.train_and_sum(broadcast, clients, round_idx, plan, masks)
+        return self._timed(lambda: self.runtime.train_and_sum(broadcast, clients, round_idx, plan, masks))
 
     def train_and_reply(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> WorkerReplies:
-        return self.runtime.train_and_reply(broadcast, clients, round_idx)
+        return self._timed(lambda: self.runtime.train_and_reply(broadcast, clients, round_idx))
 
     def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
-        return self.runtime.evaluate(broadcast, clients, round_idx)
+        return self._timed(lambda: self.runtime.evaluate(broadcast, clients, round_idx))
 
     def save_state(self, target: str, full: bool = True) -> str:
         return self.runtime.save_state(target, full)
@@ -73,6 +89,11 @@ class Worker:
     @ray.method(concurrency_group="health")
     def ping(self) -> int:
         return os.getpid()  # answers even when the module failed to build: the worker itself is alive
+
+    @ray.method(concurrency_group="health")
+    def cpu_seconds(self) -> float:
+        """The CPU time this worker has spent training and evaluating since it started (not its start-up)."""
+        return self.busy_cpu_s
 
 
 # Pings run on a thread of their own, so a worker busy training still answers them (the server tells

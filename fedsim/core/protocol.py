@@ -150,6 +150,9 @@ class RoundResult:
     records: list[dict[str, Any]] = field(default_factory=list)
     comm: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    # The CPU time the round took in the workers' calls and on the server: unlike ``seconds`` (wall), not raised by
+    # other processes' load on the machine (on a GPU, the host's share only).
+    cpu_seconds: float = 0.0
     timing: dict[str, Any] = field(default_factory=dict)  # on the virtual clock: the round's simulated time and who took part
     # The method's server-side mechanism after this round's server step (Algorithm.mechanism: FedAMP's self-weights,
     # IFCA's cluster sizes), by name; rounds.jsonl keeps it under "mechanism".

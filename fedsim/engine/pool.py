@@ -42,6 +42,7 @@ class WorkerPool:
         self.recoveries = 0
         self.losses_in_a_row = 0  # recoveries since a round last completed: bounded by engine.max_recoveries
         self.unresponsive: set[int] = set()  # workers killed for not answering pings, named if the run gives up
+        self.cpu_counted = [0.0] * len(workers)  # each worker's cpu_seconds() already counted in a round
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -96,6 +97,14 @@ class WorkerPool:
                 self.unresponsive.add(index)
                 ray.kill(self.workers[index])  # its pending call now fails with RayActorError: recovery follows
 
+    def cpu_seconds_since_last(self) -> float:
+        """The CPU time every worker spent in calls since this was last asked (a replacement counts from 0):
+        what a round cost on the workers, whatever else ran on their machines meanwhile."""
+        totals = self.get_from_each([w.cpu_seconds.remote() for w in self.workers])
+        spent = sum(total - counted for total, counted in zip(totals, self.cpu_counted))
+        self.cpu_counted = list(totals)
+        return spent
+
     # -- losses ----------------------------------------------------------------------------------
     def round_completed(self) -> None:
         self.losses_in_a_row = 0
@@ -111,6 +120,7 @@ class WorkerPool:
                 ray.kill(worker)
                 lost.append(index)
                 self.workers[index] = self.spawn(self.assignments[index], self.bundles[index])
+                self.cpu_counted[index] = 0.0
         self.recoveries += 1
         self.losses_in_a_row += 1
         if self.losses_in_a_row > self.engine.max_recoveries:

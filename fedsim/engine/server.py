@@ -127,7 +127,7 @@ class Server:
         return outcome
 
     def _round(self, round_idx: int) -> RoundOutcome:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         timing = self.plan.timing(round_idx)
         sampled = self.plan.sampled(round_idx)  # on the virtual clock, possibly nobody (all dropped or late)
         replying = self.plan.sees_replies
@@ -173,8 +173,9 @@ class Server:
         privacy = self.privacy.after_round(round_idx, [r.update_norm for r in kept if r.update_norm is not None])
         comm = [{"round": round_idx, "client": r.client, "bytes_down": self.received[r.client], "bytes_up": r.bytes_up}
                 for r in kept]
+        cpu = time.process_time() - start_cpu + self.pool.cpu_seconds_since_last()
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - start,
-                           timing=timing.row() if timing else {}, mechanism=mechanism, privacy=privacy,
+                           cpu, timing=timing.row() if timing else {}, mechanism=mechanism, privacy=privacy,
                            spent=self.plan.privacy_at(round_idx))
 
     def _failure(self, round_idx: int, diverged: list[ClientReport], kept: list[ClientReport]) -> str | None:

@@ -40,7 +40,8 @@ def read_jsonl(path: Path) -> list[dict]:
 def round_row(result: RoundResult) -> dict:
     """A round's summary row: its time, who took part, its traffic and each accuracy's statistics across clients."""
     records = result.records
-    row = {"round": result.round, "seconds": result.seconds, "sampled": len(result.sampled),
+    row = {"round": result.round, "seconds": result.seconds, "cpu_seconds": result.cpu_seconds,
+           "sampled": len(result.sampled),
            "evaluated": len(records),  # the eval.clients cohort, or everyone
            "dropped": result.dropped,
            "bytes_down": sum(c["bytes_down"] for c in result.comm),

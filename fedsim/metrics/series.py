@@ -10,8 +10,11 @@ from fedsim.privacy import EPSILON, SPENT
 STATS = ("mean", "std", "min", "max", "p10", "worst10_mean", "jain")  # fedsim.metrics.summarize's statistics
 ROUND_KEYS = {"comm/bytes_up": "bytes_up", "comm/bytes_down": "bytes_down", "round_seconds": "seconds"}
 CLOCK_KEYS = {"sim/time_s": "sim_time_s", "sim/round_seconds": "sim_seconds", "sim/selected": "selected"}  # system.devices
-FEDSIM_PREFIXES = ("fairness/", "final/", "comm/", "sim/", "client_acc/", "round_seconds", "privacy/")  # fedsim's own series
-NOT_LOGGED = {"round", "seconds", "sampled", "evaluated", "dropped", "bytes_up", "bytes_down"}
+# Rows written before a key existed lack it (a resumed run replays them): shown where the row has it.
+LATER_KEYS = {"round_cpu_seconds": "cpu_seconds"}
+FEDSIM_PREFIXES = ("fairness/", "final/", "comm/", "sim/", "client_acc/", "round_seconds", "round_cpu_seconds",
+                   "privacy/")  # fedsim's own series
+NOT_LOGGED = {"round", "seconds", "cpu_seconds", "sampled", "evaluated", "dropped", "bytes_up", "bytes_down"}
 
 
 def fairness(row: dict) -> dict[str, float]:
@@ -22,10 +25,10 @@ def fairness(row: dict) -> dict[str, float]:
 
 
 def round_metrics(row: dict) -> dict[str, float]:
-    """A round's row as named series: traffic and time every round (and simulated time on the virtual clock); on evaluated rounds the fairness
+    """A round's row as named series: traffic, wall and CPU time every round (and simulated time on the virtual clock); on evaluated rounds the fairness
     statistics and a user module's ``self.log`` values (``name/mean``, ..., in the module's units)."""
     data = {"round": row["round"], **{name: row[key] for name, key in ROUND_KEYS.items()}} | fairness(row)
-    data |= {name: row[key] for name, key in CLOCK_KEYS.items() if key in row}
+    data |= {name: row[key] for keys in (CLOCK_KEYS, LATER_KEYS) for name, key in keys.items() if key in row}
     data |= {name: row[name] for name in SPENT if name in row}  # DP's epsilon spent so far, every round
     for key, stats in row.items():
         if key not in NOT_LOGGED and key not in ACCURACIES and key not in RECORD_KEYS and isinstance(stats, dict):

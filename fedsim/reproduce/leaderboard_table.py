@@ -18,7 +18,7 @@ from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.receipt import receipt, receipt_table
 from fedsim.reproduce.leaderboard import ENTRIES, SETTING_TITLES, SETTINGS, Diverged, Entry, Plan, Search, run_key
-from fedsim.reproduce.runner import PlannedRun, read_summary, run_seconds
+from fedsim.reproduce.runner import PlannedRun, read_summary, run_cpu_seconds, run_seconds
 from fedsim.sweep.tune import SELECTION, reported_key, space_text
 
 # PFLlib's leaderboard (TsingZ0/PFLlib docs/benchmark.html, read at commit d832e76): test accuracy %, mean ± std of
@@ -59,6 +59,7 @@ def _seed_stats(item: PlannedRun, summary: dict, comparable: bool) -> dict[str, 
     return {"final": 100 * final["mean"], "picked": 100 * picked["mean"], "picked_round": picked["round"],
             "picked_on": picked.get("picked_on", "test"), "p10": 100 * final["p10"], "jain": final["jain"],
             "seconds": run_seconds(item.folder) / item.config.train.rounds,
+            "cpu_seconds": None if (cpu := run_cpu_seconds(item.folder)) is None else cpu / item.config.train.rounds,
             "pooled_best": pooled_best_on_test(item.folder, metric) if comparable else None}
 
 
@@ -75,7 +76,8 @@ def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[s
     column = {key: [s[key] for s in per_seed] for key in per_seed[0]}
     out |= {"final": mean_ci(column["final"]).__dict__, "picked": mean_ci(column["picked"]).__dict__,
             "picked_on": sorted(set(column["picked_on"])),
-            **{key: float(np.mean(column[key])) for key in ("picked_round", "p10", "jain", "seconds")}}
+            **{key: float(np.mean(column[key])) for key in ("picked_round", "p10", "jain", "seconds")},
+            "cpu_seconds": None if None in column["cpu_seconds"] else float(np.mean(column["cpu_seconds"]))}
     if comparable and None not in column["pooled_best"]:
         out["pooled_best"] = mean_ci(column["pooled_best"]).__dict__
     return out
@@ -131,6 +133,12 @@ def _pfllib(entry: Entry, stats: dict, column: int) -> tuple[str, str]:
     return ours, PFLLIB_NUMBERS[entry.pfllib][column]
 
 
+def _per_round(stats: dict) -> str:
+    """CPU seconds a round (wall seconds), or the wall seconds alone for seeds that ran before rounds recorded CPU."""
+    wall = f"{stats['seconds']:.2f}"
+    return wall + " wall" if stats["cpu_seconds"] is None else f"{stats['cpu_seconds']:.2f} ({wall})"
+
+
 def _row(entry: Entry, cell: dict, column: int) -> str:
     stats = cell["finals"]
     what = "fine-tuned" if entry.overrides.get("eval.finetune_epochs") else "own model"
@@ -142,7 +150,7 @@ def _row(entry: Entry, cell: dict, column: int) -> str:
         return f"| `{entry.method}` | {what} | {chosen} | {left}{failed} | | | | | | 0 | | {theirs} |"
     on = "" if stats["picked_on"] == ["validation"] else " (picked on test: no validation split)"
     return (f"| `{entry.method}` | {what} | {chosen} | {_interval(stats['final'])} | {_interval(stats['picked'])}{on} "
-            f"| {stats['picked_round']:.0f} | {stats['p10']:.2f} | {stats['jain']:.3f} | {stats['seconds']:.2f} | "
+            f"| {stats['picked_round']:.0f} | {stats['p10']:.2f} | {stats['jain']:.3f} | {_per_round(stats)} | "
             f"{stats['seeds']} of {stats['planned']}{failed} | {ours} | {theirs} |")
 
 
@@ -180,7 +188,7 @@ def cut(full: Plan, scale: str) -> str:
 
 
 HEADER = ("| method | scored | tuned settings (chosen on validation) | final round % | validation-picked round % | "
-          "picked round | p10 % (final) | Jain (final) | s / round | seeds | best round on test, pooled % (PFLlib's "
+          "picked round | p10 % (final) | Jain (final) | CPU s / round (wall) | seeds | best round on test, pooled % (PFLlib's "
           "quantity) | PFLlib % (best round on test, pooled) |")
 
 
@@ -201,8 +209,11 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
              "interval. *Final round*: the last round's accuracy (mean over clients of each client's accuracy on its "
              "own test images). *Validation-picked round*: test accuracy at the evaluated round with the highest "
              "validation accuracy, and that round. p10 and Jain's index are the final round's, across clients. "
-             "s / round is the rounds' measured time on the machine that ran them under its load at the time: it "
-             "compares methods only as far as their runs met the same load. The one number read at the best round "
+             "*CPU s / round*: the CPU time of a round's training and evaluation calls on the workers and of the "
+             "server (rounds.jsonl `cpu_seconds`), which other processes' load on the machine does not raise, so it "
+             "compares the methods' cost; in brackets the rounds' wall time, measured under whatever load the machine "
+             "had then (two reproduction lanes, the test suite): it compares methods only as far as their runs met "
+             "the same load. The one number read at the best round "
              "on test is the column beside PFLlib's, because it is PFLlib's quantity; it is shown only where "
              "PFLlib's number scores what the row reports.", "", f"{PFLLIB_PROTOCOL}.", ""]
     for column, setting in enumerate(SETTINGS):

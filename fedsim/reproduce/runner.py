@@ -302,6 +302,15 @@ def client_means(folder: Path, metric: str) -> dict[int, float] | None:
     return {r: sum(v) / len(v) for r, v in by_round.items()}
 
 
+def run_cpu_seconds(folder: Path) -> float | None:
+    """The run's rounds' CPU time (rounds.jsonl ``cpu_seconds``: the workers' calls and the server), across every
+    resume; None for a run with a round written before rounds recorded it."""
+    rows = read_jsonl(folder / runfiles.ROUNDS)
+    if not rows or any("cpu_seconds" not in row for row in rows):
+        return None
+    return float(sum(row["cpu_seconds"] for row in rows))
+
+
 def run_seconds(folder: Path) -> float:
     """The run's rounds' time (training, aggregation, evaluation; Ray's start-up excluded), counted across
     every resume: rounds.jsonl holds each round once (a resume truncates it to its checkpoint), where

@@ -10,6 +10,7 @@ from fedsim.algorithms import WEIGHTS
 from fedsim.client.runtime import ClientRuntime
 from fedsim.engine.server import Server
 from fedsim.errors import ConfigError
+from fedsim.metrics.logger import read_jsonl
 from fedsim.simulate import run
 
 
@@ -29,6 +30,8 @@ def test_run_folder_contents(tmp_path, data_root, local_ray):
         assert (res.run_dir / name).is_file(), name
     rec = per_client(res.run_dir)[0]
     assert set(rec) >= {"round", "client", "n_train", "n_test", "loss", "acc"}
+    (row,) = read_jsonl(res.run_dir / "rounds.jsonl")
+    assert row["cpu_seconds"] > 0  # the workers' training and evaluation, and the server's own share
     assert set(res.summary["acc"]) >= {"mean", "std", "min"}
     with pytest.raises(ConfigError, match="already exists"):
         run(small_config(tmp_path, data_root, name="files", train__rounds=1))

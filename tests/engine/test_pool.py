@@ -14,9 +14,10 @@ ENGINE = types.SimpleNamespace(round_timeout_s=5, heartbeat_timeout_s=1, max_rec
 class Worker:
     """A worker actor's stand-in: ``ping.remote()`` answers, or raises as a dead actor's call does."""
 
-    def __init__(self, name: str, alive: bool = True):
-        self.name, self.alive = name, alive
+    def __init__(self, name: str, alive: bool = True, cpu: float = 0.0):
+        self.name, self.alive, self.cpu = name, alive, cpu
         self.ping = types.SimpleNamespace(remote=self._ping)
+        self.cpu_seconds = types.SimpleNamespace(remote=lambda: self.cpu)
 
     def _ping(self):
         if not self.alive:
@@ -63,3 +64,15 @@ def test_a_lost_worker_is_replaced_in_its_bundle_until_it_is_lost_too_often(fake
     pool.workers[1].alive = False
     pool.replace_lost()
     assert pool.recoveries == 3 and pool.losses_in_a_row == 1
+
+
+def test_a_rounds_cpu_time_is_each_workers_since_the_last_round_and_a_replacement_counts_from_zero(fake_ray):
+    a, b = Worker("a", cpu=2.0), Worker("b", cpu=3.0)
+    pool = _pool([a, b], [])
+    assert pool.cpu_seconds_since_last() == 5.0
+    a.cpu, b.cpu = 2.5, 4.0
+    assert pool.cpu_seconds_since_last() == 1.5
+    b.alive = False
+    pool.replace_lost()
+    a.cpu, pool.workers[1].cpu = 3.0, 0.25  # the replacement's own total, from its start
+    assert pool.cpu_seconds_since_last() == 0.75

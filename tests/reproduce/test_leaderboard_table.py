@@ -48,12 +48,12 @@ def test_a_row_reports_the_final_and_the_validation_picked_round_at_the_chosen_s
     assert math.isclose(stats["final"]["mean"], 60.0)
     assert math.isclose((stats["final"]["high"] - stats["final"]["low"]) / 2, t975(2) * 10.0 / math.sqrt(3))
     assert math.isclose(stats["picked"]["mean"], 65.0) and stats["picked_on"] == ["validation"]
-    assert math.isclose(stats["seconds"], 1.0)
+    assert math.isclose(stats["seconds"], 1.0) and math.isclose(stats["cpu_seconds"], 0.5)
     assert math.isclose(stats["pooled_best"]["mean"], 70.0)  # (0.1 x 10 + 0.9 x 30) / 40, PFLlib's quantity
     text = leaderboard_table.render(table, "cpu", full, "cmd")
     chosen = full.searches[0].trials[1]
     assert f"lr {chosen['lr']:.3g}, momentum {chosen['momentum']:.3g} (trial 1; validation 20.00)" in text
-    assert "| 60.00 ± 24.84 | 65.00 ± 0.00 | 20 |" in text
+    assert "| 60.00 ± 24.84 | 65.00 ± 0.00 | 20 |" in text and "| 0.50 (1.00) | 3 of 5 |" in text
     assert "| 3 of 5 | 70.00 ± 0.00 | 63.53 ± 0.21 |" in text  # beside PFLlib's FedPer, pathological
     assert "| `fedper` | own model | searching" not in text
     assert "cut.** 20 clients" in text
@@ -87,3 +87,17 @@ def test_a_method_still_searching_or_without_a_choice_says_so(tmp_path):
     ended = leaderboard.plan("cpu", tmp_path, kept, OVER, only="fedamp")
     text = leaderboard_table.render(leaderboard_table.evaluate(ended, kept), "cpu", ended, "cmd")
     assert "| `fedamp` | own model | none: every trial of fedamp failed" in text
+
+
+def test_seeds_that_ran_before_rounds_recorded_cpu_time_show_their_wall_time_alone(tmp_path):
+    full, kept = _chosen_plan(tmp_path, "fedper")
+    for item in full.finals:
+        if item.key == "pathological-fedper":
+            finish(item, test=0.6, validation=0.3)
+            if item.seed == 0:  # one seed's rounds written before cpu_seconds existed
+                rows = [json.loads(line) for line in (item.folder / "rounds.jsonl").read_text().splitlines()]
+                (item.folder / "rounds.jsonl").write_text("".join(
+                    json.dumps({k: v for k, v in row.items() if k != "cpu_seconds"}) + "\n" for row in rows))
+    stats = leaderboard_table.evaluate(full, kept)["pathological"]["fedper"]["finals"]
+    assert stats["cpu_seconds"] is None
+    assert "| 1.00 wall | 5 of 5 |" in leaderboard_table.render(leaderboard_table.evaluate(full, kept), "cpu", full, "c")
