@@ -208,6 +208,9 @@ class InProcessWorker:
     def __init__(self, runtime):
         self.runtime = runtime
         self.ping = _Call(os.getpid)  # the actor shell answers pings itself (fedsim.client.worker)
+        # The shell's CPU account: 0 here, where the clients train in the server's own process, whose CPU time the
+        # round already counts.
+        self.cpu_seconds = _Call(lambda: 0.0)
 
     def __getattr__(self, name):
         return _Call(getattr(self.runtime, name))
