@@ -200,8 +200,10 @@ def _reproduce_dry_run(planned: list, seeds: int | None) -> int:
 
 
 def _time_left(states: list[tuple], work: dict[str, int]) -> str:
-    """What is left, timed at the rate the finished runs measured here (an extrapolation, said as one)."""
-    from fedsim.reproduce.runner import run_seconds
+    """What is left, timed at the rate the finished runs measured here (an extrapolation, said as one): by their
+    rounds' wall time, under whatever load they met, and, from the runs that recorded it, by their rounds' CPU
+    time, which other load does not raise (so it reads as hours of one busy core)."""
+    from fedsim.reproduce.runner import run_cpu_seconds, run_seconds
 
     finished = [item for item, state in states if state == "finished"]
     left = sum(work[item.key] for item, state in states if state != "finished")
@@ -209,5 +211,11 @@ def _time_left(states: list[tuple], work: dict[str, int]) -> str:
     if not left or not seconds:
         return f"left: {len(states) - len(finished)} runs, {left:,} sample-steps"
     rate = sum(work[item.key] for item in finished) / seconds
-    return (f"left: {len(states) - len(finished)} runs, {left:,} sample-steps; about {left / rate / 3600:.1f} h at "
+    line = (f"left: {len(states) - len(finished)} runs, {left:,} sample-steps; about {left / rate / 3600:.1f} h at "
             f"the {rate:,.0f} sample-steps/s the {len(finished)} finished runs measured (their rounds' time)")
+    timed = {item.key: cpu for item in finished if (cpu := run_cpu_seconds(item.folder))}
+    if not timed:
+        return line
+    cpu_rate = sum(work[key] for key in timed) / sum(timed.values())
+    return (line + f"; about {left / cpu_rate / 3600:.1f} CPU-core hours at the {cpu_rate:,.0f} sample-steps per "
+            f"CPU-second the {len(timed)} of them that recorded their CPU time measured")

@@ -403,6 +403,12 @@ def test_a_runs_time_counts_its_rounds_across_resumes_and_the_dry_run_extrapolat
     states = [(SimpleNamespace(key="a", folder=done), "finished"), (SimpleNamespace(key="b", folder=left), "new")]
     line = _time_left(states, {"a": 100_000, "b": 360_000})
     assert line.startswith("left: 1 runs, 360,000 sample-steps; about 0.1 h at the 2,000 sample-steps/s")
+    assert "CPU" not in line  # no finished run recorded its CPU time
+    (done / "rounds.jsonl").write_text('{"round": 1, "seconds": 30.0, "cpu_seconds": 10.0}\n'
+                                       '{"round": 2, "seconds": 20.0, "cpu_seconds": 10.0}\n')
+    line = _time_left(states, {"a": 100_000, "b": 3_600_000})
+    assert line.endswith("; about 0.2 CPU-core hours at the 5,000 sample-steps per CPU-second the 1 of them that "
+                         "recorded their CPU time measured")
 
 
 def test_max_concurrent_hands_every_planned_run_to_one_tune_sweep(tmp_path, data_root, monkeypatch):
