@@ -52,10 +52,17 @@ def _sessions(ray_tmp: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name.startswith("session_")) if root.exists() else []
 
 
+def _interruptible() -> None:
+    """SIGINT back to its default in the child: a suite started in the background by a shell without job control
+    (`cmd &`, nohup) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt for it (measured: the
+    run ignored the probe's SIGINT and finished, exit 0), as a user's `nohup fedsim run ... &` rightly would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(cfg: Path, ray_tmp: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", "run", str(cfg), "--quiet"],
                             env=cli_env(TMPDIR=str(ray_tmp)), start_new_session=True, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_interruptible)
 
 
 def _wait_for(ready, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
