@@ -213,9 +213,10 @@ def _time_left(states: list[tuple], work: dict[str, int]) -> str:
     rate = sum(work[item.key] for item in finished) / seconds
     line = (f"left: {len(states) - len(finished)} runs, {left:,} sample-steps; about {left / rate / 3600:.1f} h at "
             f"the {rate:,.0f} sample-steps/s the {len(finished)} finished runs measured (their rounds' time)")
-    timed = {item.key: cpu for item in finished if (cpu := run_cpu_seconds(item.folder))}
+    # A list, not a dict by key: a run's seeds share its key, and each seed is a run of its own.
+    timed = [(item.key, cpu) for item in finished if (cpu := run_cpu_seconds(item.folder))]
     if not timed:
         return line
-    cpu_rate = sum(work[key] for key in timed) / sum(timed.values())
+    cpu_rate = sum(work[key] for key, _ in timed) / sum(cpu for _, cpu in timed)
     return (line + f"; about {left / cpu_rate / 3600:.1f} CPU-core hours at the {cpu_rate:,.0f} sample-steps per "
             f"CPU-second the {len(timed)} of them that recorded their CPU time measured")

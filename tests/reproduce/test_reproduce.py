@@ -409,6 +409,14 @@ def test_a_runs_time_counts_its_rounds_across_resumes_and_the_dry_run_extrapolat
     line = _time_left(states, {"a": 100_000, "b": 3_600_000})
     assert line.endswith("; about 0.2 CPU-core hours at the 5,000 sample-steps per CPU-second the 1 of them that "
                          "recorded their CPU time measured")
+    # Another seed of run "a" (the same key): a run of its own, counted and timed as one.
+    other_seed = tmp_path / "other-seed"
+    other_seed.mkdir()
+    (other_seed / "rounds.jsonl").write_text('{"round": 1, "seconds": 30.0, "cpu_seconds": 100.0}\n')
+    line = _time_left([*states, (SimpleNamespace(key="a", folder=other_seed), "finished")],
+                      {"a": 100_000, "b": 3_600_000})
+    assert line.endswith("; about 0.6 CPU-core hours at the 1,667 sample-steps per CPU-second the 2 of them that "
+                         "recorded their CPU time measured")
 
 
 def test_max_concurrent_hands_every_planned_run_to_one_tune_sweep(tmp_path, data_root, monkeypatch):
