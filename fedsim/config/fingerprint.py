@@ -106,6 +106,15 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
+# Every setting added after run folders were first written, as a dotted key -> the value a config.yaml written
+# before it existed means (its legacy default): such a config lacks the key and ran as if it held this value.
+LATER_DEFAULTS: dict[str, object] = flatten({
+    "data": {**LATER_DATA_DEFAULTS,
+             "partition": {name: default for (_, name), default in LATER_PARTITION_DEFAULTS.items()}},
+    "model": LATER_MODEL_DEFAULTS, "eval": LATER_EVAL_DEFAULTS, "system": SYSTEM_OFF, "server": SERVER_MEAN,
+    "train": {"sampling": "fixed"}, "privacy": None})
+
+
 def changed_settings(before: dict, after: dict) -> list[str]:
     """Dotted keys a resume may not change whose values differ between two resolved configs."""
     old, new = flatten(_resume_settings(before)), flatten(_resume_settings(after))

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim import strict_yaml
-from fedsim.config.fingerprint import flatten, result_settings
+from fedsim.config.fingerprint import LATER_DEFAULTS, flatten, result_settings
 from fedsim.core import runfiles
 
 RECEIPT = ("method", "optimizer", "lr", "momentum", "rounds", "local work", "scored", "round", "seeds")
@@ -100,7 +100,8 @@ def receipt_table(arms: list[tuple[str, dict[str, str]]]) -> list[str]:
 
 def differences(configs: list[dict]) -> list[str]:
     """The settings that change results (``result_settings``) whose values differ between the arms' configs, seed
-    aside: what a comparison of these arms is also about."""
+    aside: what a comparison of these arms is also about. A setting a run's config predates reads as its legacy
+    default (``LATER_DEFAULTS``), the value that run ran with, so an older arm does not seem to differ in it."""
     flats = [flatten(result_settings({**c, "engine": c.get("engine", {})})) for c in configs]
     keys = sorted(set().union(*flats) - {"seed"}) if flats else []
-    return [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+    return [k for k in keys if len({repr(f.get(k, LATER_DEFAULTS.get(k))) for f in flats}) > 1]

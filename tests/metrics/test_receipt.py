@@ -21,3 +21,11 @@ def test_a_receipt_says_how_the_arm_trained_what_it_scored_how_its_round_was_pic
 def test_arms_differ_in_the_settings_that_change_results_never_in_their_seed_or_name():
     a, b = _config(seed=0, name="a"), _config(seed=1, name="b", train={"rounds": 3, "body": {"momentum": 0.0}})
     assert differences([a, b]) == ["train.body.momentum"] and differences([a, a]) == []
+
+
+def test_a_setting_an_older_runs_config_predates_reads_as_its_legacy_default_not_as_a_difference():
+    new, old = _config(seed=0), _config(seed=1)
+    del old["data"]["validation"], old["system"]["server_momentum"], old["eval"]["personalize"]
+    assert differences([new, old]) == []  # the older run ran at the defaults the newer one states
+    held_out = _config(seed=0, data={"validation": 0.2})
+    assert differences([held_out, old]) == ["data.validation"]  # a real difference is still named
