@@ -41,6 +41,14 @@ def user_path(path: str | Path) -> Path:
     return path if path.is_absolute() else user_dir() / path
 
 
+def portable(path: str | Path) -> Path:
+    """``path`` as a record names it on every machine: relative to :func:`user_dir` where it lies under it (a
+    repository's ``runs/``, whichever folder the clone is in), else absolute. What a config stores this way reads
+    back the same through :func:`user_path` in every process of a run."""
+    path, root = user_path(path).resolve(), user_dir().resolve()
+    return path.relative_to(root) if path.is_relative_to(root) else path
+
+
 def anchored(location: str) -> str:
     """``location`` as every process reads it alike: a folder made absolute (:func:`user_path`), a URI as it is."""
     return location if is_uri(location) else str(user_path(location))

@@ -1,5 +1,6 @@
 """Run folders in an object store (a moto S3 server on loopback), and waiting for cluster resources."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,3 +110,17 @@ def test_a_store_that_does_not_answer_is_one_line_within_the_deadline(monkeypatc
     with pytest.raises(StorageError, match="out_dir: gs://fedsim-no-such-bucket-0/runs") as err:
         storage.Store("gs://fedsim-no-such-bucket-0/runs")
     assert time.monotonic() - start < 10 and "\n" not in str(err.value)
+
+
+def test_a_folder_under_the_user_dir_is_recorded_relative_to_it(tmp_path, monkeypatch):
+    """What a record stores (a kept run's out_dir, model.init_from) names the same folder on every clone."""
+    monkeypatch.delenv(storage.USER_DIR_ENV, raising=False)
+    (tmp_path / "clone").mkdir()
+    monkeypatch.chdir(tmp_path / "clone")
+    assert storage.portable(tmp_path / "clone" / "runs" / "reproduce") == Path("runs/reproduce")
+    assert storage.portable("runs/../runs") == Path("runs")
+    assert storage.portable(tmp_path / "elsewhere") == tmp_path.resolve() / "elsewhere"  # outside: absolute
+    # A Ray process reads the driver's directory from the environment: the same record there.
+    monkeypatch.setenv(storage.USER_DIR_ENV, str(tmp_path))
+    assert storage.portable(tmp_path / "clone" / "runs") == Path("clone/runs")
+    assert storage.user_path(storage.portable(tmp_path / "clone" / "runs")) == tmp_path / "clone" / "runs"

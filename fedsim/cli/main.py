@@ -102,7 +102,9 @@ def _reproduce_parser(sub) -> None:
                      "(default: no cap); leaderboard: the chosen settings' final seeds 0..N-1 (default: its tune.final_seeds)")
     rep.add_argument("--only", metavar="CLAIM", help="run only this claim's runs, or the leaderboard's method's (the "
                      "report still covers everything)")
-    rep.add_argument("--runs", default=RUNS_DEFAULT, help=f"folder of the run folders (default {RUNS_DEFAULT})")
+    rep.add_argument("--runs", default=RUNS_DEFAULT, help=f"folder of the run folders (default {RUNS_DEFAULT}); one "
+                     "under the current directory is recorded relative to it, so kept runs name the same folders on "
+                     "every clone")
     rep.add_argument("--report", help="the Markdown report (default REPRODUCTION.md; leaderboard docs/leaderboard.md; "
                      "privacy docs/privacy.md, its section between markers)")
     rep.add_argument("--figures", help="figures and per-paper results (default: reproduction/ beside the report; privacy: "

@@ -15,6 +15,7 @@ KEPT_DEFAULT = "reproduction/runs"
 
 
 def reproduce_command(args: argparse.Namespace) -> int:
+    from fedsim import storage
     from fedsim.reproduce import PAPERS
     from fedsim.reproduce.report import write_report, write_results
     from fedsim.reproduce.runner import execute, folder_keys, keep_finished, plan, restore_kept, run_trees
@@ -27,7 +28,7 @@ def reproduce_command(args: argparse.Namespace) -> int:
     args.report = args.report or "REPRODUCTION.md"
     paper = PAPERS[args.paper]
     claims = (paper.claim(args.only),) if args.only else paper.claims
-    runs_dir = Path(args.runs).resolve()
+    runs_dir = storage.portable(args.runs)  # what every run's config.yaml stores (out_dir, model.init_from)
     planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
     kept = Path(args.kept).resolve()
     everything = planned if args.only is None else plan(paper, paper.claims, args.scale, args.seeds, runs_dir,
@@ -57,10 +58,11 @@ def reproduce_command(args: argparse.Namespace) -> int:
 def _leaderboard_command(args: argparse.Namespace) -> int:
     """The search, then the finals of every method whose search has ended (planned again once the search has
     run: its choices are read from the finished search runs), then the table from every run folder."""
+    from fedsim import storage
     from fedsim.reproduce import leaderboard, leaderboard_table
     from fedsim.reproduce.runner import keep_finished
 
-    runs_dir, kept = Path(args.runs).resolve(), Path(args.kept).resolve()
+    runs_dir, kept = storage.portable(args.runs), Path(args.kept).resolve()
 
     def planned(only: str | None) -> leaderboard.Plan:  # validates every config first
         return leaderboard.plan(args.scale, runs_dir, kept, args.overrides, only, args.seeds)
@@ -122,13 +124,14 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan") -> int:
 def _privacy_command(args: argparse.Namespace) -> int:
     """fedsim's own privacy-utility question (``fedsim.reproduce.privacy``): the same runner and verdicts as a
     paper's claims, its report a section of docs/privacy.md and a figure of accuracy against epsilon."""
+    from fedsim import storage
     from fedsim.reproduce import privacy, privacy_report
     from fedsim.reproduce.runner import execute, folder_keys, keep_finished, plan, restore_kept, run_trees
     from fedsim.reproduce.verdicts import evaluate
 
     paper = privacy.PAPER
     claims = (paper.claim(args.only),) if args.only else paper.claims
-    runs_dir, kept = Path(args.runs).resolve(), Path(args.kept).resolve()
+    runs_dir, kept = storage.portable(args.runs), Path(args.kept).resolve()
     planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
     everything = planned if args.only is None else plan(paper, paper.claims, args.scale, args.seeds, runs_dir,
                                                         args.overrides)

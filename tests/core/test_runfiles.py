@@ -30,6 +30,10 @@ def test_an_init_from_beside_the_run_is_compared_relative_to_its_runs_folder(tmp
     for elsewhere in ("/machine/other/first", "/machine/runs/second", "/machine/runs"):
         moved["model"]["init_from"] = elsewhere
         assert runfiles.compare_stored(moved, cfg)[1] == ["model.init_from"]
+    # Recorded relative to the directory fedsim ran from (kept runs, `fedsim reproduce`): the same sibling.
+    moved = cfg.model_dump() | {"out_dir": "runs/reproduce"}
+    moved["model"]["init_from"] = "runs/reproduce/first"
+    assert runfiles.compare_stored(moved, cfg)[1] == []
     # A folder resumed where it was moved to keeps the path it stored: compared as it is, never re-anchored.
     kept = cfg.model_dump() | {"out_dir": "/machine/runs"}
     assert runfiles.compare_stored(kept, cfg)[1] == []

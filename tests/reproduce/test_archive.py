@@ -9,9 +9,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import TESTS
 
-from fedsim.cli.reproduce import KEPT_DEFAULT
+from fedsim.cli.reproduce import KEPT_DEFAULT, RUNS_DEFAULT
 from fedsim.errors import ConfigError
 from fedsim.reproduce import archive
 
@@ -113,21 +114,25 @@ def test_the_default_kept_folder_is_committed_not_ignored():
     assert subprocess.run(["git", "check-ignore", "-q", "--no-index", "runs/x/summary.json"], cwd=repo).returncode == 0
 
 
-def test_the_repositorys_kept_runs_are_kept_at_another_absolute_path(tmp_path):
-    """The committed LG-FedAvg runs store the FedAvg run they started from as an absolute path of the machine that
-    ran them; restored into a runs folder elsewhere, every kept run of the FedBABU suite is finished, none changed."""
+def test_the_repositorys_kept_runs_name_their_start_relative_to_the_repository(tmp_path):
+    """The committed LG-FedAvg runs name the FedAvg run they started from relative to the repository, never by a
+    path of the machine that ran them; restored into a runs folder elsewhere, every kept run of the FedBABU suite is
+    finished, none changed."""
     from fedsim.reproduce import PAPERS
     from fedsim.reproduce.runner import plan, restore_kept
     from fedsim.sweep.runs import status
 
     kept = TESTS.parent / KEPT_DEFAULT
     paper = PAPERS["fedbabu"]
-    planned = plan(paper, paper.claims, "cpu", None, tmp_path / "runs")
-    lg = [item for item in planned if item.key == "lg_fedavg"]
-    if not all(archive.path_of(kept, item.config.name).exists() for item in planned):
-        pytest.skip(f"{KEPT_DEFAULT} does not hold every run of the FedBABU suite")
-    stored = tarfile.open(archive.path_of(kept, lg[0].config.name)).extractfile("config.yaml").read().decode()
-    assert str(tmp_path) not in stored and "init_from: /" in stored  # an absolute path of another machine
+    planned = [item for item in plan(paper, paper.claims, "cpu", None, tmp_path / "runs")
+               if archive.path_of(kept, item.config.name).exists()]
+    dependent = [item for item in planned if item.needs]
+    if not dependent:
+        pytest.skip(f"{KEPT_DEFAULT} holds no kept run that starts from another")
+    for item in dependent:
+        stored = yaml.safe_load(tarfile.open(archive.path_of(kept, item.config.name)).extractfile("config.yaml"))
+        assert (stored["out_dir"], stored["model"]["init_from"]) == \
+            (RUNS_DEFAULT, f"{RUNS_DEFAULT}/{item.needs[0].name}"), item.config.name
     assert restore_kept(planned, kept) == len(planned)
     assert {item.config.name: status(item.config) for item in planned} == \
         {item.config.name: "finished" for item in planned}

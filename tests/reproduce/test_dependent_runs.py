@@ -1,6 +1,7 @@
 """A reproduction run that starts from another run's model (LG-FedAvg from the same seed's FedAvg, as the FedBABU
 authors' run_lg_fedavg.sh): planned after it, seed by seed, refused while it is missing or unfinished, run again
 when it ran again; and one tiny chain end to end."""
+import dataclasses
 import json
 import os
 import shutil
@@ -41,6 +42,29 @@ def test_the_dependency_is_planned_first_in_every_seed_even_when_no_claim_reads_
         keys = [p.key for p in full if p.seed == seed]
         assert keys.index("fedavg") < keys.index("lg_fedavg") and len(keys) == len(set(keys))
     assert [p.seed for p in full] == sorted(p.seed for p in full)
+
+
+def test_the_command_records_the_run_it_starts_from_relative_to_where_it_runs(tmp_path, data_root, monkeypatch,
+                                                                             capsys):
+    """`fedsim reproduce` given --runs as an absolute path under the current directory (as a script passes it):
+    every run's config names its runs folder and the FedAvg run LG-FedAvg starts from relative to the directory, so
+    a kept run's config.yaml reads the same on every clone; a runs folder outside it stays absolute."""
+    import fedsim.reproduce.runner as runner
+    from fedsim.cli.main import main
+
+    planned = []
+    monkeypatch.setattr(runner, "plan", lambda *a, **k: planned.extend(plan(*a, **k)) or planned)
+    monkeypatch.setitem(PAPERS, "fedbabu", dataclasses.replace(PAPER, claims=LG_ONLY))
+    (tmp_path / "clone").mkdir()
+    monkeypatch.chdir(tmp_path / "clone")
+    command = ["reproduce", "fedbabu", "--seeds", "1", "--dry-run", "--kept", str(tmp_path / "kept"),
+               f"data.root={data_root}", *TINY]
+    assert main([*command, "--runs", str(tmp_path / "clone" / "runs")]) == 0, capsys.readouterr().err
+    fedavg, lg = planned
+    assert (fedavg.config.out_dir, lg.config.model.init_from) == ("runs", "runs/fedbabu-cpu-fedavg-s0")
+    planned.clear()
+    assert main([*command, "--runs", str(tmp_path / "elsewhere")]) == 0, capsys.readouterr().err
+    assert planned[1].config.model.init_from == str(tmp_path.resolve() / "elsewhere" / "fedbabu-cpu-fedavg-s0")
 
 
 def test_a_run_listed_before_the_run_it_needs_still_comes_after_it(tmp_path, data_root):
