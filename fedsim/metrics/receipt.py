@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim import strict_yaml
+from fedsim.algorithms import ALGORITHMS
 from fedsim.config.fingerprint import LATER_DEFAULTS, flatten, result_settings
 from fedsim.core import runfiles
 
@@ -92,6 +93,27 @@ def receipt(configs: list[dict], metrics: list[str], at: str = "final") -> dict[
             "seeds": ", ".join(map(str, seeds)) or "-"}
 
 
+def _settings(config: dict) -> tuple[dict[str, object], set[str] | None]:
+    """A stored config's result settings as dotted keys, with its built-in method's parameters that the tree lacks at
+    their defaults, as validating it fills them (what a resume of that run reads: ``runfiles.compare_stored``; a
+    parameter added to a method after a run was written is absent from its config.yaml, and the run ran at its
+    default); and the dotted parameter keys that method declares (None for a plug-in method: a run folder is input,
+    and the code it names is never imported to read it, so its parameters are compared as written)."""
+    section = config.get("algorithm")
+    name = section.get("name") if isinstance(section, dict) else None
+    method = ALGORITHMS.get(name) if isinstance(name, str) else None
+    declared = None
+    if method is not None and isinstance(section, dict):
+        try:
+            params = method.Params.model_validate({k: v for k, v in section.items() if k != "name"})
+        except ValueError:  # pydantic's ValidationError: parameters no longer valid, compared as written
+            pass
+        else:
+            config = {**config, "algorithm": {"name": name, **params.model_dump(by_alias=True)}}
+            declared = {f"algorithm.{key}" for key in config["algorithm"]}
+    return flatten(result_settings({**config, "engine": config.get("engine", {})})), declared
+
+
 def receipt_table(arms: list[tuple[str, dict[str, str]]]) -> list[str]:
     """Markdown: one row per (label, receipt)."""
     return ["| arm | " + " | ".join(RECEIPT) + " |", "|" + "---|" * (len(RECEIPT) + 1),
@@ -101,7 +123,14 @@ def receipt_table(arms: list[tuple[str, dict[str, str]]]) -> list[str]:
 def differences(configs: list[dict]) -> list[str]:
     """The settings that change results (``result_settings``) whose values differ between the arms' configs, seed
     aside: what a comparison of these arms is also about. A setting a run's config predates reads as its legacy
-    default (``LATER_DEFAULTS``), the value that run ran with, so an older arm does not seem to differ in it."""
-    flats = [flatten(result_settings({**c, "engine": c.get("engine", {})})) for c in configs]
-    keys = sorted(set().union(*flats) - {"seed"}) if flats else []
-    return [k for k in keys if len({repr(f.get(k, LATER_DEFAULTS.get(k))) for f in flats}) > 1]
+    default (``LATER_DEFAULTS``), and a method parameter as the method's default, the values that run ran with, so
+    an older arm does not seem to differ in it. A method's parameter is compared between the arms whose method has
+    it: an arm of a method without it differs in algorithm.name, which is named."""
+    arms = [_settings(c) for c in configs]
+    keys = sorted(set().union(*(flat for flat, _ in arms)) - {"seed"}) if arms else []
+
+    def has(declared: set[str] | None, key: str) -> bool:
+        return declared is None or not key.startswith("algorithm.") or key == "algorithm.name" or key in declared
+
+    return [k for k in keys if len({repr(flat.get(k, LATER_DEFAULTS.get(k))) for flat, declared in arms
+                                    if has(declared, k)}) > 1]

@@ -29,3 +29,20 @@ def test_a_setting_an_older_runs_config_predates_reads_as_its_legacy_default_not
     assert differences([new, old]) == []  # the older run ran at the defaults the newer one states
     held_out = _config(seed=0, data={"validation": 0.2})
     assert differences([held_out, old]) == ["data.validation"]  # a real difference is still named
+
+
+def test_a_method_parameter_an_older_runs_config_predates_reads_as_the_methods_default():
+    """FedBABU's finetune_from came after App. F's first runs: their config.yaml lacks it and they ran at its
+    default (global), which a later arm's config states."""
+    new, old = _config(algorithm={"name": "fedbabu"}), _config(algorithm={"name": "fedbabu"})
+    assert new["algorithm"]["finetune_from"] == "global"
+    del old["algorithm"]["finetune_from"]
+    assert differences([new, old]) == []
+    own = _config(algorithm={"name": "fedbabu", "finetune_from": "own_update"})
+    assert differences([own, old]) == ["algorithm.finetune_from"]  # a real difference is still named
+    # Compared between the arms whose method has it: FedAvg has no finetune_from, it differs in algorithm.name.
+    assert differences([own, _config()]) == ["algorithm.name"]
+    assert differences([own, old, _config()]) == ["algorithm.finetune_from", "algorithm.name"]
+    # A plug-in method named by a run folder is never imported to read it: its parameters compared as written.
+    plugin = {**old, "algorithm": {"name": "no_such_package.module:Method"}}
+    assert differences([plugin, {**plugin, "algorithm": {**plugin["algorithm"], "mu": 1}}]) == ["algorithm.mu"]
