@@ -130,7 +130,9 @@ def differences(configs: list[dict]) -> list[str]:
     keys = sorted(set().union(*(flat for flat, _ in arms)) - {"seed"}) if arms else []
 
     def has(declared: set[str] | None, key: str) -> bool:
-        return declared is None or not key.startswith("algorithm.") or key == "algorithm.name" or key in declared
+        if declared is None or not key.startswith("algorithm."):
+            return True
+        return any(key == own or key.startswith(f"{own}.") for own in declared)  # a mapping's keys, flattened
 
     return [k for k in keys if len({repr(flat.get(k, LATER_DEFAULTS.get(k))) for flat, declared in arms
                                     if has(declared, k)}) > 1]
