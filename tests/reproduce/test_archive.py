@@ -147,6 +147,18 @@ def test_every_kept_archive_of_the_repository_is_within_the_bounds():
         assert archive.KEPT[0] in archive._members(source)
 
 
+def test_no_kept_run_of_the_repository_names_a_path_of_the_machine_that_ran_it():
+    """A kept run's config.yaml names its runs folder, and any run it started from, relative to the repository, so
+    the record reads the same on every clone (fedsim reproduce records --runs so: storage.portable)."""
+    kept = sorted((TESTS.parent / KEPT_DEFAULT).glob("*.tar.gz"))
+    if not kept:
+        pytest.skip("no kept runs in this checkout")
+    for source in kept:
+        stored = yaml.safe_load(tarfile.open(source).extractfile("config.yaml"))
+        named = [stored["out_dir"], stored["model"].get("init_from") or RUNS_DEFAULT]
+        assert all(path == RUNS_DEFAULT or path.startswith(f"{RUNS_DEFAULT}/") for path in named), source.name
+
+
 def test_the_dry_run_over_the_repositorys_kept_runs_leaves_nothing_to_run(tmp_path, capsys, data_root):
     """`fedsim reproduce fedbabu --dry-run` on a fresh clone: the kept runs (LG-FedAvg's from another machine's FedAvg
     among them) are put back and checked as their runs would take them (replayed, never started anew): none changed,
