@@ -93,25 +93,24 @@ def receipt(configs: list[dict], metrics: list[str], at: str = "final") -> dict[
             "seeds": ", ".join(map(str, seeds)) or "-"}
 
 
-def _settings(config: dict) -> tuple[dict[str, object], set[str] | None]:
+def _settings(config: dict) -> tuple[dict[str, object], bool]:
     """A stored config's result settings as dotted keys, with its built-in method's parameters that the tree lacks at
     their defaults, as validating it fills them (what a resume of that run reads: ``runfiles.compare_stored``; a
     parameter added to a method after a run was written is absent from its config.yaml, and the run ran at its
-    default); and the dotted parameter keys that method declares (None for a plug-in method: a run folder is input,
-    and the code it names is never imported to read it, so its parameters are compared as written)."""
+    default); and whether they were filled, so every parameter the method has is there. A plug-in method's are
+    compared as written: a run folder is input, and the code it names is never imported to read it."""
     section = config.get("algorithm")
     name = section.get("name") if isinstance(section, dict) else None
     method = ALGORITHMS.get(name) if isinstance(name, str) else None
-    declared = None
+    filled = False
     if method is not None and isinstance(section, dict):
         try:
             params = method.Params.model_validate({k: v for k, v in section.items() if k != "name"})
         except ValueError:  # pydantic's ValidationError: parameters no longer valid, compared as written
             pass
         else:
-            config = {**config, "algorithm": {"name": name, **params.model_dump(by_alias=True)}}
-            declared = {f"algorithm.{key}" for key in config["algorithm"]}
-    return flatten(result_settings({**config, "engine": config.get("engine", {})})), declared
+            config, filled = {**config, "algorithm": {"name": name, **params.model_dump(by_alias=True)}}, True
+    return flatten(result_settings({**config, "engine": config.get("engine", {})})), filled
 
 
 def receipt_table(arms: list[tuple[str, dict[str, str]]]) -> list[str]:
@@ -129,10 +128,8 @@ def differences(configs: list[dict]) -> list[str]:
     arms = [_settings(c) for c in configs]
     keys = sorted(set().union(*(flat for flat, _ in arms)) - {"seed"}) if arms else []
 
-    def has(declared: set[str] | None, key: str) -> bool:
-        if declared is None or not key.startswith("algorithm."):
-            return True
-        return any(key == own or key.startswith(f"{own}.") for own in declared)  # a mapping's keys, flattened
+    def values(key: str) -> set[str]:  # an arm whose method's parameters are all there and lack this one has none
+        return {repr(flat.get(key, LATER_DEFAULTS.get(key))) for flat, filled in arms
+                if key in flat or not (filled and key.startswith("algorithm."))}
 
-    return [k for k in keys if len({repr(flat.get(k, LATER_DEFAULTS.get(k))) for flat, declared in arms
-                                    if has(declared, k)}) > 1]
+    return [k for k in keys if len(values(k)) > 1]
