@@ -2,6 +2,8 @@
 rounds, the shared lr and momentum drawn alike for every method, each method's own `tunable` beside them), the
 choice read from validation scores only, then the chosen settings at the final seeds; a diverged trial is left out
 and never retried; a resumed leaderboard plans only the runs its kept archive lacks; the dry run counts them."""
+import multiprocessing
+
 import pytest
 from conftest import finished_leaderboard_run as finish
 
@@ -88,6 +90,46 @@ def test_a_search_every_trial_of_which_diverged_chooses_nothing(tmp_path):
     full = leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=2"], only="fedamp")
     assert all(s.choice is None and "every trial of fedamp failed" in str(s.failed) for s in full.searches)
     assert not full.finals and not full.waiting()
+
+
+def test_processes_sharing_a_kept_folder_keep_each_others_diverged_runs(tmp_path):
+    """Two lanes complete one leaderboard into one kept folder, each opened before the other records: neither
+    drops the other's record, nor retries a run the other has recorded."""
+    kept = tmp_path / "kept"
+    search = leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=2"], only="fedamp").search
+    first, second = leaderboard.Diverged(kept), leaderboard.Diverged(kept)
+    first.record(search[0], "loss is not finite")
+    assert second.of(search[0]) == "loss is not finite"
+    second.record(search[1], "loss is not finite at round 2")
+    assert [leaderboard.Diverged(kept).of(item) for item in search[:2]] == [
+        "loss is not finite", "loss is not finite at round 2"]
+
+
+def test_diverged_runs_recorded_at_once_by_several_processes_are_all_kept(tmp_path):
+    kept = tmp_path / "kept"
+    search = leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=4"], only="fedamp").search
+    fork = multiprocessing.get_context("fork")  # the planned runs reach the children without pickling
+
+    def record(items):
+        for item in items:
+            leaderboard.Diverged(kept).record(item, f"{item.config.name} diverged")
+
+    workers = [fork.Process(target=record, args=(search[i::4],)) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert all(worker.exitcode == 0 for worker in workers)
+    assert [leaderboard.Diverged(kept).of(item) for item in search] == [f"{i.config.name} diverged" for i in search]
+
+
+@pytest.mark.parametrize("content, says", [("{", "unreadable"), ('{"run": "diverged"}', "not a record of")])
+def test_a_damaged_record_of_diverged_runs_is_named_with_its_fix(tmp_path, content, says):
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "diverged.json").write_text(content)
+    with pytest.raises(ConfigError, match=rf"diverged\.json: {says}.*restore it from git, or remove it"):
+        leaderboard.plan("cpu", tmp_path, kept, ["tune.trials=2"], only="fedamp")
 
 
 def test_a_resumed_leaderboard_plans_only_what_its_kept_runs_lack(tmp_path):
