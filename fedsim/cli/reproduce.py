@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fedsim.reproduce import leaderboard
+    from fedsim.reproduce.runner import PlannedRun
 
 RUNS_DEFAULT = "runs/reproduce"
 KEPT_DEFAULT = "reproduction/runs"
@@ -75,7 +76,7 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     full = restored()
     mine = full if args.only is None else planned(args.only)
     if args.dry_run:
-        return _leaderboard_dry_run(mine)
+        return _leaderboard_dry_run(mine, leaderboard.Diverged(kept))
     if not args.report_only:
         leaderboard.complete(mine.search, kept, args.max_concurrent)
         full = restored()
@@ -92,10 +93,11 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _leaderboard_dry_run(mine: "leaderboard.Plan") -> int:
+def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverged") -> int:
     """Each run key's work estimated once (a final's seeds are the same work), every planned run's status and the
     time left at the measured rate; then the finals still waiting for their search, estimated at the mean work of
-    that method's trials (their settings are not chosen yet)."""
+    that method's trials (their settings are not chosen yet). A run recorded as diverged under its present settings
+    is listed as such and is not left: the leaderboard never retries it."""
     from fedsim.engine.estimate import estimate
     from fedsim.sweep.runs import status
 
@@ -104,7 +106,7 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan") -> int:
         if item.key not in work:
             e = estimate(item.config, overwrite=True)  # work only: the run's own status is listed below
             work[item.key] = e.train_sample_steps + e.finetune_sample_steps
-    states = [(item, status(item.config)) for item in mine.runs]
+    states = [(item, _leaderboard_status(item, status(item.config), diverged)) for item in mine.runs]
     for item, state in states:
         print(f"{item.config.name}: {state}")
     counts = {state: sum(s == state for _, s in states) for state in dict.fromkeys(s for _, s in states)}
@@ -116,9 +118,17 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan") -> int:
         steps = sum(mine.tune.final_seeds * sum(work[t[0].key] for t in s.runs) / len(s.runs) for s in waiting)
         print(f"waiting for their search: {len(waiting) * mine.tune.final_seeds} final runs ({len(waiting)} method x "
               f"setting searches not ended), about {steps:,.0f} sample-steps (each at its method's mean trial)")
-    print(_time_left(states, work))
+    print(_time_left([(item, state) for item, state in states if state != DIVERGED], work))
     print(f"budget: {mine.budget()}")
     return 0
+
+
+DIVERGED = "diverged (recorded; not retried)"
+
+
+def _leaderboard_status(item: "PlannedRun", state: str, diverged: "leaderboard.Diverged") -> str:
+    """A run's status as the leaderboard takes it: a run not finished whose divergence is recorded stays so."""
+    return DIVERGED if state != "finished" and diverged.of(item) else state
 
 
 def _privacy_command(args: argparse.Namespace) -> int:

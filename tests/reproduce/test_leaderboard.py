@@ -160,6 +160,24 @@ def test_the_dry_run_counts_the_search_and_the_finals_waiting_for_it(tmp_path, c
     assert "budget: 2 trials x 1 search seed(s) (1000) x 2 rounds per method and setting" in out
 
 
+def test_the_dry_run_lists_a_diverged_run_as_such_and_leaves_it_out_of_what_is_left(tmp_path, capsys, data_root):
+    """The leaderboard never retries a run recorded as diverged, so the dry run of a fully run leaderboard says
+    "left: 0 runs" even where a trial diverged: here the search has ended (trial 1 is chosen) and only its
+    finals are left."""
+    kept = tmp_path / "kept"
+    over = ["tune.trials=2", "train.rounds=2"]
+    search = leaderboard.plan("cpu", tmp_path, kept, over, only="fedavg").search
+    leaderboard.Diverged(kept).record(search[0], "loss is not finite")
+    for item in search[1:]:
+        finish(item, test=0.5, validation=0.4)
+    assert main(["reproduce", "leaderboard", "--dry-run", "--only", "fedavg", "--runs", str(tmp_path),
+                 "--kept", str(kept), *over]) == 0
+    out = capsys.readouterr().out
+    assert f"{search[0].config.name}: diverged (recorded; not retried)" in out
+    assert "planned now: 4 search runs, 10 final runs (1 diverged (recorded; not retried), 3 finished, 10 new)" in out
+    assert "\nleft: 10 runs" in out  # the finals of the chosen trial, not the diverged one
+
+
 def test_the_paper_scale_plan_is_valid(tmp_path):
     full = leaderboard.plan("paper", tmp_path, tmp_path / "kept", only="fedavg")
     assert {item.config.train.rounds for item in full.search} == {2000}
