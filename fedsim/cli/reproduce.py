@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fedsim.reproduce import leaderboard
-    from fedsim.reproduce.runner import PlannedRun
 
 RUNS_DEFAULT = "runs/reproduce"
 KEPT_DEFAULT = "reproduction/runs"
@@ -106,7 +105,7 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverg
         if item.key not in work:
             e = estimate(item.config, overwrite=True)  # work only: the run's own status is listed below
             work[item.key] = e.train_sample_steps + e.finetune_sample_steps
-    states = [(item, _leaderboard_status(item, status(item.config), diverged)) for item in mine.runs]
+    states = [(item, diverged.status(item, status(item.config))) for item in mine.runs]
     for item, state in states:
         print(f"{item.config.name}: {state}")
     counts = {state: sum(s == state for _, s in states) for state in dict.fromkeys(s for _, s in states)}
@@ -118,17 +117,9 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverg
         steps = sum(mine.tune.final_seeds * sum(work[t[0].key] for t in s.runs) / len(s.runs) for s in waiting)
         print(f"waiting for their search: {len(waiting) * mine.tune.final_seeds} final runs ({len(waiting)} method x "
               f"setting searches not ended), about {steps:,.0f} sample-steps (each at its method's mean trial)")
-    print(_time_left([(item, state) for item, state in states if state != DIVERGED], work))
+    print(_time_left([(item, state) for item, state in states if state != diverged.STATUS], work))
     print(f"budget: {mine.budget()}")
     return 0
-
-
-DIVERGED = "diverged (recorded; not retried)"
-
-
-def _leaderboard_status(item: "PlannedRun", state: str, diverged: "leaderboard.Diverged") -> str:
-    """A run's status as the leaderboard takes it: a run not finished whose divergence is recorded stays so."""
-    return DIVERGED if state != "finished" and diverged.of(item) else state
 
 
 def _privacy_command(args: argparse.Namespace) -> int:

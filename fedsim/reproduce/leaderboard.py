@@ -264,6 +264,12 @@ class Diverged:
         found = self._read().get(item.config.name)
         return found["error"] if found and found["settings"] == _settings(item) else None
 
+    STATUS = "diverged (recorded; not retried)"
+
+    def status(self, item: PlannedRun, folder_status: str) -> str:
+        """A run's status as the leaderboard takes it: one not finished whose divergence is recorded stays so."""
+        return self.STATUS if folder_status != "finished" and self.of(item) else folder_status
+
     def record(self, item: PlannedRun, error: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with _holding(self.path.parent):
