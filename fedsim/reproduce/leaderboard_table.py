@@ -85,11 +85,13 @@ def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[s
 
 def _tuning(search: Search, diverged: Diverged) -> dict[str, Any]:
     done = sum(all(read_summary(i.folder) is not None or diverged.of(i) for i in trial) for trial in search.runs)
+    # Read from the record, not the choice, so a trial that diverged is named while the search still runs.
+    failed_trials = [k for k, trial in enumerate(search.runs) if any(diverged.of(i) for i in trial)]
     out: dict[str, Any] = {"space": space_text(search.space), "trials_done": done, "trials": len(search.runs),
-                           "failed": search.failed}
+                           "failed": search.failed, "failed_trials": failed_trials}
     if search.choice is not None:
         out |= {"trial": search.choice.trial, "validation": 100 * search.choice.score,
-                "chosen": search.trials[search.choice.trial], "failed_trials": search.choice.failed}
+                "chosen": search.trials[search.choice.trial]}
     return out
 
 
@@ -225,7 +227,7 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
 
 def _spaces(table: dict, setting: str) -> list[str]:
     rows = [f"| `{method}` | {cell['tuning']['space']} | "
-            f"{', '.join(map(str, cell['tuning'].get('failed_trials', []))) or '-'} |"
+            f"{', '.join(map(str, cell['tuning']['failed_trials'])) or '-'} |"
             for method, cell in table[setting].items()]
     return ["Search spaces (and trials left out because they diverged):", "", "| method | space | diverged trials |",
             "|---|---|---|", *rows]

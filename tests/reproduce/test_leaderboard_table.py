@@ -89,6 +89,18 @@ def test_a_method_still_searching_or_without_a_choice_says_so(tmp_path):
     assert "| `fedamp` | own model | none: every trial of fedamp failed" in text
 
 
+def test_a_trial_that_diverged_is_named_while_its_search_still_runs(tmp_path):
+    kept = tmp_path / "kept"
+    searching = leaderboard.plan("cpu", tmp_path, kept, OVER, only="pfedme")
+    trial_1 = next(item for item in searching.search if item.key == "pathological-pfedme-t1")
+    leaderboard.Diverged(kept).record(trial_1, "loss is not finite")  # trial 0 not run yet
+    text = leaderboard_table.render(leaderboard_table.evaluate(searching, kept), "cpu", searching, "cmd")
+    assert "| `pfedme` | own model | searching (1 of 2 trials done) | not run yet |" in text
+    assert "| `pfedme` | lr loguniform [0.005, 0.2]; momentum choice [0.0, 0.9]; algorithm.lambda" in text
+    assert text.count("personal_lr choice [0.01, 0.05, 0.09, 0.1] | 1 |") == 1  # this setting's trial 1 alone
+    assert text.count("personal_lr choice [0.01, 0.05, 0.09, 0.1] | - |") == 1
+
+
 def test_seeds_that_ran_before_rounds_recorded_cpu_time_show_their_wall_time_alone(tmp_path):
     full, kept = _chosen_plan(tmp_path, "fedper")
     for item in full.finals:
