@@ -1,10 +1,12 @@
 """The FedBABU paper (Oh et al. 2021, arXiv:2106.06042v3), claim by claim, and the
 PFLlib leaderboard as a cross-check.
 
-One file over ~350 lines on purpose: it only declares one paper's reproduction plan, read top to bottom as
+One file over 400 lines on purpose: it only declares one paper's reproduction plan, read top to bottom as
 fedper.py is for FedPer (the runs, with the settings they vary and the sources those cite, then the claims that
-name the runs); split, a claim would sit in one file and the runs it names in another."""
+name the runs); split, a claim would sit in one file and the runs it names in another. What was read from the
+sources about the numbers beside fedsim's (why none, why a peer's level differs) is fedbabu_sources.py's."""
 from fedsim.reproduce.claims import Arm, Claim, Metric, Overrides, Paper, RunFolder, Setting, gap_shrinks, greater, trend
+from fedsim.reproduce.fedbabu_sources import FLOWER_APPF, NO_TABLE
 
 
 def _total_epochs(base: dict) -> int:
@@ -93,27 +95,6 @@ APPF_CPU_ENGINE: Overrides = {"engine.workers": 2, "engine.cpus_per_worker": 1}
 # and fine-tuning at the round's lr, 0.1.
 FLOWER_LR: Overrides = {"train.body.schedule": "constant", "train.head.schedule": "constant", "eval.finetune_lr": 0.1}
 
-# Issue 48 item 3: fedsim's App. F levels (FedBABU 91.81, FedAvg+FT 87.39 at 5 seeds) stand ~20 points above Flower's
-# baseline. Read from its code (adap/flower baselines/fedbabu at 2fb0ae9970: pyproject.toml, server_app.py,
-# client_app.py, task.py); the last sentence from the kept runs of check appf-flower-lr (both seeds finished).
-FLOWER_APPF = (
-    "Read from Flower's code (adap/flower baselines/fedbabu, commit 2fb0ae9970): its 100 clients, f = 0.1, 80 "
-    "rounds, tau = 4, 5 fine-tuning epochs, batch 50, momentum 0.9 and 4convNet are fedsim's, so neither round "
-    "count, fine-tuning epochs nor data fraction differs; three other protocol differences could explain ~20 points. "
-    "(1) Its lr schedule: server_app.py multiplies the configured 0.1 by 0.1 only in the two rounds where round + 1 "
-    "is 40 or 60, so it trains at lr 0.1 in 78 of 80 rounds; the authors (and fedsim) decay it to 0.01 at round 40 "
-    "and to 0.001 at round 60. (2) Its fine-tuning: client_app.py fine-tunes the whole network 5 epochs at the "
-    "round's lr (0.1 at round 80), momentum 0.9, for both methods; the authors' protocol (and fedsim's) fine-tunes "
-    "at the final lr, 1e-3, 100 times smaller. (3) Its data: CIFAR-10's training and test images merged and split 2 "
-    "classes per client by flwr-datasets' PathologicalPartitioner, then 80/20 per client (about 480 training / 120 "
-    "test images), against fedsim's 500 / 100 from the separate splits; its head is nn.Linear's default init, not "
-    "orthogonal. (1) and (2) are measured together by the check appf-flower-lr (outside the tally: App. F again at "
-    "lr 0.1 in every round and fine-tuning at lr 0.1); (3) is not measured, so what that check leaves of the gap is "
-    "unexplained by measurement. Measured there at 2 seeds: (1) and (2) lower FedBABU by 11.59 points [10.12, "
-    "13.05], about half of its gap, leaving ~10 unexplained; FedAvg's global model collapses to one class, and its "
-    "fine-tuned level lands near Flower's ~58 in one seed (54.50) and far above it in the other (87.53).")
-
-
 def momentum(m: float) -> dict:
     """App. D: local-update momentum m on body and head; the evaluation's fine-tuning keeps its own (0.9)."""
     return {"train.body.momentum": m, "train.head.momentum": m}
@@ -174,11 +155,6 @@ PERSONALIZED: Metric = "acc_personalized"
 METHODS = ("FedAvg+FT", "FedPer", "LG-FedAvg", "FedRep")
 AUTHORS_FEDPER = "FedPer (authors' code)"
 RANDOM_LG = "LG-FedAvg (random start)"
-
-# Why a FedBABU claim has no paper number beside fedsim's (the peer-numbers notes checked against the sources).
-NO_TABLE = ("this reproduction could not read them (the paper text it was checked against is condensed, without table "
-            "values), and the authors' repository (jhoon-oh/FedBABU) publishes none (no README table; its notebook "
-            "has no outputs)")
 
 CLAIMS = (
     Claim("fedavg-settings", "FedAvg's initial accuracy falls as f drops, tau grows and s drops",

@@ -84,9 +84,11 @@ def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[s
 
 
 def _tuning(search: Search, diverged: Diverged) -> dict[str, Any]:
-    done = sum(all(read_summary(i.folder) is not None or diverged.of(i) for i in trial) for trial in search.runs)
     # Read from the record, not the choice, so a trial that diverged is named while the search still runs.
-    failed_trials = [k for k, trial in enumerate(search.runs) if any(diverged.of(i) for i in trial)]
+    stopped = [[bool(diverged.of(i)) for i in trial] for trial in search.runs]
+    done = sum(all(read_summary(i.folder) is not None or gone for i, gone in zip(trial, flags))
+               for trial, flags in zip(search.runs, stopped))
+    failed_trials = [k for k, flags in enumerate(stopped) if any(flags)]
     out: dict[str, Any] = {"space": space_text(search.space), "trials_done": done, "trials": len(search.runs),
                            "failed": search.failed, "failed_trials": failed_trials}
     if search.choice is not None:
