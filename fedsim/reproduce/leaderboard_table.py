@@ -1,7 +1,8 @@
 """The leaderboard's table, computed from the finished run folders of its plan (``leaderboard.plan``): per setting
 and method, the settings its search chose (on validation) and its finals' test accuracy at the final round and at
 the round validation picks, fairness across clients (p10, Jain) and time per round, each a mean over seeds with a
-95% interval; nothing is selected on test. The one number read at the best round on test is the column beside
+95% interval, and a ranking by the final round with each method's paired difference to the first; nothing is
+selected on test. The one number read at the best round on test is the column beside
 PFLlib's, because that is PFLlib's quantity (its best round on test of the accuracy pooled over clients,
 serverbase.py evaluate()), and only in rows where PFLlib's number scores what the row reports."""
 from __future__ import annotations
@@ -56,7 +57,7 @@ def pooled_best_on_test(folder: Path, metric: str) -> float | None:
 def _seed_stats(item: PlannedRun, summary: dict, comparable: bool) -> dict[str, Any]:
     metric = reported_key(item.config)
     final, picked = summary[metric], summary["best_round"][metric]
-    return {"final": 100 * final["mean"], "picked": 100 * picked["mean"], "picked_round": picked["round"],
+    return {"seed": item.seed, "final": 100 * final["mean"], "picked": 100 * picked["mean"], "picked_round": picked["round"],
             "picked_on": picked.get("picked_on", "test"), "p10": 100 * final["p10"], "jain": final["jain"],
             "seconds": run_seconds(item.folder) / item.config.train.rounds,
             "cpu_seconds": None if (cpu := run_cpu_seconds(item.folder)) is None else cpu / item.config.train.rounds,
@@ -74,7 +75,8 @@ def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[s
     if not per_seed:
         return out
     column = {key: [s[key] for s in per_seed] for key in per_seed[0]}
-    out |= {"final": mean_ci(column["final"]).__dict__, "picked": mean_ci(column["picked"]).__dict__,
+    out |= {"by_seed": dict(zip(column["seed"], column["final"])), "final": mean_ci(column["final"]).__dict__,
+            "picked": mean_ci(column["picked"]).__dict__,
             "picked_on": sorted(set(column["picked_on"])),
             **{key: float(np.mean(column[key])) for key in ("picked_round", "p10", "jain", "seconds")},
             "cpu_seconds": None if None in column["cpu_seconds"] else float(np.mean(column["cpu_seconds"]))}
@@ -223,8 +225,58 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
     for column, setting in enumerate(SETTINGS):
         lines += [f"## {SETTING_TITLES[setting]}", "", HEADER, "|" + "---|" * 12]
         lines += [_row(e, table[setting][e.method], column) for e in ENTRIES if e.method in table[setting]]
-        lines += ["", *_spaces(table, setting), "", *_receipts(setting, full.finals), ""]
+        lines += ["", *_ranking(table[setting]), *_spaces(table, setting), "", *_receipts(setting, full.finals), ""]
     return "\n".join(lines)
+
+
+def ranking(cells: dict[str, dict]) -> list[dict[str, Any]]:
+    """The methods whose planned final seeds have all finished, by mean final-round accuracy, each with its paired
+    difference to the first over the same seeds (a seed fixes the clients' data and validation splits), in points."""
+    done = {m: c["finals"] for m, c in cells.items()
+            if "final" in c["finals"] and c["finals"]["seeds"] == c["finals"]["planned"] and not c["finals"]["diverged"]}
+    order = sorted(done, key=lambda m: -done[m]["final"]["mean"])
+    if not order:
+        return []
+    first = done[order[0]]["by_seed"]
+    out = []
+    for method in order:
+        seeds = done[method]["by_seed"]
+        behind = mean_ci([first[s] - seeds[s] for s in sorted(seeds)]).__dict__ if method != order[0] else None
+        out.append({"method": method, "final": done[method]["final"]["mean"], "behind": behind,
+                    "separated": behind is not None and behind["low"] is not None and behind["low"] > 0})
+    return out
+
+
+def _behind(ranked: dict[str, Any]) -> str:
+    behind = ranked["behind"]
+    if behind is None:
+        return "- | -"
+    if behind["low"] is None:
+        return f"{behind['mean']:+.2f} | no: one seed, no interval"
+    return (f"{behind['mean']:+.2f} [{behind['low']:+.2f}, {behind['high']:+.2f}] | "
+            + ("yes" if ranked["separated"] else "no: the interval covers 0"))
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
+def _ranking(cells: dict[str, dict]) -> list[str]:
+    ranked = ranking(cells)
+    if not ranked:
+        return []
+    names = {r["method"] for r in ranked}
+    diverged = [f"`{m}`" for m, c in cells.items() if m not in names and c["finals"]["diverged"]]
+    running = [f"`{m}`" for m, c in cells.items() if m not in names and not c["finals"]["diverged"]]
+    left = ([f"still running (not ranked until every final seed has finished): {', '.join(running)}"] if running else []) \
+        + ([f"not ranked, a final seed diverged: {', '.join(diverged)}"] if diverged else [])
+    rows = [f"| {rank} | `{r['method']}` | {r['final']:.2f} | {_behind(r)} |" for rank, r in enumerate(ranked, start=1)]
+    return ["Ranking by the final round (no round picked on test): the first minus each method, paired over the "
+            "same seeds, with its Student-t 95% interval; a method is separated from the first only where the whole "
+            "interval lies above 0. " + (_sentence("; ".join(left)) if left else "Every method is ranked."),
+            "",
+            "| rank | method | final round % | the first minus it (points, 95% CI) | separated from the first |",
+            "|---|---|---|---|---|", *rows, ""]
 
 
 def _spaces(table: dict, setting: str) -> list[str]:

@@ -113,3 +113,29 @@ def test_seeds_that_ran_before_rounds_recorded_cpu_time_show_their_wall_time_alo
     stats = leaderboard_table.evaluate(full, kept)["pathological"]["fedper"]["finals"]
     assert stats["cpu_seconds"] is None
     assert "| 1.00 wall | 5 of 5 |" in leaderboard_table.render(leaderboard_table.evaluate(full, kept), "cpu", full, "c")
+
+
+def test_the_ranking_orders_methods_whose_seeds_all_finished_and_separates_them_from_the_first_paired(tmp_path):
+    kept = tmp_path / "kept"
+    for item in leaderboard.plan("cpu", tmp_path, kept, OVER).search:
+        finish(item, test=0.2, validation=0.1)
+    full = leaderboard.plan("cpu", tmp_path, kept, OVER)
+    by_seed = {"fedper": [0.70, 0.73, 0.69, 0.72, 0.70], "local": [0.71, 0.70, 0.70, 0.71, 0.69],
+               "fedavg": [0.50, 0.52, 0.48, 0.51, 0.49], "fedrep": [0.9, 0.9, 0.9], "ditto": [0.9, 0.9, 0.9, 0.9]}
+    for item in full.finals:
+        method = item.config.algorithm.name
+        if item.key.startswith("pathological-") and item.seed < len(by_seed.get(method, [])):
+            finish(item, test=by_seed[method][item.seed], validation=0.3)
+        elif item.key == "pathological-ditto" and item.seed == 4:
+            leaderboard.Diverged(kept).record(item, "loss is not finite")
+    table = leaderboard_table.evaluate(full, kept)
+    assert [r["method"] for r in leaderboard_table.ranking(table["pathological"])] == ["fedper", "local", "fedavg"]
+    text = leaderboard_table.render(table, "cpu", full, "cmd")
+    assert "| 1 | `fedper` | 70.80 | - | - |" in text
+    # fedper - local per seed: -1, +3, -1, +1, +1 points: mean +0.60, interval over 0
+    low, high = (0.6 + sign * t975(4) * math.sqrt(2.8) / math.sqrt(5) for sign in (-1, 1))
+    assert f"| 2 | `local` | 70.20 | +0.60 [{low:+.2f}, {high:+.2f}] | no: the interval covers 0 |" in text
+    assert "| 3 | `fedavg` | 50.00 | +20.80 [" in text and text.count("| yes |") == 1
+    assert "Still running (not ranked until every final seed has finished): `fedrep`, `fedbabu`" in text
+    assert "not ranked, a final seed diverged: `ditto`." in text
+    assert text.count("| rank | method |") == 1  # no final of the Dirichlet setting has finished: no ranking there
