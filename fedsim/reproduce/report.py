@@ -146,6 +146,16 @@ def tally(results: list[dict]) -> str:
         f"`{c['id']}` ({c.get('outside') or 'smoke check'})" for c in outside) + "."
 
 
+def _cpu_hours(results: list[dict]) -> str:
+    """The CPU time of the finished runs that recorded it (rounds.jsonl ``cpu_seconds``; older runs did not), which
+    the load of runs beside them does not raise as it raises their wall time."""
+    runs = sum(r.get("compute_cpu_runs", 0) for r in results)
+    if not runs:
+        return ""
+    hours = sum(r.get("compute_cpu_seconds", 0.0) for r in results) / 3600
+    return f"; {hours:.1f} CPU-core hours over the {runs} of them that recorded their CPU time"
+
+
 def _progress(results: list[dict]) -> str:
     def cap(r: dict) -> str:
         new = any("seeds" in c for c in r["claims"])  # results written before claims fixed their seeds: no cap
@@ -156,8 +166,8 @@ def _progress(results: list[dict]) -> str:
     hours = sum(r["compute_seconds"] for r in results) / 3600
     left = sum(r["runs_total"] - r["runs_done"] for r in results)
     return (f"Runs finished: {done}. Total compute: {hours:.1f} h of rounds over the finished runs (summed over runs "
-            f"that shared a 2-core machine); {left} runs left (`--dry-run` estimates their time). Each claim fixes its "
-            "seeds before it runs; it is decided only once all of them have finished.")
+            f"that shared a 2-core machine){_cpu_hours(results)}; {left} runs left (`--dry-run` estimates their "
+            "time). Each claim fixes its seeds before it runs; it is decided only once all of them have finished.")
 
 
 def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:
@@ -244,7 +254,7 @@ def _paper_section(res: dict, figures_rel: str) -> list[str]:
              f"machine; finished runs are skipped, interrupted ones resume). Runs finished: {res['runs_done']} of {res['runs_total']}; their rounds "
              f"took {hours:.2f} h in total (training, aggregation and evaluation summed over the runs and their "
              "resumes, Ray's start-up excluded; on a 2-core CPU machine, where runs that shared it side by side "
-             "each count in full, so the sum exceeds the elapsed time).", "",
+             f"each count in full, so the sum exceeds the elapsed time){_cpu_hours([res])}.", "",
              f"What this scale cuts: {res['scale_note']}", ""]
     for claim in res["claims"]:
         lines += _claim_section(claim, res["scale"], figures_rel)

@@ -18,7 +18,8 @@ from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.receipt import differences, receipt, stored_config
 from fedsim.metrics.summary import summarize
 from fedsim.reproduce.claims import Arm, Claim, Paper, Setting, Test
-from fedsim.reproduce.runner import client_values_at, client_means, read_summary, run_name, run_seconds
+from fedsim.reproduce.runner import (client_values_at, client_means, read_summary, run_cpu_seconds, run_name,
+                                     run_seconds)
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 # A test whose interval lies below threshold + margin but not wholly below the threshold: no effect as large as the
@@ -228,7 +229,9 @@ def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int | N
         wanted[folders[key]] = max(wanted.get(folders[key], 0), n)
     folders_run = [runs_dir / run_name(paper, scale, key, s) for key in sorted(wanted) for s in range(wanted[key])]
     done = [folder for folder in folders_run if read_summary(folder) is not None]
+    cpu = [seconds for folder in done if (seconds := run_cpu_seconds(folder)) is not None]
     return {"paper": paper.key, "title": paper.title, "scale": scale, "scale_note": paper.scale_notes.get(scale, ""),
             "seeds": seeds, "command": command, "runs_total": len(folders_run), "runs_done": len(done),
             "compute_seconds": sum(run_seconds(folder) for folder in done),
+            "compute_cpu_seconds": sum(cpu), "compute_cpu_runs": len(cpu),
             "claims": [evaluate_claim(c, paper, scale, runs_dir, folders) for c in claims]}

@@ -324,6 +324,10 @@ def test_a_tiny_claim_end_to_end(tmp_path, data_root, capsys):
     assert k4["verdict"] == INCONCLUSIVE and "Seeds: 2 of 5 finished" in markdown
     assert (tmp_path / "reproduction" / "fedper-cpu-k4.png").stat().st_size > 0
     assert "train.rounds=2" in markdown  # the report says how these runs were cut
+    # Its compute: the rounds' wall time and, recorded by every run, their CPU time.
+    assert results["compute_cpu_runs"] == results["runs_done"] == 8 and results["compute_cpu_seconds"] > 0
+    cpu_hours = f"{results['compute_cpu_seconds'] / 3600:.1f} CPU-core hours over the 8 of them that recorded"
+    assert markdown.count(cpu_hours) == 2  # the headline's total and the paper's section
     # Each arm's receipt, from its runs' stored configs, and what else than the method the arms differ in.
     receipts = {arm["label"]: arm["receipt"] for arm in k4["arms"]}
     assert receipts[f"FedPer [{sgd}]"]["seeds"] == "0, 1" and receipts[f"FedPer [{sgd}]"]["rounds"] == "2"
