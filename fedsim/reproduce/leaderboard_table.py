@@ -57,8 +57,9 @@ def pooled_best_on_test(folder: Path, metric: str) -> float | None:
 def _seed_stats(item: PlannedRun, summary: dict, comparable: bool) -> dict[str, Any]:
     metric = reported_key(item.config)
     final, picked = summary[metric], summary["best_round"][metric]
-    return {"seed": item.seed, "final": 100 * final["mean"], "picked": 100 * picked["mean"], "picked_round": picked["round"],
-            "picked_on": picked.get("picked_on", "test"), "p10": 100 * final["p10"], "jain": final["jain"],
+    return {"seed": item.seed, "final": 100 * final["mean"], "picked": 100 * picked["mean"],
+            "picked_round": picked["round"], "picked_on": picked.get("picked_on", "test"), "p10": 100 * final["p10"],
+            "jain": final["jain"],
             "seconds": run_seconds(item.folder) / item.config.train.rounds,
             "cpu_seconds": None if (cpu := run_cpu_seconds(item.folder)) is None else cpu / item.config.train.rounds,
             "pooled_best": pooled_best_on_test(item.folder, metric) if comparable else None}
@@ -234,8 +235,8 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
 def ranking(cells: dict[str, dict]) -> list[dict[str, Any]]:
     """The methods whose planned final seeds have all finished, by mean final-round accuracy, each with its paired
     difference to the first over the same seeds (a seed fixes the clients' data and validation splits), in points."""
-    done = {m: c["finals"] for m, c in cells.items()
-            if "final" in c["finals"] and c["finals"]["seeds"] == c["finals"]["planned"] and not c["finals"]["diverged"]}
+    done = {m: f for m, c in cells.items()
+            if "final" in (f := c["finals"]) and f["seeds"] == f["planned"] and not f["diverged"]}
     order = sorted(done, key=lambda m: -done[m]["final"]["mean"])
     if not order:
         return []
@@ -268,10 +269,13 @@ def _ranking(cells: dict[str, dict]) -> list[str]:
     if not ranked:
         return []
     names = {r["method"] for r in ranked}
-    diverged = [f"`{m}`" for m, c in cells.items() if m not in names and c["finals"]["diverged"]]
-    running = [f"`{m}`" for m, c in cells.items() if m not in names and not c["finals"]["diverged"]]
-    left = ([f"still running (not ranked until every final seed has finished): {', '.join(running)}"] if running else []) \
-        + ([f"not ranked, a final seed diverged: {', '.join(diverged)}"] if diverged else [])
+    diverged = ", ".join(f"`{m}`" for m, c in cells.items() if m not in names and c["finals"]["diverged"])
+    running = ", ".join(f"`{m}`" for m, c in cells.items() if m not in names and not c["finals"]["diverged"])
+    left = []
+    if running:
+        left.append(f"still running (not ranked until every final seed has finished): {running}")
+    if diverged:
+        left.append(f"not ranked, a final seed diverged: {diverged}")
     rows = [f"| {rank} | `{r['method']}` | {r['final']:.2f} | {_behind(r)} |" for rank, r in enumerate(ranked, start=1)]
     return ["Ranking by the final round (no round picked on test): the first minus each method, paired over the "
             "same seeds, with its Student-t 95% interval; a method is separated from the first only where the whole "
