@@ -75,9 +75,13 @@ def _node(*args: str, env: dict, cwd: Path, hide: tuple[Path, ...] = ()) -> subp
 def _wait_for_nodes(address: str, count: int, env: dict) -> None:
     probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='error'); "
              "print(sum(n['Alive'] for n in ray.nodes()))")
-    deadline = time.time() + 90
+    deadline = time.time() + 180  # a loaded 2-core machine (CI beside other Ray work) starts a head slowly
     while time.time() < deadline:
-        out = subprocess.run([sys.executable, "-c", probe, address], env=env, capture_output=True, text=True, timeout=60)
+        try:  # a probe that waits out its timeout (the head's GCS not up yet) is retried until the deadline
+            out = subprocess.run([sys.executable, "-c", probe, address], env=env, capture_output=True, text=True,
+                                 timeout=min(60.0, max(5.0, deadline - time.time())))
+        except subprocess.TimeoutExpired:
+            continue
         if out.returncode == 0 and out.stdout.strip().endswith(str(count)):
             return
         time.sleep(2)
