@@ -119,7 +119,10 @@ def test_seeds_that_ran_before_rounds_recorded_cpu_time_show_their_wall_time_alo
 def test_the_ranking_orders_methods_whose_seeds_all_finished_and_separates_them_from_the_first_paired(tmp_path):
     kept = tmp_path / "kept"
     for item in leaderboard.plan("cpu", tmp_path, kept, OVER).search:
-        finish(item, test=0.2, validation=0.1)
+        if item.key.startswith("pathological-fedbn-"):  # every trial diverged: no settings chosen, no finals
+            leaderboard.Diverged(kept).record(item, "loss is not finite")
+        else:
+            finish(item, test=0.2, validation=0.1)
     full = leaderboard.plan("cpu", tmp_path, kept, OVER)
     by_seed = {"fedper": [0.70, 0.73, 0.69, 0.72, 0.70], "local": [0.71, 0.70, 0.70, 0.71, 0.69],
                "fedavg": [0.50, 0.52, 0.48, 0.51, 0.49], "fedrep": [0.9, 0.9, 0.9], "ditto": [0.9, 0.9, 0.9, 0.9]}
@@ -139,4 +142,5 @@ def test_the_ranking_orders_methods_whose_seeds_all_finished_and_separates_them_
     assert "| 3 | `fedavg` | 50.00 | +20.80 [" in text and text.count("| yes |") == 1
     assert "Still running (not ranked until every final seed has finished): `fedrep`, `fedbabu`" in text
     assert "not ranked, a final seed diverged: `ditto`." in text
+    assert "not ranked, its search chose no settings: `fedbn`;" in text  # not "still running"
     assert text.count("| rank | method |") == 1  # no final of the Dirichlet setting has finished: no ranking there
