@@ -40,7 +40,9 @@ def _parts(train: dict, key: str) -> str:
 
 
 def _method(config: dict) -> str:
-    algorithm = config.get("algorithm", "?")
+    """The method and its parameters, those a run's config predates at the defaults it ran with (``_filled``), so two
+    arms that ran alike read alike."""
+    algorithm, _ = _filled(config.get("algorithm", "?"))
     if not isinstance(algorithm, dict):
         return str(algorithm)
     params = ", ".join(f"{k} {v}" for k, v in algorithm.items() if k != "name")
@@ -93,23 +95,29 @@ def receipt(configs: list[dict], metrics: list[str], at: str = "final") -> dict[
             "seeds": ", ".join(map(str, seeds)) or "-"}
 
 
-def _settings(config: dict) -> tuple[dict[str, object], bool]:
-    """A stored config's result settings as dotted keys, with its built-in method's parameters that the tree lacks at
-    their defaults, as validating it fills them (what a resume of that run reads: ``runfiles.compare_stored``; a
-    parameter added to a method after a run was written is absent from its config.yaml, and the run ran at its
-    default); and whether they were filled, so every parameter the method has is there. A plug-in method's are
-    compared as written: a run folder is input, and the code it names is never imported to read it."""
-    section = config.get("algorithm")
+def _filled(section: Any) -> tuple[Any, bool]:
+    """A stored algorithm section with its built-in method's parameters that it lacks at their defaults, as
+    validating it fills them (what a resume of that run reads: ``runfiles.compare_stored``; a parameter added to a
+    method after a run was written is absent from its config.yaml, and the run ran at its default); and whether they
+    were filled, so every parameter the method has is there. A plug-in method's stay as written: a run folder is
+    input, and the code it names is never imported to read it."""
     name = section.get("name") if isinstance(section, dict) else None
     method = ALGORITHMS.get(name) if isinstance(name, str) else None
-    filled = False
-    if method is not None and isinstance(section, dict):
-        try:
-            params = method.Params.model_validate({k: v for k, v in section.items() if k != "name"})
-        except ValueError:  # pydantic's ValidationError: parameters no longer valid, compared as written
-            pass
-        else:
-            config, filled = {**config, "algorithm": {"name": name, **params.model_dump(by_alias=True)}}, True
+    if method is None or not isinstance(section, dict):
+        return section, False
+    try:
+        params = method.Params.model_validate({k: v for k, v in section.items() if k != "name"})
+    except ValueError:  # pydantic's ValidationError: parameters no longer valid, kept as written
+        return section, False
+    return {"name": name, **params.model_dump(by_alias=True)}, True
+
+
+def _settings(config: dict) -> tuple[dict[str, object], bool]:
+    """A stored config's result settings as dotted keys, its method's parameters filled (``_filled``), and whether
+    they were."""
+    section, filled = _filled(config.get("algorithm"))
+    if filled:
+        config = {**config, "algorithm": section}
     return flatten(result_settings({**config, "engine": config.get("engine", {})})), filled
 
 

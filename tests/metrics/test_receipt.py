@@ -38,6 +38,9 @@ def test_a_method_parameter_an_older_runs_config_predates_reads_as_the_methods_d
     assert new["algorithm"]["finetune_from"] == "global"
     del old["algorithm"]["finetune_from"]
     assert differences([new, old]) == []
+    # Nor does its receipt: both rows name the parameter at the value each ran with.
+    assert receipt([old], ["acc"])["method"] == receipt([new], ["acc"])["method"]
+    assert "finetune_from global" in receipt([old], ["acc"])["method"]
     own = _config(algorithm={"name": "fedbabu", "finetune_from": "own_update"})
     assert differences([own, old]) == ["algorithm.finetune_from"]  # a real difference is still named
     # Compared between the arms whose method has it: FedAvg has no finetune_from, it differs in algorithm.name.
@@ -46,3 +49,5 @@ def test_a_method_parameter_an_older_runs_config_predates_reads_as_the_methods_d
     # A plug-in method named by a run folder is never imported to read it: its parameters compared as written.
     plugin = {**old, "algorithm": {"name": "no_such_package.module:Method"}}
     assert differences([plugin, {**plugin, "algorithm": {**plugin["algorithm"], "mu": 1}}]) == ["algorithm.mu"]
+    assert receipt([{**plugin, "algorithm": {**plugin["algorithm"], "mu": 1}}], ["acc"])["method"] == (
+        "no_such_package.module:Method (mu 1)")
