@@ -127,10 +127,12 @@ def _as_written(test: Test, est: Estimate) -> dict[str, Any]:
     return {**asdict(est), "mean": -est.mean, **flip}
 
 
-def claim_verdict(tests: list[dict]) -> str:
+def claim_verdict(tests: list[dict], pending: bool = False) -> str:
+    """A failed test decides the claim whatever is left to run; no effect waits for every seed (``pending``: runs
+    missing), since a test still running may yet fail."""
     verdicts = {t["verdict"] for t in tests}
     return (REPRODUCED if verdicts == {HOLDS} else NOT_REPRODUCED if FAILS in verdicts
-            else NO_EFFECT if NO_EFFECT in verdicts else INCONCLUSIVE)
+            else NO_EFFECT if NO_EFFECT in verdicts and not pending else INCONCLUSIVE)
 
 
 def combined_verdict(verdicts: list[str], pending: bool) -> str:
@@ -206,16 +208,20 @@ def evaluate_claim(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folde
         arms_out += [{**arm, "label": arm["label"] + tag, "setting": setting.label} for arm in arms.values()]
         tests_out += [{**t, "text": t["text"] + tag, "setting": setting.label, "counts": setting.counts}
                       for t in tests]
-        per_setting.append({"label": setting.label, "counts": setting.counts, "verdict": claim_verdict(tests)})
+        verdict = claim_verdict(tests, pending=any(_missing_seeds(claim, t) for t in tests))
+        per_setting.append({"label": setting.label, "counts": setting.counts, "verdict": verdict})
         diffs = diffs or differ
-    counted = [t for t in tests_out if t["counts"]]
-    pending = any(len(t["seeds"]) < max(2, claim.seeds) for t in counted)
+    pending = any(_missing_seeds(claim, t) for t in tests_out if t["counts"])
     verdict = combined_verdict([s["verdict"] for s in per_setting if s["counts"]], pending)
     return {"id": claim.id, "title": claim.title, "paper_says": claim.paper_says, "regime": claim.regime,
             "paper_number": claim.paper_number, "seeds": claim.seeds, "counts": claim.counts,
             "outside": claim.outside, "explanation": claim.explanation, "peer_gap": claim.peer_gap,
             "arms": arms_out, "tests": tests_out,
             "settings": per_setting if many else [], "verdict": verdict, "differences": diffs}
+
+
+def _missing_seeds(claim: Claim, test: dict) -> bool:
+    return len(test["seeds"]) < max(2, claim.seeds)
 
 
 def evaluate(paper: Paper, claims: tuple[Claim, ...], scale: str, seeds: int | None, runs_dir: Path,

@@ -138,6 +138,9 @@ def test_claim_verdict_rule():
     assert claim_verdict([{"verdict": HOLDS}, {"verdict": INCONCLUSIVE}]) == "inconclusive"
     assert claim_verdict([{"verdict": HOLDS}, {"verdict": NO_EFFECT}]) == NO_EFFECT  # never "not reproduced"
     assert claim_verdict([{"verdict": FAILS}, {"verdict": NO_EFFECT}]) == NOT_REPRODUCED
+    # With runs left, a test still running may yet fail: no effect waits for them, a failure does not.
+    assert claim_verdict([{"verdict": NO_EFFECT}, {"verdict": INCONCLUSIVE}], pending=True) == INCONCLUSIVE
+    assert claim_verdict([{"verdict": FAILS}, {"verdict": INCONCLUSIVE}], pending=True) == NOT_REPRODUCED
 
 
 def test_settings_that_decide_a_claim_differently_make_it_depend_on_the_optimizer():
