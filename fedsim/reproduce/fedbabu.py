@@ -1,11 +1,12 @@
 """The FedBABU paper (Oh et al. 2021, arXiv:2106.06042v3), claim by claim, and the
 PFLlib leaderboard as a cross-check.
 
-One file over 400 lines on purpose: it only declares one paper's reproduction plan, read top to bottom as
-fedper.py is for FedPer (the runs, with the settings they vary and the sources those cite, then the claims that
-name the runs); split, a claim would sit in one file and the runs it names in another. What was read from the
-sources about the numbers beside fedsim's (why none, why a peer's level differs) is fedbabu_sources.py's."""
+It declares one paper's reproduction plan, read top to bottom as fedper.py is for FedPer (the runs, with the
+settings they vary and the sources those cite, then the claims that name the runs). What was read from the sources
+about the numbers beside fedsim's (why none, why a peer's level differs) is fedbabu_sources.py's; what the kept runs
+showed, why a verdict is what it is, fedbabu_findings.py's."""
 from fedsim.reproduce.claims import Arm, Claim, Metric, Overrides, Paper, RunFolder, Setting, gap_shrinks, greater, trend
+from fedsim.reproduce.fedbabu_findings import WHY
 from fedsim.reproduce.fedbabu_sources import FLOWER_APPF, NO_TABLE
 
 
@@ -199,27 +200,7 @@ CLAIMS = (
           "the initial one), which the FedPer (authors' code) row runs.",
           paper_number="no number in the arXiv text; PFLlib (CIFAR-100 pathological, 20 clients, 2,000 rounds, best "
                        "round; another protocol): FedBABU 66.85, FedRep 67.56, FedPer 63.53",
-          # Read from the CPU scale's kept runs (fedbabu-cpu-*-s0..s4 and fedbabu-cpu-*-m0-s0..s4), all 5 seeds of
-          # both settings finished.
-          explanation="The baselines change with the optimizer, FedBABU little. At the authors' momentum 0.9 "
-                      "FedBABU is ahead of every baseline in every seed but FedPer. The paper's FedPer row comes "
-                      "from the authors' main_fed.py, which trains each client's head and then drops it, so every "
-                      "round and the fine-tuning at evaluation start from the initial head: run that way (the FedPer "
-                      "(authors' code) row) FedPer falls below FedBABU in every seed, by 8.9 to 10.65 points. The "
-                      "FedPer paper's own algorithm keeps each client's head across rounds (its Algorithm 1), and "
-                      "that FedPer is not separated from FedBABU: FedBABU ahead in 4 of 5 seeds (by 1.0 to 4.6 "
-                      "points), 0.1 behind in seed 0. At plain SGD (the same lr) FedBABU's lead over FedAvg+FT, "
-                      "FedPer and LG-FedAvg is gone: FedAvg+FT 62.92 against FedBABU "
-                      "62.32 personalized and FedPer 62.19 (each no effect of 2 points), and LG-FedAvg, which "
-                      "starts from FedAvg's final model and shares only the head for 5 rounds at lr 1e-3, ends 0.85 "
-                      "points above FedBABU (ahead in 4 of 5 seeds): the failed test. FedBABU stays above FedRep "
-                      "(+8.36) and the authors' FedPer (+2.40). From momentum 0.9 to plain SGD FedAvg+FT rises 11.28 "
-                      "points (51.64 to 62.92), LG-FedAvg 10.68, the authors' FedPer 11.33, FedPer 5.78, FedBABU "
-                      "3.82 (58.50 to 62.32) and FedRep not at all (-0.31; it trains at momentum 0.5 where the "
-                      "others train at 0.9); the momentum claim finds the same at tau = 10 (FedAvg+FT +13.72, "
-                      "FedBABU +3.45). So FedBABU's lead at this scale is that local momentum 0.9 at lr 0.1 over 20 "
-                      "rounds lowers the fine-tuned accuracy of FedAvg's model far more than FedBABU's; why is not "
-                      "tested, and the paper's 80 rounds (tau = 4) of MobileNet on 100 clients are not run."),
+          explanation=WHY["fedbabu-best"]),
     Claim("finetune-part", "For FedBABU, fine-tuning the head or the full network beats the body alone",
           "Section 5 (Personalization): fine-tuning the head or the full model personalizes FedBABU better than "
           "fine-tuning only the body.",
@@ -229,17 +210,7 @@ CLAIMS = (
           "FedBABU at f = 0.25, tau = 4, s = 10, fine-tuned 5 epochs. " + HEAD_SCALED,
           paper_number="none available: the paper's values are in its Section 5 table; " + NO_TABLE + "; no named "
                        "peer fine-tunes FedBABU's body alone",
-          # Read from the CPU scale's kept runs (fedbabu-cpu-fedbabu{,-ft-head,-ft-body}{,-m0}-s0..s4), all 5 seeds
-          # of both settings finished.
-          explanation="Decided by how the body was trained, not by the fine-tuning (5 epochs at momentum 0.9 in "
-                      "both settings). After training at the authors' momentum 0.9 both tests hold in every seed "
-                      "(head - body +5.30, full - body +6.31 points). After training at plain SGD the body alone "
-                      "fine-tunes as well as the head alone: head - body -1.38 [-3.03, 0.27], no effect of 2 points, "
-                      "the body ahead in all 5 seeds; full - body +1.63 [0.05, 3.21] holds, under the 2-point "
-                      "margin. From momentum 0.9 to plain SGD the body-only fine-tune rises 8.50 points (52.19 to "
-                      "60.69), the head-only 1.82 (57.49 to 59.31) and the full 3.82 (58.50 to 62.32). Why a body "
-                      "trained without momentum fine-tunes better on its own is not tested; the paper's 80 rounds "
-                      "of MobileNet on 100 clients are not run."),
+          explanation=WHY["finetune-part"]),
     Claim("orthogonal-head", "FedBABU needs an orthogonal fixed head",
           "App. Q (Table 24): without orthogonal rows in the random head, FedBABU falls short.",
           (Arm("orthogonal", "fedbabu-unit", PERSONALIZED),
@@ -265,7 +236,8 @@ CLAIMS = (
           tuple(greater(f"FedBABU beta={b}", f"FedAvg+FT beta={b}") for b in ("0.1", "0.5", "1.0")),
           "Dirichlet(beta) over the clients' share of CIFAR-100 (unbalanced), f = 0.25, tau = 10. " + HEAD_SCALED,
           paper_number="no number in the arXiv text; PFLlib (CIFAR-100, 20 clients, best round; its FedAvg is not "
-                       "fine-tuned): Dir(0.1) FedAvg 31.89, FedBABU 55.02; Dir(0.5) FedAvg 27.99, FedBABU 39.35"),
+                       "fine-tuned): Dir(0.1) FedAvg 31.89, FedBABU 55.02; Dir(0.5) FedAvg 27.99, FedBABU 39.35",
+          explanation=WHY["dirichlet"]),
     Claim("pfllib", "Smoke check: PFLlib's leaderboard setting after 10 of its 2,000 rounds",
           "PFLlib's table (CIFAR-100 pathological, 20 clients, 2-conv + 2-fc CNN, best of 2,000 rounds): FedAvg "
           "25.98, FedPer 63.53, FedRep 67.56, FedBABU 66.85, Ditto 67.23.",
@@ -323,19 +295,7 @@ CLAIMS = (
                        "run, seed not stated): FedBABU ~70, FedAvg+FT ~58 personalized at round 80",
           seeds=2,
           counts=False, outside="a check of a peer's level, not a claim of the paper",
-          # Read from the kept runs fedbabu-cpu-appf-{fedbabu,fedavg}-flowerlr-s0..s1 (both seeds finished): their
-          # summaries and the per-client rows of metrics.jsonl.
-          explanation="Flower's lr protocol lowers FedBABU by 11.59 points (80.79 and 79.93 personalized against "
-                      "92.49 and 91.40 in the same seeds): about half of the ~22 points between fedsim's App. F and "
-                      "Flower's ~70; the ~10 left are not explained by measurement (Flower's data split and head "
-                      "init are not reproduced). FedAvg+FT's test is undecided because its two seeds disagree, not "
-                      "because the effect is small. At lr 0.1 in every round FedAvg's global model ends predicting "
-                      "one class in both seeds (initial accuracy 10.00%), and the personalized accuracy is whatever "
-                      "5 fine-tuning epochs at lr 0.1 recover from it: in seed 0, 91 of the 100 clients (2 classes, "
-                      "50 test images each) end at exactly 50%, still predicting one class, and 9 at 100% (54.50 in "
-                      "all, near Flower's ~58); in seed 1 no client stays at 50% (87.53). So Flower's protocol can "
-                      "account for its FedAvg+FT level, as one outcome of a collapse two seeds cannot weigh; more "
-                      "seeds would say how often each happens (40 to 60 min a run on 2 cores).",
+          explanation=WHY["appf-flower-lr"],
           at_settings=False),
     Claim("global-vs-personal", "Sec. 4: a better global model does not mean better personalization",
           "Abstract and Sec. 4 (Table 1, FedAvg, MobileNet, CIFAR-100, 100 clients): 'a better federated global "
@@ -360,17 +320,7 @@ CLAIMS = (
           "no model on server-held client data).",
           paper_number="none available: the paper's values are its Tables 1 and 2; " + NO_TABLE,
           seeds=5,
-          # Read from the CPU scale's kept runs (fedbabu-cpu-fedavg{,-f1,-tau1,-tau10}-s0..s4), all 5 seeds finished.
-          explanation="No effect of 2 points or more over f at this scale (the tau test inconclusive); the paper's own "
-                      "demonstration is not run. Here the "
-                      "personalized accuracy follows the initial one: f = 1.0 is above f = 0.25 by 8.9 points "
-                      "initial and 9.4 personalized (the contrast is -1.1, -1.0, -0.35, +1.25, -1.3 over the "
-                      "seeds), and tau = 1 above tau = 10 by 9.9 initial and 9.4 personalized (+1.1, +2.35, "
-                      "+0.95, -0.45, -1.55: inconclusive). So a better global model from more participation or "
-                      "fewer local epochs also personalized better, by as much, on 20 clients with the 4-conv CNN "
-                      "and 80 local epochs. The source text read here says only that these settings lower the "
-                      "initial accuracy; its case of initial up and personalized down is Table 2's server-held "
-                      "data, which fedsim cuts, so this result does not contradict it.",
+          explanation=WHY["global-vs-personal"],
           counts=False, outside="the verdict rests on fedsim's reading of Table 1, which it could not read; the paper's "
                                 "own demonstration is Table 2's server-held data, which fedsim cuts", at_settings=False),
     Claim("momentum", "App. D: local momentum helps FedAvg and FedBABU; m = 0.99 breaks FedAvg",
@@ -391,18 +341,7 @@ CLAIMS = (
           paper_number="none available: the paper's values are its Table 10; " + NO_TABLE + "; no named peer "
                        "varies the local momentum",
           seeds=5,
-          # Read from the CPU scale's kept runs (fedbabu-cpu-{fedavg,fedbabu}-tau10*-s0..s4), all 5 seeds finished.
-          explanation="Not reproduced at this scale: local momentum 0.9 lowers the personalized accuracy of both "
-                      "methods against plain SGD at the same lr, in every seed, where App. D finds it helps: "
-                      "FedAvg+FT by 11.85 to 15.15 points (47.35 against 61.07), FedBABU by 3.0 to 4.35 (57.80 "
-                      "against 61.25). The initial accuracies stay close (FedAvg 10.44 at m = 0.9, 11.46 at m = 0), "
-                      "so the loss is in how well the global model fine-tunes. m = 0.99 breaks FedAvg as App. D "
-                      "states: 1.48 personalized, near the 1% of chance, with every client's test loss finite (3.4 to "
-                      "8.9 over the seeds; ln 100 = 4.6): a collapse, not a divergence to NaN. FedBABU suffers a quarter of FedAvg's loss from momentum: its lead "
-                      "over FedAvg+FT is 10.45 points at m = 0.9 and 0.2 at m = 0. Why momentum hurts here is not "
-                      "tested: at lr 0.1 momentum 0.9 makes the local steps about 10x larger (lr / (1 - m)) over a "
-                      "round's 100 steps per client, on 20 clients, the 4-conv CNN and 8 rounds; the paper's "
-                      "MobileNet on 100 clients over 32 rounds is not run.",
+          explanation=WHY["momentum"],
           at_settings=False),
     Claim("fedprox-babu", "App. M: FedProx+BABU personalizes best when every client participates",
           "App. M (CIFAR-100, 100 clients, f = 1.0, FedProx mu = 0.01): FedProx+BABU (the proximal term on the body, "
@@ -418,17 +357,7 @@ CLAIMS = (
           paper_number="none available: the paper's values are in App. M's table; " + NO_TABLE + "; no named peer "
                        "runs FedProx+BABU",
           seeds=5,
-          # Read from the CPU scale's kept runs (fedbabu-cpu-{fedprox_babu,fedbabu,fedavg}-f1-s0..s4), all 5 seeds
-          # finished.
-          explanation="At momentum 0.9 (the authors'; written before the plain-SGD runs finished): no effect of 2 "
-                      "points or more against FedBABU; the test against FedAvg+FT holds. With every "
-                      "client participating, FedProx+BABU (mu = 0.01) and FedBABU end within a point of each other "
-                      "in every seed (-0.85 to +1.0; 63.77 against 63.60 personalized), and their initial accuracies "
-                      "within two (-1.85 to +0.7; 21.89 against 22.41): no effect of the proximal term as large as "
-                      "the 2-point margin. Both are ahead of FedAvg+FT (61.02): FedProx+BABU by 0.55 to 4.55 points "
-                      "per seed, FedBABU by 1.0 to 3.8, so what App. M credits to FedProx+BABU is FedBABU's lead "
-                      "here. Larger mu, and the paper's 100 clients and MobileNet, are not run; how large the "
-                      "proximal term is beside the loss was not measured."),
+          explanation=WHY["fedprox-babu"]),
 )
 
 PAPER = Paper(
