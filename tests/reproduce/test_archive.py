@@ -172,7 +172,4 @@ def test_the_dry_run_over_the_repositorys_kept_runs_leaves_nothing_to_run(tmp_pa
                  "--kept", str(kept)]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert ": changed" not in out and "fedbabu-cpu-lg_fedavg-s0: finished" in out
-    # Issue 48 added the claim's plain-SGD runs (-m0), not all run yet: every run left is one of them, none of the
-    # kept runs is started anew. Once they are kept this is "left: 0 runs".
-    left = [line for line in out.splitlines() if line.endswith((": new", ": resumable"))]
-    assert all("-m0-s" in line for line in left) and (not left or f"left: {len(left)} runs" in out)
+    assert "fedbabu-cpu-lg_fedavg-m0-s4: finished" in out and "left: 0 runs" in out
