@@ -165,9 +165,11 @@ def _progress(results: list[dict]) -> str:
                      for r in results)
     hours = sum(r["compute_seconds"] for r in results) / 3600
     left = sum(r["runs_total"] - r["runs_done"] for r in results)
+    remaining = (f"{left} run{'' if left == 1 else 's'} left (`--dry-run` estimates their time)" if left
+                 else "no run left")
     return (f"Runs finished: {done}. Total compute: {hours:.1f} h of rounds over the finished runs (summed over runs "
-            f"that shared a 2-core machine){_cpu_hours(results)}; {left} runs left (`--dry-run` estimates their "
-            "time). Each claim fixes its seeds before it runs; it is decided only once all of them have finished.")
+            f"that shared a 2-core machine){_cpu_hours(results)}; {remaining}. Each claim fixes its seeds before it "
+            "runs; it is decided only once all of them have finished.")
 
 
 def _claim_section(claim: dict, scale: str, figures_rel: str) -> list[str]:

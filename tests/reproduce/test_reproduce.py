@@ -11,7 +11,7 @@ from conftest import TESTS
 from fedsim.cli.main import main
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN, at_most, gap_trend, greater, slope_coefficients, trend
-from fedsim.reproduce.report import _claim_section, headline_block, headline_rows, tally, write_results
+from fedsim.reproduce.report import _claim_section, _progress, headline_block, headline_rows, tally, write_results
 from fedsim.reproduce.runner import execute, folder_keys, plan, run_trees
 from fedsim.reproduce.verdicts import (DEPENDS, FAILS, HOLDS, INCONCLUSIVE, NO_EFFECT, NOT_REPRODUCED, REPRODUCED,
                                        _arm_result, _test_result, claim_verdict, combined_verdict)
@@ -141,6 +141,16 @@ def test_claim_verdict_rule():
     # With runs left, a test still running may yet fail: no effect waits for them, a failure does not.
     assert claim_verdict([{"verdict": NO_EFFECT}, {"verdict": INCONCLUSIVE}], pending=True) == INCONCLUSIVE
     assert claim_verdict([{"verdict": FAILS}, {"verdict": INCONCLUSIVE}], pending=True) == NOT_REPRODUCED
+
+
+def test_the_headline_counts_the_runs_left_and_says_when_none_is():
+    def results(done: int) -> list[dict]:
+        return [{"paper": "p", "scale": "cpu", "claims": [], "runs_done": done, "runs_total": 4,
+                 "compute_seconds": 7200.0}]
+
+    assert "p (cpu) 3 of 4 runs. Total compute: 2.0 h" in _progress(results(3))
+    assert "; 1 run left (`--dry-run` estimates their time)." in _progress(results(3))
+    assert "; no run left." in _progress(results(4)) and "runs left" not in _progress(results(4))
 
 
 def test_settings_that_decide_a_claim_differently_make_it_depend_on_the_optimizer():
