@@ -15,7 +15,7 @@ from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.receipt import receipt_table
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN
-from fedsim.reproduce.verdicts import DEPENDS, INCONCLUSIVE, NO_EFFECT, NOT_REPRODUCED, REPRODUCED
+from fedsim.reproduce.verdicts import DEPENDS, INCONCLUSIVE, NO_EFFECT, NOT_REPRODUCED, REPRODUCED, seeds_missing
 
 HEADLINE_START, HEADLINE_END = "<!-- headline:start -->", "<!-- headline:end -->"
 RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed per seed from the **final round** - "
@@ -234,8 +234,7 @@ def _best_cell(arm: dict) -> str:
 
 def _needs_explaining(claim: dict) -> bool:
     """Failed, or undecided although every test has the seeds to decide (not merely runs still missing)."""
-    enough_seeds = all(len(test["seeds"]) >= max(2, test.get("seeds_fixed", 2)) for test in _counted_tests(claim))
-    undecided = claim["verdict"] == INCONCLUSIVE and enough_seeds
+    undecided = claim["verdict"] == INCONCLUSIVE and not any(seeds_missing(t) for t in _counted_tests(claim))
     return claim["verdict"] in (NOT_REPRODUCED, NO_EFFECT, DEPENDS) or undecided
 
 
