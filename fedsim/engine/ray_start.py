@@ -42,6 +42,7 @@ class _Started:
 
 
 _STARTED: list[_Started] = []
+_STUCK: list[threading.Thread] = []  # given-up starts' threads still inside Ray's C++ client after GRACE_S
 
 
 def start_within(init: Callable[[], object], what: str, footprint: Footprint | None = None,
@@ -106,6 +107,11 @@ def stop_ray() -> None:
     started.release.set()
 
 
+def start_still_inside_ray() -> bool:
+    """Whether the thread of a start that was given up is still inside Ray's C++ client."""
+    return any(thread.is_alive() for thread in _STUCK)
+
+
 def _abandon(thread: threading.Thread, started: _Started) -> None:
     """End what a start that is given up left. The start's thread may still be inside Ray's C++ client, which
     logs each failure it meets as the GCS ends to this process's stderr (file descriptor 2): muted while the start
@@ -122,6 +128,7 @@ def _abandon(thread: threading.Thread, started: _Started) -> None:
         thread.join(GRACE_S)
     finally:
         if thread.is_alive():
+            _STUCK.append(thread)
             sys.stderr = open(terminal, "w", buffering=1, errors="backslashreplace")
         else:
             os.dup2(terminal, 2)

@@ -94,6 +94,29 @@ def test_a_signal_while_ray_starts_gives_one_line_and_leaves_nothing(tmp_path, r
     assert _survivors(ray_tmp) == [] and _sessions(ray_tmp) == []
 
 
+_EXIT_BESIDE = """
+import atexit, sys, threading
+import fedsim.cli.main as cli, fedsim.engine.ray_start as ray_start
+atexit.register(print, "finalized")
+cli.main = lambda: 143
+if sys.argv[1] == "stuck":  # a stand-in for a given-up start's thread still inside Ray's C++ client
+    thread = threading.Thread(target=threading.Event().wait, daemon=True)
+    thread.start()
+    ray_start._STUCK.append(thread)
+cli.run_cli()
+"""
+
+
+@pytest.mark.parametrize("start, finalized", [("stuck", False), ("none", True)])
+def test_a_process_beside_a_stuck_ray_start_exits_without_finalizing(start, finalized):
+    """``run_cli``: finalizing beside a thread inside Ray's C++ client once ended a signalled run with SIGSEGV; with
+    such a thread the process exits with main()'s code and no finalization (no atexit handler runs), without one
+    it finalizes as usual."""
+    proc = subprocess.run([sys.executable, "-c", _EXIT_BESIDE, start], env=cli_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 143 and ("finalized" in proc.stdout) == finalized, proc.stderr
+
+
 @pytest.mark.slow  # a run to its first round, through Ray: ~30-100 s here
 def test_a_signal_mid_run_leaves_no_process_and_names_the_resume(tmp_path, ray_tmp):
     cfg = write_yaml(tmp_path / "run.yaml", synthetic_tree(tmp_path, "mid", train__rounds=50))
