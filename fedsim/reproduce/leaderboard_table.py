@@ -78,8 +78,8 @@ def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[s
     column = {key: [s[key] for s in per_seed] for key in per_seed[0]}
     out |= {"by_seed": dict(zip(column["seed"], column["final"])), "final": mean_ci(column["final"]).__dict__,
             "picked": mean_ci(column["picked"]).__dict__,
-            "picked_on": sorted(set(column["picked_on"])),
-            **{key: float(np.mean(column[key])) for key in ("picked_round", "p10", "jain", "seconds")},
+            "picked_on": sorted(set(column["picked_on"])), "picked_rounds": column["picked_round"],
+            **{key: float(np.mean(column[key])) for key in ("p10", "jain", "seconds")},
             "cpu_seconds": None if None in column["cpu_seconds"] else float(np.mean(column["cpu_seconds"]))}
     if comparable and None not in column["pooled_best"]:
         out["pooled_best"] = mean_ci(column["pooled_best"]).__dict__
@@ -115,6 +115,12 @@ def _interval(est: dict) -> str:
     if est["low"] is None:
         return f"{est['mean']:.2f}"
     return f"{est['mean']:.2f} ± {(est['high'] - est['low']) / 2:.2f}"
+
+
+def _rounds(picked: list[int]) -> str:
+    """The seeds' validation-picked rounds: one where they agree, else each seed's in seed order (a mean of
+    rounds would name a round that was never evaluated)."""
+    return str(picked[0]) if len(set(picked)) == 1 else ", ".join(map(str, picked))
 
 
 def _shown(value: Any) -> str:
@@ -157,7 +163,7 @@ def _row(entry: Entry, cell: dict, column: int) -> str:
         return f"| `{entry.method}` | {what} | {chosen} | {left}{failed} | | | | | | 0 | | {theirs} |"
     on = "" if stats["picked_on"] == ["validation"] else " (picked on test: no validation split)"
     return (f"| `{entry.method}` | {what} | {chosen} | {_interval(stats['final'])} | {_interval(stats['picked'])}{on} "
-            f"| {stats['picked_round']:.0f} | {stats['p10']:.2f} | {stats['jain']:.3f} | {_per_round(stats)} | "
+            f"| {_rounds(stats['picked_rounds'])} | {stats['p10']:.2f} | {stats['jain']:.3f} | {_per_round(stats)} | "
             f"{stats['seeds']} of {stats['planned']}{failed} | {ours} | {theirs} |")
 
 
@@ -218,7 +224,8 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
              "**Reading a row.** Each cell is the mean over the final seeds ± the half-width of its Student-t 95% "
              "interval. *Final round*: the last round's accuracy (mean over clients of each client's accuracy on its "
              "own test images). *Validation-picked round*: test accuracy at the evaluated round with the highest "
-             "validation accuracy, and that round. p10 and Jain's index are the final round's, across clients. "
+             "validation accuracy, and that round (each seed's, in seed order, where they differ). p10 and Jain's "
+             "index are the final round's, across clients. "
              "*CPU s / round*: the CPU time of a round's training and evaluation calls on the workers and of the "
              "server (rounds.jsonl `cpu_seconds`), which other processes' load on the machine does not raise, so it "
              "compares the methods' cost; in brackets the rounds' wall time, measured under whatever load the machine "
