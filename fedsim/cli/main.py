@@ -203,9 +203,10 @@ def _disconnect_ray() -> None:
 
 def run_cli() -> NoReturn:
     """The ``fedsim`` command: exits with ``main()``'s code. A process whose start of Ray was given up while its
-    thread was still inside Ray's C++ client ends without Python's finalization: finalizing beside that thread
-    (Ray's C++ destructors, its calls back into Python) once crashed it with SIGSEGV after its one line was printed
-    (tests/hostile/test_signals.py, under load; not reproducible on demand)."""
+    thread was still inside Ray's C++ client ends without Python's finalization, which can crash beside such a
+    thread (Ray's C++ destructors, its calls back into Python: ray-project/ray#37596, #47864). The likeliest cause,
+    not proven, of a signalled start that once exited with SIGSEGV after its one line (tests/hostile/test_signals.py
+    under load; not reproducible on demand)."""
     code = main()
     ray_start = sys.modules.get("fedsim.engine.ray_start")
     if ray_start is not None and ray_start.start_still_inside_ray():

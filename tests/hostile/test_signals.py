@@ -109,9 +109,8 @@ cli.run_cli()
 
 @pytest.mark.parametrize("start, finalized", [("stuck", False), ("none", True)])
 def test_a_process_beside_a_stuck_ray_start_exits_without_finalizing(start, finalized):
-    """``run_cli``: finalizing beside a thread inside Ray's C++ client once ended a signalled run with SIGSEGV; with
-    such a thread the process exits with main()'s code and no finalization (no atexit handler runs), without one
-    it finalizes as usual."""
+    """``run_cli``: finalizing beside a thread inside Ray's C++ client can crash the process, so with such a thread
+    it exits with main()'s code and no finalization (no atexit handler runs); without one it finalizes as usual."""
     proc = subprocess.run([sys.executable, "-c", _EXIT_BESIDE, start], env=cli_env(), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 143 and ("finalized" in proc.stdout) == finalized, proc.stderr
