@@ -90,6 +90,9 @@ def test_a_method_still_searching_or_without_a_choice_says_so(tmp_path):
     ended = leaderboard.plan("cpu", tmp_path, kept, OVER, only="fedamp")
     text = leaderboard_table.render(leaderboard_table.evaluate(ended, kept), "cpu", ended, "cmd")
     assert "| `fedamp` | own model | none: every trial of fedamp failed" in text
+    recorded = {item.config.name for item in searching.search[1:]} | {
+        item.config.name for item in searching.search if item.config.data.partition.name == "dirichlet"}
+    assert f"final runs; {len(recorded)} diverged, recorded and named below; 0.0 h of rounds" in text
 
 
 def test_a_trial_that_diverged_is_named_while_its_search_still_runs(tmp_path):
