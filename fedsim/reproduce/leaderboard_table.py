@@ -213,7 +213,7 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
     waiting = full.tune.final_seeds * len(full.waiting())
     seconds = sum(run_seconds(p.folder) for p in runs if (p.folder / runfiles.ROUNDS).exists())
     cpu = [c for p in finished if (c := run_cpu_seconds(p.folder)) is not None]
-    # A diverged run never finishes: say how many, so "372 of 374" accounts for every planned run.
+    # A diverged run never finishes: say how many, so "N of M finished" accounts for every planned run.
     stopped = sum(cell["tuning"]["runs_diverged"] + len(cell["finals"]["diverged"])
                   for cells in table.values() for cell in cells.values())
     named = f"; {stopped} diverged, recorded and named below" if stopped else ""
