@@ -62,19 +62,46 @@ class _ModelSection(Protocol):
     def batchnorm(self) -> BatchNormMode | None: ...
 
 
+class _PrivacySection(Protocol):
+    @property
+    def dp(self) -> str: ...
+
+
 class MethodChoice(Protocol):
     """What ``build_algorithm`` reads of a RunConfig, typed by its shape: fedsim.config imports this package."""
     @property
     def algorithm(self) -> _AlgorithmSection: ...
     @property
     def model(self) -> _ModelSection: ...
+    @property
+    def privacy(self) -> _PrivacySection | None: ...
 
 
 def build_algorithm(cfg: MethodChoice) -> Algorithm:
     """The run's method with its validated parameters (``cfg``: a RunConfig)."""
     cls = algorithm_class(cfg.algorithm.name)
-    return cls(cls.Params.model_validate(cfg.algorithm.params), cfg.model.batchnorm)
+    return cls(cls.Params.model_validate(cfg.algorithm.params), batchnorm_mode(cfg, cls))
+
+
+def batchnorm_mode(cfg: MethodChoice, cls: type[Algorithm]) -> BatchNormMode | None:
+    """model.batchnorm, else the method's default; but under DP (privacy.dp central or local) a method that would
+    average BatchNorm's running statistics keeps them on each client instead (local_statistics, as SiloBN): they are
+    not trained by gradients, would dominate the clipped update's norm (``num_batches_tracked`` alone grows by the
+    steps taken) and a noised running variance can turn negative. Said when the run starts (``batchnorm_notice``)."""
+    if cfg.model.batchnorm is not None:
+        return cfg.model.batchnorm
+    private = cfg.privacy is not None and cfg.privacy.dp != "none"
+    return "local_statistics" if private and cls.batchnorm == "averaged" else None
+
+
+def batchnorm_notice(cfg: MethodChoice, algorithm: Algorithm, keys: KeyParts) -> str | None:
+    """The one line a run prints when DP chose BatchNorm's mode for it (a model with running statistics only)."""
+    if cfg.model.batchnorm is not None or algorithm.bn_mode != "local_statistics" or not keys.statistics:
+        return None
+    return ("model.batchnorm: local_statistics under privacy.dp: BatchNorm's running statistics stay on each client, "
+            "outside the clipped and noised update (docs/privacy.md); set model.batchnorm: personal or batch_stats "
+            "to choose otherwise")
 
 
 __all__ = ["ALGORITHMS", "PARTS", "WEIGHTS", "Algorithm", "KeyParts", "PartialSharing", "algorithm_class",
-           "build_algorithm", "parameter_table"]
+           "batchnorm_mode", "batchnorm_notice", "build_algorithm", "parameter_table"]

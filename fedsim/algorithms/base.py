@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from fedsim.algorithms.context import ClientContext, Penalty
 
 Part = Literal["full", "body", "head", "none"]
-BatchNormMode = Literal["averaged", "personal", "batch_stats"]
+BatchNormMode = Literal["averaged", "personal", "batch_stats", "local_statistics"]
 Weighting = Literal["samples", "uniform"]
 Aggregation = Literal["sums", "replies"]
 Group = tuple[list[int], dict[str, np.ndarray]]  # clients, and what each of them receives
@@ -116,13 +116,15 @@ class Algorithm:
     def shared_keys(self, keys: KeyParts) -> set[str]:
         """State keys the server holds; everything else stays on the client (its personal part)."""
         shared = keys.of(PARTS[self.share])
-        return shared - keys.batchnorm if self.bn_mode == "personal" else shared
+        if self.bn_mode == "personal":
+            return shared - keys.batchnorm
+        return shared - keys.statistics if self.bn_mode == "local_statistics" else shared
 
     @property
     def keeps_client_state(self) -> bool:
         """Whether anything of a client outlives a round on its worker. If not, any worker can train any
         client, so each round's sample can be balanced over the workers afresh."""
-        return self.share != "full" or bool(self.client_slots) or self.bn_mode == "personal"
+        return self.share != "full" or bool(self.client_slots) or self.bn_mode in ("personal", "local_statistics")
 
     # -- client hooks ----------------------------------------------------------------------------
     def init_model(self, net: nn.Module, keys: KeyParts) -> None:

@@ -151,7 +151,9 @@ def _privacy_command(args: argparse.Namespace) -> int:
     results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command, folders)
     spent = privacy_report.privacy_of_runs(paper, args.scale, runs_dir, folders, privacy.SEEDS)
     setting = next(item.config for item in everything if item.key == privacy.run_key("FedAvg", privacy.TESTED))
-    for path in privacy_report.write(results, spent, setting, page, figures):
+    norms = privacy_report.proxy_norms(paper, args.scale, runs_dir, folders, privacy.SEEDS)
+    clipped = privacy_report.clipped_share(paper, args.scale, runs_dir, folders, privacy.SEEDS)
+    for path in privacy_report.write(results, spent, setting, page, figures, norms, clipped):
         print(path)
     for claim in results["claims"]:
         print(f"{claim['id']}: {claim['verdict']}")

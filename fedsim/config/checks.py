@@ -78,6 +78,10 @@ def check_user_level_dp(cfg: RunConfig, method: type[Algorithm]) -> None:
                           "clip norm does not bound; set train.weighting: uniform")
     if cfg.system.mode == "async":
         raise ConfigError("system.mode: async steps on stale updates, which privacy.dp does not account; use mode sync")
+    if cfg.model.batchnorm == "averaged":
+        raise ConfigError("model.batchnorm: averaged puts BatchNorm's running statistics into the clipped, noised "
+                          "update (they would dominate its norm, and a noised variance can turn negative); leave "
+                          "model.batchnorm unset (under DP: local_statistics) or set personal or batch_stats")
     if cfg.privacy.dp == "local" and cfg.privacy.adaptive is not None:
         raise ConfigError("privacy.adaptive: adaptive clipping steers the clip norm by a count the server noises, "
                           "which local DP has not; remove privacy.adaptive or set privacy.dp: central")
@@ -102,6 +106,31 @@ def check_accounting(cfg: RunConfig) -> None:
         raise ConfigError("privacy.accountant: pld has no accounting for fixed-size sampling without replacement "
                           "(dp-accounting's PLD accountant lacks that event); set train.sampling: poisson or "
                           "privacy.accountant: rdp")
+    check_guarantee_not_vacuous(cfg)
+    if cfg.train.on_nonfinite == "drop" and not (p.dp == "central" and cfg.train.sampling == "poisson"):
+        # Central DP under Poisson sampling divides by the public q x N: a dropped client's update counts as zero,
+        # which is within the clip ball, so the mechanism is the one accounted. Under fixed-size sampling the
+        # mean's denominator (the kept clients) would depend on a client's data; under local DP a client's
+        # release would be its noised update or a visible "dropped", which no Gaussian mechanism describes.
+        where = "local DP" if p.dp == "local" else "fixed-size sampling"
+        raise ConfigError(f"train.on_nonfinite: drop makes whether a client's update counts depend on its data, which "
+                          f"the accountant does not model under {where}; set train.on_nonfinite: stop"
+                          + (" or train.sampling: poisson" if p.dp == "central" else ""))
+
+
+def check_guarantee_not_vacuous(cfg: RunConfig) -> None:
+    """A guarantee over one client, or with delta >= 1/N (the mechanism may then expose some client's data
+    outright), says nothing; both are refused rather than printed as an epsilon."""
+    p = cfg.privacy
+    assert p is not None
+    trainable = cfg.data.num_clients - cfg.eval.held_out(cfg.data.num_clients)
+    if trainable < 2:
+        raise ConfigError(f"privacy.dp: {trainable} client may train (data.num_clients less eval.unseen), and DP over "
+                          "one client protects nobody from anybody; let at least 2 clients train or remove privacy")
+    if p.delta is not None and p.delta >= 1 / trainable:
+        raise ConfigError(f"privacy.delta: {p.delta:g} is at least 1/N = {1 / trainable:.3g} for the {trainable} "
+                          "clients that may train, so the guarantee allows one client's data to leak whole; set it "
+                          f"well below 1/N (e.g. {min(1e-5, trainable ** -2.0):.3g}) or leave it null")
 
 
 def _what_the_server_takes(method: type[Algorithm]) -> str:

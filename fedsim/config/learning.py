@@ -199,10 +199,12 @@ class ModelConfig(Section):
     @classmethod
     def _precision_as_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    batchnorm: Literal["averaged", "personal", "batch_stats"] | None = Field(
+    batchnorm: Literal["averaged", "personal", "batch_stats", "local_statistics"] | None = Field(
         None, description="BatchNorm: running statistics kept and shared like other weights (averaged), every BN "
         "layer kept on the client (personal, FedBN), or batch statistics only, track_running_stats=False (batch_stats, "
-        "the FedBABU authors' 4-conv and MobileNet); null: the algorithm's default (averaged except fedbn)")
+        "the FedBABU authors' 4-conv and MobileNet), or the running statistics kept on each client and the affine "
+        "weights shared (local_statistics, SiloBN); null: the algorithm's default (averaged except fedbn), "
+        "local_statistics in place of averaged under privacy.dp")
     init_from: str | None = Field(None, description="a finished run folder: start from its final global weights "
                                   "(its model.npz), e.g. LG-FedAvg from a FedAvg run as the FedBABU authors do")
 

@@ -32,7 +32,7 @@ class PrivacyConfig(Section):
     clip_norm: float = Field(1.0, gt=0, description="C: the L2 bound of one client's update of the shared part, "
                              "over all its tensors (the initial bound under adaptive clipping)")
     adaptive: AdaptiveClipping | None = Field(None, description="adaptive clipping to a quantile of the update norms")
-    delta: float | None = Field(None, gt=0, lt=1, description="the guarantee's delta; null: 1 / N^1.1 for N clients")
+    delta: float | None = Field(None, gt=0, lt=1, description="the guarantee's delta, below 1/N; null: min(1e-5, 1/N^2) for the N clients that may train")
     target_epsilon: float | None = Field(None, gt=0, description="the budget: with noise_multiplier null the "
                                          "multiplier is calibrated to spend it over train.rounds; a run that would "
                                          "pass it refuses to start")

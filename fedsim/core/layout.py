@@ -48,10 +48,12 @@ class Layout:
 
 @dataclass(frozen=True)
 class KeyParts:
-    """State-dict keys of a model by role: base (body), personal layers (head), BatchNorm layers."""
+    """State-dict keys of a model by role: base (body), personal layers (head), BatchNorm layers (``batchnorm``: their
+    affine weights and running statistics; ``statistics``: the running statistics and batch counts alone)."""
     body: tuple[str, ...]
     head: tuple[str, ...]
     batchnorm: frozenset[str]
+    statistics: frozenset[str] = frozenset()
 
     def of(self, parts: frozenset[str]) -> set[str]:
         return {k for part, keys in (("body", self.body), ("head", self.head)) if part in parts for k in keys}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedsim.algorithms import batchnorm_notice
 from fedsim.config import RunConfig
 from fedsim.engine.preflight import Rehearse, prepared
 from fedsim.plan import RunPlan, steps_per_epoch
@@ -43,6 +44,7 @@ class WorkEstimate:
     gpus_per_worker: float
     clock: dict | None = None  # on the virtual clock: simulated seconds, selected and taking part per round
     packing: tuple[int | str, str | None] = (1, None)  # engine.pack as the run will use it, and why not if it cannot
+    batchnorm: str | None = None  # the line saying DP chose model.batchnorm (local_statistics), or None
     poisson: bool = False  # train.sampling: poisson (round 1's draw is one draw, not every round's size)
     privacy: dict | None = None  # DP's accounting (RunPlan.privacy_summary): z, q, delta, epsilon at the final round
 
@@ -107,7 +109,8 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         evaluation_rounds=evaluation_rounds, scored_test_images=scored,
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
         workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
-        clock=_clock(plan), packing=plan.packing, poisson=cfg.train.sampling == "poisson", privacy=plan.privacy_summary)
+        clock=_clock(plan), packing=plan.packing, poisson=cfg.train.sampling == "poisson", privacy=plan.privacy_summary,
+        batchnorm=batchnorm_notice(cfg, plan.algorithm, plan.model.keys))
 
 
 def _clock(plan: RunPlan) -> dict | None:
@@ -150,6 +153,7 @@ def describe(e: WorkEstimate) -> str:
         + (f", {e.workers * e.gpus_per_worker:g} GPU" if e.gpus_per_worker else "") + " in all",
         f"  training as  {_packing(e.packing)}",
         *([f"  privacy      {describe_privacy(e.privacy)}"] if e.privacy else []),
+        *([f"  batchnorm    {e.batchnorm}"] if e.batchnorm else []),
     ])
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from fedsim.algorithms import batchnorm_notice
 from fedsim.config import RunConfig
 from fedsim.engine import placement
 from fedsim.engine.driver import Callback, Run, drive, end
@@ -55,9 +56,9 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
     # Every input, the run folder and the module are checked before Ray starts or a file is written.
     with prepared(cfg, resume, overwrite, rehearse) as ready:
         inputs, folder, partition, ckpt, plan = ready.inputs, ready.folder, ready.partition, ready.checkpoint, ready.plan
-        _, notice = plan.packing
-        if notice:
-            print(notice, file=sys.stderr, flush=True)
+        for notice in (plan.packing[1], batchnorm_notice(cfg, plan.algorithm, plan.model.keys)):
+            if notice:
+                print(notice, file=sys.stderr, flush=True)
         connect_ray(cfg)
         if not os.environ.get("RAY_ADDRESS"):
             check_resources(cfg)  # a Ray started here has no autoscaler: what it lacks now, it lacks for good

@@ -166,9 +166,10 @@ def split_keys(module: pl.LightningModule, model: ModelConfig) -> KeyParts:
         prefixes = (_submodule_prefixes(net, model.head, "model.head") if model.head is not None
                     else _default_head(net, type(module).__name__, model.personal_layers))
         head = [k for k in keys if prefixes and k.startswith(prefixes)]
-    batchnorm = {f"{name}.{key}" if name else key for name, m in net.named_modules()
-                 if isinstance(m, nn.modules.batchnorm._BatchNorm) for key in m.state_dict()}
-    return KeyParts(tuple(k for k in keys if k not in head), tuple(head), frozenset(batchnorm))
+    norms = [(name, m) for name, m in net.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    batchnorm = {f"{name}.{key}" if name else key for name, m in norms for key in m.state_dict()}
+    statistics = {f"{name}.{key}" if name else key for name, m in norms for key, _ in m.named_buffers()}
+    return KeyParts(tuple(k for k in keys if k not in head), tuple(head), frozenset(batchnorm), frozenset(statistics))
 
 
 def _submodule_prefixes(net: nn.Module, names: list[str], field: str) -> tuple[str, ...]:

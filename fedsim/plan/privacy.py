@@ -16,7 +16,7 @@ import numpy as np
 from fedsim.config import RunConfig
 from fedsim.errors import ConfigError
 from fedsim.privacy import EPSILON, EPSILON_MEDIAN
-from fedsim.privacy.accountant import Accounting, BudgetUnreachable, default_delta
+from fedsim.privacy.accountant import DEFAULT_DELTA_RULE, Accounting, BudgetUnreachable, default_delta
 
 Sampler = Callable[[int], list[int]]  # round -> the clients it draws (RunPlan.sampled)
 
@@ -108,7 +108,8 @@ def privacy_summary(cfg: RunConfig, accounting: Accounting, z: float,
     final = spent[-1]
     return {"dp": accounting.dp, "epsilon": final[EPSILON],
             **({"epsilon_median": final[EPSILON_MEDIAN]} if EPSILON_MEDIAN in final else {}),
-            "delta": accounting.delta, "noise_multiplier": z, "calibrated": p.noise_multiplier is None,
+            "delta": accounting.delta, "delta_rule": DEFAULT_DELTA_RULE if p.delta is None else "privacy.delta",
+            "noise_multiplier": z, "calibrated": p.noise_multiplier is None,
             "target_epsilon": p.target_epsilon, "accountant": accounting.accountant,
             "sampling": accounting.sampling, "q": accounting.sampling_rate, "clients": accounting.population,
             "rounds": len(spent)}
@@ -122,5 +123,5 @@ def describe_privacy(summary: dict[str, Any]) -> str:
     where = "the most frequent client's " if summary["dp"] == "local" else ""
     spent = "inf (no noise)" if math.isinf(eps) else f"{eps:.4g}"
     return (f"{summary['dp']} DP, {z}, {summary['sampling']} sampling q={summary['q']:.4g} of "
-            f"{summary['clients']} clients, delta={summary['delta']:.3g}, {summary['accountant']}: "
+            f"{summary['clients']} clients, delta={summary['delta']:.3g} ({summary['delta_rule']}), {summary['accountant']}: "
             f"{where}epsilon {spent} after round {summary['rounds']}")

@@ -17,7 +17,7 @@ COUNT_NOISE_PER_CLIENT = 0.05
 def update_noise_multiplier(total: float, count_std: float) -> float:
     """z_delta, the noise multiplier of the update when the count of clients within the clip norm is noised with std
     ``count_std`` (sigma_b): Andrew et al.'s Theorem 1, a round releasing the update at z_delta and the count
-    sum_i (b_i - 1/2) (sensitivity 1/2) at sigma_b is the Gaussian mechanism at
+    sum_i (b_i - 1/2) (add/remove sensitivity 1/2: :func:`released_count`) at sigma_b is the Gaussian mechanism at
     z = (z_delta^-2 + (2 sigma_b)^-2)^(-1/2), so z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2). The accountant composes
     the Gaussian mechanism at the configured z (``total``), adaptive or not."""
     if total == 0:
@@ -30,8 +30,23 @@ def update_noise_multiplier(total: float, count_std: float) -> float:
     return (total ** -2 - (2 * count_std) ** -2) ** -0.5
 
 
-def next_clip_norm(clip_norm: float, within: float, cohort: float, target_quantile: float, lr: float) -> float:
-    """Andrew et al.'s geometric step: C <- C exp(-eta_C (b_bar - gamma)), b_bar = ``within`` / ``cohort`` the
-    (noisy) share of clients whose update norm was at most C. Below the target quantile the norm grows, above it
-    shrinks; at the quantile it stays."""
-    return clip_norm * math.exp(-lr * (within / cohort - target_quantile))
+def released_count(within: int, reported: int, noise: float) -> float:
+    """What adaptive clipping releases of a round: sum_i (b_i - 1/2) + noise over the ``reported`` clients, ``within``
+    of them with b_i = 1 (update norm at most C). Centred, as Andrew et al. and TF Privacy's
+    ``QuantileEstimatorQuery`` release it: adding or removing one client moves it by 1/2 (the raw count moves by
+    1), which is the sensitivity :func:`update_noise_multiplier`'s split assumes; replacing one client moves it by 1,
+    the same as the raw count, so fixed-size sampling's accounting at z / 2 holds too."""
+    return within - reported / 2 + noise
+
+
+def share_within(released: float, cohort: float) -> float:
+    """b_bar, the noisy share of clients within C: the released centred count over the cohort (the expected q x N
+    under Poisson sampling, so the count of clients is not revealed; the kept clients under fixed-size), plus 1/2."""
+    return released / cohort + 0.5
+
+
+def next_clip_norm(clip_norm: float, share: float, target_quantile: float, lr: float) -> float:
+    """Andrew et al.'s geometric step: C <- C exp(-eta_C (b_bar - gamma)), b_bar = ``share`` the (noisy) share of
+    clients whose update norm was at most C. Below the target quantile the norm grows, above it shrinks; at the
+    quantile it stays."""
+    return clip_norm * math.exp(-lr * (share - target_quantile))

@@ -12,9 +12,9 @@ minus the broadcast weights it started from), clipped to L2 norm C over all shar
 - local (as Flower's LocalDpMod): each client adds N(0, (z C)^2) to its own clipped update; the server adds none.
   The L2 sensitivity of one client's released update is 2C: replacing the client's data may move its clipped update
   anywhere in the ball of radius C, so two outputs differ by at most its diameter.
-- adaptive clipping (Andrew et al. 2021, central only): C is server state, steered each round by the noisy count of
-  clients whose update norm was within it; the configured z is the total, split by
-  ``clipping.update_noise_multiplier``.
+- adaptive clipping (Andrew et al. 2021, central only): C is server state, steered each round by the noisy centred
+  count of clients whose update norm was within it (``clipping.released_count``: add/remove sensitivity 1/2); the
+  configured z is the total, split by ``clipping.update_noise_multiplier``.
 
 The per-client norms the server reads (``ClientReport.update_norm``) are a simulator diagnostic it only counts (the
 clipped fraction, the mean norm, and adaptive clipping's count, which is noised before use); a deployment would
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedsim.config.privacy import AdaptiveClipping, PrivacyConfig
-from fedsim.privacy.clipping import COUNT_NOISE_PER_CLIENT, next_clip_norm, update_noise_multiplier
+from fedsim.privacy.clipping import (COUNT_NOISE_PER_CLIENT, next_clip_norm, released_count, share_within,
+                                     update_noise_multiplier)
 from fedsim.privacy.noise import central_noise, count_noise
 
 CLIP_NORM = "privacy_clip_norm"  # checkpointed server state under adaptive clipping: the clip norm of the next round
@@ -104,10 +105,17 @@ class ServerPrivacy:
                   "update_norm_mean": float(np.mean(norms)),
                   "noise_std": dp.update_multiplier * clip if dp.central else dp.local_std(clip)}
         if dp.adaptive is not None:
-            noisy = within + count_noise(dp.seed, round_idx, dp.count_std)
             cohort = dp.cohort if dp.poisson else len(norms)
-            self.clip_norm = next_clip_norm(clip, noisy, cohort, dp.adaptive.target_quantile, dp.adaptive.lr)
+            share = share_within(self.released_count(round_idx, norms), cohort)
+            self.clip_norm = next_clip_norm(clip, share, dp.adaptive.target_quantile, dp.adaptive.lr)
         return record
+
+    def released_count(self, round_idx: int, norms: list[float]) -> float:
+        """Adaptive clipping's release of the round: the centred count of the clients within this round's clip
+        norm, noised (``clipping.released_count``)."""
+        assert self.dp is not None and self.clip_norm is not None
+        within = sum(norm <= self.clip_norm for norm in norms)
+        return released_count(within, len(norms), count_noise(self.dp.seed, round_idx, self.dp.count_std))
 
     def checkpointed(self) -> dict[str, np.ndarray]:
         """The adaptive clip norm as an entry of the checkpoint's server state (none for a fixed one)."""

@@ -164,12 +164,34 @@ UNIFORM = {"weighting": "uniform"}
     ({"algorithm": "fedavg", "privacy": {**DP, "dp": "local", "adaptive": {}}, "train": UNIFORM},
      "privacy.adaptive: adaptive clipping steers the clip norm by a count the server noises, which local DP has not; "
      "remove privacy.adaptive or set privacy.dp: central"),
+    ({"algorithm": "fedavg", "privacy": DP, "train": UNIFORM, "model": {"batchnorm": "averaged"}},
+     "model.batchnorm: averaged puts BatchNorm's running statistics into the clipped, noised update (they would "
+     "dominate its norm, and a noised variance can turn negative); leave model.batchnorm unset (under DP: "
+     "local_statistics) or set personal or batch_stats"),
+    ({"algorithm": "fedavg", "privacy": DP, "train": {**UNIFORM, "on_nonfinite": "drop"}},
+     "train.on_nonfinite: drop makes whether a client's update counts depend on its data, which the accountant does "
+     "not model under fixed-size sampling; set train.on_nonfinite: stop or train.sampling: poisson"),
+    ({"algorithm": "fedavg", "privacy": {**DP, "dp": "local"},
+      "train": {**UNIFORM, "on_nonfinite": "drop", "sampling": "poisson"}},
+     "train.on_nonfinite: drop makes whether a client's update counts depend on its data, which the accountant does "
+     "not model under local DP; set train.on_nonfinite: stop"),
+    ({"algorithm": "fedavg", "privacy": DP, "train": UNIFORM, "data": {"num_clients": 4}, "eval": {"unseen": 3}},
+     "privacy.dp: 1 client may train (data.num_clients less eval.unseen), and DP over one client protects nobody from "
+     "anybody; let at least 2 clients train or remove privacy"),
+    ({"algorithm": "fedavg", "privacy": {**DP, "delta": 0.1}, "train": UNIFORM, "data": {"num_clients": 10}},
+     "privacy.delta: 0.1 is at least 1/N = 0.1 for the 10 clients that may train, so the guarantee allows one "
+     "client's data to leak whole; set it well below 1/N (e.g. 1e-05) or leave it null"),
 ])
 def test_what_user_level_dp_needs_of_the_run_is_refused_with_its_line(tree, message):
     with pytest.raises(ConfigError) as err:
         validate(tree)
     assert str(err.value) == message
     validate({**tree, "privacy": {"dp": "none", "secure_aggregation": True}})  # secure aggregation alone needs neither
+
+
+def test_a_dropped_clients_zero_update_is_accounted_under_central_dp_with_poisson_sampling():
+    validate({"algorithm": "fedavg", "privacy": DP, "train": {**UNIFORM, "on_nonfinite": "drop", "sampling": "poisson"}})
+    validate({"algorithm": "fedavg", "privacy": {**DP, "delta": 0.099}, "train": UNIFORM, "data": {"num_clients": 10}})
 
 
 def test_dp_with_weights_by_sample_count_exits_2_with_one_line_before_anything_is_written(tmp_path, capsys):

@@ -136,7 +136,7 @@ def test_dry_run_prints_the_noise_multiplier_q_delta_and_final_epsilon_and_refus
     assert "drawn in round 1 (Poisson: each client with probability f)" in out
     line = next(x for x in out.splitlines() if x.strip().startswith("privacy"))
     assert line.strip().startswith("privacy      central DP, noise multiplier 1, poisson sampling q=0.25 of 8 "
-                                   "clients, delta=0.102, rdp: epsilon ")
+                                   "clients, delta=1e-05 (min(1e-5, 1/N²)), rdp: epsilon ")
     assert line.endswith("after round 4")
     assert main(["run", str(config), "--dry-run", "privacy.delta=-1"]) == 2
     assert capsys.readouterr().err.strip() == "fedsim: error: privacy.delta: Input should be greater than 0 (got -1)"

@@ -69,3 +69,28 @@ def test_secure_aggregation_leaves_a_dp_run_bit_identical(tmp_path, monkeypatch,
     assert masked_uploads  # the uploads were masked
     assert masked == plain and masked_privacy == privacy
     assert all(np.array_equal(masked_state[k], state[k]) for k in state)
+
+
+def test_under_dp_batchnorm_statistics_stay_on_each_client_and_out_of_the_clipped_update(tmp_path, data_root,
+                                                                                           monkeypatch):
+    """cnn4 under central DP: the method would average BatchNorm's running statistics, so DP keeps them on each
+    client (local_statistics): the clipped, noised upload is the weights alone (its norm is theirs), the server's
+    noise never reaches a variance, and every client's kept running variance stays non-negative."""
+    from conftest import plan_for, small_config
+
+    cfg = small_config(tmp_path, data_root, algorithm="fedavg", train__weighting="uniform", train__rounds=2,
+                       privacy={"dp": "central", "noise_multiplier": 3.0, "clip_norm": 0.05})
+    plan = plan_for(cfg)
+    statistics = plan.model.keys.statistics
+    assert plan.algorithm.bn_mode == "local_statistics" and statistics  # cnn4 has BatchNorm with running statistics
+    assert statistics <= plan.model.buffers and not statistics & set(plan.model.layouts["shared"].keys)
+    assert {k for k in plan.model.layouts["personal"].keys} == statistics
+    server = in_process_server(monkeypatch, cfg)
+    server.restore(None)
+    outcomes = [server.round(r) for r in (1, 2)]
+    assert all(o.privacy["clipped_fraction"] == 1.0 for o in outcomes)  # the weights' own update is clipped
+    personal = plan.model.layouts["personal"]
+    variances = [values for worker in server.pool.workers for client in worker.runtime.client_data
+                 if (kept := worker.runtime.stored("personal", client)) is not None
+                 for key, values in personal.arrays(kept).items() if key.endswith("running_var")]
+    assert variances and all((v >= 0).all() for v in variances)

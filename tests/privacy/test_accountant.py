@@ -83,5 +83,9 @@ def test_a_budget_no_noise_meets_is_refused():
         smallest_multiplier(lambda z: 1.0 / z, 1e-9)
 
 
-def test_default_delta_is_below_one_over_the_population():
-    assert default_delta(100) == pytest.approx(100 ** -1.1) and default_delta(100) < 1 / 100
+@pytest.mark.parametrize("population", [2, 20, 100, 316, 500, 10_000, 10**6])
+def test_default_delta_is_far_below_one_over_the_population(population):
+    """min(1e-5, 1/N^2): N x delta, the chance some client is not protected, at most 1/N and at most N x 1e-5."""
+    delta = default_delta(population)
+    assert delta == min(1e-5, population ** -2.0)
+    assert population * delta <= min(1 / population, population * 1e-5)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedsim.errors import ConfigError
-from fedsim.privacy.clipping import next_clip_norm, update_noise_multiplier
+from fedsim.privacy.clipping import next_clip_norm, released_count, share_within, update_noise_multiplier
 from fedsim.privacy.noise import count_noise
 
 
@@ -18,8 +18,8 @@ def test_adaptive_clipping_converges_to_its_target_quantile_on_a_stream_of_norms
     clip, clients, settled = 0.01, 100, []
     for round_idx in range(1, 601):
         norms = rng.lognormal(mean=0.0, sigma=1.0, size=clients)
-        within = float(np.sum(norms <= clip)) + count_noise(7, round_idx, clients / 20)
-        clip = next_clip_norm(clip, within, clients, quantile, lr=0.2)
+        released = released_count(int(np.sum(norms <= clip)), clients, count_noise(7, round_idx, clients / 20))
+        clip = next_clip_norm(clip, share_within(released, clients), quantile, lr=0.2)
         if round_idx > 300:
             settled.append(clip)
     true_quantile = math.exp(1.0 * float(np.quantile(rng.standard_normal(10**6), quantile)))  # of lognormal(0, 1)
@@ -29,10 +29,21 @@ def test_adaptive_clipping_converges_to_its_target_quantile_on_a_stream_of_norms
 
 
 def test_the_clip_norm_grows_below_its_quantile_shrinks_above_and_stays_at_it():
-    assert next_clip_norm(1.0, 2, 10, 0.5, 0.2) > 1.0  # 20% within, 50% wanted: grow
-    assert next_clip_norm(1.0, 8, 10, 0.5, 0.2) < 1.0
-    assert next_clip_norm(1.0, 5, 10, 0.5, 0.2) == 1.0
-    assert next_clip_norm(2.0, 10, 10, 0.5, 0.2) == pytest.approx(2.0 * math.exp(-0.1))
+    assert next_clip_norm(1.0, 0.2, 0.5, 0.2) > 1.0  # 20% within, 50% wanted: grow
+    assert next_clip_norm(1.0, 0.8, 0.5, 0.2) < 1.0
+    assert next_clip_norm(1.0, 0.5, 0.5, 0.2) == 1.0
+    assert next_clip_norm(2.0, 1.0, 0.5, 0.2) == pytest.approx(2.0 * math.exp(-0.1))
+
+
+def test_the_released_count_is_centred_so_one_client_moves_it_by_a_half():
+    """Andrew et al.'s count: sum_i (b_i - 1/2). Adding a client within C or one outside moves it by +-1/2 (the raw
+    count would move by 1 for the first); the share read back over the cohort is the raw share when nothing is
+    noised."""
+    base = released_count(3, 7, 0.0)
+    assert released_count(4, 8, 0.0) - base == 0.5 and released_count(3, 8, 0.0) - base == -0.5
+    assert released_count(4, 7, 0.0) - base == 1.0  # replace one client outside C by one within: 1
+    assert share_within(base, 7) == pytest.approx(3 / 7)
+    assert released_count(3, 7, 0.25) == base + 0.25
 
 
 @pytest.mark.parametrize("z, sigma_b", [(1.0, 5.0), (0.5, 0.3), (3.0, 1.6)])
