@@ -44,6 +44,8 @@ import dp_accounting as dpa
 from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from fedsim.config.privacy import LARGEST_MULTIPLIER, SMALLEST_MULTIPLIER
+
 PLD_DISCRETIZATION = 1e-3
 
 # L2 sensitivity of one clipped update under replace-one neighbouring, in units of the clip norm C: the update u
@@ -167,13 +169,14 @@ class BudgetUnreachable(ValueError):
     """No noise multiplier up to :data:`LARGEST_MULTIPLIER` spends as little as the target."""
 
 
-LARGEST_MULTIPLIER = 2.0 ** 20  # noise a million times the clip norm: a run with more learns nothing
-
-
 def smallest_multiplier(epsilon_of: Callable[[float], float], target: float, rtol: float = 1e-4) -> float:
-    """Bisection over a decreasing epsilon(z): a bracket by doubling from 1, then halves until the bracket is within
-    ``rtol``; returns the bracket's upper end, which meets ``target``."""
-    low, high = 0.0, 1.0
+    """Bisection over a decreasing epsilon(z) within [SMALLEST_MULTIPLIER, LARGEST_MULTIPLIER] (the range the
+    config accepts): a bracket by doubling from 1, then halves until the bracket is within ``rtol``; returns the
+    bracket's upper end, which meets ``target``. A target even the smallest z meets gets that z (the run then spends
+    less than its budget, and says how much)."""
+    if epsilon_of(SMALLEST_MULTIPLIER) <= target:
+        return SMALLEST_MULTIPLIER
+    low, high = SMALLEST_MULTIPLIER, 1.0
     while epsilon_of(high) > target:
         low, high = high, 2 * high
         if high > LARGEST_MULTIPLIER:

@@ -41,8 +41,10 @@ def released_count(within: int, reported: int, noise: float) -> float:
 
 def share_within(released: float, cohort: float) -> float:
     """b_bar, the noisy share of clients within C: the released centred count over the cohort (the expected q x N
-    under Poisson sampling, so the count of clients is not revealed; the kept clients under fixed-size), plus 1/2."""
-    return released / cohort + 0.5
+    under Poisson sampling, so the count of clients is not revealed; the kept clients under fixed-size), plus 1/2,
+    clipped to [0, 1] as TF Privacy's quantile estimator clips it (post-processing: no privacy spent), so a large
+    count noise moves the clip norm by at most exp(lr) a round."""
+    return min(1.0, max(0.0, released / cohort + 0.5))
 
 
 def next_clip_norm(clip_norm: float, share: float, target_quantile: float, lr: float) -> float:

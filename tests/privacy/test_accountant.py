@@ -89,3 +89,26 @@ def test_default_delta_is_far_below_one_over_the_population(population):
     delta = default_delta(population)
     assert delta == min(1e-5, population ** -2.0)
     assert population * delta <= min(1 / population, population * 1e-5)
+
+
+@pytest.mark.parametrize("privacy, message", [
+    ({"noise_multiplier": 1e-300}, "privacy.noise_multiplier: 1e-300 is below 0.1, where the accountant cannot state "
+                                   "epsilon in bounded time"),
+    ({"noise_multiplier": 1e300}, "privacy.noise_multiplier: Input should be less than or equal to 1048576"),
+    ({"noise_multiplier": 1.0, "clip_norm": 1e300}, "privacy.clip_norm: Input should be less than or equal to"),
+    ({"noise_multiplier": 1.0, "adaptive": {"count_noise": 1e7}}, "privacy.adaptive.count_noise: Input should be"),
+    ({"noise_multiplier": 1.0, "adaptive": {"lr": 1e300}}, "privacy.adaptive.lr: Input should be less than or equal"),
+])
+def test_numbers_the_accountant_cannot_compute_are_refused_where_they_are_parsed(privacy, message):
+    from fedsim.config import validate
+    from fedsim.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        validate({"algorithm": "fedavg", "train": {"weighting": "uniform"}, "privacy": privacy})
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_budget_every_multiplier_in_range_meets_gets_the_smallest_and_spends_less():
+    accounting = central()
+    z = accounting.calibrate(1e300, 10, 0)
+    assert z == 0.1 and accounting.epsilon(z, 10) < 1e300

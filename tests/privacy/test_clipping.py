@@ -57,3 +57,8 @@ def test_a_count_noise_that_leaves_the_update_none_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^privacy.adaptive.count_noise: sigma_b 0.5 .* no noise .* above 0.5$"):
         update_noise_multiplier(1.0, 0.5)
     assert update_noise_multiplier(0.0, 0.0) == 0.0  # no noise at all: nothing to split
+
+
+def test_the_noisy_share_is_clipped_to_zero_one_so_a_huge_count_noise_moves_the_norm_by_at_most_exp_lr():
+    assert share_within(released_count(3, 7, 1e9), 7) == 1.0 and share_within(released_count(3, 7, -1e9), 7) == 0.0
+    assert next_clip_norm(1.0, share_within(released_count(3, 7, -1e9), 7), 0.5, 0.2) == pytest.approx(math.exp(0.1))
