@@ -16,8 +16,18 @@ from fedsim.algorithms.base import Algorithm
 from fedsim.core.aggregate import FixedPoint, ReferenceExactSum, RoundSums
 from fedsim.core.pages import release_shared
 from fedsim.core.protocol import FixedPointScales
-from fedsim.engine.server import Server
+from fedsim.engine.reduction import SumReduction
 from fedsim.privacy.mechanism import ServerPrivacy
+
+
+def _reduction(algorithm, weights, offsets, num_clients, scaling, sums) -> SumReduction:
+    """A synchronous round's reduction over a server holding ``weights``, its sums taken in."""
+    reduction = SumReduction.__new__(SumReduction)
+    reduction.plan = types.SimpleNamespace(num_clients=num_clients)
+    reduction.algorithm, reduction.tensor_offsets, reduction.shared_size = algorithm, offsets, offsets[-1]
+    reduction.state = types.SimpleNamespace(values={WEIGHTS: weights}, privacy=ServerPrivacy(None))
+    reduction.scaling, reduction.sums = scaling, sums
+    return reduction
 
 
 def test_aggregation_holds_the_totals_and_the_new_state_but_no_float64_model():
@@ -29,14 +39,12 @@ def test_aggregation_holds_the_totals_and_the_new_state_but_no_float64_model():
     weights = rng.standard_normal(size).astype(np.float32)
     scaling = FixedPointScales({WEIGHTS: FixedPoint.plan(weights, offsets, 300)}, {WEIGHTS: False})
     partials = [rng.integers(-2 ** 40, 2 ** 40, size) for _ in range(3)]
-    server = types.SimpleNamespace(algorithm=Algorithm(), state={WEIGHTS: weights}, num_clients=10,
-                                   privacy=ServerPrivacy(None),
-                                   tensor_offsets=offsets)
     tracemalloc.start()
     sums = RoundSums(scaling.scales, size)
     for partial in partials:
         sums.add({WEIGHTS: partial}, {WEIGHTS: 100})
-    Server._aggregate(server, 1, scaling, sums, [None] * 4, None)  # synchronous: the reports are only counted
+    server = _reduction(Algorithm(), weights, offsets, 10, scaling, sums)
+    server.update(1, [None] * 4, None)  # synchronous: the reports are only counted
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 3.5 * 4 * size
@@ -44,7 +52,7 @@ def test_aggregation_holds_the_totals_and_the_new_state_but_no_float64_model():
     mean = sum(partials).astype(np.float64)
     mean *= np.repeat(np.ldexp(1.0, scaling.scales[WEIGHTS].quantum_exponent), np.diff(offsets))
     mean /= 300
-    assert np.array_equal(server.state[WEIGHTS], mean.astype(np.float32))
+    assert np.array_equal(server.state.values[WEIGHTS], mean.astype(np.float32))
 
 
 def _lazy_answers(monkeypatch, server) -> list[int]:
@@ -131,12 +139,10 @@ def test_a_hook_that_does_not_say_it_works_tensor_by_tensor_gets_whole_vectors()
         exact.add(1, weights)
         sums = RoundSums(scaling.scales, 10)
         sums.add({WEIGHTS: exact.total}, {WEIGHTS: 1})
-        server = types.SimpleNamespace(algorithm=algorithm, state={WEIGHTS: weights}, num_clients=2,
-                                       privacy=ServerPrivacy(None),
-                                       tensor_offsets=offsets)
-        Server._aggregate(server, 1, scaling, sums, [None] * 2, None)
+        server = _reduction(algorithm, weights, offsets, 2, scaling, sums)
+        server.update(1, [None] * 2, None)
         if isinstance(algorithm, Elementwise):
             assert seen["Elementwise"] == [3, 7]
         else:
             assert seen["GlobalNorm"] == [10]
-            assert np.linalg.norm(server.state[WEIGHTS]) == pytest.approx(1.0, rel=1e-6)
+            assert np.linalg.norm(server.state.values[WEIGHTS]) == pytest.approx(1.0, rel=1e-6)
