@@ -104,7 +104,7 @@ def export(cfg: RunConfig, round_idx: int | None, clients: list[int], fine_tuned
     done = checkpoint.round_of(ckpt)
     assert done is not None  # a round-N folder
     target = Path(out) if out else folder.local / runfiles.EXPORT / f"round-{done:04d}{'-fine-tuned' if fine_tuned else ''}"
-    runtime = ClientRuntime(plan, {c: plan.clients[c] for c in clients})
+    runtime = ClientRuntime(plan.for_workers(), {c: plan.clients[c] for c in clients})
     runtime.load_state(str(ckpt))
     state = server_state(ckpt, plan.model.layouts["shared"].size, plan.fingerprint)
     logged = logged_accuracies(folder.local, done, METRIC[fine_tuned])

@@ -31,14 +31,14 @@ from fedsim.core.protocol import ClientData, FixedPointScales, WorkerPartial, Wo
 from fedsim.core.store import VectorStore
 from fedsim.data import ArrayDataset, load_run_data, shuffled_batches, to_float
 from fedsim.models.state import output_layer
-from fedsim.plan import RunPlan
+from fedsim.plan import WorkerPlan
 from fedsim.privacy.secagg import PairwiseMasks
 
 
 class ClientRuntime:
     """Plain-Python core of a worker (the Ray actor in ``fedsim.client.worker`` wraps it)."""
 
-    def __init__(self, plan: RunPlan, client_data: dict[int, ClientData]):
+    def __init__(self, plan: WorkerPlan, client_data: dict[int, ClientData]):
         self.plan = plan
         self.cfg = cfg = plan.cfg
         self.algorithm = plan.algorithm

@@ -107,7 +107,7 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         evaluation_rounds=evaluation_rounds, scored_test_images=scored,
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
         workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
-        clock=_clock(plan), packing=plan.packing, poisson=cfg.train.sampling == "poisson", privacy=plan.privacy_summary)
+        clock=_clock(plan), packing=plan.packing, poisson=plan.population.poisson, privacy=plan.privacy_summary)
 
 
 def _clock(plan: RunPlan) -> dict | None:

@@ -193,7 +193,7 @@ class Server:
             r["round"] = round_idx
             r["train_loss"] = report.train_loss if report else None
             r["times_sampled"] = int(self.held.times_sampled[r["client"]])  # 0: scored with its round-0 personal part
-            if r["client"] in self.plan.unseen:
+            if r["client"] in self.plan.population.unseen:
                 r["unseen"] = True  # held out of training by eval.unseen
             r.update(report.logged if report else {})
         return records
