@@ -4,7 +4,7 @@ from conftest import synthetic_tree
 
 from fedsim.algorithms import algorithm_class
 from fedsim.config import validate
-from fedsim.plan import RunPlan
+from fedsim.plan import Population, RunPlan
 
 
 @pytest.mark.parametrize("algorithm, evaluation, reported", [
@@ -16,7 +16,7 @@ from fedsim.plan import RunPlan
 ])
 def test_the_reported_accuracy_is_the_one_the_methods_protocol_reports(tmp_path, algorithm, evaluation, reported):
     cfg = validate(synthetic_tree(tmp_path, algorithm=algorithm, eval=evaluation))
-    plan = RunPlan(cfg, algorithm_class(algorithm)(), None, (), 2, (1, 1, 1))
+    plan = RunPlan(cfg, algorithm_class(algorithm)(), None, (), 2, (1, 1, 1), Population(0))
     assert plan.reported_accuracy == reported
 
 
