@@ -15,7 +15,7 @@ built the module with). A run folder is input: code its config names is imported
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -115,7 +115,8 @@ def export(cfg: RunConfig, round_idx: int | None, clients: list[int], fine_tuned
         saved: dict[str, Any] = {}
         [record] = runtime.evaluation.evaluate(broadcast, [client], done, _take(runtime, STAGES[fine_tuned], saved))
         files = write_client(runtime, saved["state_dict"], target, client, cfg)
-        scored, was = record[METRIC[fine_tuned]], logged.get(client)
+        columns: Mapping[str, Any] = record  # read by the stage's column name
+        scored, was = columns[METRIC[fine_tuned]], logged.get(client)
         check = f"the run logged {was:.4f}" if was is not None else f"round {done} was not evaluated"
         lines.append(f"client {client}: {', '.join(str(f) for f in files)} ({METRIC[fine_tuned]} {scored:.4f}; {check})")
     return lines

@@ -27,7 +27,7 @@ from fedsim.client.reduce import ClientReplies, ClientSums, Trained, reduce_clie
 from fedsim.client.resident import host_vector, to_device
 from fedsim.client.setup import configure_process, set_up_worker
 from fedsim.client.states import ClientStates
-from fedsim.core.protocol import ClientData, FixedPointScales, WorkerPartial, WorkerReplies
+from fedsim.core.protocol import ClientData, ClientRecord, FixedPointScales, WorkerPartial, WorkerReplies
 from fedsim.core.store import VectorStore
 from fedsim.data import ArrayDataset, load_run_data, shuffled_batches, to_float
 from fedsim.models.state import output_layer
@@ -216,6 +216,6 @@ class ClientRuntime:
         self.states.load(ckpt)
 
     # -- evaluation ------------------------------------------------------------------------------
-    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
+    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[ClientRecord]:
         """FedBABU's protocol for every algorithm (``evaluation.Evaluation``)."""
         return self.evaluation.evaluate(broadcast, clients, round_idx)

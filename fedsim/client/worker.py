@@ -13,7 +13,7 @@ from typing import TypeVar
 import numpy as np
 import ray
 
-from fedsim.core.protocol import ClientData, FixedPointScales, WorkerPartial, WorkerReplies
+from fedsim.core.protocol import ClientData, ClientRecord, FixedPointScales, WorkerPartial, WorkerReplies
 from fedsim.errors import ConfigError, UserCodeError
 from fedsim.plan import WorkerPlan
 from fedsim.privacy.secagg import PairwiseMasks
@@ -68,13 +68,13 @@ class Worker:
             self.busy_cpu_s += time.process_time() - started
 
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
-                      plan: FixedPointScales, masks: PairwiseMasks | None = None) -> WorkerPartial:
-        return self._timed(lambda: self.runtime.train_and_sum(broadcast, clients, round_idx, plan, masks))
+                      scaling: FixedPointScales, masks: PairwiseMasks | None = None) -> WorkerPartial:
+        return self._timed(lambda: self.runtime.train_and_sum(broadcast, clients, round_idx, scaling, masks))
 
     def train_and_reply(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> WorkerReplies:
         return self._timed(lambda: self.runtime.train_and_reply(broadcast, clients, round_idx))
 
-    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
+    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[ClientRecord]:
         return self._timed(lambda: self.runtime.evaluate(broadcast, clients, round_idx))
 
     def save_state(self, target: str, full: bool = True) -> str:

@@ -24,8 +24,8 @@ from ray.exceptions import RayActorError
 from fedsim import storage
 from fedsim.core import checkpoint
 from fedsim.core.pages import release_shared
-from fedsim.core.protocol import (WEIGHTS, ClientReport, RolledBack, RoundFailed, RoundOutcome, RoundResult,
-                                  arrays_bytes)
+from fedsim.core.protocol import (WEIGHTS, ClientRecord, ClientReport, CommRecord, RolledBack, RoundFailed,
+                                  RoundOutcome, RoundResult, add_columns, arrays_bytes)
 from fedsim.engine.fedbuff import FedBuff
 from fedsim.engine.pool import Spawn, WorkerPool
 from fedsim.engine.reduction import reduction_for
@@ -181,13 +181,14 @@ class Server:
             self.broadcast_ref = self._publish()
         self.reduction.after_update(previous, timing)
 
-    def _evaluate(self, round_idx: int, trained: dict[int, ClientReport]) -> list[dict]:
+    def _evaluate(self, round_idx: int, trained: dict[int, ClientReport]) -> list[ClientRecord]:
         """Every scored client's record; one trained this round also carries its training loss and what its
         module logged while training (``self.log``)."""
         calls = [self.pool.workers[w].evaluate.remote(ref, cs, round_idx)
                  for members, ref, _ in self._messages(self.plan.scored(round_idx), False)
                  for w, cs in self._by_worker(members, self.plan.test_sizes).items()]
-        records = sorted((r for batch in self.pool.get_watching(calls) for r in batch), key=lambda r: r["client"])
+        records: list[ClientRecord] = sorted((r for batch in self.pool.get_watching(calls) for r in batch),
+                                             key=lambda r: r["client"])
         for r in records:
             report = trained.get(r["client"])
             r["round"] = round_idx
@@ -195,16 +196,16 @@ class Server:
             r["times_sampled"] = int(self.held.times_sampled[r["client"]])  # 0: scored with its round-0 personal part
             if r["client"] in self.plan.population.unseen:
                 r["unseen"] = True  # held out of training by eval.unseen
-            r.update(report.logged if report else {})
+            add_columns(r, report.logged if report else {})
         return records
 
     def _result(self, round_idx: int, sampled: list[int], diverged: list[ClientReport], kept: list[ClientReport],
-                records: list[dict], timing: RoundTime | None, started: tuple[float, float]) -> RoundResult:
+                records: list[ClientRecord], timing: RoundTime | None, started: tuple[float, float]) -> RoundResult:
         """What the round did, for the driver's callbacks: its clients, records, traffic, time and mechanisms."""
         mechanism = self.algorithm.mechanism(self.state) if kept else {}
         privacy = self.held.privacy.after_round(round_idx, [r.update_norm for r in kept if r.update_norm is not None])
-        comm = [{"round": round_idx, "client": r.client, "bytes_down": self.received[r.client], "bytes_up": r.bytes_up}
-                for r in kept]
+        comm: list[CommRecord] = [{"round": round_idx, "client": r.client, "bytes_down": self.received[r.client],
+                                   "bytes_up": r.bytes_up} for r in kept]
         wall, cpu = started
         cpu = time.process_time() - cpu + self.pool.cpu_seconds_since_last()
         return RoundResult(round_idx, sampled, [r.client for r in diverged], records, comm, time.perf_counter() - wall,
