@@ -20,7 +20,7 @@ from fedsim.engine.driver import Callback, Run, drive, end
 from fedsim.engine.failures import describe_failure
 from fedsim.engine.preflight import Rehearse, prepared
 from fedsim.engine.ray_cluster import check_resources, connect_ray, this_node
-from fedsim.engine.runfolder import RunFolder
+from fedsim.engine.runfolder import LocalFolder, RunFolder
 from fedsim.engine.server import ServerActor
 from fedsim.errors import (CheckpointError, ConfigError, DataError, RunFailed, TrainingDiverged, UserCodeFailed,
                            user_error)
@@ -63,7 +63,7 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
             check_resources(cfg)  # a Ray started here has no autoscaler: what it lacks now, it lacks for good
         group = reserved or placement.reserve(cfg, plan.workers)
         try:
-            if not folder.remote:
+            if isinstance(folder.backend, LocalFolder):  # a bucket is every node's alike
                 placement.check_shared(folder.local.parent, placement.nodes_of(group), cfg.engine.round_timeout_s)
             with folder.held(inputs.data, partition, resume, overwrite), _failures_explained(folder):
                 return _train(plan, folder, spawn, placement.bundles(group, plan.workers), ckpt, resume, callbacks)

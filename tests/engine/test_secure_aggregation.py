@@ -15,7 +15,7 @@ from fedsim.client.runtime import ClientRuntime
 from fedsim.config import validate
 from fedsim.core.aggregate import RoundSums
 from fedsim.core.protocol import WEIGHTS
-from fedsim.engine.runfolder import load_run_config
+from fedsim.engine.runfolder_checks import load_run_config
 from fedsim.simulate import run
 
 ROUNDS = 2
