@@ -7,6 +7,7 @@ exactly as the server will draw them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fedsim.config import RunConfig
 from fedsim.engine.preflight import Rehearse, prepared
@@ -41,10 +42,10 @@ class WorkEstimate:
     workers: int
     cpus_per_worker: float
     gpus_per_worker: float
-    clock: dict | None = None  # on the virtual clock: simulated seconds, selected and taking part per round
+    clock: dict[str, Any] | None = None  # on the virtual clock: simulated seconds, selected and taking part per round
     packing: tuple[int | str, str | None] = (1, None)  # engine.pack as the run will use it, and why not if it cannot
     poisson: bool = False  # train.sampling: poisson (round 1's draw is one draw, not every round's size)
-    privacy: dict | None = None  # DP's accounting (RunPlan.privacy_summary): z, q, delta, epsilon at the final round
+    privacy: dict[str, Any] | None = None  # DP's accounting (RunPlan.privacy_summary): z, q, delta, epsilon at the final round
 
     @property
     def train_sample_steps_per_round(self) -> float:
@@ -110,7 +111,7 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         clock=_clock(plan), packing=plan.packing, poisson=plan.population.poisson, privacy=plan.privacy_summary)
 
 
-def _clock(plan: RunPlan) -> dict | None:
+def _clock(plan: RunPlan) -> dict[str, Any] | None:
     """The virtual clock over the whole run (it depends on nothing a run computes, so a dry run knows it)."""
     if plan.clock is None:
         return None

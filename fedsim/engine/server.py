@@ -27,7 +27,7 @@ from fedsim.core.pages import release_shared
 from fedsim.core.protocol import (WEIGHTS, ClientRecord, ClientReport, CommRecord, RolledBack, RoundFailed,
                                   RoundOutcome, RoundResult, add_columns, arrays_bytes)
 from fedsim.engine.fedbuff import FedBuff
-from fedsim.engine.pool import Spawn, WorkerPool
+from fedsim.engine.pool import Bundle, Handle, Ref, Spawn, WorkerPool
 from fedsim.engine.reduction import reduction_for
 from fedsim.engine.server_state import ServerState
 from fedsim.plan import RunPlan, balanced_owners
@@ -39,7 +39,7 @@ class Server:
     """``workers[i]`` hosts ``plan.assignments[i]``; the entrypoint spawns them so they start while this actor
     does, and the pool's ``spawn`` replaces one that is lost (in its bundle, with the same clients)."""
 
-    def __init__(self, plan: RunPlan, workers: list, spawn: Spawn, bundles: list | None = None):
+    def __init__(self, plan: RunPlan, workers: list[Handle], spawn: Spawn, bundles: list[Bundle] | None = None):
         self.plan = plan
         self.cfg = plan.cfg
         self.algorithm = plan.algorithm
@@ -61,7 +61,7 @@ class Server:
         """The method's server state (the global weights among it)."""
         return self.held.values
 
-    def _publish(self):
+    def _publish(self) -> Ref | None:
         """One object in Ray's store per round holding what every client receives; none for a method that sends
         each group its own (``_messages`` puts those), which would leave a model-sized object unread in the store."""
         if self.algorithm.broadcasts_by_group():
@@ -77,7 +77,7 @@ class Server:
         return [(members, self._put(vectors), arrays_bytes(vectors)) for members, vectors in groups if members]
 
     @staticmethod
-    def _put(vectors: dict[str, np.ndarray]):
+    def _put(vectors: dict[str, np.ndarray]) -> Ref:
         """``ray.put``, without keeping the copy: writing the object mapped its pages into this process, a
         second model-sized copy in its memory until released (the store keeps the data)."""
         ref = ray.put(vectors)
@@ -85,7 +85,7 @@ class Server:
             release_shared(view)
         return ref
 
-    def worker_info(self) -> list[dict]:
+    def worker_info(self) -> list[dict[str, Any]]:
         return self.pool.get([w.device_info.remote() for w in self.pool.workers])
 
     def global_weights(self) -> np.ndarray:
@@ -145,7 +145,7 @@ class Server:
         self.reduction.close(reports)
         return sorted(reports, key=lambda r: r.client)
 
-    def _training_calls(self, round_idx: int, sampled: list[int], timing: RoundTime | None) -> list:
+    def _training_calls(self, round_idx: int, sampled: list[int], timing: RoundTime | None) -> list[Ref]:
         """One call per worker and model: a synchronous round sends every client the current model; an
         asynchronous step each client the model it was dispatched with."""
         calls, self.received = [], {}
