@@ -672,7 +672,7 @@ def fixedcost(args) -> None:
 # -- aggmem ----------------------------------------------------------------------------------------
 def aggmem(args) -> None:
     """The server's aggregation (FedAvg) of W int64 partials of a model's size, under tracemalloc: folding each
-    into the round's totals (``RoundSums.add``) and ``Server._aggregate`` (means and the server hook, tensor by
+    into the round's totals (``RoundSums.add``) and ``SumReduction.update`` (means and the server hook, tensor by
     tensor); its transient heap, by line, next to the partials' own bytes. No Ray: the partials are made before
     tracing starts (in a run they are views into the object store, released as they are folded), and nothing
     is published (``ray.put`` writes one float32 copy into the store, whose pages the server then releases)."""
@@ -685,8 +685,9 @@ def aggmem(args) -> None:
     from fedsim.config import validate
     from fedsim.core.aggregate import FixedPoint, RoundSums
     from fedsim.core.protocol import FixedPointScales, WorkerPartial
-    from fedsim.engine.server import Server
+    from fedsim.engine.reduction import SumReduction
     from fedsim.plan.build import build_model_plan
+    from fedsim.privacy.mechanism import ServerPrivacy
 
     cfg = validate(quickstart({"algorithm": "fedavg", "model.name": args.model}))
     model = build_model_plan(cfg, build_algorithm(cfg), 10, (3, 32, 32))
@@ -695,13 +696,16 @@ def aggmem(args) -> None:
     rng = np.random.default_rng(0)
     partials = [WorkerPartial([], {WEIGHTS: rng.integers(-2 ** 40, 2 ** 40, layout.size)}, {WEIGHTS: 3 * args.sampled})
                 for _ in range(args.workers)]
-    server = types.SimpleNamespace(algorithm=build_algorithm(cfg), state={WEIGHTS: initial}, num_clients=10_000,
-                                   tensor_offsets=layout.offsets)
+    reduction = SumReduction.__new__(SumReduction)  # a synchronous round's, without a plan or Ray
+    reduction.plan, reduction.algorithm = types.SimpleNamespace(num_clients=10_000), build_algorithm(cfg)
+    reduction.tensor_offsets, reduction.shared_size = layout.offsets, layout.size
+    reduction.state = types.SimpleNamespace(values={WEIGHTS: initial}, privacy=ServerPrivacy(None))
     tracemalloc.start()
     sums = RoundSums(plan.scales, layout.size)
     for partial in partials:
         sums.add(partial.sums, partial.weights)
-    Server._aggregate(server, plan, sums, [None] * args.sampled, None)  # kept: only counted; synchronous
+    reduction.scaling, reduction.sums = plan, sums
+    reduction.update(1, [None] * args.sampled, None)  # kept: only counted
     peak = tracemalloc.get_traced_memory()[1]
     top = tracemalloc.take_snapshot().statistics("lineno")[:5]
     tracemalloc.stop()

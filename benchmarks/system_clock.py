@@ -24,6 +24,7 @@ import numpy as np
 from fedsim.cli.main import main as fedsim
 from fedsim.config import SystemConfig, load_tree
 from fedsim.metrics.logger import read_jsonl
+from fedsim.plan import Population
 from fedsim.plan.system import Clock, build_system
 from fedsim.sweep.expand import expand_sweep
 
@@ -34,8 +35,8 @@ EVERYTHING = {"devices": {"preset": "mobile"}, "dropout": 0.1, "over_selection":
 
 def clock_microseconds(num_clients: int, rounds: int = 200) -> float:
     cfg = SystemConfig.model_validate(EVERYTHING)
-    clock = Clock(build_system(cfg, 0, num_clients), 0, 0.1, np.full(num_clients, 500.0), 460_000, 460_000,
-                  np.ones(num_clients, bool))
+    clock = Clock(build_system(cfg, 0, num_clients), 0, Population(num_clients, fraction=0.1),
+                  np.full(num_clients, 500.0), 460_000, 460_000)
     started = time.perf_counter()
     clock.round(rounds)
     return (time.perf_counter() - started) / rounds * 1e6

@@ -47,4 +47,4 @@ def run(cfg: RunConfig, overwrite: bool = False, resume: bool = False, callbacks
                           rehearse)
     assert session.summary is not None  # a standard callback, the JSONL logger, writes it as the run finishes
     folder = session.folder
-    return RunResult(cfg.name, folder.location if folder.remote else folder.local, session.summary)
+    return RunResult(cfg.name, folder.backend.run_dir, session.summary)

@@ -230,9 +230,10 @@ def in_process_server(monkeypatch, cfg, partition=None):
     for module in (server_module, pool_module):  # one stand-in: a test that patches ray.get patches it for both
         monkeypatch.setattr(module, "ray", ray)
     plan = plan_for(cfg, partition)
+    workers_plan = plan.for_workers()
 
     def spawn(clients, bundle=None):
-        return InProcessWorker(ClientRuntime(plan, clients))
+        return InProcessWorker(ClientRuntime(workers_plan, clients))
 
     return server_module.Server(plan, [spawn(clients) for clients in plan.assignments], spawn)
 

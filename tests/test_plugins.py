@@ -120,7 +120,7 @@ def _folder_naming_code(tmp_path, monkeypatch):
 
 def test_resume_never_imports_code_its_run_folder_names_unless_trusted(tmp_path, monkeypatch, capsys):
     from fedsim.cli.main import main
-    from fedsim.engine.runfolder import load_run_config
+    from fedsim.engine.runfolder_checks import load_run_config
 
     run = _folder_naming_code(tmp_path, monkeypatch)
     assert main(["run", "--resume", str(run), "--dry-run"]) == 2

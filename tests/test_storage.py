@@ -47,7 +47,7 @@ def test_bucket_keeps_the_two_newest_checkpoints(s3_bucket):
 
 def test_report_and_resume_read_a_run_folder_from_its_uri(s3_bucket, tmp_path):
     storage.Store(RUN).write_bytes("config.yaml", b"name: ignored\nseed: 4\nalgorithm: fedavg\n")
-    from fedsim.engine.runfolder import load_run_config
+    from fedsim.engine.runfolder_checks import load_run_config
 
     cfg = load_run_config(RUN, ["train.rounds=7"])
     assert (cfg.name, cfg.out_dir, cfg.seed, cfg.train.rounds) == ("run", "s3://fedsim-runs/unit", 4, 7)

@@ -4,9 +4,10 @@ today's engine and the old one (commit dae5d9e) without changing either: after t
 imported, its aggregation is wrapped with a clock, and the server's ``ray.get`` counts the array bytes it
 receives. Each event is one JSON line appended to that file: {"pid", "event", "seconds" | "bytes"}.
 
-  server (today): RoundSums.add (fold one partial as it arrives), Server._aggregate (means and server hook,
-                  tensor by tensor), or Server._fold_replies (a robust rule over every reply: server.aggregator),
-                  Server._publish, Server._evaluate; the array bytes of each answer received
+  server (today): RoundSums.add (fold one partial as it arrives), SumReduction.update (means and server hook,
+                  tensor by tensor), or ReplyReduction.fold (a robust rule over every reply: server.aggregator),
+                  Server._publish, Server._evaluate; the array bytes of each answer received (before issue 64:
+                  Server._aggregate and Server._fold_replies)
   server (commit add413d and before): Server._aggregate (add W partials, server hook, publish); the array bytes
                   of each ray.get
   workers (today): resident.ExactSum.stage + add (the per-client exact sums, on the worker)
@@ -78,13 +79,19 @@ def count_received(ray) -> None:
 
 def patch(name: str, module) -> None:
     if name == "fedsim.engine.server":
-        module.Server._aggregate = timed("aggregate", module.Server._aggregate)
-        if hasattr(module.Server, "_fold_replies"):  # a server that sees replies (server.aggregator, issue 26)
-            module.Server._fold_replies = timed("aggregate", module.Server._fold_replies)
+        reduction = sys.modules.get("fedsim.engine.reduction")  # the round's reduction in its own classes (issue 64)
+        if reduction is not None:
+            reduction.SumReduction.update = timed("aggregate", reduction.SumReduction.update)
+            reduction.ReplyReduction.fold = timed("aggregate", reduction.ReplyReduction.fold)
+        else:
+            module.Server._aggregate = timed("aggregate", module.Server._aggregate)
+            if hasattr(module.Server, "_fold_replies"):  # a server that sees replies (server.aggregator, issue 26)
+                module.Server._fold_replies = timed("aggregate", module.Server._fold_replies)
         module.Server._evaluate = timed("evaluate", module.Server._evaluate)
         pool = sys.modules.get("fedsim.engine.pool")  # the worker pool in its own class (issue 44)
         if pool is not None:
-            module.RoundSums.add = timed("fold", module.RoundSums.add)
+            sums = reduction.RoundSums if reduction is not None else module.RoundSums
+            sums.add = timed("fold", sums.add)
             module.Server._publish = timed("publish", module.Server._publish)
             pool.WorkerPool.as_completed = counted_answers(pool.WorkerPool.as_completed)
         elif hasattr(module.Server, "_as_completed"):  # answers folded one by one as they arrive

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -69,7 +71,6 @@ class APFL(PartialSharing):
 
     def client_update(self, ctx: ClientContext) -> list[torch.Tensor]:
         import torch
-        from torch.nn import functional as F
 
         ctx.load()
         global_params = dict(ctx.net.named_parameters())
@@ -79,74 +80,12 @@ class APFL(PartialSharing):
             personal[k].requires_grad_()
         alpha = torch.tensor(float(ctx.slot("alpha", default=[self.start_alpha])[0]), requires_grad=True)
         lr = ctx.learning_rates("full").max()
-        alpha_lr = lr if self.params.alpha_lr is None else self.params.alpha_lr
-        buffers = dict(ctx.net.named_buffers())
-        # Algorithm 1 steps w, v and alpha from one iterate: v's and alpha's gradients are taken at the mixture with w
-        # as it was before its step on the batch. Mixed with w after that step, w would fit every batch better than
-        # v does, and alpha's gradient <v - w, grad> would push it to 0 (APFL scoring as FedAvg).
-        before = {k: global_params[k].detach().clone() for k in keys}
-
-        def pfllib_step(x: torch.Tensor, y: torch.Tensor) -> None:
-            # After w's step on the batch: v's own step, then alpha's with w's gradient of that step.
-            scratch = {k: b.clone() for k, b in buffers.items()}
-            loss = F.cross_entropy(torch.func.functional_call(ctx.net, {**personal, **scratch}, (x,)), y)
-            grads = torch.autograd.grad(loss, [personal[k] for k in keys])
-            with torch.no_grad():
-                for k, g in zip(keys, grads):
-                    personal[k] -= lr * g
-                slope = 0.02 * alpha  # PFLlib's alpha_update: v and w after their steps, their gradients before
-                for k, g in zip(keys, grads):
-                    w_grad = global_params[k].grad
-                    assert w_grad is not None, "apfl (pfllib): w's gradient of its step is gone"
-                    slope = slope + ((personal[k] - global_params[k]) * (alpha * g + (1 - alpha) * w_grad)).sum()
-                if self.adaptive:
-                    alpha.copy_((alpha - alpha_lr * slope).clamp(0, 1))
-
-        def personal_step(x: torch.Tensor, y: torch.Tensor) -> None:
-            # After each step of w on the batch: v (through the mixture) and alpha on the same batch.
-            mixed = {k: alpha * personal[k] + (1 - alpha) * before[k] for k in keys}
-            scratch = {k: b.clone() for k, b in buffers.items()}  # w's BatchNorm statistics stay w's own
-            loss = F.cross_entropy(torch.func.functional_call(ctx.net, {**mixed, **scratch}, (x,)), y)
-            grads = torch.autograd.grad(loss, [personal[k] for k in keys] + [alpha])
-            with torch.no_grad():
-                for k, g in zip(keys, grads):
-                    personal[k] -= lr * g
-                if self.adaptive:
-                    alpha.copy_((alpha - alpha_lr * grads[-1]).clamp(0, 1))
-                for k in keys:
-                    before[k].copy_(global_params[k])
-
-        first_batch = [True]  # FedTorch steps alpha on a round's first batch only (centered/apfl.py:114)
-
-        def fedtorch_step(x: torch.Tensor, y: torch.Tensor) -> None:
-            # After w's step on the batch: v's step on the loss of the mixed outputs, w's output from w after its step.
-            scratch = {k: b.clone() for k, b in buffers.items()}  # w's BatchNorm statistics stay w's own
-            v_out = torch.func.functional_call(ctx.net, {**personal, **scratch}, (x,))
-            w_out = torch.func.functional_call(ctx.net, {k: b.clone() for k, b in buffers.items()}, (x,))
-            mixing = alpha.detach()  # a constant of the loss: FedTorch's alpha is a float (eval.py:36)
-            loss = F.cross_entropy(mixing * v_out + (1 - mixing) * w_out, y)
-            steps_alpha = self.adaptive and bool(first_batch)
-            first_batch.clear()
-            wrt = [personal[k] for k in keys] + ([global_params[k] for k in keys] if steps_alpha else [])
-            grads = torch.autograd.grad(loss, wrt)
-            with torch.no_grad():
-                for k, g in zip(keys, grads):
-                    personal[k] -= lr * g
-                if steps_alpha:  # FedTorch's alpha_update (flow_utils.py:240-250), v and w after their steps
-                    slope = 0.02 * alpha
-                    for k, g_v, g_w in zip(keys, grads, grads[len(keys):]):
-                        slope = slope + ((personal[k] - global_params[k]) * (alpha * g_v + (1 - alpha) * g_w)).sum()
-                    alpha.copy_((alpha - alpha_lr * slope).clamp(0, 1))
-
-        steps = {"paper": personal_step, "pfllib": pfllib_step, "fedtorch": fedtorch_step}
-        losses = ctx.sgd(PARTS["full"], ctx.local_epochs, after_step=steps[self.params.variant])
+        mixture = _Mixture(ctx.net, dict(ctx.net.named_buffers()), personal, keys, global_params, alpha, lr,
+                           lr if self.params.alpha_lr is None else self.params.alpha_lr, self.adaptive)
+        variant = _VARIANTS[self.params.variant](mixture)
+        losses = ctx.sgd(PARTS["full"], ctx.local_epochs, after_step=variant.after_step)
         ctx.commit_model()
-        if self.params.variant == "fedtorch":  # the w its output mixture is scored with, before aggregation
-            ctx.set_slot("local_model", ctx.pack("full"))
-        if self.params.variant == "pfllib":  # v becomes the mixture, the model the client is scored with
-            with torch.no_grad():
-                for k in keys:
-                    personal[k] = alpha * personal[k] + (1 - alpha) * global_params[k]
+        variant.finish(ctx)
         ctx.set_slot("personal_model", ctx.vector("full", {k: t.detach() for k, t in personal.items()}))
         ctx.set_slot("alpha", [float(alpha.detach())])
         ctx.record("apfl_alpha", float(alpha.detach()))  # 0: scored as the global model; 1: as its personal one
@@ -186,6 +125,140 @@ class APFL(PartialSharing):
     @staticmethod
     def _personal_model(ctx: ClientContext) -> np.ndarray:
         return ctx.slot("personal_model", default=ctx.initial("full"))
+
+
+@dataclass
+class _Mixture:
+    """A client's round of APFL: its personal model v (``personal``; ``keys`` its parameters), the global model w the
+    network trains (``w``: its parameters, stepped by the local loop), the mixing weight alpha and their step sizes."""
+    net: torch.nn.Module
+    buffers: dict[str, torch.Tensor]  # the network's, as the round found them
+    personal: dict[str, torch.Tensor]
+    keys: list[str]
+    w: Mapping[str, torch.Tensor]
+    alpha: torch.Tensor
+    lr: float
+    alpha_lr: float
+    adaptive: bool
+
+    def forward(self, parameters: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """The network's output with ``parameters`` in place of its own, on a copy of its buffers: w's BatchNorm
+        statistics stay w's own."""
+        import torch
+
+        scratch = {k: b.clone() for k, b in self.buffers.items()}
+        out: torch.Tensor = torch.func.functional_call(self.net, {**parameters, **scratch}, (x,))
+        return out
+
+    def v(self) -> list[torch.Tensor]:
+        return [self.personal[k] for k in self.keys]
+
+    def step_v(self, grads: Sequence[torch.Tensor]) -> None:
+        """v's plain SGD step at the round's lr (the first ``len(keys)`` of ``grads`` are v's)."""
+        for k, g in zip(self.keys, grads):
+            self.personal[k] -= self.lr * g
+
+    def alpha_slope(self, g_v: Sequence[torch.Tensor], g_w: Sequence[torch.Tensor]) -> torch.Tensor:
+        """PFLlib's and FedTorch's gradient of alpha (FedTorch's alpha_update, flow_utils.py:240-250), v and w after
+        their steps: <v - w, alpha grad_v + (1 - alpha) grad_w> + 0.02 alpha."""
+        alpha = self.alpha
+        slope = 0.02 * alpha
+        for k, gv, gw in zip(self.keys, g_v, g_w):
+            slope = slope + ((self.personal[k] - self.w[k]) * (alpha * gv + (1 - alpha) * gw)).sum()
+        return slope
+
+    def step_alpha(self, gradient: torch.Tensor) -> None:
+        self.alpha.copy_((self.alpha - self.alpha_lr * gradient).clamp(0, 1))
+
+
+class _Paper:
+    """Algorithm 1 of Deng et al.: after each step of w on a batch, v (through the mixture) and alpha on the same
+    batch. Algorithm 1 steps w, v and alpha from one iterate: v's and alpha's gradients are taken at the mixture with
+    w as it was before its step on the batch. Mixed with w after that step, w would fit every batch better than v
+    does, and alpha's gradient <v - w, grad> would push it to 0 (APFL scoring as FedAvg)."""
+
+    def __init__(self, m: _Mixture):
+        self.m = m
+        self.before = {k: m.w[k].detach().clone() for k in m.keys}  # w before its step on the batch
+
+    def after_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        import torch
+        from torch.nn import functional as F
+
+        m = self.m
+        mixed = {k: m.alpha * m.personal[k] + (1 - m.alpha) * self.before[k] for k in m.keys}
+        grads = torch.autograd.grad(F.cross_entropy(m.forward(mixed, x), y), m.v() + [m.alpha])
+        with torch.no_grad():
+            m.step_v(grads)
+            if m.adaptive:
+                m.step_alpha(grads[-1])
+            for k in m.keys:
+                self.before[k].copy_(m.w[k])
+
+    def finish(self, ctx: ClientContext) -> None:
+        """Nothing beyond v and alpha, which the hook keeps."""
+
+
+class _PFLlib:
+    """PFLlib's clientapfl.py: after w's step on the batch, v's own step on v's own loss, then alpha's with w's
+    gradient of that step; at the round's end v becomes the mixture, the model the client is scored with."""
+
+    def __init__(self, m: _Mixture):
+        self.m = m
+
+    def after_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        import torch
+        from torch.nn import functional as F
+
+        m = self.m
+        grads = torch.autograd.grad(F.cross_entropy(m.forward(m.personal, x), y), m.v())
+        with torch.no_grad():
+            m.step_v(grads)
+            if m.adaptive:  # v and w after their steps, their gradients before
+                m.step_alpha(m.alpha_slope(grads, [self._w_grad(k) for k in m.keys]))
+
+    def _w_grad(self, key: str) -> torch.Tensor:
+        grad = self.m.w[key].grad
+        assert grad is not None, "apfl (pfllib): w's gradient of its step is gone"
+        return grad
+
+    def finish(self, ctx: ClientContext) -> None:
+        import torch
+
+        m = self.m
+        with torch.no_grad():
+            for k in m.keys:
+                m.personal[k] = m.alpha * m.personal[k] + (1 - m.alpha) * m.w[k]
+
+
+class _FedTorch:
+    """The authors' FedTorch: after w's step on the batch, v's step on the loss of the mixed outputs, w's output
+    from w after its step; alpha stepped on a round's first batch only (centered/apfl.py:114), with both gradients
+    of the mixed loss. The w its output mixture is scored with is kept, before aggregation."""
+
+    def __init__(self, m: _Mixture):
+        self.m = m
+        self.first_batch = True
+
+    def after_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        import torch
+        from torch.nn import functional as F
+
+        m = self.m
+        mixing = m.alpha.detach()  # a constant of the loss: FedTorch's alpha is a float (eval.py:36)
+        loss = F.cross_entropy(mixing * m.forward(m.personal, x) + (1 - mixing) * m.forward({}, x), y)
+        steps_alpha, self.first_batch = m.adaptive and self.first_batch, False
+        grads = torch.autograd.grad(loss, m.v() + ([m.w[k] for k in m.keys] if steps_alpha else []))
+        with torch.no_grad():
+            m.step_v(grads)
+            if steps_alpha:
+                m.step_alpha(m.alpha_slope(grads, grads[len(m.keys):]))
+
+    def finish(self, ctx: ClientContext) -> None:
+        ctx.set_slot("local_model", ctx.pack("full"))
+
+
+_VARIANTS: dict[str, type[_Paper | _PFLlib | _FedTorch]] = {"paper": _Paper, "pfllib": _PFLlib, "fedtorch": _FedTorch}
 
 
 def _output_mixture(net: torch.nn.Module, personal: dict[str, torch.Tensor], alpha: float) -> LogitAdjustment:

@@ -15,7 +15,7 @@ built the module with). A run folder is input: code its config names is imported
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,7 @@ METRIC = {False: "acc", True: "acc_personalized"}  # the accuracy each stage is 
 
 def export_command(args: argparse.Namespace) -> int:
     from fedsim import storage
-    from fedsim.engine.runfolder import load_run_config
+    from fedsim.engine.runfolder_checks import load_run_config
 
     if storage.is_uri(args.run) and not args.out:
         raise ConfigError(f"--out: {args.run} is in an object store; give a local folder for the exported models")
@@ -93,18 +93,19 @@ def export(cfg: RunConfig, round_idx: int | None, clients: list[int], fine_tuned
     from fedsim.client.runtime import ClientRuntime
     from fedsim.core import checkpoint
     from fedsim.engine.runfolder import RunFolder
+    from fedsim.engine.runfolder_checks import check_checkpoint, open_for_resume
     from fedsim.plan.build import build_plan, load_inputs
 
     inputs = load_inputs(cfg)
     folder = RunFolder(cfg)
-    partition, _ = folder.open_for_resume(inputs.data)  # the run's own partition, over the data it started with
+    partition, _ = open_for_resume(folder, inputs.data)  # the run's own partition, over the data it started with
     plan = build_plan(cfg, inputs, partition)
     ckpt = round_checkpoint(folder.local, round_idx)
-    RunFolder.check_checkpoint(ckpt, plan)  # this run's settings and partition
+    check_checkpoint(ckpt, plan)  # this run's settings and partition
     done = checkpoint.round_of(ckpt)
     assert done is not None  # a round-N folder
     target = Path(out) if out else folder.local / runfiles.EXPORT / f"round-{done:04d}{'-fine-tuned' if fine_tuned else ''}"
-    runtime = ClientRuntime(plan, {c: plan.clients[c] for c in clients})
+    runtime = ClientRuntime(plan.for_workers(), {c: plan.clients[c] for c in clients})
     runtime.load_state(str(ckpt))
     state = server_state(ckpt, plan.model.layouts["shared"].size, plan.fingerprint)
     logged = logged_accuracies(folder.local, done, METRIC[fine_tuned])
@@ -115,7 +116,8 @@ def export(cfg: RunConfig, round_idx: int | None, clients: list[int], fine_tuned
         saved: dict[str, Any] = {}
         [record] = runtime.evaluation.evaluate(broadcast, [client], done, _take(runtime, STAGES[fine_tuned], saved))
         files = write_client(runtime, saved["state_dict"], target, client, cfg)
-        scored, was = record[METRIC[fine_tuned]], logged.get(client)
+        columns: Mapping[str, Any] = record  # read by the stage's column name
+        scored, was = columns[METRIC[fine_tuned]], logged.get(client)
         check = f"the run logged {was:.4f}" if was is not None else f"round {done} was not evaluated"
         lines.append(f"client {client}: {', '.join(str(f) for f in files)} ({METRIC[fine_tuned]} {scored:.4f}; {check})")
     return lines

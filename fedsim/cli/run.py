@@ -41,7 +41,7 @@ def summary_line(name: str, summary: dict, run_dir: object) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     if args.resume:
-        from fedsim.engine.runfolder import load_run_config
+        from fedsim.engine.runfolder_checks import load_run_config
 
         overrides = ([args.config] if args.config else []) + args.overrides
         configs, resume = [load_run_config(args.resume, overrides, args.trust_plugins)], True

@@ -16,7 +16,7 @@ from fedsim.client.loop import LocalLoop
 from fedsim.client.logged import recorded
 from fedsim.client.randomness import FINETUNE_STREAM, client_generator
 from fedsim.config import RunConfig
-from fedsim.core.protocol import ClientData, on_validation
+from fedsim.core.protocol import ClientData, ClientRecord, add_columns, on_validation
 
 EVAL_BATCH = 500
 # Told each client's model as it is scored: (its context, "initial" once loaded, "fine_tuned" once personalized).
@@ -54,7 +54,7 @@ class Evaluation:
         return {f"loss{suffix}": loss, f"acc{suffix}": acc, **logged}
 
     def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
-                 seen: ModelSeen | None = None) -> list[dict]:
+                 seen: ModelSeen | None = None) -> list[ClientRecord]:
         """Every client's record. Personalizing works on the loaded copy and is never packed back. A module's
         validation_step / test_step logs join the record (``_personalized`` after personalizing, what it logs while
         personalizing ``_finetune``). ``seen``: told each model as it is scored (``fedsim export`` takes it there, so
@@ -69,15 +69,17 @@ class Evaluation:
             if seen is not None:
                 seen(ctx, "initial")
             with self._adjusted_logits(ctx.logit_adjustment, ctx.logit_adjustment_on):
-                rec = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test),
-                       **({"n_validation": len(cd.val)} if len(cd.val) else {}), **self._record(client),
-                       **recorded(self.algorithm.name, ctx.recorded)}  # a second score of the method's (FedProto's)
+                rec: ClientRecord = {"client": client, "n_train": len(cd.train), "n_test": len(cd.test)}
+                if len(cd.val):
+                    rec["n_validation"] = len(cd.val)
+                add_columns(rec, self._record(client))
+                add_columns(rec, recorded(self.algorithm.name, ctx.recorded))  # a second score of the method's (FedProto's)
                 if self.cfg.eval.personalizes:
                     self._personalize(ctx, gen)
                     if seen is not None:
                         seen(ctx, "fine_tuned")
-                    rec |= self.loop.logged.collect("_finetune")
-                    rec |= self._record(client, "_personalized")
+                    add_columns(rec, self.loop.logged.collect("_finetune"))
+                    add_columns(rec, self._record(client, "_personalized"))
             results.append(rec)
         return results
 

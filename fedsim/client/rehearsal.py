@@ -11,8 +11,9 @@ import torch
 
 from fedsim.algorithms import PARTS
 from fedsim.client.runtime import ClientRuntime
+from fedsim.core.protocol import ClientData
 from fedsim.errors import ConfigError, UserCodeError
-from fedsim.plan import RunPlan
+from fedsim.plan import RunPlan, WorkerPlan
 
 
 def rehearse(plan: RunPlan) -> None:
@@ -26,7 +27,7 @@ def rehearse(plan: RunPlan) -> None:
         # In a scratch out_dir: what the step writes (a ModelCheckpoint's file under RUN/lightning/) never lands in
         # the run folder, which --dry-run promises to leave unwritten and a run has not created yet.
         with tempfile.TemporaryDirectory(prefix="fedsim-rehearsal-") as scratch:
-            _one_step(_on_this_machine(plan, scratch), client)
+            _one_step(_on_this_machine(plan, scratch), client, plan.clients[client])
     except (ConfigError, UserCodeError):
         raise
     except Exception as err:  # as a worker reports it: the user's, once (fedsim.client.worker.Worker)
@@ -37,18 +38,18 @@ def rehearse(plan: RunPlan) -> None:
         torch.set_num_threads(threads)
 
 
-def _on_this_machine(plan: RunPlan, scratch: str) -> RunPlan:
-    """The plan as this process can train it, writing under ``scratch``: on its CPU, so at full precision where the
+def _on_this_machine(plan: RunPlan, scratch: str) -> WorkerPlan:
+    """The workers' plan as this process can train it, writing under ``scratch``: on its CPU, so at full precision where the
     workers' is a GPU's (16-mixed has no CPU kernels); what the module does wrong depends on neither."""
     update: dict = {"out_dir": scratch}
     model = plan.cfg.model
     if plan.cfg.engine.gpus_per_worker > 0 and model.precision not in ("32", "32-true"):
         update["model"] = model.model_copy(update={"precision": "32"})
-    return dataclasses.replace(plan, cfg=plan.cfg.model_copy(update=update))
+    return dataclasses.replace(plan.for_workers(), cfg=plan.cfg.model_copy(update=update))
 
 
-def _one_step(plan: RunPlan, client: int) -> None:
-    runtime = ClientRuntime(plan, {client: plan.clients[client]})
+def _one_step(plan: WorkerPlan, client: int, data: ClientData) -> None:
+    runtime = ClientRuntime(plan, {client: data})
     batch = plan.cfg.train.batch_size
     runtime.loop.working_on(client, 1, "training")  # as round 1 trains it
     x, y = runtime.client_tensors(client, "train")

@@ -112,13 +112,13 @@ class ExactSum:
     range test |v| <= 2^(e_t + HEADROOM_BITS) becomes |q| <= w * limit_in_quanta, equivalent for w >= 1 and
     one reduction over the scaled vector. Buffers are allocated once per round, not per client."""
 
-    def __init__(self, plan: FixedPoint, device: torch.device):
-        self.inverse_quanta = [float(np.ldexp(1.0, -int(exp))) for exp in plan.quantum_exponent]  # 2^-L_t
-        self.limit = plan.limit_in_quanta()
-        size = plan.offsets[-1]
+    def __init__(self, scale: FixedPoint, device: torch.device):
+        self.inverse_quanta = [float(np.ldexp(1.0, -int(exp))) for exp in scale.quantum_exponent]  # 2^-L_t
+        self.limit = scale.limit_in_quanta()
+        size = scale.offsets[-1]
         self.total = torch.zeros(size, dtype=torch.int64, device=device)
         self._scaled = torch.empty(size, dtype=torch.float64, device=device)
-        self._tensors = [self._scaled[a:b] for a, b in zip(plan.offsets, plan.offsets[1:])]
+        self._tensors = [self._scaled[a:b] for a, b in zip(scale.offsets, scale.offsets[1:])]
         self._quanta = torch.empty_like(self.total)
 
     def stage(self, vector: torch.Tensor, weight: float) -> torch.Tensor:

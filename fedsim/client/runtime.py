@@ -27,18 +27,18 @@ from fedsim.client.reduce import ClientReplies, ClientSums, Trained, reduce_clie
 from fedsim.client.resident import host_vector, to_device
 from fedsim.client.setup import configure_process, set_up_worker
 from fedsim.client.states import ClientStates
-from fedsim.core.protocol import ClientData, FixedPointScales, WorkerPartial, WorkerReplies
+from fedsim.core.protocol import ClientData, ClientRecord, FixedPointScales, WorkerPartial, WorkerReplies
 from fedsim.core.store import VectorStore
 from fedsim.data import ArrayDataset, load_run_data, shuffled_batches, to_float
 from fedsim.models.state import output_layer
-from fedsim.plan import RunPlan
+from fedsim.plan import WorkerPlan
 from fedsim.privacy.secagg import PairwiseMasks
 
 
 class ClientRuntime:
     """Plain-Python core of a worker (the Ray actor in ``fedsim.client.worker`` wraps it)."""
 
-    def __init__(self, plan: RunPlan, client_data: dict[int, ClientData]):
+    def __init__(self, plan: WorkerPlan, client_data: dict[int, ClientData]):
         self.plan = plan
         self.cfg = cfg = plan.cfg
         self.algorithm = plan.algorithm
@@ -216,6 +216,6 @@ class ClientRuntime:
         self.states.load(ckpt)
 
     # -- evaluation ------------------------------------------------------------------------------
-    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
+    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[ClientRecord]:
         """FedBABU's protocol for every algorithm (``evaluation.Evaluation``)."""
         return self.evaluation.evaluate(broadcast, clients, round_idx)

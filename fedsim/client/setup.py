@@ -23,7 +23,7 @@ from fedsim.core.layout import KeyParts
 from fedsim.errors import UserCodeError
 from fedsim.models.lightning import (build_callbacks, config_optimizers, module_optimizers, network_of,
                                      optimizer_parts, overrides, part_parameters)
-from fedsim.plan import RunPlan
+from fedsim.plan import WorkerPlan
 from fedsim.plan.build import initial_client
 
 
@@ -51,7 +51,7 @@ def configure_process(cfg: RunConfig) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def set_up_worker(plan: RunPlan) -> WorkerModel:
+def set_up_worker(plan: WorkerPlan) -> WorkerModel:
     """The worker's model as the driver built it from the seed: its values are the plan's round-0 model."""
     cfg = plan.cfg
     module, keys = initial_client(cfg, plan.algorithm, plan.num_classes, plan.input_shape)

@@ -13,9 +13,9 @@ from typing import TypeVar
 import numpy as np
 import ray
 
-from fedsim.core.protocol import ClientData, FixedPointScales, WorkerPartial, WorkerReplies
+from fedsim.core.protocol import ClientData, ClientRecord, FixedPointScales, WorkerPartial, WorkerReplies
 from fedsim.errors import ConfigError, UserCodeError
-from fedsim.plan import RunPlan
+from fedsim.plan import WorkerPlan
 from fedsim.privacy.secagg import PairwiseMasks
 from fedsim.plugins import other_code
 
@@ -25,7 +25,7 @@ T = TypeVar("T")
 class Worker:
     """Ray actor hosting many virtual clients; every call goes to its ``ClientRuntime``."""
 
-    def __init__(self, plan: RunPlan, clients: dict[int, ClientData]):
+    def __init__(self, plan: WorkerPlan, clients: dict[int, ClientData]):
         from fedsim.client.runtime import ClientRuntime
 
         self.busy_cpu_s = 0.0  # this process's CPU time inside the round's calls (``cpu_seconds``)
@@ -68,13 +68,13 @@ class Worker:
             self.busy_cpu_s += time.process_time() - started
 
     def train_and_sum(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
-                      plan: FixedPointScales, masks: PairwiseMasks | None = None) -> WorkerPartial:
-        return self._timed(lambda: self.runtime.train_and_sum(broadcast, clients, round_idx, plan, masks))
+                      scaling: FixedPointScales, masks: PairwiseMasks | None = None) -> WorkerPartial:
+        return self._timed(lambda: self.runtime.train_and_sum(broadcast, clients, round_idx, scaling, masks))
 
     def train_and_reply(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> WorkerReplies:
         return self._timed(lambda: self.runtime.train_and_reply(broadcast, clients, round_idx))
 
-    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[dict]:
+    def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int) -> list[ClientRecord]:
         return self._timed(lambda: self.runtime.evaluate(broadcast, clients, round_idx))
 
     def save_state(self, target: str, full: bool = True) -> str:
@@ -102,7 +102,7 @@ class Worker:
 WorkerActor = ray.remote(concurrency_groups={"health": 1})(Worker)  # type: ignore[call-overload]
 
 
-def spawn_worker(plan: RunPlan | ray.ObjectRef, clients: dict[int, ClientData], bundle="SPREAD", cpus: float = 1,
+def spawn_worker(plan: WorkerPlan | ray.ObjectRef, clients: dict[int, ClientData], bundle="SPREAD", cpus: float = 1,
                  gpus: float = 0):
     """One worker actor hosting ``clients`` at ``cpus``/``gpus`` (engine.cpus_per_worker, gpus_per_worker),
     scheduled by ``bundle`` (its bundle of the run's placement group). ``plan``: the run's plan, best as one

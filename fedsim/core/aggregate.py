@@ -101,8 +101,8 @@ class ReferenceExactSum:
     benchmarks check against. Workers sum with ``fedsim.client.resident.ExactSum``, the same arithmetic on their
     device, equal bit for bit (tested), whose guard is the one that keeps personal weights off the server."""
 
-    def __init__(self, plan: FixedPoint):
-        self.quantum, self.limit = plan.scales()
+    def __init__(self, scale: FixedPoint):
+        self.quantum, self.limit = scale.scales()
         self.total = np.zeros(len(self.quantum), np.int64)
 
     def fits(self, vector: np.ndarray) -> bool:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import pickle
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 import numpy as np
 
@@ -36,7 +37,42 @@ RECORD_KEYS = frozenset({"client", "round", "n_train", "n_test", "n_validation",
                          "train_loss", "times_sampled", "unseen"})
 
 
-def selecting(key: str, rows: list[dict[str, Any]]) -> str:
+class ClientRecord(TypedDict, total=False):
+    """One client's evaluation record on an evaluation round, from its worker (scored) through the server (who it
+    is this round) to metrics.jsonl, W&B and ``fedsim report``. Beside these columns it carries numbers under names
+    fedsim does not fix: the scores on the validation split (``validation_acc``, :func:`on_validation`), a user
+    module's ``self.log`` values and a method's ``ctx.record`` values. A TypedDict cannot declare such columns (PEP
+    728's ``extra_items`` is not in mypy yet): :func:`add_columns` adds them, the one place that does; readers of
+    any column by a computed name read the record as a ``Mapping[str, Any]``."""
+    client: Required[int]
+    n_train: int
+    n_test: int
+    n_validation: int  # data.validation: the client's held-out part of its training data
+    loss: float
+    acc: float
+    loss_personalized: float  # eval.personalizes: after fine-tuning (or the method's own update)
+    acc_personalized: float
+    round: int
+    train_loss: float | None  # None: the client did not train this round
+    times_sampled: int  # rounds it has trained in so far (0: scored with its round-0 personal part)
+    unseen: bool  # held out of training by eval.unseen
+
+
+def add_columns(record: ClientRecord, columns: Mapping[str, float]) -> None:
+    """Add ``columns`` (scores, ``self.log`` or ``ctx.record`` values) to ``record``, in place and in order, as
+    ``dict.update`` does."""
+    cast(dict[str, Any], record).update(columns)
+
+
+class CommRecord(TypedDict):
+    """One kept client's traffic in one round (comm.jsonl)."""
+    round: int
+    client: int
+    bytes_down: int
+    bytes_up: int
+
+
+def selecting(key: str, rows: Sequence[Mapping[str, Any]]) -> str:
     """The key a selection of ``key`` reads in these rows: its validation score where they have one, else ``key``
     itself (test: a best-on-test number, not a selection)."""
     return on_validation(key) if any(on_validation(key) in r for r in rows) else key
@@ -52,7 +88,7 @@ def lower_is_better(name: str) -> bool:
     return any(word in LOWER_IS_BETTER for word in re.split(r"[^a-z0-9]+", name.lower()))
 
 
-def logged_keys(records: list[dict[str, Any]]) -> list[str]:
+def logged_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """The names a user module logged in these records (every numeric column fedsim does not write itself)."""
     return sorted({k for r in records for k, v in r.items()
                    if k not in RECORD_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)})
@@ -147,8 +183,8 @@ class RoundResult:
     round: int
     sampled: list[int]
     dropped: list[int]  # diverged clients whose updates were left out (train.on_nonfinite=drop)
-    records: list[dict[str, Any]] = field(default_factory=list)
-    comm: list[dict[str, Any]] = field(default_factory=list)
+    records: list[ClientRecord] = field(default_factory=list)
+    comm: list[CommRecord] = field(default_factory=list)
     seconds: float = 0.0
     # The CPU time the round took in the workers' calls and on the server: unlike ``seconds`` (wall), not raised by
     # other processes' load on the machine (on a GPU, the host's share only).

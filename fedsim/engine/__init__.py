@@ -1,5 +1,6 @@
-"""The Ray engine: the server actor (``server``) with its worker pool (``pool``) and FedBuff's asynchronous step
-(``fedbuff``), the driver loop and its callbacks (``driver``), the run folder (``runfolder``, its lock
-``runlock``), Ray's start-up and token (``ray_cluster``), one simulation from config to finished folder
+"""The Ray engine: the server actor (``server``), how it reduces a round's uploads (``reduction``) and what it holds
+between rounds (``server_state``), with its worker pool (``pool``) and FedBuff's asynchronous step (``fedbuff``), the
+driver loop and its callbacks (``driver``), the run folder (``runfolder``, its checks before Ray ``runfolder_checks``,
+its lock ``runlock``), Ray's start-up and token (``ray_cluster``), one simulation from config to finished folder
 (``session``), worker placement and ``--dry-run``'s estimate. It imports nothing of the client layer: workers are
 started through the spawn function it is given (``fedsim.simulate`` passes ``fedsim.client.worker.spawn_worker``)."""

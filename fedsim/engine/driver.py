@@ -47,9 +47,9 @@ class Run:
     server: Any  # the server actor's handle
     started: float = field(default_factory=time.perf_counter)
     started_at: str = field(default_factory=utc_now)  # wall clock, for summary.json
-    workers: list[dict] = field(default_factory=list)  # each worker's device, filled when the run ends
+    workers: list[dict[str, Any]] = field(default_factory=list)  # each worker's device, filled when the run ends
     extras: dict[str, Any] = field(default_factory=dict)  # what callbacks add to summary.json (W&B's location)
-    summary: dict | None = None  # summary.json's content once written (by the JSONL logger)
+    summary: dict[str, Any] | None = None  # summary.json's content once written (by the JSONL logger)
     callbacks: list[Callback] = field(default_factory=list)
 
     @property

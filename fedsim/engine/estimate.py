@@ -7,6 +7,7 @@ exactly as the server will draw them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fedsim.algorithms import batchnorm_notice
 from fedsim.config import RunConfig
@@ -42,11 +43,11 @@ class WorkEstimate:
     workers: int
     cpus_per_worker: float
     gpus_per_worker: float
-    clock: dict | None = None  # on the virtual clock: simulated seconds, selected and taking part per round
+    clock: dict[str, Any] | None = None  # on the virtual clock: simulated seconds, selected and taking part per round
     packing: tuple[int | str, str | None] = (1, None)  # engine.pack as the run will use it, and why not if it cannot
     batchnorm: str | None = None  # the line saying DP chose model.batchnorm (local_statistics), or None
     poisson: bool = False  # train.sampling: poisson (round 1's draw is one draw, not every round's size)
-    privacy: dict | None = None  # DP's accounting (RunPlan.privacy_summary): z, q, delta, epsilon at the final round
+    privacy: dict[str, Any] | None = None  # DP's accounting (RunPlan.privacy_summary): z, q, delta, epsilon at the final round
 
     @property
     def train_sample_steps_per_round(self) -> float:
@@ -109,11 +110,11 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         evaluation_rounds=evaluation_rounds, scored_test_images=scored,
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
         workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
-        clock=_clock(plan), packing=plan.packing, poisson=cfg.train.sampling == "poisson", privacy=plan.privacy_summary,
+        clock=_clock(plan), packing=plan.packing, poisson=plan.population.poisson, privacy=plan.privacy_summary,
         batchnorm=batchnorm_notice(cfg, plan.algorithm, plan.model.keys))
 
 
-def _clock(plan: RunPlan) -> dict | None:
+def _clock(plan: RunPlan) -> dict[str, Any] | None:
     """The virtual clock over the whole run (it depends on nothing a run computes, so a dry run knows it)."""
     if plan.clock is None:
         return None

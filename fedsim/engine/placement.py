@@ -35,7 +35,7 @@ def reserve(cfg: RunConfig, workers: int) -> PlacementGroup | None:
     bundle = worker_bundle(cfg)
     if not bundle:
         return None
-    group = placement_group([bundle] * workers, strategy="SPREAD")
+    group: PlacementGroup = placement_group([bundle] * workers, strategy="SPREAD")
     limit = cfg.engine.wait_for_resources_s
     deadline = time.monotonic() + limit
     wait, said = min(FIRST_LOOK_S, limit), False  # a cluster with room answers at once: say nothing then
@@ -57,7 +57,7 @@ def _free() -> str:
     return ", ".join(f"{free.get(k, 0):g} {k}" for k in ("CPU", "GPU"))
 
 
-def bundles(group: PlacementGroup | None, workers: int) -> list:
+def bundles(group: PlacementGroup | None, workers: int) -> list[PlacementGroupSchedulingStrategy | str]:
     """Worker i's scheduling strategy: bundle i of the group (or Ray's SPREAD when nothing is reserved)."""
     if group is None:
         return ["SPREAD"] * workers

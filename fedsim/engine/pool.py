@@ -21,7 +21,13 @@ if TYPE_CHECKING:
 
 PING_TIMEOUT_S = 60
 
-Spawn = Callable[[dict[int, ClientData], Any], Any]
+Handle = Any
+"""A Ray actor's handle: its remote methods are attributes Ray makes at run time, which no type can list."""
+Ref = Any
+"""A Ray ObjectRef of a call's answer (in-process tests hand the answer itself)."""
+Bundle = Any
+"""A worker's scheduling strategy: its bundle of the run's placement group, or Ray's "SPREAD"."""
+Spawn = Callable[[dict[int, ClientData], Bundle], Handle]
 """``spawn(clients, bundle)``: a new worker actor hosting ``clients``, scheduled by ``bundle``."""
 
 
@@ -32,7 +38,8 @@ class WorkerLost(RuntimeError):
 class WorkerPool:
     """``workers[i]`` hosts ``assignments[i]`` in ``bundles[i]``; ``spawn`` replaces one that is lost."""
 
-    def __init__(self, workers: list, assignments: list[dict[int, ClientData]], spawn: Spawn, bundles: list | None,
+    def __init__(self, workers: list[Handle], assignments: list[dict[int, ClientData]], spawn: Spawn,
+                 bundles: list[Bundle] | None,
                  engine: EngineConfig):
         self.workers = list(workers)
         self.assignments = assignments  # kept to respawn a lost worker with the same clients, in the same bundle
@@ -48,10 +55,10 @@ class WorkerPool:
         return len(self.workers)
 
     # -- answers ---------------------------------------------------------------------------------
-    def get(self, refs):
+    def get(self, refs: list[Ref]) -> list[Any]:
         return ray.get(refs, timeout=self.engine.round_timeout_s)
 
-    def get_from_each(self, refs: list) -> list:
+    def get_from_each(self, refs: list[Ref]) -> list[Any]:
         """``get`` of one call per worker (``refs[i]`` on worker i), naming the silent workers on timeout.
         Not watched by pings: a worker still importing torch cannot answer them yet."""
         timeout = self.engine.round_timeout_s
@@ -62,14 +69,14 @@ class WorkerPool:
                                   f"{timeout:g} (frozen, or out of memory)")
         return ray.get(refs)
 
-    def get_watching(self, refs: list) -> list:
+    def get_watching(self, refs: list[Ref]) -> list[Any]:
         """Like ``get`` for a round's calls, watched as ``as_completed`` watches them; in the order of ``refs``."""
-        results = [None] * len(refs)
+        results: list[Any] = [None] * len(refs)
         for index, result in self.as_completed(refs):
             results[index] = result
         return results
 
-    def as_completed(self, refs: list) -> Iterator[tuple[int, Any]]:
+    def as_completed(self, refs: list[Ref]) -> Iterator[tuple[int, Any]]:
         """(index in ``refs``, result) of each call as soon as it is done, so a caller can use and drop one
         answer before the next. A worker that stops answering pings is killed after engine.heartbeat_timeout_s,
         so its call fails now (and the round is redone on a replacement) instead of after the whole
@@ -101,7 +108,7 @@ class WorkerPool:
         """The CPU time every worker spent in calls since this was last asked (a replacement counts from 0):
         what a round cost on the workers, whatever else ran on their machines meanwhile."""
         totals = self.get_from_each([w.cpu_seconds.remote() for w in self.workers])
-        spent = sum(total - counted for total, counted in zip(totals, self.cpu_counted))
+        spent: float = sum(total - counted for total, counted in zip(totals, self.cpu_counted))
         self.cpu_counted = list(totals)
         return spent
 

@@ -18,6 +18,7 @@ from fedsim.core.store import check_spill_dir
 from fedsim.data import Partition
 from fedsim.engine.ray_cluster import refuse_beyond_this_machine
 from fedsim.engine.runfolder import RunFolder
+from fedsim.engine.runfolder_checks import check_checkpoint, open_folder
 from fedsim.plan import RunPlan
 from fedsim.plan.build import Inputs, build_plan, load_inputs
 
@@ -50,10 +51,10 @@ def prepared(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
         check_spill_dir(cfg.engine.spill_dir)
     folder = RunFolder(cfg)
     try:
-        partition, ckpt = folder.open(inputs.data, inputs.partition, resume, overwrite)
+        partition, ckpt = open_folder(folder, inputs.data, inputs.partition, resume, overwrite)
         plan = build_plan(cfg, inputs, partition)
         plan.refuse_over_budget()  # DP's z and epsilon series computed here, once: the server's plan carries them
-        folder.check_checkpoint(ckpt, plan)
+        check_checkpoint(ckpt, plan)
         if rehearse is not None:
             rehearse(plan)  # the module's mistakes now, not from a worker after Ray and the workers started
         yield Prepared(inputs, folder, partition, ckpt, plan)

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import psutil
 import ray
@@ -108,7 +108,7 @@ def refuse_beyond_this_machine(cfg: RunConfig) -> None:
                           f"give at most {fit} workers, or set RAY_ADDRESS to a cluster")
 
 
-def run_environment() -> dict:
+def run_environment() -> dict[str, Any]:
     """What every Ray process of the run (a sweep's trials, the workers) gets from this driver: the directory the
     user ran fedsim from, which a config's relative paths start from (``fedsim.storage.user_dir``), and this
     process's import path ahead of the one Ray gives it (:func:`imports_as_driver`)."""

@@ -86,7 +86,7 @@ def start_within(init: Callable[[], object], what: str, footprint: Footprint | N
     _STARTED.append(started)
 
 
-def _wait_for(outcome: list, limit: float) -> None:
+def _wait_for(outcome: list[BaseException | None], limit: float) -> None:
     """Until the start's thread put its outcome, at most ``limit`` s; a signal handler runs between the short
     sleeps (and its exception ends the wait)."""
     deadline = time.monotonic() + limit

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -19,19 +18,21 @@ from fedsim.config import RunConfig
 from fedsim.engine import placement
 from fedsim.engine.driver import Callback, Run, drive, end
 from fedsim.engine.failures import describe_failure
+from fedsim.engine.pool import Bundle, Handle, Ref
 from fedsim.engine.preflight import Rehearse, prepared
 from fedsim.engine.ray_cluster import check_resources, connect_ray, this_node
-from fedsim.engine.runfolder import RunFolder
+from fedsim.engine.runfolder import LocalFolder, RunFolder
 from fedsim.engine.server import ServerActor
 from fedsim.errors import (CheckpointError, ConfigError, DataError, RunFailed, TrainingDiverged, UserCodeFailed,
                            user_error)
+from fedsim.core.protocol import ClientData
 from fedsim.plan import RunPlan
 
-WorkerSpawn = Callable[[ray.ObjectRef, dict, Any, float, float], Any]
+WorkerSpawn = Callable[[Ref, dict[int, ClientData], Bundle, float, float], Handle]
 """``spawn(plan_ref, clients, bundle, cpus, gpus)``: one worker actor (``fedsim.client.worker.spawn_worker``)."""
 
 
-def start_engine(plan: RunPlan, refs: tuple[ray.ObjectRef, ray.ObjectRef], spawn: WorkerSpawn, bundles: list):
+def start_engine(plan: RunPlan, refs: tuple[Ref, Ref], spawn: WorkerSpawn, bundles: list[Bundle]) -> Handle:
     """Spawn the workers (worker i in ``bundles[i]``) and the server actor together (the workers' ~3 s of
     imports overlap the server's start-up instead of following it). ``refs``: the plan and its workers' copy
     (``plan.for_workers()``) in Ray's object store, held by the caller for the whole run. Returns the
@@ -39,7 +40,7 @@ def start_engine(plan: RunPlan, refs: tuple[ray.ObjectRef, ray.ObjectRef], spawn
     plan_ref, worker_plan_ref = refs
     engine = plan.cfg.engine
 
-    def spawn_one(clients, bundle):
+    def spawn_one(clients: dict[int, ClientData], bundle: Bundle) -> Handle:
         return spawn(worker_plan_ref, clients, bundle, engine.cpus_per_worker, engine.gpus_per_worker)
 
     workers = [spawn_one(clients, bundle) for clients, bundle in zip(plan.assignments, bundles)]
@@ -64,7 +65,7 @@ def run_session(cfg: RunConfig, spawn: WorkerSpawn, callbacks: Sequence[Callback
             check_resources(cfg)  # a Ray started here has no autoscaler: what it lacks now, it lacks for good
         group = reserved or placement.reserve(cfg, plan.workers)
         try:
-            if not folder.remote:
+            if isinstance(folder.backend, LocalFolder):  # a bucket is every node's alike
                 placement.check_shared(folder.local.parent, placement.nodes_of(group), cfg.engine.round_timeout_s)
             with folder.held(inputs.data, partition, resume, overwrite), _failures_explained(folder):
                 return _train(plan, folder, spawn, placement.bundles(group, plan.workers), ckpt, resume, callbacks)
@@ -96,7 +97,7 @@ def _failures_explained(folder: RunFolder) -> Iterator[None]:
         raise RunFailed(describe_failure(err), folder.location, names_code=folder.names_code) from err
 
 
-def _train(plan: RunPlan, folder: RunFolder, spawn: WorkerSpawn, bundles: list, ckpt: Path | None, resume: bool,
+def _train(plan: RunPlan, folder: RunFolder, spawn: WorkerSpawn, bundles: list[Bundle], ckpt: Path | None, resume: bool,
            callbacks: Sequence[Callback]) -> Run:
     started = time.perf_counter()
     refs = ray.put(plan), ray.put(plan.for_workers())  # one copy each in the object store: the server's, the workers'
@@ -115,7 +116,7 @@ def _train(plan: RunPlan, folder: RunFolder, spawn: WorkerSpawn, bundles: list, 
     return run
 
 
-def _stop(server) -> None:
+def _stop(server: Handle) -> None:
     """Stop the server and its workers; a server that already died must not hide why the run ended."""
     from ray.exceptions import GetTimeoutError, RayActorError
 

@@ -11,7 +11,9 @@ import csv
 import io
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +41,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def round_row(result: RoundResult) -> dict:
     """A round's summary row: its time, who took part, its traffic and each accuracy's statistics across clients."""
-    records = result.records
+    records: Sequence[Mapping[str, Any]] = result.records  # read by computed column names
     row = {"round": result.round, "seconds": result.seconds, "cpu_seconds": result.cpu_seconds,
            "sampled": len(result.sampled),
            "evaluated": len(records),  # the eval.clients cohort, or everyone

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedsim import storage
 from fedsim.config import WandbConfig
@@ -128,7 +129,7 @@ class WandbLogger(Callback):
         self._save_state()
 
     @staticmethod
-    def _losses(records: list[dict]) -> dict[str, float]:
+    def _losses(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         """Loss curves beside the accuracies: training loss of the clients trained this round, test (and validation)
         loss of all."""
         data = {}

@@ -47,7 +47,7 @@ class AsyncClock(Clock):
         heapq.heappush(self._events, (t, self._dispatches, client, kind))
 
     def _dispatch(self, t: float) -> None:
-        eligible = self.trainable.copy()
+        eligible = self.population.mask.copy()
         eligible[list(self._flight)] = False
         eligible[[c for c, _ in self._buffered]] = False
         if not eligible.any():

@@ -22,7 +22,9 @@ from fedsim.models.lightning import (FedClient, build_callbacks, build_client, d
 from fedsim.models.packed import why_unpackable
 from fedsim.models.shape import check_forward
 from fedsim.models.state import layout_of, load_arrays, pack
-from fedsim.plan import ModelPlan, RunPlan, held_out_clients
+from fedsim.plan.model import ModelPlan
+from fedsim.plan.population import Population
+from fedsim.plan.run import RunPlan
 from fedsim.plan.system import build_system
 from fedsim.plugins import imported_files
 
@@ -146,9 +148,8 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
     train, val = validation_splits(part, inputs.data.train_y, cfg.data.validation, cfg.seed)
     clients = tuple(ClientData(train[c], part.test[c], None if maps is None else maps[c], val[c])
                     for c in range(part.num_clients))
-    unseen = frozenset(held_out_clients(cfg.seed, part.num_clients, cfg.eval))
     plan = RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
-                   system=build_system(cfg.system, cfg.seed, part.num_clients), unseen=unseen,
+                   Population.of(cfg, part.num_clients), system=build_system(cfg.system, cfg.seed, part.num_clients),
                    code=imported_files(cfg.model_dump()))
     _ = plan.user_level_dp  # DP's noise multiplier calibrated (or refused), its split checked, before a file is written
     return plan

@@ -27,6 +27,7 @@ import numpy as np
 
 from fedsim.config import SystemConfig
 from fedsim.plan.devices import Availability, Devices, build_availability, build_devices
+from fedsim.plan.population import Population
 
 SELECTION_STREAM = 0x5A3  # sample_clients' stream: with every client available the selection is today's sample
 DROPOUT_STREAM = 0xD809
@@ -84,11 +85,10 @@ class Clock:
     """The rounds' times and participants, computed in order and kept (each round starts when the last ended)."""
     system: SystemModel
     seed: int
-    fraction: float
+    population: Population  # who may be selected (eval.unseen holds clients out) and the round's target
     work: np.ndarray  # per client: samples x epochs of one round
     bytes_down: int
     bytes_up: int
-    trainable: np.ndarray  # per client: may it be selected (False: held out by eval.unseen)
     rounds: list[RoundTime] = field(default_factory=list)
 
     @property
@@ -109,9 +109,10 @@ class Clock:
 
     def _next(self, round_idx: int, start: float) -> RoundTime:
         cfg = self.system.cfg
-        start = self.system.availability.next_on(start, self.trainable)
-        pool = np.flatnonzero(self.system.availability.available(start, self.num_clients) & self.trainable)
-        target = max(1, round(self.fraction * int(self.trainable.sum())))
+        trainable = self.population.mask
+        start = self.system.availability.next_on(start, trainable)
+        pool = np.flatnonzero(self.system.availability.available(start, self.num_clients) & trainable)
+        target = self.population.cohort
         count = min(len(pool), math.ceil(target * (1 + cfg.over_selection) - 1e-9))  # 10 x 1.3 is 13, not 14
         rng = np.random.default_rng([self.seed, round_idx, SELECTION_STREAM])
         selected = np.sort(rng.choice(pool, size=count, replace=False))

@@ -16,7 +16,7 @@ from fedsim.cli.main import main
 from fedsim.config import load_tree, validate
 from fedsim.data import DataError, load_dataset, to_float
 from fedsim.engine import runlock
-from fedsim.engine.runfolder import load_run_config
+from fedsim.engine.runfolder_checks import load_run_config
 from fedsim.errors import ConfigError
 from fedsim.simulate import run
 

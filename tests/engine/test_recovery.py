@@ -13,7 +13,7 @@ from conftest import each_round, own_ray_pids, per_client, read_jsonl, synthetic
 from fedsim.cli import main as cli
 from fedsim.config import validate
 from fedsim.simulate import run
-from fedsim.engine.runfolder import load_run_config
+from fedsim.engine.runfolder_checks import load_run_config
 from fedsim.errors import RunFailed
 
 

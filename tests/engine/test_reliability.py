@@ -14,7 +14,7 @@ from conftest import each_round, in_process_server, own_ray_pids
 
 from fedsim.config import validate
 from fedsim.simulate import run
-from fedsim.engine.runfolder import load_run_config
+from fedsim.engine.runfolder_checks import load_run_config
 from fedsim.errors import CheckpointError, TrainingDiverged
 
 

@@ -42,13 +42,13 @@ def _server(monkeypatch, tmp_path, data_root, rule, workers=2):
 
 def _replies_seen(server) -> list:
     """The replies the server folds each round, as it gets them: (client, its weights upload, if any)."""
-    seen, fold = [], server._fold_replies
+    seen, fold = [], server.reduction.fold
 
     def spy(replies):
         seen.append([(r.client, r.uploads[WEIGHTS].copy() if WEIGHTS in r.uploads else None) for r in replies])
         fold(replies)
 
-    server._fold_replies = spy
+    server.reduction.fold = spy
     return seen
 
 

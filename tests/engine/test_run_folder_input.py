@@ -9,7 +9,8 @@ from conftest import read_jsonl, synthetic_tree
 from fedsim.cli import main as cli
 from fedsim.config import validate
 from fedsim.core import checkpoint
-from fedsim.engine.runfolder import RunFolder, load_run_config
+from fedsim.engine.runfolder import RunFolder
+from fedsim.engine.runfolder_checks import load_run_config, open_for_resume
 from fedsim.simulate import run
 
 FILES = ("metrics.jsonl", "rounds.jsonl", "comm.jsonl")
@@ -50,7 +51,7 @@ def test_a_cut_line_mid_file_is_refused_with_its_line_and_nothing_rewritten(fini
 
 
 def test_a_torn_last_line_is_the_one_damage_resume_absorbs(finished, tmp_path):
-    from fedsim.engine.runfolder import read_results
+    from fedsim.core.results import read_results
 
     run_dir = copy_of(finished, tmp_path)
     text = (run_dir / "rounds.jsonl").read_text()
@@ -87,7 +88,7 @@ def test_a_checkpoint_beyond_train_rounds_is_refused(finished, tmp_path):
     from fedsim.plan.build import load_inputs
 
     with pytest.raises(Exception, match="train.rounds: the run's checkpoint is at round 4, beyond train.rounds=3"):
-        RunFolder(cfg).open_for_resume(load_inputs(cfg).data)
+        open_for_resume(RunFolder(cfg), load_inputs(cfg).data)
 
 
 @pytest.mark.slow
@@ -155,8 +156,8 @@ def test_data_changed_in_place_under_its_old_digest_is_refused(finished, tmp_pat
     labels[0] = (labels[0] + 1) % len(data.classes)  # one label edited; the cache still records the old digest
     tampered = dataclasses.replace(data, train_y=labels)
     with pytest.raises(DataError, match="data changed since this run started"):
-        RunFolder(cfg).open_for_resume(tampered)
-    RunFolder(cfg).open_for_resume(data)  # the data it started on passes
+        open_for_resume(RunFolder(cfg), tampered)
+    open_for_resume(RunFolder(cfg), data)  # the data it started on passes
 
 
 def test_an_interrupt_that_lands_in_c_code_is_still_an_interrupt():

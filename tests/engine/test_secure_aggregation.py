@@ -10,12 +10,12 @@ import pytest
 import torch
 from conftest import in_process_server, read_jsonl, round_records, synthetic_tree
 
-import fedsim.engine.server as server_module
+import fedsim.engine.reduction as reduction_module
 from fedsim.client.runtime import ClientRuntime
 from fedsim.config import validate
 from fedsim.core.aggregate import RoundSums
 from fedsim.core.protocol import WEIGHTS
-from fedsim.engine.runfolder import load_run_config
+from fedsim.engine.runfolder_checks import load_run_config
 from fedsim.simulate import run
 
 ROUNDS = 2
@@ -75,7 +75,7 @@ def test_the_server_receives_only_masked_partials_and_their_sum_is_exact(tmp_pat
                 seen.append(sums[WEIGHTS].copy())
                 super().add(sums, weights)
 
-        monkeypatch.setattr(server_module, "RoundSums", Recording)
+        monkeypatch.setattr(reduction_module, "RoundSums", Recording)
         servers[secure] = _rounds(monkeypatch, _config(tmp_path, f"w{secure}", 4, secure))
     plain, masked = received[False], received[True]
     assert len(masked) == len(plain) == 4 * ROUNDS  # 4 clients a round on 4 workers: one client per partial

@@ -1,9 +1,8 @@
 """The server's memory for big models: it folds each worker's partial into the round's totals as it arrives and
-keeps none of them, hands the means to the server hook tensor by tensor, and drops the pages of Ray's object store
-it has read or written; none of which changes a result."""
+keeps none of them and drops the pages of Ray's object store it has read or written; none of which changes a result.
+(The means handed to the server hook tensor by tensor: tests/engine/test_reduction.py.)"""
 import gc
 import mmap
-import tracemalloc
 import types
 import weakref
 
@@ -12,39 +11,8 @@ import pytest
 from conftest import in_process_server, round_records, six_client_run
 
 from fedsim.algorithms import WEIGHTS
-from fedsim.algorithms.base import Algorithm
-from fedsim.core.aggregate import FixedPoint, ReferenceExactSum, RoundSums
+from fedsim.core.aggregate import RoundSums
 from fedsim.core.pages import release_shared
-from fedsim.core.protocol import FixedPointScales
-from fedsim.engine.server import Server
-from fedsim.privacy.mechanism import ServerPrivacy
-
-
-def test_aggregation_holds_the_totals_and_the_new_state_but_no_float64_model():
-    """Old: W partials, then the int64 total, the float64 mean and the float32 result: 5 model sizes of heap beyond
-    the partials. Now: the total (2) and the new state (1), plus one tensor's float64 mean at a time."""
-    rng = np.random.default_rng(0)
-    offsets = tuple(range(0, 40 * 25_000 + 1, 25_000))  # 40 tensors of 25,000 values: 4 MB of float32
-    size = offsets[-1]
-    weights = rng.standard_normal(size).astype(np.float32)
-    scaling = FixedPointScales({WEIGHTS: FixedPoint.plan(weights, offsets, 300)}, {WEIGHTS: False})
-    partials = [rng.integers(-2 ** 40, 2 ** 40, size) for _ in range(3)]
-    server = types.SimpleNamespace(algorithm=Algorithm(), state={WEIGHTS: weights}, num_clients=10,
-                                   privacy=ServerPrivacy(None),
-                                   tensor_offsets=offsets)
-    tracemalloc.start()
-    sums = RoundSums(scaling.scales, size)
-    for partial in partials:
-        sums.add({WEIGHTS: partial}, {WEIGHTS: 100})
-    Server._aggregate(server, 1, scaling, sums, [None] * 4, None)  # synchronous: the reports are only counted
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    assert peak < 3.5 * 4 * size
-    # Bit for bit the whole-vector arithmetic the server did before: float64 total x 2^L_t / S, then float32.
-    mean = sum(partials).astype(np.float64)
-    mean *= np.repeat(np.ldexp(1.0, scaling.scales[WEIGHTS].quantum_exponent), np.diff(offsets))
-    mean /= 300
-    assert np.array_equal(server.state[WEIGHTS], mean.astype(np.float32))
 
 
 def _lazy_answers(monkeypatch, server) -> list[int]:
@@ -108,35 +76,3 @@ def test_released_pages_of_shared_memory_leave_the_process_but_keep_their_data()
     private = np.arange(1 << 20, dtype=np.float64)
     release_shared(private)  # private memory: MADV_DONTNEED would zero it; it is left alone
     assert np.array_equal(private, np.arange(1 << 20, dtype=np.float64))
-
-
-def test_a_hook_that_does_not_say_it_works_tensor_by_tensor_gets_whole_vectors():
-    """A user's server hook may need a whole-model quantity (a global norm): unless its class declares
-    server_update_by_tensor, it is called once on whole vectors, as before; the built-in hooks tensor by tensor."""
-    offsets = (0, 3, 10)
-    weights = np.arange(10, dtype=np.float32)
-    scaling = FixedPointScales({WEIGHTS: FixedPoint.plan(weights, offsets, 1)}, {WEIGHTS: True})
-    seen = {}
-
-    class GlobalNorm(Algorithm):
-        def server_update(self, state, means, sampled, num_clients):
-            seen.setdefault(type(self).__name__, []).append(means[WEIGHTS].size)
-            state[WEIGHTS] = (means[WEIGHTS] / np.linalg.norm(means[WEIGHTS])).astype(np.float32)
-
-    class Elementwise(GlobalNorm):
-        server_update_by_tensor = True
-
-    for algorithm in (GlobalNorm(), Elementwise()):
-        exact = ReferenceExactSum(scaling.scales[WEIGHTS])
-        exact.add(1, weights)
-        sums = RoundSums(scaling.scales, 10)
-        sums.add({WEIGHTS: exact.total}, {WEIGHTS: 1})
-        server = types.SimpleNamespace(algorithm=algorithm, state={WEIGHTS: weights}, num_clients=2,
-                                       privacy=ServerPrivacy(None),
-                                       tensor_offsets=offsets)
-        Server._aggregate(server, 1, scaling, sums, [None] * 2, None)
-        if isinstance(algorithm, Elementwise):
-            assert seen["Elementwise"] == [3, 7]
-        else:
-            assert seen["GlobalNorm"] == [10]
-            assert np.linalg.norm(server.state[WEIGHTS]) == pytest.approx(1.0, rel=1e-6)

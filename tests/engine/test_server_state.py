@@ -19,4 +19,4 @@ def test_a_server_state_of_another_shape_is_refused(tmp_path, data_root, monkeyp
     np.savez(path, **state)
     resumed = in_process_server(monkeypatch, six_client_run(tmp_path, data_root, "scaffold", 2))
     with pytest.raises(CheckpointError, match="server state 'control'"):
-        resumed._restore(ckpt)
+        resumed.held.load(ckpt)

@@ -159,7 +159,7 @@ def test_fedbuff_is_bit_identical_on_one_two_and_three_workers_and_after_a_resum
     assert np.array_equal(runs[0][2], runs[1][2]) and np.array_equal(runs[0][2], runs[2][2])
     assert any(max(t["staleness"]) > 0 for t in runs[0][1])  # some updates were stale
     first, head = _rounds(monkeypatch, config(2), rounds=2)
-    assert first.fedbuff.models  # an older model is still held by a client in flight: the checkpoint must carry it
+    assert first.held.fedbuff.models  # an older model is still held by a client in flight: the checkpoint must carry it
     ckpt = first.checkpoint(str(tmp_path / "run"), 2)
     _, tail = _rounds(monkeypatch, config(3), rounds=4, ckpt=ckpt, first=3)
     assert round_records(head + tail) == runs[0][0]
@@ -175,14 +175,14 @@ def test_fedbuffs_step_weighs_reports_equally_unless_told_otherwise(tmp_path, da
     server.restore(None)
     timing = server.plan.timing(1)
     assert timing is not None and timing.versions
-    assert server._fixed_point_scales(list(timing.participants), timing).uniform[WEIGHTS] is uniform
+    assert server.reduction.scales(list(timing.participants), timing).uniform[WEIGHTS] is uniform
     assert server.cfg.train.weighting == "samples"
 
 
 def test_the_servers_fedbuff_step_treats_batchnorms_statistics_apart(tmp_path, data_root, monkeypatch):
     """The mask engine/fedbuff.py's step averages instead of stepping, as the server builds it from the model."""
     cfg = six_client_run(tmp_path, data_root, "fedavg", 1, 4, system={**FEDBUFF, "server_lr": 0.7})
-    statistics = in_process_server(monkeypatch, cfg).fedbuff.statistics
+    statistics = in_process_server(monkeypatch, cfg).held.fedbuff.statistics
     assert statistics.any() and not statistics.all()
 
 

@@ -96,7 +96,7 @@ def test_communication_is_what_is_serialised_and_fedper_sends_less(tmp_path, dat
 
 
 def test_resumed_run_continues_its_wandb_run_without_logging_a_round_twice(tmp_path, data_root, local_ray):
-    from fedsim.engine.runfolder import load_run_config
+    from fedsim.engine.runfolder_checks import load_run_config
 
     first = run(config(tmp_path, data_root, "wbr", "fedper", logging={"wandb": {"mode": "offline"}}))
     (first.run_dir / "checkpoints" / "latest").write_text("round-0001")  # as if it crashed after logging round 2

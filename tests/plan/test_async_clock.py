@@ -3,6 +3,7 @@ never more than ``concurrency`` clients in flight, and the whole schedule a func
 import numpy as np
 
 from fedsim.config import SystemConfig
+from fedsim.plan import Population
 from fedsim.plan.async_clock import AsyncClock
 from fedsim.plan.system import build_system
 
@@ -11,8 +12,8 @@ N, FRACTION, SEED = 40, 0.25, 7
 
 def async_clock(concurrency: int = 8, buffer: int = 4, seed: int = SEED, **system) -> AsyncClock:
     cfg = SystemConfig.model_validate({"devices": {"preset": "lognormal", "sigma": 1.0}, "mode": "async", **system})
-    return AsyncClock(build_system(cfg, seed, N), seed, FRACTION, np.full(N, 200.0), 1_000_000, 500_000,
-                      np.ones(N, bool), concurrency=concurrency, buffer=buffer)
+    return AsyncClock(build_system(cfg, seed, N), seed, Population(N, fraction=FRACTION), np.full(N, 200.0), 1_000_000,
+                      500_000, concurrency=concurrency, buffer=buffer)
 
 
 def test_fedbuffs_schedule_steps_every_k_reports_with_each_clients_model_version():

@@ -4,7 +4,7 @@ from conftest import synthetic_tree
 
 from fedsim.algorithms import algorithm_class
 from fedsim.config import validate
-from fedsim.plan import RunPlan
+from fedsim.plan import Population, RunPlan
 
 
 @pytest.mark.parametrize("algorithm, evaluation, reported", [
@@ -16,7 +16,7 @@ from fedsim.plan import RunPlan
 ])
 def test_the_reported_accuracy_is_the_one_the_methods_protocol_reports(tmp_path, algorithm, evaluation, reported):
     cfg = validate(synthetic_tree(tmp_path, algorithm=algorithm, eval=evaluation))
-    plan = RunPlan(cfg, algorithm_class(algorithm)(), None, (), 2, (1, 1, 1))
+    plan = RunPlan(cfg, algorithm_class(algorithm)(), None, (), 2, (1, 1, 1), Population(0))
     assert plan.reported_accuracy == reported
 
 
@@ -51,7 +51,7 @@ def test_the_noise_multiplier_is_read_from_one_place(tmp_path):
     dp = plan.user_level_dp
     assert plan.noise_multiplier == dp.noise_multiplier == 0.8 and dp.clip_norm == 2.0 and dp.central
     assert dp.cohort == 4 and not dp.poisson and dp.update_multiplier > 0.8
-    assert plan.for_workers().user_level_dp == dp  # a worker's plan holds no clients, and derives the same
+    assert plan.for_workers().user_level_dp == dp  # calibrated once, on the driver: a worker's plan holds no clients
     del tree["privacy"]
     plan = plan_for(validate(tree))
     assert plan.noise_multiplier is None and plan.user_level_dp is None

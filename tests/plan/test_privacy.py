@@ -24,7 +24,7 @@ def test_target_epsilon_calibrates_z_once_and_the_workers_plan_carries_it(tmp_pa
     z = plan.noise_multiplier
     rounds = plan.cfg.train.rounds
     assert plan.accounting.epsilon(z, rounds) <= 4.0 < plan.accounting.epsilon(0.99 * z, rounds)
-    assert plan.for_workers().noise_multiplier == z  # a worker's plan has no clients to calibrate over
+    assert plan.for_workers().user_level_dp.noise_multiplier == z  # a worker's plan has no clients to calibrate over
     summary = plan.privacy_summary
     assert summary["calibrated"] and summary["noise_multiplier"] == z and summary["q"] == 0.25
     assert summary["epsilon"] == plan.privacy_at(rounds)[EPSILON] <= 4.0

@@ -8,7 +8,7 @@ from conftest import write_csv
 
 from fedsim.config import SystemConfig
 from fedsim.errors import ConfigError
-from fedsim.plan import sample_clients
+from fedsim.plan import Population, sample_clients
 from fedsim.plan.system import Clock, build_system
 
 N, FRACTION, SEED = 40, 0.25, 7
@@ -18,8 +18,8 @@ TARGET = 10  # max(1, round(0.25 x 40))
 def clock(seed: int = SEED, work=None, **system) -> Clock:
     cfg = SystemConfig.model_validate({"devices": {"preset": "uniform"}, **system})
     work = np.full(N, 200.0) if work is None else work
-    return Clock(build_system(cfg, seed, N), seed, FRACTION, work, bytes_down=1_000_000, bytes_up=500_000,
-                 trainable=np.ones(N, bool))
+    return Clock(build_system(cfg, seed, N), seed, Population(N, fraction=FRACTION), work, bytes_down=1_000_000,
+                 bytes_up=500_000)
 
 
 def test_uniform_devices_select_todays_sample_and_time_each_round_by_its_slowest_client():
