@@ -13,7 +13,8 @@ loses accuracy to DP, the more the smaller epsilon) and reads every run, so the 
 from __future__ import annotations
 
 from fedsim.reproduce.claims import Arm, Claim, Metric, Overrides, Paper, gap_shrinks, trend
-from fedsim.reproduce.fedbabu import BABU
+
+BABU = {"name": "fedbabu", "head_init": "orthogonal_scaled"}  # FedBABU's head as the FedBABU paper's runs draw it
 
 EPSILONS: tuple[float | None, ...] = (1, 2, 4, 8, None)  # None: epsilon = inf, no privacy at all
 TESTED = 1  # the epsilon each claim's test compares with inf: the strongest privacy of the sweep
@@ -96,7 +97,7 @@ CLAIMS: tuple[Claim, ...] = (*(claim(method) for method in PERSONALIZED), NOISE_
 PAPER = Paper(
     key="privacy",
     title="Personalization under user-level DP (fedsim's own question, after Bietti et al., ICML 2022)",
-    bases={"cpu": "cpu/privacy_cifar10.yaml"}, runs=RUNS, claims=CLAIMS,
+    bases={"cpu": "cpu/privacy_cifar10.yaml"}, runs=RUNS, claims=CLAIMS, page="privacy",
     scale_notes={"cpu": "The only scale, sized so that clipping and noise matter and the 60 runs fit a CPU; its "
                         "base config, fedsim/reproduce/configs/cpu/privacy_cifar10.yaml, says why each value"},
 )
