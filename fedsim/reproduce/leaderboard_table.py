@@ -18,9 +18,13 @@ from fedsim.core import runfiles
 from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.receipt import receipt, receipt_table
-from fedsim.reproduce.leaderboard import BOARD, ENTRIES, SETTINGS, Diverged, Entry, Plan, Search, run_key
+from fedsim.reproduce.leaderboard import BOARD, BOARD_FILE, ENTRIES, SETTINGS, Diverged, Entry, Plan, Search, run_key
+from fedsim.reproduce.paper_files import file_passages
 from fedsim.reproduce.runner import PlannedRun, read_summary, run_cpu_seconds, run_seconds
 from fedsim.sweep.tune import SELECTION, reported_key, space_text
+
+PAGE = file_passages(BOARD_FILE.parent / "page.md")  # the page's own text around the tables
+
 
 def pooled_best_on_test(folder: Path, metric: str) -> float | None:
     """PFLlib's quantity from a finished run's per-client rows: per evaluated round the accuracy pooled over
@@ -123,7 +127,7 @@ def _pfllib(entry: Entry, stats: dict, setting: str) -> tuple[str, str]:
     if entry.pfllib is None:
         return "-", "-"
     if entry.pfllib_scores is not None:
-        return "-", f"left out: PFLlib scores the {entry.pfllib_scores}"
+        return "-", PAGE["left-out"].format(scores=entry.pfllib_scores)
     ours = _interval(stats["pooled_best"]) if "pooled_best" in stats else "-"
     return ours, BOARD.pfllib.numbers[entry.pfllib][setting]
 
@@ -157,23 +161,15 @@ def cut(full: Plan, scale: str) -> str:
     """fedsim's protocol here, and what in it is smaller than PFLlib's, read from the runs' config."""
     cfg = full.runs[0].config
     t, d = cfg.train, cfg.data
-    cuts = [*([f"**{t.rounds:,} rounds instead of {BOARD.pfllib.rounds:,}**"] if t.rounds < BOARD.pfllib.rounds else []),
-            *([f"**{_percent(d.train_fraction)} of CIFAR-100's training images**"] if d.train_fraction < 1 else []),
-            *([f"**{_percent(d.test_fraction)} of its test images**"] if d.test_fraction < 1 else [])]
-    smaller = (f"Smaller than PFLlib's protocol: {', '.join(cuts)}. So the levels are not PFLlib's: the ranking is "
-               "fedsim's, at this budget." if cuts else "Rounds and data as PFLlib's.")
-    return (f"**Protocol, and the cut.** {d.num_clients} clients, all join every round (f = {t.fraction:g}), "
-            f"fedsim's {cfg.model.name} (4 conv layers) where PFLlib's CNN has 2 conv + 2 fc layers, "
-            f"{t.local_epochs} local epoch(s) of batch {t.batch_size}, SGD at the tuned lr and momentum, no weight "
-            f"decay; evaluated every {t.eval_every} rounds. CIFAR-100's own train / test sets are partitioned to the "
-            f"clients (PFLlib splits each client's pooled data 75/25); each client holds out "
-            f"{_percent(d.validation)} of its training images as its validation split. {smaller}"
+    cuts = [*([PAGE["cut-rounds"].format(rounds=t.rounds, pfllib_rounds=BOARD.pfllib.rounds)]
+              if t.rounds < BOARD.pfllib.rounds else []),
+            *([PAGE["cut-train"].format(percent=_percent(d.train_fraction))] if d.train_fraction < 1 else []),
+            *([PAGE["cut-test"].format(percent=_percent(d.test_fraction))] if d.test_fraction < 1 else [])]
+    smaller = PAGE["smaller"].format(cuts=", ".join(cuts)) if cuts else PAGE["as-pfllib"]
+    return (PAGE["protocol"].format(clients=d.num_clients, fraction=t.fraction, model=cfg.model.name,
+                                    local_epochs=t.local_epochs, batch_size=t.batch_size, eval_every=t.eval_every,
+                                    validation=_percent(d.validation), smaller=smaller)
             + (f"\n\n{BOARD.sizing[scale]}" if scale in BOARD.sizing else ""))
-
-
-HEADER = ("| method | scored | tuned settings (chosen on validation) | final round % | validation-picked round % | "
-          "picked round | p10 % (final) | Jain (final) | CPU s / round (wall) | seeds | best round on test, pooled % (PFLlib's "
-          "quantity) | PFLlib % (best round on test, pooled) |")
 
 
 def render(table: dict, scale: str, full: Plan, command: str) -> str:
@@ -192,25 +188,10 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
              f"({len(full.search)} search runs, {len(full.finals) + waiting} final runs{named}; "
              f"{seconds / 3600:.1f} h of rounds measured on this machine, {sum(cpu) / 3600:.1f} CPU-core hours "
              f"over the {len(cpu)} finished runs that recorded their CPU time). Do not edit by hand: run the command "
-             "again.", "", cut(full, scale), "",
-             f"**Tuning.** Every method gets the same budget: {full.budget()}. Trial k draws lr and momentum with the "
-             "same values for every method (a paired comparison) and the method's own declared parameters "
-             f"(`tunable`), from the tuner's stream (`fedsim tune`'s). Selection: {SELECTION}. A trial that diverged "
-             "is left out of the choice.", "",
-             "**Reading a row.** Each cell is the mean over the final seeds ± the half-width of its Student-t 95% "
-             "interval. *Final round*: the last round's accuracy (mean over clients of each client's accuracy on its "
-             "own test images). *Validation-picked round*: test accuracy at the evaluated round with the highest "
-             "validation accuracy, and that round (each seed's, in seed order, where they differ). p10 and Jain's "
-             "index are the final round's, across clients. "
-             "*CPU s / round*: the CPU time of a round's training and evaluation calls on the workers and of the "
-             "server (rounds.jsonl `cpu_seconds`), which other processes' load on the machine does not raise, so it "
-             "compares the methods' cost; in brackets the rounds' wall time, measured under whatever load the machine "
-             "had then (two reproduction lanes, the test suite): it compares methods only as far as their runs met "
-             "the same load. The one number read at the best round "
-             "on test is the column beside PFLlib's, because it is PFLlib's quantity; it is shown only where "
-             "PFLlib's number scores what the row reports.", "", f"{BOARD.pfllib.protocol}.", ""]
+             "again.", "", cut(full, scale), "", PAGE["tuning"].format(budget=full.budget(), selection=SELECTION), "",
+             PAGE["reading"], "", f"{BOARD.pfllib.protocol}.", ""]
     for setting in SETTINGS:
-        lines += [f"## {BOARD.settings[setting].title}", "", HEADER, "|" + "---|" * 12]
+        lines += [f"## {BOARD.settings[setting].title}", "", PAGE["header"], "|" + "---|" * 12]
         lines += [_row(e, table[setting][e.method], setting) for e in ENTRIES if e.method in table[setting]]
         lines += ["", *_ranking(table[setting]), *_spaces(table, setting), "", *_receipts(setting, full.finals), ""]
     return "\n".join(lines)

@@ -204,17 +204,22 @@ def read_yaml(path: Path) -> Any:
 
 
 def passages(folder: Path) -> dict[str, str]:
-    """The named passages of a paper's Markdown files: each ``## name`` heading's text, HTML comments (where it
-    was read from) dropped, its lines joined into paragraphs."""
+    """The named passages of every Markdown file of a paper's folder (a name defined once among them)."""
     found: dict[str, str] = {}
     for path in sorted(folder.glob("*.md")):
-        sections = re.split(r"^## +(\S+) *$", COMMENT.sub("", path.read_text()), flags=re.MULTILINE)
-        for name, body in zip(sections[1::2], sections[2::2]):
+        for name, text in file_passages(path).items():
             if name in found:
                 raise ConfigError(f"{path}: passage {name!r} is also defined in another file of {folder.name}")
-            paragraphs = [" ".join(p.split("\n")) for p in re.split(r"\n\s*\n", body.strip())]
-            found[name] = "\n\n".join(paragraphs)
+            found[name] = text
     return found
+
+
+def file_passages(path: Path) -> dict[str, str]:
+    """A Markdown file's named passages: each ``## name`` heading's text, HTML comments (where it was read from)
+    dropped, its lines joined into paragraphs; what stands before the first heading says what the file is."""
+    sections = re.split(r"^## +(\S+) *$", COMMENT.sub("", path.read_text()), flags=re.MULTILINE)
+    return {name: "\n\n".join(" ".join(p.split("\n")) for p in re.split(r"\n\s*\n", body.strip()))
+            for name, body in zip(sections[1::2], sections[2::2])}
 
 
 def cited(value: Any, texts: dict[str, str], where: str) -> Any:
