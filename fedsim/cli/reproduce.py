@@ -40,10 +40,8 @@ def reproduce_command(args: argparse.Namespace) -> int:
         execute(planned, max_concurrent=args.max_concurrent, name=f"{args.paper}-{args.scale}", kept=kept)
     for item in planned:  # runs another process finished, or that finished before they were kept as they finish
         keep_finished(item, planned, kept)
-    command = " ".join([f"fedsim reproduce {args.paper}", f"--scale {args.scale}",
-                        *([f"--seeds {args.seeds}"] if args.seeds else []), *_folder_options(args), *args.overrides])
     folders = folder_keys(run_trees(paper, args.scale, args.overrides))
-    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command, folders)
+    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, _command(args), folders)
     for path in PAGES[paper.page](results, args, Suite(paper, everything, runs_dir, folders)):
         print(path)
     for claim in results["claims"]:
@@ -121,10 +119,9 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     for item in mine.runs:
         keep_finished(item, mine.runs, kept)
     full = planned(None)
-    command = " ".join(["fedsim reproduce leaderboard", f"--scale {args.scale}",
-                        *([f"--seeds {args.seeds}"] if args.seeds else []), *_folder_options(args), *args.overrides])
     table = leaderboard_table.evaluate(full, kept)
-    for path in leaderboard_table.write(table, args.scale, full, command, Path(args.report or "docs/leaderboard.md")):
+    for path in leaderboard_table.write(table, args.scale, full, _command(args),
+                                        Path(args.report or "docs/leaderboard.md")):
         print(path)
     return 0
 
@@ -157,6 +154,12 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverg
     print(_time_left([(item, state) for item, state in states if state != diverged.STATUS], work))
     print(f"budget: {mine.budget()}")
     return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command that regenerates the page, as the page names it."""
+    return " ".join([f"fedsim reproduce {args.paper}", f"--scale {args.scale}",
+                     *([f"--seeds {args.seeds}"] if args.seeds else []), *_folder_options(args), *args.overrides])
 
 
 def _folder_options(args: argparse.Namespace) -> list[str]:

@@ -191,7 +191,8 @@ class PaperFile(Section):
     bases: dict[str, str]  # scale -> base config, relative to fedsim/reproduce/configs/
     scale_notes: dict[str, str] = {}
     settings: dict[str, list[SettingFile]] = {}  # scale -> the settings the claims are read at
-    scaled: dict[str, dict[str, dict[str, Any]]] = {}  # scale -> run key (or key* for every key so starting) -> overrides
+    # scale -> run key (or KEY* for every run key that starts so) -> overrides on top of the run's own
+    scaled: dict[str, dict[str, dict[str, Any]]] = {}
     runs: dict[str, dict[str, Any]]
     page: Page = "reproduction"  # the page its verdicts are written to
 
