@@ -22,7 +22,7 @@ import argparse
 
 from _common import log, machine, measured, median, run_fedsim, save
 
-from fedsim.reproduce.fedbabu import PAPER
+from fedsim.reproduce import PAPERS
 from fedsim.reproduce.runner import run_trees
 
 SETTINGS = {
@@ -35,7 +35,7 @@ RUNS = ("fedbabu", "fedper")  # the suite's run keys measured
 
 def tree(key: str, rounds: int, engine: dict) -> dict:
     """The suite's CPU run ``key`` cut to ``rounds`` (the last one evaluated), with ``engine``'s worker settings."""
-    run = run_trees(PAPER, "cpu")[key]
+    run = run_trees(PAPERS["fedbabu"], "cpu")[key]
     run.update(name=f"bench-partial-{key}", seed=0, out_dir="/tmp/fedsim-bench-runs")
     run["train"].update(rounds=rounds, eval_every=rounds)
     run["engine"].update(engine)
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--reps", type=int, default=1)
     args = ap.parse_args()
-    suite_rounds = run_trees(PAPER, "cpu")["fedbabu"]["train"]["rounds"]
+    suite_rounds = run_trees(PAPERS["fedbabu"], "cpu")["fedbabu"]["train"]["rounds"]
 
     runs: dict[tuple[str, str], list[dict]] = {(k, s): [] for k in RUNS for s in SETTINGS}
     for rep in range(args.reps):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -455,3 +456,16 @@ def finished_leaderboard_run(item, test: float, validation: float, per_client: i
     (folder / "metrics.jsonl").write_text("".join(
         json.dumps({"client": c, "round": cfg.train.rounds, "n_test": 10, metric: test,
                     f"validation_{metric}": validation}) + "\n" for c in range(per_client)))
+
+
+def paper_folder(tmp_path: Path, key: str, edit: Callable[[str], str] = lambda text: text,
+                 file: str = "claims.yaml") -> Path:
+    """A copy of a shipped paper's folder (fedsim/reproduce/papers/<key>/) under ``tmp_path``, with ``edit`` applied
+    to the text of one of its files: a paper's data as a test changes it."""
+    import shutil
+
+    from fedsim.reproduce.paper_files import PAPERS_DIR
+
+    folder = shutil.copytree(PAPERS_DIR / key, tmp_path / key)
+    (folder / file).write_text(edit((folder / file).read_text()))
+    return folder

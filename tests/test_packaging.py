@@ -1,5 +1,5 @@
-"""What an installed fedsim carries: the configs `fedsim reproduce` reads ship inside the package, so it
-reproduces the papers from a built wheel in any folder, with no source checkout around it."""
+"""What an installed fedsim carries: the configs and the papers' data `fedsim reproduce` reads ship inside the
+package, so it reproduces the papers from a built wheel in any folder, with no source checkout around it."""
 import os
 import subprocess
 import sys
@@ -10,7 +10,11 @@ from conftest import TESTS
 REPO = TESTS.parent
 CONFIGS = ("fedsim/reproduce/configs/cpu/fedper_cifar10.yaml", "fedsim/reproduce/configs/cpu/fedbabu_cifar100.yaml",
            "fedsim/reproduce/configs/paper/fedper_mobilenet_cifar10.yaml",
-           "fedsim/reproduce/configs/paper/fedbabu_mobilenet_cifar100.yaml")
+           "fedsim/reproduce/configs/paper/fedbabu_mobilenet_cifar100.yaml",
+           "fedsim/reproduce/papers/index.yaml", "fedsim/reproduce/papers/fedper/paper.yaml",
+           "fedsim/reproduce/papers/fedper/claims.yaml", "fedsim/reproduce/papers/fedper/passages.md",
+           "fedsim/reproduce/papers/fedbabu/findings.md", "fedsim/reproduce/papers/fedbabu/sources.md",
+           "fedsim/reproduce/papers/leaderboard/leaderboard.yaml", "fedsim/reproduce/papers/leaderboard/pfllib.md")
 
 
 def test_a_built_wheel_reproduces_from_a_folder_outside_the_checkout(tmp_path, data_root):

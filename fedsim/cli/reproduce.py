@@ -4,29 +4,29 @@ and the time left instead."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fedsim.reproduce import leaderboard
+    from fedsim.reproduce.claims import Paper
+    from fedsim.reproduce.runner import PlannedRun
 
 RUNS_DEFAULT = "runs/reproduce"
 KEPT_DEFAULT = "reproduction/runs"
 
 
 def reproduce_command(args: argparse.Namespace) -> int:
+    """A paper's claims (or fedsim's privacy question): plan every run they read, run what is left, keep each
+    finished run, then the verdicts and the paper's page; the leaderboard has its own command."""
     from fedsim import storage
-    from fedsim.reproduce import PAPERS
-    from fedsim.reproduce.report import write_report, write_results
     from fedsim.reproduce.runner import execute, folder_keys, keep_finished, plan, restore_kept, run_trees
     from fedsim.reproduce.verdicts import evaluate
 
     if args.paper == "leaderboard":
         return _leaderboard_command(args)
-    if args.paper == "privacy":
-        return _privacy_command(args)
-    args.report = args.report or "REPRODUCTION.md"
-    paper = PAPERS[args.paper]
+    paper = claim_papers()[args.paper]
     claims = (paper.claim(args.only),) if args.only else paper.claims
     runs_dir = storage.portable(args.runs)  # what every run's config.yaml stores (out_dir, model.init_from)
     planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
@@ -40,19 +40,56 @@ def reproduce_command(args: argparse.Namespace) -> int:
         execute(planned, max_concurrent=args.max_concurrent, name=f"{args.paper}-{args.scale}", kept=kept)
     for item in planned:  # runs another process finished, or that finished before they were kept as they finish
         keep_finished(item, planned, kept)
-    report = Path(args.report).resolve()
-    figures = Path(args.figures).resolve() if args.figures else report.parent / "reproduction"
-    command = " ".join(["fedsim reproduce", args.paper, f"--scale {args.scale}",
-                        *([f"--seeds {args.seeds}"] if args.seeds else []),
-                        *_folder_options(args), *args.overrides])
     folders = folder_keys(run_trees(paper, args.scale, args.overrides))
-    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command, folders)
-    print(write_results(results, figures))
-    for path in write_report(figures, report):
+    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, _command(args), folders)
+    for path in PAGES[paper.page](results, args, Suite(paper, everything, runs_dir, folders)):
         print(path)
     for claim in results["claims"]:
         print(f"{claim['id']}: {claim['verdict']}")
     return 0
+
+
+def claim_papers() -> dict[str, "Paper"]:
+    """Every paper whose claims ``fedsim reproduce`` decides: those of ``fedsim/reproduce/papers/``, and fedsim's
+    own privacy question."""
+    from fedsim.reproduce import PAPERS, privacy
+
+    return {**PAPERS, privacy.PAPER.key: privacy.PAPER}
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A paper's planned runs and where they are: what its verdicts were read from, for a page that reads more."""
+    paper: "Paper"
+    planned: list["PlannedRun"]
+    runs_dir: Path
+    folders: dict[str, str]
+
+
+def _write_reproduction(results: dict, args: argparse.Namespace, suite: Suite) -> list[Path]:
+    """REPRODUCTION.md (and README.md's headline), rendered from every paper's results under its figures folder."""
+    from fedsim.reproduce.report import write_report, write_results
+
+    report = Path(args.report or "REPRODUCTION.md").resolve()
+    figures = Path(args.figures).resolve() if args.figures else report.parent / "reproduction"
+    return [write_results(results, figures), *write_report(figures, report)]
+
+
+def _write_privacy(results: dict, args: argparse.Namespace, suite: Suite) -> list[Path]:
+    """docs/privacy.md's section and its figure of accuracy against epsilon, with each calibrated noise multiplier,
+    the clip norm's proxy and how often it clipped read from the runs."""
+    from fedsim.reproduce import privacy, privacy_report
+
+    page = Path(args.report or "docs/privacy.md").resolve()
+    figures = Path(args.figures).resolve() if args.figures else page.parent / "images"
+    where = (suite.paper, args.scale, suite.runs_dir, suite.folders, privacy.SEEDS)
+    spent = privacy_report.privacy_of_runs(*where)
+    setting = next(item.config for item in suite.planned if item.key == privacy.run_key("FedAvg", privacy.TESTED))
+    norms, clipped = privacy_report.proxy_norms(*where), privacy_report.clipped_share(*where)
+    return privacy_report.write(results, spent, setting, page, figures, norms, clipped)
+
+
+PAGES = {"reproduction": _write_reproduction, "privacy": _write_privacy}  # Paper.page -> its writer
 
 
 def _leaderboard_command(args: argparse.Namespace) -> int:
@@ -84,10 +121,9 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     for item in mine.runs:
         keep_finished(item, mine.runs, kept)
     full = planned(None)
-    command = " ".join(["fedsim reproduce leaderboard", f"--scale {args.scale}",
-                        *([f"--seeds {args.seeds}"] if args.seeds else []), *_folder_options(args), *args.overrides])
     table = leaderboard_table.evaluate(full, kept)
-    for path in leaderboard_table.write(table, args.scale, full, command, Path(args.report or "docs/leaderboard.md")):
+    for path in leaderboard_table.write(table, args.scale, full, _command(args),
+                                        Path(args.report or "docs/leaderboard.md")):
         print(path)
     return 0
 
@@ -122,42 +158,10 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverg
     return 0
 
 
-def _privacy_command(args: argparse.Namespace) -> int:
-    """fedsim's own privacy-utility question (``fedsim.reproduce.privacy``): the same runner and verdicts as a
-    paper's claims, its report a section of docs/privacy.md and a figure of accuracy against epsilon."""
-    from fedsim import storage
-    from fedsim.reproduce import privacy, privacy_report
-    from fedsim.reproduce.runner import execute, folder_keys, keep_finished, plan, restore_kept, run_trees
-    from fedsim.reproduce.verdicts import evaluate
-
-    paper = privacy.PAPER
-    claims = (paper.claim(args.only),) if args.only else paper.claims
-    runs_dir, kept = storage.portable(args.runs), Path(args.kept).resolve()
-    planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
-    everything = planned if args.only is None else plan(paper, paper.claims, args.scale, args.seeds, runs_dir,
-                                                        args.overrides)
-    _restored(restore_kept(everything, kept), kept)
-    if args.dry_run:
-        return _reproduce_dry_run(planned, args.seeds)
-    if not args.report_only:
-        execute(planned, max_concurrent=args.max_concurrent, name=f"privacy-{args.scale}", kept=kept)
-    for item in planned:
-        keep_finished(item, planned, kept)
-    page = Path(args.report or "docs/privacy.md").resolve()
-    figures = Path(args.figures).resolve() if args.figures else page.parent / "images"
-    command = " ".join(["fedsim reproduce privacy", f"--scale {args.scale}",
-                        *([f"--seeds {args.seeds}"] if args.seeds else []), *_folder_options(args), *args.overrides])
-    folders = folder_keys(run_trees(paper, args.scale, args.overrides))
-    results = evaluate(paper, paper.claims, args.scale, args.seeds, runs_dir, command, folders)
-    spent = privacy_report.privacy_of_runs(paper, args.scale, runs_dir, folders, privacy.SEEDS)
-    setting = next(item.config for item in everything if item.key == privacy.run_key("FedAvg", privacy.TESTED))
-    norms = privacy_report.proxy_norms(paper, args.scale, runs_dir, folders, privacy.SEEDS)
-    clipped = privacy_report.clipped_share(paper, args.scale, runs_dir, folders, privacy.SEEDS)
-    for path in privacy_report.write(results, spent, setting, page, figures, norms, clipped):
-        print(path)
-    for claim in results["claims"]:
-        print(f"{claim['id']}: {claim['verdict']}")
-    return 0
+def _command(args: argparse.Namespace) -> str:
+    """The command that regenerates the page, as the page names it."""
+    return " ".join([f"fedsim reproduce {args.paper}", f"--scale {args.scale}",
+                     *([f"--seeds {args.seeds}"] if args.seeds else []), *_folder_options(args), *args.overrides])
 
 
 def _folder_options(args: argparse.Namespace) -> list[str]:

@@ -1,4 +1,5 @@
-"""``fedsim reproduce PAPER``: the runs behind each of a paper's claims, their verdicts, REPRODUCTION.md."""
-from fedsim.reproduce import fedbabu, fedper
+"""``fedsim reproduce PAPER``: the runs behind each of a paper's claims, their verdicts, REPRODUCTION.md. Each
+paper is a folder of data under ``papers/`` (``paper_files``), listed in ``papers/index.yaml``."""
+from fedsim.reproduce.paper_files import load_papers
 
-PAPERS = {paper.key: paper for paper in (fedper.PAPER, fedbabu.PAPER)}
+PAPERS = load_papers()

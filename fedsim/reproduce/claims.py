@@ -39,6 +39,7 @@ class RunFolder:
     that run first (seed-major, dependency first) and refuses to start this one until it has finished."""
     key: str  # a key of the paper's runs
 Metric = Literal["acc", "acc_personalized"]
+Page = Literal["reproduction", "privacy"]
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,8 @@ class Paper:
     scaled: dict[str, dict[str, Overrides]] = field(default_factory=dict)
     # scale -> the settings each claim (``at_settings``) is read at; a scale not named reads the runs as declared
     settings: dict[str, tuple[Setting, ...]] = field(default_factory=dict)
+    # The page its verdicts are written to: REPRODUCTION.md's section ("reproduction") or docs/privacy.md's ("privacy")
+    page: Page = "reproduction"
 
     def __post_init__(self) -> None:
         """The runs of every setting join ``runs`` (so each scale's configs are built and checked alike)."""

@@ -17,7 +17,7 @@ import fcntl
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,56 +27,57 @@ from fedsim import atomic
 from fedsim.algorithms import algorithm_class
 from fedsim.config import (Distribution, TuneConfig, load_tree, merge_trees, parse_overrides, resume_fingerprint,
                            validate)
+from fedsim.config.base import Section
 from fedsim.errors import ConfigError, TrainingDiverged, TuningIncomplete
+from fedsim.reproduce.paper_files import PAPERS_DIR, checked, passages, read_yaml
 from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, read_summary, restore_kept
 from fedsim.sweep.tune import Choice, choose, draw_trials, method_tree, selection_key, validation_part
 
 KEY = "leaderboard"
-BASES = {"cpu": "cpu/leaderboard_cifar100.yaml", "paper": "paper/leaderboard_cifar100.yaml"}
-SETTINGS: dict[str, dict[str, Any]] = {  # PFLlib's two label-skew settings on CIFAR-100 (docs/benchmark.html)
-    "pathological": {"data.partition": {"name": "classes", "k": 10}},  # 10 of the 100 classes per client
-    "dirichlet": {"data.partition": {"name": "dirichlet", "beta": 0.1}},  # q_c ~ Dir(0.1)
-}
-SETTING_TITLES = {"pathological": "CIFAR-100, pathological (10 classes per client)",
-                  "dirichlet": "CIFAR-100, Dirichlet β = 0.1"}
+BOARD_FILE = PAPERS_DIR / "leaderboard" / "leaderboard.yaml"
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(Section):
     """A method on the leaderboard: its config overrides (settings outside the search: the evaluation it is scored
     by), PFLlib's name for it, and what PFLlib's number scores where that is not what this row reports (PFLlib's
     column is then left out of the row: the quantities differ)."""
     method: str
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = {}
     pfllib: str | None = None  # the row of PFLlib's leaderboard, where it has one
     pfllib_scores: str | None = None  # what PFLlib's number scores, where it is not what this row reports
 
 
-FINETUNE = {"eval.finetune_epochs": 5}  # FedBABU's protocol: the network tuned 5 epochs at evaluation
-ENTRIES = (
-    Entry("fedavg", pfllib="FedAvg"),
-    Entry("local"),
-    Entry("fedper", pfllib="FedPer"),
-    Entry("fedrep", pfllib="FedRep"),
-    # PFLlib evaluates FedBABU's rounds without fine-tuning and fine-tunes each client's own model once, after the
-    # last round (serverbabu.py train()); fedsim fine-tunes from the global model at every evaluation.
-    Entry("fedbabu", FINETUNE, pfllib="FedBABU",
-          pfllib_scores="rounds without fine-tuning, and one evaluation after fine-tuning each client's own model"),
-    Entry("lg_fedavg"),
-    Entry("fedbn"),
-    Entry("ditto", pfllib="Ditto"),
-    Entry("apfl", pfllib="APFL"),
-    Entry("perfedavg", pfllib="Per-FedAvg"),
-    Entry("pfedme", pfllib="pFedMe"),
-    Entry("fedrod", pfllib="FedRoD"),
-    Entry("fedala", pfllib="FedALA"),
-    # PFLlib scores FedProto by the nearest global prototype (clientproto.py:101-126); fedsim records that too
-    # (fedproto_acc_prototypes) and ranks by the client's own classifier.
-    Entry("fedproto", pfllib="FedProto", pfllib_scores="nearest global prototype"),
-    Entry("ifca"),
-    Entry("fedamp", pfllib="FedAMP"),
-    Entry("fedfomo", pfllib="FedFomo"),
-)
+class BoardSetting(Section):
+    title: str
+    overrides: dict[str, Any]
+
+
+class PFLlib(Section):
+    """PFLlib's leaderboard, set beside fedsim's: its rounds, its protocol in words, its numbers (its name of a
+    method -> setting -> its number as it prints it)."""
+    rounds: int
+    protocol: str
+    numbers: dict[str, dict[str, str]]
+
+
+class Board(Section):
+    """What ``papers/leaderboard/leaderboard.yaml`` declares (checked as it is read)."""
+    bases: dict[str, str]  # scale -> base config, relative to fedsim/reproduce/configs/
+    settings: dict[str, BoardSetting]
+    entries: list[Entry]
+    pfllib: PFLlib
+    sizing: dict[str, str] = {}  # scale -> how it was sized
+
+
+def load_board(path: Path = BOARD_FILE) -> Board:
+    board: Board = checked(path, Board, read_yaml(path), passages(path.parent))
+    return board
+
+
+BOARD = load_board()
+BASES = BOARD.bases
+SETTINGS: dict[str, dict[str, Any]] = {name: setting.overrides for name, setting in BOARD.settings.items()}
+ENTRIES = tuple(BOARD.entries)
 
 
 def base_file(scale: str, configs: Path = CONFIGS) -> dict:

@@ -18,27 +18,12 @@ from fedsim.core import runfiles
 from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.receipt import receipt, receipt_table
-from fedsim.reproduce.leaderboard import ENTRIES, SETTING_TITLES, SETTINGS, Diverged, Entry, Plan, Search, run_key
+from fedsim.reproduce.leaderboard import BOARD, BOARD_FILE, ENTRIES, SETTINGS, Diverged, Entry, Plan, Search, run_key
+from fedsim.reproduce.paper_files import file_passages
 from fedsim.reproduce.runner import PlannedRun, read_summary, run_cpu_seconds, run_seconds
 from fedsim.sweep.tune import SELECTION, reported_key, space_text
 
-# PFLlib's leaderboard (TsingZ0/PFLlib docs/benchmark.html, read at commit d832e76): test accuracy %, mean ± std of
-# 3 trials (a standard deviation, not an interval), CIFAR-100 pathological and Dir(0.1) columns.
-PFLLIB_NUMBERS = {
-    "FedAvg": ("25.98 ± 0.13", "31.89 ± 0.47"), "Per-FedAvg": ("56.80 ± 0.26", "44.28 ± 0.33"),
-    "pFedMe": ("58.20 ± 0.14", "47.34 ± 0.46"), "Ditto": ("67.23 ± 0.07", "52.87 ± 0.64"),
-    "APFL": ("64.26 ± 0.13", "46.74 ± 0.60"), "FedFomo": ("62.49 ± 0.22", "45.39 ± 0.45"),
-    "FedAMP": ("64.34 ± 0.37", "47.69 ± 0.49"), "FedALA": ("67.83 ± 0.06", "55.92 ± 0.03"),
-    "FedPer": ("63.53 ± 0.21", "49.63 ± 0.54"), "FedRep": ("67.56 ± 0.31", "52.39 ± 0.35"),
-    "FedRoD": ("62.30 ± 0.02", "50.94 ± 0.11"), "FedBABU": ("66.85 ± 0.07", "55.02 ± 0.33"),
-    "FedProto": ("69.18 ± 0.03", "52.70 ± 0.33"),
-}
-PFLLIB_ROUNDS = 2000
-PFLLIB_PROTOCOL = ("PFLlib's protocol: 20 clients, all join every round, each client's data split 75/25 into train "
-                   "and test, a 4-layer CNN (2 conv + 2 fc, no BatchNorm), batch 10, 1 local epoch, SGD lr 0.005 "
-                   "without momentum for every method (no tuning), 2,000 rounds, the **best round on test** of the "
-                   "accuracy pooled over clients (correct / samples of all clients, serverbase.py evaluate()), "
-                   "mean ± std of 3 trials")
+PAGE = file_passages(BOARD_FILE.parent / "page.md")  # the page's own text around the tables
 
 
 def pooled_best_on_test(folder: Path, metric: str) -> float | None:
@@ -137,14 +122,14 @@ def _chosen(tuning: dict) -> str:
     return f"{values} (trial {tuning['trial']}; validation {tuning['validation']:.2f})"
 
 
-def _pfllib(entry: Entry, stats: dict, column: int) -> tuple[str, str]:
+def _pfllib(entry: Entry, stats: dict, setting: str) -> tuple[str, str]:
     """fedsim's best round on test (pooled) and PFLlib's, only where PFLlib's number is the same quantity."""
     if entry.pfllib is None:
         return "-", "-"
     if entry.pfllib_scores is not None:
-        return "-", f"left out: PFLlib scores the {entry.pfllib_scores}"
+        return "-", PAGE["left-out"].format(scores=entry.pfllib_scores)
     ours = _interval(stats["pooled_best"]) if "pooled_best" in stats else "-"
-    return ours, PFLLIB_NUMBERS[entry.pfllib][column]
+    return ours, BOARD.pfllib.numbers[entry.pfllib][setting]
 
 
 def _per_round(stats: dict) -> str:
@@ -153,10 +138,10 @@ def _per_round(stats: dict) -> str:
     return wall + " wall" if stats["cpu_seconds"] is None else f"{stats['cpu_seconds']:.2f} ({wall})"
 
 
-def _row(entry: Entry, cell: dict, column: int) -> str:
+def _row(entry: Entry, cell: dict, setting: str) -> str:
     stats = cell["finals"]
     what = "fine-tuned" if entry.overrides.get("eval.finetune_epochs") else "own model"
-    ours, theirs = _pfllib(entry, stats, column)
+    ours, theirs = _pfllib(entry, stats, setting)
     chosen = _chosen(cell["tuning"])
     failed = f" ({len(stats['diverged'])} diverged: {stats['diverged'][0]})" if stats["diverged"] else ""
     if "final" not in stats:
@@ -168,17 +153,6 @@ def _row(entry: Entry, cell: dict, column: int) -> str:
             f"{stats['seeds']} of {stats['planned']}{failed} | {ours} | {theirs} |")
 
 
-# How the cpu scale was sized, as measured (2026-12-05, this machine): the leaderboard's compute plan.
-SIZING = {"cpu": "**Compute.** Sized before running, on 2026-12-05: `fedsim reproduce leaderboard --dry-run` counts "
-                 "27.4 M sample-steps for the 204 search runs and about 22.9 M for the 170 final runs (each at its "
-                 "method's mean trial), 50.3 M in all; FedAvg measured 1,540 sample-steps/s on one core of this "
-                 "machine (2.6 s per round of 4,000 sample-steps, 1 worker x 1 thread, load average 1.2 on its 2 "
-                 "cores) and ~4 s per run outside its rounds. So about 9.1 h of training, 0.4 h of run overhead and the "
-                 "work the count leaves out (Per-FedAvg's Hessian products, FedFomo's and IFCA's scoring of received "
-                 "models, FedALA's weight learning): about 10 to 12 h of one full lane (one core). Shared with other "
-                 "work, the run takes longer in proportion: the hours measured so far are above."}
-
-
 def _percent(fraction: float) -> str:
     return f"{100 * fraction:g}%"
 
@@ -187,23 +161,15 @@ def cut(full: Plan, scale: str) -> str:
     """fedsim's protocol here, and what in it is smaller than PFLlib's, read from the runs' config."""
     cfg = full.runs[0].config
     t, d = cfg.train, cfg.data
-    cuts = [*([f"**{t.rounds:,} rounds instead of 2,000**"] if t.rounds < PFLLIB_ROUNDS else []),
-            *([f"**{_percent(d.train_fraction)} of CIFAR-100's training images**"] if d.train_fraction < 1 else []),
-            *([f"**{_percent(d.test_fraction)} of its test images**"] if d.test_fraction < 1 else [])]
-    smaller = (f"Smaller than PFLlib's protocol: {', '.join(cuts)}. So the levels are not PFLlib's: the ranking is "
-               "fedsim's, at this budget." if cuts else "Rounds and data as PFLlib's.")
-    return (f"**Protocol, and the cut.** {d.num_clients} clients, all join every round (f = {t.fraction:g}), "
-            f"fedsim's {cfg.model.name} (4 conv layers) where PFLlib's CNN has 2 conv + 2 fc layers, "
-            f"{t.local_epochs} local epoch(s) of batch {t.batch_size}, SGD at the tuned lr and momentum, no weight "
-            f"decay; evaluated every {t.eval_every} rounds. CIFAR-100's own train / test sets are partitioned to the "
-            f"clients (PFLlib splits each client's pooled data 75/25); each client holds out "
-            f"{_percent(d.validation)} of its training images as its validation split. {smaller}"
-            + (f"\n\n{SIZING[scale]}" if scale in SIZING else ""))
-
-
-HEADER = ("| method | scored | tuned settings (chosen on validation) | final round % | validation-picked round % | "
-          "picked round | p10 % (final) | Jain (final) | CPU s / round (wall) | seeds | best round on test, pooled % (PFLlib's "
-          "quantity) | PFLlib % (best round on test, pooled) |")
+    cuts = [*([PAGE["cut-rounds"].format(rounds=t.rounds, pfllib_rounds=BOARD.pfllib.rounds)]
+              if t.rounds < BOARD.pfllib.rounds else []),
+            *([PAGE["cut-train"].format(percent=_percent(d.train_fraction))] if d.train_fraction < 1 else []),
+            *([PAGE["cut-test"].format(percent=_percent(d.test_fraction))] if d.test_fraction < 1 else [])]
+    smaller = PAGE["smaller"].format(cuts=", ".join(cuts)) if cuts else PAGE["as-pfllib"]
+    return (PAGE["protocol"].format(clients=d.num_clients, fraction=t.fraction, model=cfg.model.name,
+                                    local_epochs=t.local_epochs, batch_size=t.batch_size, eval_every=t.eval_every,
+                                    validation=_percent(d.validation), smaller=smaller)
+            + (f"\n\n{BOARD.sizing[scale]}" if scale in BOARD.sizing else ""))
 
 
 def render(table: dict, scale: str, full: Plan, command: str) -> str:
@@ -222,26 +188,11 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
              f"({len(full.search)} search runs, {len(full.finals) + waiting} final runs{named}; "
              f"{seconds / 3600:.1f} h of rounds measured on this machine, {sum(cpu) / 3600:.1f} CPU-core hours "
              f"over the {len(cpu)} finished runs that recorded their CPU time). Do not edit by hand: run the command "
-             "again.", "", cut(full, scale), "",
-             f"**Tuning.** Every method gets the same budget: {full.budget()}. Trial k draws lr and momentum with the "
-             "same values for every method (a paired comparison) and the method's own declared parameters "
-             f"(`tunable`), from the tuner's stream (`fedsim tune`'s). Selection: {SELECTION}. A trial that diverged "
-             "is left out of the choice.", "",
-             "**Reading a row.** Each cell is the mean over the final seeds ± the half-width of its Student-t 95% "
-             "interval. *Final round*: the last round's accuracy (mean over clients of each client's accuracy on its "
-             "own test images). *Validation-picked round*: test accuracy at the evaluated round with the highest "
-             "validation accuracy, and that round (each seed's, in seed order, where they differ). p10 and Jain's "
-             "index are the final round's, across clients. "
-             "*CPU s / round*: the CPU time of a round's training and evaluation calls on the workers and of the "
-             "server (rounds.jsonl `cpu_seconds`), which other processes' load on the machine does not raise, so it "
-             "compares the methods' cost; in brackets the rounds' wall time, measured under whatever load the machine "
-             "had then (two reproduction lanes, the test suite): it compares methods only as far as their runs met "
-             "the same load. The one number read at the best round "
-             "on test is the column beside PFLlib's, because it is PFLlib's quantity; it is shown only where "
-             "PFLlib's number scores what the row reports.", "", f"{PFLLIB_PROTOCOL}.", ""]
-    for column, setting in enumerate(SETTINGS):
-        lines += [f"## {SETTING_TITLES[setting]}", "", HEADER, "|" + "---|" * 12]
-        lines += [_row(e, table[setting][e.method], column) for e in ENTRIES if e.method in table[setting]]
+             "again.", "", cut(full, scale), "", PAGE["tuning"].format(budget=full.budget(), selection=SELECTION), "",
+             PAGE["reading"], "", f"{BOARD.pfllib.protocol}.", ""]
+    for setting in SETTINGS:
+        lines += [f"## {BOARD.settings[setting].title}", "", PAGE["header"], "|" + "---|" * 12]
+        lines += [_row(e, table[setting][e.method], setting) for e in ENTRIES if e.method in table[setting]]
         lines += ["", *_ranking(table[setting]), *_spaces(table, setting), "", *_receipts(setting, full.finals), ""]
     return "\n".join(lines)
 

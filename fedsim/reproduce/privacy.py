@@ -18,7 +18,8 @@ FedAvg run on CIFAR-100 with the same model and training (``clip-proxy``), whose
 from __future__ import annotations
 
 from fedsim.reproduce.claims import Arm, Claim, Metric, Overrides, Paper, gap_shrinks, greater, trend
-from fedsim.reproduce.fedbabu import BABU
+
+BABU = {"name": "fedbabu", "head_init": "orthogonal_scaled"}  # FedBABU's head as the FedBABU paper's runs draw it
 
 EPSILONS: tuple[float | None, ...] = (1, 2, 4, 8, None)  # None: epsilon = inf, no privacy at all
 PRIVATE = tuple(eps for eps in EPSILONS if eps is not None)
@@ -128,7 +129,7 @@ CLAIMS: tuple[Claim, ...] = (*(claim(method) for method in PERSONALIZED), NOISE_
 PAPER = Paper(
     key="privacy",
     title="Personalization under user-level DP (fedsim's own question, after Bietti et al., ICML 2022)",
-    bases={"cpu": "cpu/privacy_cifar10.yaml"}, runs=RUNS, claims=CLAIMS,
+    bases={"cpu": "cpu/privacy_cifar10.yaml"}, runs=RUNS, claims=CLAIMS, page="privacy",
     scale_notes={"cpu": "The only scale, sized so that clipping and noise matter and the 66 runs fit a CPU; its "
                         "base config, fedsim/reproduce/configs/cpu/privacy_cifar10.yaml, says why each value"},
 )

@@ -15,32 +15,17 @@ from fedsim.core.protocol import ACCURACIES
 from fedsim.metrics.receipt import receipt_table
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import MARGIN
+from fedsim.reproduce.paper_files import PAPERS_DIR, file_passages
 from fedsim.reproduce.verdicts import DEPENDS, INCONCLUSIVE, NO_EFFECT, NOT_REPRODUCED, REPRODUCED, seeds_missing
 
 HEADLINE_START, HEADLINE_END = "<!-- headline:start -->", "<!-- headline:end -->"
-RULE = ("Each test is a contrast of arm statistics (in accuracy points) computed per seed from the **final round** - "
-        "arms of one seed share the partition and initial weights, so the contrast is paired - then averaged over "
-        "seeds with a Student-t 95% interval. A monotone claim over ordered arms is one trend test: per seed the "
-        "least-squares slope of the arms' statistic on their rank (0, 1, ...), in points per step. A test **holds** "
-        "when the whole interval lies above its threshold; it **fails** when the whole interval lies below the "
-        "threshold (the opposite direction); it shows **no effect ≥ margin** when the interval lies below the "
-        f"threshold plus an equivalence margin ({MARGIN:g} points, spread over the steps of a trend) but not wholly "
-        "below the threshold: any effect is smaller than the smallest that counts, which neither confirms nor "
-        "refutes the claim; it is **inconclusive** otherwise, and always until every seed the claim fixes has "
-        "finished. Each claim fixes its seeds before it runs (seeds 0..n-1, never grown until a test clears). A "
-        "claim is **reproduced** when all its tests hold, **not reproduced** when any fails, **no effect ≥ margin** "
-        "when none fails and one shows no effect, otherwise inconclusive. Where a paper's claims are decided at "
-        "more than one setting (the local optimizer at the CPU scale), a claim the counted settings decide "
-        f"differently is **{DEPENDS}**, shown with both, never counted as reproduced; a setting marked untested is "
-        "context only. Smoke checks, settings the paper does not report and verdicts resting on fedsim's own "
-        "reading of a table it could not read are shown with their reason, outside the tally. "
-        "The arm tables show the best round's client mean beside the final round's; tests never use it. "
-        "It is picked on the runs' validation split (data.validation) where they have one; marked (on test), it is "
-        "the best round on test, as PFLlib and the FedBABU authors report it: a number to compare with theirs, not a "
-        "selection. "
-        "Where every run of an arm evaluated that accuracy at its final round only (FedBABU's protocol fine-tunes "
-        "once, at the end), its best round is the final one and the table says so; an arm read at a point of its "
-        "runs' curves has no best round of its own.")
+PAGE_TEXT = PAPERS_DIR / "reproduction.md"  # the page's own text around the papers' sections
+
+
+def page_text(path: Path = PAGE_TEXT) -> dict[str, str]:
+    """The page's title, intro, rule of verdicts and paper-scale note, the rule's margin and split verdict filled in."""
+    text = file_passages(path)
+    return {**text, "rule": text["rule"].format(margin=MARGIN, depends=DEPENDS)}
 
 
 def claim_figure(claim: dict, path: Path) -> None:
@@ -268,27 +253,12 @@ def render(figures: Path, report: Path) -> str:
     results = sorted((json.loads(p.read_text()) for p in figures.glob("*.json")),
                      key=lambda r: (order.get(r["paper"], len(order)), r["paper"], r["scale"]))
     rel = (figures.relative_to(report.parent) if figures.is_relative_to(report.parent) else figures).as_posix()
-    lines = ["# Reproducing FedPer and FedBABU", "",
-             "Written by `fedsim reproduce`; do not edit by hand. Accuracies are the mean over clients of each "
-             "client's test accuracy at the final round, in percent (the arm tables add the best evaluation round's "
-             "client mean, as PFLlib and the FedBABU authors report); *initial* scores the model each client holds, "
-             "*personalized* scores it after the fine-tuning the paper's protocol prescribes.", "", RULE, "",
-             "## Headline", "", HEADLINE_START, _progress(results), "", tally(results), "", *headline_rows(results),
-             HEADLINE_END, ""]
+    text = page_text()
+    lines = [f"# {text['title']}", "", text["intro"], "", text["rule"], "", "## Headline", "", HEADLINE_START,
+             _progress(results), "", tally(results), "", *headline_rows(results), HEADLINE_END, ""]
     for res in results:
         lines += _paper_section(res, rel)
-    return "\n".join(lines + PAPER_SCALE)
-
-
-PAPER_SCALE = [
-    "## Paper scale", "",
-    "`fedsim reproduce fedper --scale paper` and `fedsim reproduce fedbabu --scale paper` run the same claims with "
-    "the papers' own settings (ResNet-34/MobileNet-v1, all images, 100 clients for FedBABU, 320 total epochs; the "
-    "base configs are in `fedsim/reproduce/configs/paper/`, each citing its sources). Add `--dry-run` to validate every run and "
-    "print its work (sample-steps, fine-tuning) without running it; on a GPU cluster submit the command itself: "
-    "`ray job submit --working-dir . -- fedsim reproduce fedbabu --scale paper`. Those runs need a GPU cluster and "
-    "were not run here; one paper-scale slice (FedBABU, MobileNet-v1, CIFAR-100, the paper's per-round work) was "
-    "measured on one H200 with `benchmarks/gpu_check.sh`: BENCHMARKS.md, \"Paper-scale slice on one GPU\".", ""]
+    return "\n".join([*lines, "## Paper scale", "", text["paper-scale"], ""])
 
 
 def write_report(figures: Path, report: Path) -> list[Path]:
