@@ -66,8 +66,9 @@ class TunePlan:
 
     def budget(self) -> str:
         t = self.tune
+        final = "1 seed (0)" if t.final_seeds == 1 else f"{t.final_seeds} seeds (0..{t.final_seeds - 1})"
         return (f"{t.trials} trials x {len(t.seeds)} seed(s) ({', '.join(map(str, t.seeds))}) x {self.rounds} rounds "
-                f"per method; the chosen settings at {t.final_seeds} seeds (0..{t.final_seeds - 1})")
+                f"per method; the chosen settings at {final}")
 
 
 def plan_tuning(tree: dict[str, Any]) -> TunePlan:
@@ -206,16 +207,23 @@ def _chosen(plan: TunePlan, search: MethodSearch, searched: dict[str, dict | Non
     return Final(choice, tree, expand_sweep(tree))
 
 
-def run_tuning(plan: TunePlan, max_concurrent: int | None = None, say: Callable[[str], None] = print) -> dict:
+def run_tuning(plan: TunePlan, max_concurrent: int | None = None, say: Callable[[str], None] = print, *,
+               overwrite: bool = False, quiet: bool = False) -> dict:
     """Search, choose on validation, run the choices at the final seeds; write each chosen config and the table.
-    Returns the table's data (also ``results.json``)."""
-    searched = _summaries(_run_phase(f"{plan.base.name}-tune-search", plan.search_runs, max_concurrent, say))
+    ``overwrite`` and ``quiet`` as for :func:`run_sweep`. Returns the table's data (also ``results.json``)."""
+    def phase(name: str, configs: list[RunConfig]) -> list[Outcome]:
+        outcomes = run_sweep(Sweep(name, configs, SearchConfig()), max_concurrent, say, overwrite=overwrite,
+                             quiet=quiet)
+        _refuse_skipped(outcomes)
+        return outcomes
+
+    searched = _summaries(phase(f"{plan.base.name}-tune-search", plan.search_runs))
     finals = {search.method: _chosen(plan, search, searched) for search in plan.methods}
     store = storage.Store(plan.folder)
     for method, final in finals.items():
         store.write_bytes(f"{method}.yaml", yaml.safe_dump(final.tree, sort_keys=False).encode())
     final_runs = [cfg for final in finals.values() for cfg in final.runs]
-    ended = _summaries(_run_phase(f"{plan.base.name}-tune-final", final_runs, max_concurrent, say))
+    ended = _summaries(phase(f"{plan.base.name}-tune-final", final_runs))
     rows = [_row(plan, search, finals[search.method], ended) for search in plan.methods]
     table = {"budget": plan.budget(), "trials": plan.tune.trials, "rounds": plan.rounds, "seeds": plan.tune.seeds,
              "final_seeds": list(range(plan.tune.final_seeds)), "selection": SELECTION, "methods": rows}
@@ -230,13 +238,6 @@ SELECTION = ("each trial's mean over its seeds of the clients' mean validation a
 
 def _validation_or_none(summary: dict | None) -> dict | None:
     return None if summary is None else validation_part(summary)
-
-
-def _run_phase(name: str, configs: list[RunConfig], max_concurrent: int | None,
-               say: Callable[[str], None]) -> list[Outcome]:
-    outcomes = run_sweep(Sweep(name, configs, SearchConfig()), max_concurrent, say)
-    _refuse_skipped(outcomes)
-    return outcomes
 
 
 def _shown(value: Any) -> str:
