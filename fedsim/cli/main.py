@@ -77,6 +77,8 @@ def _export_parser(sub) -> None:
     export = sub.add_parser("export", help="each client's complete model (shared and personal parts) from a run's "
                             "checkpoint: a state_dict file and a Lightning checkpoint per client")
     export.add_argument("run", help="the run folder (or its URI), e.g. runs/quickstart-fedper")
+    export.add_argument("overrides", nargs="*", help="the plug-ins the run's config names, as run --resume takes them "
+                        "(e.g. model.client=my_module:MyModule): trusts that code alone")
     export.add_argument("--round", type=_positive, metavar="N", help="the round whose checkpoint to export (one the run "
                         "keeps; default: the newest)")
     export.add_argument("--clients", type=int, nargs="+", metavar="C", help="these clients (default: every client)")
@@ -138,7 +140,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-OVERRIDABLE = ("run", "sweep", "tune", "reproduce")  # the commands that take key=value overrides
+OVERRIDABLE = ("run", "sweep", "tune", "reproduce", "export")  # the commands that take key=value overrides
 
 
 def main(argv: list[str] | None = None) -> int:
