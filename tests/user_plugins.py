@@ -157,6 +157,17 @@ class ListedCallback(pl.Callback):
         CALLS[f"{self.tag}.batch_start"] += 1
 
 
+class AdamModule(TwoPartModule):
+    """One Adam over everything at its own ``lr`` argument: train.body / train.head's lr never reaches it."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: int, lr: float = 0.01):
+        super().__init__(num_classes, in_channels, image_size)
+        self.save_hyperparameters()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
 class ScheduledModule(TwoPartModule):
     """Lightning's dict form with an epoch scheduler: the lr halves after each local epoch."""
 

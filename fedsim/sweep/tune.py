@@ -79,8 +79,30 @@ def plan_tuning(tree: dict[str, Any]) -> TunePlan:
     rounds = base.tune.rounds or base.train.rounds
     run_tree = {k: v for k, v in copy.deepcopy(tree).items() if k != "tune"}
     set_dotted(run_tree, "train.rounds", rounds)
+    refuse_unused_keys(base.model.client, base.tune.space)
     return TunePlan(base, base.tune, run_tree, rounds, [_method_search(base, run_tree, entry.model_dump(by_alias=True))
                                                         for entry in base.tune.methods])
+
+
+OPTIMIZER_SETTINGS = ("optimizer", "lr", "momentum", "weight_decay")  # of train.body / train.head: fedsim's optimizers'
+
+
+def refuse_unused_keys(client: str | None, space: dict[str, Distribution]) -> None:
+    """A key the runs would not use is refused: every trial would train alike, and the table would report a choice
+    that never ran. A module with its own configure_optimizers takes none of fedsim's optimizer settings
+    (train.body / train.head give it only the round schedule, docs/lightning.md)."""
+    from fedsim.models.lightning import class_overrides, load_client_class
+
+    if client is None or not class_overrides(load_client_class(client), "configure_optimizers"):
+        return
+    for key in space:
+        for dotted in SHARED_KEYS.get(key, (key,)):
+            section, part, setting = (dotted.split(".") + ["", ""])[:3]
+            if section == "train" and part in ("body", "head") and setting in OPTIMIZER_SETTINGS:
+                raise ConfigError(f"tune.space.{key}: {client} makes its own optimizers in configure_optimizers, "
+                                  f"which {dotted} (fedsim's own optimizers' setting) never reaches, so every trial "
+                                  "would train alike; tune the module's own argument instead (e.g. "
+                                  "tune.space: {model.client_args.lr: {loguniform: [0.0001, 0.1]}})")
 
 
 def search_space(tune: TuneConfig, entry: dict[str, Any]) -> dict[str, Distribution]:
@@ -260,7 +282,13 @@ def _row(plan: TunePlan, search: MethodSearch, final: Final, ended: dict[str, di
             "test_mean": estimate.mean if estimate else None, "test_low": estimate.low if estimate else None,
             "test_high": estimate.high if estimate else None, "final_runs": len(tests),
             "config": storage.join(plan.folder, f"{search.method}.yaml"),
-            "receipt": receipt([cfg.model_dump() for cfg in configs], [key])}
+            "receipt": receipt([cfg.model_dump() for cfg in configs], [key], optimizers=_set_up(configs, ended))}
+
+
+def _set_up(configs: list[RunConfig], ended: dict[str, dict | None]) -> list[str] | None:
+    """The optimizers the final runs set up (a finished run's summary.json; None where none finished)."""
+    return next((summary["optimizers"] for cfg in configs
+                 if (summary := ended.get(cfg.name)) is not None and "optimizers" in summary), None)
 
 
 def results_markdown(name: str, table: dict) -> str:
