@@ -140,7 +140,7 @@ def connect(configs: Sequence[RunConfig], max_concurrent: int | None) -> None:
 
 
 def _actions(configs: Sequence[RunConfig], stopped: dict, stack: ExitStack, say: Callable[[str], None],
-             overwrite: bool) -> tuple[dict[str, TrialRun], list[Outcome]]:
+             overwrite: bool = False) -> tuple[dict[str, TrialRun], list[Outcome]]:
     """Claim every run (held until the sweep ends) and decide what its trial does (``overwrite``: train every run
     anew, over whatever its folder holds)."""
     runs, skipped = {}, []

@@ -114,6 +114,9 @@ def test_a_run_asha_stopped_stays_stopped_a_finished_one_is_replayed_and_a_claim
     with ExitStack() as stack:
         runs, skipped = _actions(configs, {configs[1].name: {"round": 2}}, stack, print)
     assert [runs[c.name].action for c in configs] == ["replay", "replay", "resume"] and not skipped
+    with ExitStack() as stack:  # --overwrite: every run trained anew, the finished and the stopped one too
+        runs, _ = _actions(configs, {configs[1].name: {"round": 2}}, stack, print, overwrite=True)
+    assert [runs[c.name].action for c in configs] == ["overwrite"] * 3
     with claimed(configs[2]):  # this process stands in for another sweep (or reproduce) training that run
         with ExitStack() as stack:
             runs, skipped = _actions(configs, {}, stack, print)
