@@ -90,10 +90,13 @@ OPTIMIZER_SETTINGS = ("optimizer", "lr", "momentum", "weight_decay")  # of train
 def refuse_unused_keys(client: str | None, space: dict[str, Distribution]) -> None:
     """A key the runs would not use is refused: every trial would train alike, and the table would report a choice
     that never ran. A module with its own configure_optimizers takes none of fedsim's optimizer settings
-    (train.body / train.head give it only the round schedule, docs/lightning.md)."""
+    (train.body / train.head give it only the round schedule, docs/lightning.md); ``model.client_args.<name>`` must
+    be an argument of the module's ``__init__``."""
     from fedsim.models.lightning import class_overrides, load_client_class
 
-    if client is None or not class_overrides(load_client_class(client), "configure_optimizers"):
+    cls = load_client_class(client)
+    _refuse_unknown_arguments(cls, space)
+    if client is None or not class_overrides(cls, "configure_optimizers"):
         return
     for key in space:
         for dotted in SHARED_KEYS.get(key, (key,)):
@@ -103,6 +106,23 @@ def refuse_unused_keys(client: str | None, space: dict[str, Distribution]) -> No
                                   f"which {dotted} (fedsim's own optimizers' setting) never reaches, so every trial "
                                   "would train alike; tune the module's own argument instead (e.g. "
                                   "tune.space: {model.client_args.lr: {loguniform: [0.0001, 0.1]}})")
+
+
+def _refuse_unknown_arguments(cls: type, space: dict[str, Distribution]) -> None:
+    """``model.client_args.<name>`` keys name arguments of the client module's ``__init__`` (one taking
+    ``**kwargs`` takes any)."""
+    import inspect
+
+    prefix = "model.client_args."
+    taken = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values()):
+        return
+    for key in space:
+        name = key.removeprefix(prefix)
+        if key.startswith(prefix) and name not in taken:
+            arguments = ", ".join(taken)
+            raise ConfigError(f"tune.space.{key}: {cls.__name__}.__init__ takes no {name!r} (it takes {arguments}); "
+                              "tune one of its arguments")
 
 
 def search_space(tune: TuneConfig, entry: dict[str, Any]) -> dict[str, Distribution]:

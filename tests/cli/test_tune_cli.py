@@ -53,6 +53,13 @@ def test_a_key_a_users_module_never_reads_is_refused_at_dry_run_naming_what_it_d
     assert err.count("\n") == 1 and err.startswith("fedsim: error: tune.space.lr: user_plugins:AdamModule makes its own "
                                                   "optimizers in configure_optimizers, which train.body.lr"), err
     assert "tune the module's own argument instead (e.g. tune.space: {model.client_args.lr:" in err
+    tree = _own_module_tuning(tmp_path, {"model.client_args.lrr": {"loguniform": [0.001, 0.1]}})
+    assert main(["tune", str(write_yaml(tmp_path / "adam.yaml", tree)), "--dry-run"]) == 2
+    assert capsys.readouterr().err == ("fedsim: error: tune.space.model.client_args.lrr: AdamModule.__init__ takes no "
+                                       "'lrr' (it takes num_classes, in_channels, image_size, lr); tune one of its "
+                                       "arguments\n")
+    tree = _own_module_tuning(tmp_path, {"model.client_args.lr": {"loguniform": [0.001, 0.1]}})
+    assert main(["tune", str(write_yaml(tmp_path / "adam.yaml", tree)), "--dry-run"]) == 0
 
 
 @pytest.mark.slow
