@@ -181,3 +181,31 @@ def test_a_worker_that_imported_other_code_than_the_driver_says_which_file(tmp_p
         "user_plugins: this worker imported ") and "the driver /old/copy/user_plugins.py" in str(worker.failure)
     with pytest.raises(UserCodeError):
         worker.device_info()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"dtype": "float32"}, "data.dataset: 'user_plugins:relabelled_blobs' returned train_y of dtype float32 shaped "
+     "(400,); give a 1-D array of integer class indices, e.g. train_y.astype(np.int64)"),
+    ({"shift": 2}, "data.dataset: 'user_plugins:relabelled_blobs' returned train_y from 2 to 5, outside 0..3 (its 4 "
+     "classes); map the labels to 0..C-1 and list C names in classes"),
+])
+def test_a_data_set_breaking_the_data_contract_is_one_line_naming_data_dataset_never_the_module(
+        tmp_path, capsys, options, message):
+    """Issue 67 item 2: float labels once surfaced as the module's loss failing ('fix the module'), labels beyond
+    the classes as a Dirichlet partition that could not be drawn ('raise data.partition.beta')."""
+    from conftest import write_yaml
+
+    from fedsim.cli.main import main
+
+    tree = {"name": "contract", "out_dir": str(tmp_path), "algorithm": "fedavg",
+            "data": {"dataset": "user_plugins:relabelled_blobs", "options": options, "num_clients": 4,
+                     "augment": False, "partition": {"name": "dirichlet", "beta": 0.5}},
+            "model": {"client": "user_plugins:TwoPartModule"}, "train": {"rounds": 1}}
+    assert main(["run", str(write_yaml(tmp_path / "contract.yaml", tree)), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"fedsim: error: {message}"
+
+
+def test_labels_of_any_integer_type_are_class_indices_held_as_int64():
+    data = load_dataset("user_plugins:relabelled_blobs", options={"dtype": "int32"})
+    assert data.train_y.dtype == data.test_y.dtype == np.int64 and data.train_y.max() == 3

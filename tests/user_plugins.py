@@ -1,5 +1,6 @@
 """A user's own code, named from configs as ``user_plugins:<name>`` (tests/test_plugins.py): nothing
 here is part of fedsim, and fedsim is not edited to use it."""
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,6 +44,15 @@ def blobs(root, options) -> ArrayDataset:
     (train_x, train_y), (test_x, test_y) = draw(400), draw(100)
     return ArrayDataset("blobs", train_x, train_y, test_x, test_y, ("a", "b", "c", "d"), (0.0,) * 8, (1.0,) * 8,
                         augmentable=False)
+
+
+def relabelled_blobs(root, options) -> ArrayDataset:
+    """``blobs`` with its labels cast to ``options["dtype"]`` and shifted by ``options["shift"]``: a data set that may
+    break fedsim's data contract (float labels, labels beyond its classes)."""
+    data = blobs(root, {})
+    dtype, shift = options.get("dtype", "int64"), options.get("shift", 0)
+    return dataclasses.replace(data, train_y=(data.train_y + shift).astype(dtype),
+                               test_y=(data.test_y + shift).astype(dtype))
 
 
 def round_robin(train_y, test_y, num_clients, rng):
@@ -145,6 +155,17 @@ class ListedCallback(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         CALLS[f"{self.tag}.batch_start"] += 1
+
+
+class AdamModule(TwoPartModule):
+    """One Adam over everything at its own ``lr`` argument: train.body / train.head's lr never reaches it."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: int, lr: float = 0.01):
+        super().__init__(num_classes, in_channels, image_size)
+        self.save_hyperparameters()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
 class ScheduledModule(TwoPartModule):

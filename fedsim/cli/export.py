@@ -39,7 +39,9 @@ def export_command(args: argparse.Namespace) -> int:
 
     if storage.is_uri(args.run) and not args.out:
         raise ConfigError(f"--out: {args.run} is in an object store; give a local folder for the exported models")
-    cfg = load_run_config(args.run, trust_plugins=args.trust_plugins)  # a plug-in the folder names needs the trust
+    refuse_other_overrides(args.overrides)
+    # A plug-in the folder names needs the trust, or the same plug-in string given on the command line.
+    cfg = load_run_config(args.run, args.overrides, trust_plugins=args.trust_plugins)
     if args.fine_tuned and not cfg.eval.personalizes:
         raise ConfigError(f"--fine-tuned: {args.run} does not personalize at evaluation (eval.personalize="
                           f"{cfg.eval.personalize}, eval.finetune_epochs={cfg.eval.finetune_epochs}); export without "
@@ -48,6 +50,19 @@ def export_command(args: argparse.Namespace) -> int:
     for line in export(cfg, args.round, clients, args.fine_tuned, args.out):
         print(line)
     return 0
+
+
+def refuse_other_overrides(overrides: list[str]) -> None:
+    """Export takes on its command line only the plug-ins the run's config names (``model.client=pkg.mod:Cls``),
+    the way to trust that code without --trust-plugins; any other key would change the run it exports."""
+    from fedsim.config import parse_overrides
+    from fedsim.plugins import plugin_settings
+
+    for pair in overrides:
+        key = pair.partition("=")[0].strip()
+        if not plugin_settings(parse_overrides([pair])):
+            raise ConfigError(f"{key}: fedsim export takes only the plug-ins the run's config names (e.g. "
+                              "model.client=my_module:MyModule), to trust that code; export the run as it ran")
 
 
 def _clients(given: list[int] | None, num_clients: int) -> list[int]:
@@ -118,8 +133,9 @@ def export(cfg: RunConfig, round_idx: int | None, clients: list[int], fine_tuned
         files = write_client(runtime, saved["state_dict"], target, client, cfg)
         columns: Mapping[str, Any] = record  # read by the stage's column name
         scored, was = columns[METRIC[fine_tuned]], logged.get(client)
-        check = f"the run logged {was:.4f}" if was is not None else f"round {done} was not evaluated"
-        lines.append(f"client {client}: {', '.join(str(f) for f in files)} ({METRIC[fine_tuned]} {scored:.4f}; {check})")
+        check = f"the run logged {100 * was:.2f}%" if was is not None else f"round {done} was not evaluated"
+        lines.append(f"client {client}: {', '.join(str(f) for f in files)} ({METRIC[fine_tuned]} {100 * scored:.2f}%; "
+                     f"{check})")
     return lines
 
 

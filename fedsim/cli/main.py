@@ -18,6 +18,7 @@ import sys
 import threading
 from typing import NoReturn
 
+from fedsim import __version__
 from fedsim.cli.export import export_command
 from fedsim.cli.interrupts import Interrupted, Terminated, raise_terminated
 from fedsim.cli.report import report_command
@@ -30,6 +31,7 @@ from fedsim.errors import ConfigError, DataError, RayUnavailable, RunFailed, Use
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedsim", description="Personalized federated learning simulator")
+    parser.add_argument("--version", action="version", version=f"fedsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a simulation from a YAML config")
     run.add_argument("config", nargs="?", help="YAML file, e.g. experiments/quickstart.yaml (omit with --resume)")
@@ -61,12 +63,22 @@ def _sweep_parser(sub) -> None:
                        help="at most N trials at once (default: as many as the cluster has room for)")
     sweep.add_argument("--dry-run", action="store_true", help="validate, list each variant with its status and "
                        "resources and the metrics a scheduler can use; starts no Ray")
+    _shared_run_flags(sweep, "trial")
+
+
+def _shared_run_flags(parser: argparse.ArgumentParser, unit: str) -> None:
+    """--overwrite and --quiet, which every command that trains takes (run's own say "run" where these say trial)."""
+    parser.add_argument("--overwrite", action="store_true", help=f"train every {unit} anew, replacing its run folder "
+                        "(default: a finished one is kept and replayed, an interrupted one resumed)")
+    parser.add_argument("--quiet", action="store_true", help=f"one line per {unit}, as it ends")
 
 
 def _export_parser(sub) -> None:
     export = sub.add_parser("export", help="each client's complete model (shared and personal parts) from a run's "
                             "checkpoint: a state_dict file and a Lightning checkpoint per client")
     export.add_argument("run", help="the run folder (or its URI), e.g. runs/quickstart-fedper")
+    export.add_argument("overrides", nargs="*", help="the plug-ins the run's config names, as run --resume takes them "
+                        "(e.g. model.client=my_module:MyModule): trusts that code alone")
     export.add_argument("--round", type=_positive, metavar="N", help="the round whose checkpoint to export (one the run "
                         "keeps; default: the newest)")
     export.add_argument("--clients", type=int, nargs="+", metavar="C", help="these clients (default: every client)")
@@ -86,6 +98,7 @@ def _tune_parser(sub) -> None:
                       help="at most N trials at once (default: as many as the cluster has room for)")
     tune.add_argument("--dry-run", action="store_true", help="validate, print the count of runs (search + final), "
                       "the budget and each method's search space; starts no Ray")
+    _shared_run_flags(tune, "run")
 
 
 def _reproduce_parser(sub) -> None:
@@ -127,7 +140,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-OVERRIDABLE = ("run", "sweep", "tune", "reproduce")  # the commands that take key=value overrides
+OVERRIDABLE = ("run", "sweep", "tune", "reproduce", "export")  # the commands that take key=value overrides
 
 
 def main(argv: list[str] | None = None) -> int:

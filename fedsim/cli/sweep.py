@@ -25,7 +25,7 @@ def sweep_command(args: argparse.Namespace) -> int:
         return _sweep_dry_run(configs, base)
     from fedsim.sweep.executor import results_table, run_sweep, write_results
 
-    outcomes = run_sweep(sweep, args.max_concurrent)
+    outcomes = run_sweep(sweep, args.max_concurrent, overwrite=args.overwrite, quiet=args.quiet)
     print(results_table(outcomes))
     print(write_results(sweep, outcomes))
     failed = [o.name for o in outcomes if o.state == "failed"]

@@ -25,7 +25,7 @@ def tune_command(args: argparse.Namespace) -> int:
         return 0
     command = shlex.join(["fedsim", "tune", args.config, *args.overrides])
     try:
-        table = run_tuning(plan, args.max_concurrent)
+        table = run_tuning(plan, args.max_concurrent, overwrite=args.overwrite, quiet=args.quiet)
     except TuningIncomplete as err:
         print(f"fedsim: error: tune: {err}; `{command}` continues (finished runs are not retrained)", file=sys.stderr)
         return 3

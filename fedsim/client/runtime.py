@@ -29,7 +29,8 @@ from fedsim.client.setup import configure_process, set_up_worker
 from fedsim.client.states import ClientStates
 from fedsim.core.protocol import ClientData, ClientRecord, FixedPointScales, WorkerPartial, WorkerReplies
 from fedsim.core.store import VectorStore
-from fedsim.data import ArrayDataset, load_run_data, shuffled_batches, to_float
+from fedsim.data import ArrayDataset, load_run_data, shuffled_batches
+from fedsim.data.client_split import client_tensors
 from fedsim.models.state import output_layer
 from fedsim.plan import WorkerPlan
 from fedsim.privacy.secagg import PairwiseMasks
@@ -101,16 +102,11 @@ class ClientRuntime:
         self._held = (weights, self.layouts["shared"].version())
 
     def client_tensors(self, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        cd = self.client_data[client]
-        idx = {"train": cd.train, "val": cd.val, "test": cd.test}[split]
-        images = self.data.test_x[idx] if split == "test" else self.data.train_x[idx]  # validation: held-out train
-        labels = self.data.test_y[idx] if split == "test" else self.data.train_y[idx]
-        if cd.label_map is not None:
-            labels = cd.label_map[labels]
-        x = to_device(to_float(images, self.data.mean, self.data.std), self.device)
+        images, labels = client_tensors(self.data, self.client_data[client], split)  # what client_split gives a user
+        x = to_device(images, self.device)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        return x, to_device(torch.as_tensor(labels), self.device)
+        return x, to_device(labels, self.device)
 
     def score(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         return self.evaluation.score(x, y)

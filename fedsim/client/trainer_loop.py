@@ -6,8 +6,10 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
+import lightning_fabric
 import pytorch_lightning as pl
 import torch
 import torchmetrics
@@ -32,6 +34,27 @@ class _Batches:
         return iter(self.epoch_batches())
 
 
+WARNINGS_LOG = "warnings.log"  # in the Trainer's root: Lightning's own warnings, once each per worker
+NO_VALIDATION = "no `val_dataloader`"  # a Trainer without validation data: meant, never logged
+LIGHTNING_PACKAGES = (str(Path(pl.__file__ or "").parent), str(Path(lightning_fabric.__file__ or "").parent))
+
+
+def _from_lightning(filename: str) -> bool:
+    return filename.startswith(LIGHTNING_PACKAGES)
+
+
+def name_checkpoints(listed: list[pl.Callback], at: Mapping[str, Any]) -> None:
+    """A ModelCheckpoint without a filename of its own names its files by the client, the round and (for a local
+    update training one part, or evaluation's fine-tuning) what it trained, then Lightning's epoch and step:
+    ``client=3-round=2-{epoch}-{step}.ckpt``. A filename the user gave is kept as given."""
+    stage = "" if at.get("stage", "training") == "training" else f"-{at['stage']}"
+    parts = at.get("parts", [])
+    part = f"-{parts[0]}" if len(parts) == 1 else ""
+    for callback in listed:
+        if isinstance(callback, ModelCheckpoint) and callback.filename is None:
+            callback.filename = f"client={at.get('client')}-round={at.get('round')}{stage}{part}-{{epoch}}-{{step}}"
+
+
 class TrainerLoop:
     """One local update as a fresh Trainer's fit of the module."""
 
@@ -43,6 +66,8 @@ class TrainerLoop:
         self.listed = listed
         self.precision = precision  # model.precision
         self.root = root  # the Trainer's default_root_dir: where Lightning's callbacks write
+        self.logged_warnings: set[str] = set()  # what this worker wrote to warnings.log already
+        self.shown: dict[Any, Any] = {}  # the module's own warnings already shown, as Python's registry keeps them
 
     def run(self, active: OptimizerSet, epoch_batches: Callable[[], Iterable[Batch]], epochs: int,
             after_step: StepCallback | None) -> tuple[list[torch.Tensor], int]:
@@ -50,7 +75,7 @@ class TrainerLoop:
         module, f = self.module, self.fabric
         losses: list[torch.Tensor] = []
         steps = 0
-        step, backward = module.training_step, module.manual_backward
+        step = module.training_step
 
         def training_step(batch: Batch, batch_idx: int) -> Any:
             nonlocal steps
@@ -70,6 +95,19 @@ class TrainerLoop:
             return out
 
         listed = [copy.deepcopy(cb) for cb in self.listed]
+        name_checkpoints(listed, f.fedsim)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                self._fit(module, listed, active, epoch_batches, epochs, training_step)
+            finally:
+                self._route(caught)
+        return losses, steps
+
+    def _fit(self, module: pl.LightningModule, listed: list[pl.Callback], active: OptimizerSet,
+             epoch_batches: Callable[[], Iterable[Batch]], epochs: int,
+             training_step: Callable[[Batch, int], Any]) -> None:
+        f, backward = self.fabric, module.manual_backward
         trainer = pl.Trainer(max_epochs=epochs, accelerator=f.device.type, devices=1, precision=self.precision,
                              logger=False, callbacks=listed, default_root_dir=self.root,
                              enable_checkpointing=any(isinstance(cb, ModelCheckpoint) for cb in listed),
@@ -86,15 +124,30 @@ class TrainerLoop:
             setattr(module, name, method)
         module._fabric = None  # the Trainer's strategy, not Fabric's, steps and backpropagates in this fit
         try:
-            with warnings.catch_warnings():  # fedsim scores clients itself: a Trainer without validation data is meant
-                warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")
-                self.user.run("Trainer.fit", trainer.fit, module, _Batches(epoch_batches))
+            self.user.run("Trainer.fit", trainer.fit, module, _Batches(epoch_batches))
         finally:
             module._fabric, module._trainer = saved
             for name in overridden:
                 del module.__dict__[name]
             module.__dict__.update(before)
-        return losses, steps
+
+    def _route(self, caught: list[warnings.WarningMessage]) -> None:
+        """Lightning's own warnings (a Trainer's deprecations, "Checkpoint directory ... exists", each repeated by
+        every local update) go to the run's ``lightning/warnings.log``, each once per worker; any other warning
+        (the module's own) is shown as Python would show it."""
+        for caught_one in caught:
+            if not _from_lightning(caught_one.filename):
+                warnings.warn_explicit(caught_one.message, caught_one.category, caught_one.filename,
+                                       caught_one.lineno, registry=self.shown)
+                continue
+            line = f"{caught_one.category.__name__}: {caught_one.message}"
+            if line in self.logged_warnings or NO_VALIDATION in line:  # fedsim scores clients itself: meant
+                continue
+            self.logged_warnings.add(line)
+            folder = Path(self.root or ".")
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(folder / WARNINGS_LOG, "a") as log:
+                log.write(f"{line} ({caught_one.filename}:{caught_one.lineno})\n")
 
     def _logging_to_both(self) -> dict[str, Callable[..., Any]]:
         """``self.log`` into fedsim's records and the Trainer's too: its callbacks (EarlyStopping, ModelCheckpoint)

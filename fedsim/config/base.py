@@ -2,6 +2,7 @@
 a pydantic error turned into the one line the CLI prints."""
 from __future__ import annotations
 
+import difflib
 import re
 import reprlib
 import types
@@ -63,8 +64,9 @@ class Section(BaseModel):
         return value
 
 
-def format_error(err: ValidationError, prefix: str = "") -> str:
-    """The first error of ``err`` as one line naming its dotted field (under ``prefix``)."""
+def format_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """The first error of ``err`` as one line naming its dotted field (under ``prefix``); an unknown key of
+    ``model`` (the class ``err`` validated) gets the nearest key its section knows."""
     first = err.errors()[0]
     message = first["msg"].removeprefix("Value error, ")
     if re.match(r"^[\w.]+: ", message):
@@ -72,5 +74,26 @@ def format_error(err: ValidationError, prefix: str = "") -> str:
     where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(first["loc"]))
     if where:
         got = SHORT.repr(first.get("input"))
-        return f"{where}: {message} (got {got})"
+        hint = _did_you_mean(model, first["loc"]) if first["type"] == "extra_forbidden" else ""
+        return f"{where}: {message} (got {got}){hint}"
     return f"config: {message}"
+
+
+def _did_you_mean(model: type[BaseModel] | None, loc: tuple) -> str:
+    """``; did you mean rounds?`` for the unknown last key of ``loc``, from its section's own field names."""
+    section = model
+    for key in loc[:-1]:
+        field = section.model_fields.get(str(key)) if section is not None else None
+        section = _section_class(field.annotation) if field is not None else None
+    if section is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _section_class(annotation: Any) -> type[BaseModel] | None:
+    """The config section a field holds (``PrivacyConfig | None`` -> PrivacyConfig), or None for a value."""
+    for kind in scalar_types(annotation):
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return kind
+    return None

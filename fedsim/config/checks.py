@@ -160,7 +160,8 @@ def method_with_its_parameters(cfg: RunConfig) -> type[Algorithm]:
         method = algorithm_class(cfg.algorithm.name)
         params = method.Params.model_validate(cfg.algorithm.params)
     except ValidationError as err:
-        raise ConfigError(_named(f"{cfg.algorithm.name}: {format_error(err, prefix='algorithm')}")) from None
+        line = format_error(err, prefix="algorithm", model=method.Params)
+        raise ConfigError(_named(f"{cfg.algorithm.name}: {line}")) from None
     except ValueError as err:
         raise ConfigError(_named(str(err))) from None
     cfg.algorithm.__pydantic_extra__ = params.model_dump(by_alias=True)

@@ -69,7 +69,7 @@ def validate(tree: dict[str, Any]) -> RunConfig:
     try:
         cfg = RunConfig.model_validate(tree)
     except ValidationError as err:
-        raise ConfigError(format_error(err)) from None
+        raise ConfigError(format_error(err, model=RunConfig)) from None
     check_sections(cfg)
     return cfg
 

@@ -3,6 +3,7 @@
 ``sweep`` / ``search`` sections that ``fedsim sweep`` expands (:mod:`fedsim.sweep.expand`)."""
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any, Literal
 
@@ -80,10 +81,14 @@ class AlgorithmConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
-SharedKey = Literal["lr", "momentum", "local_epochs"]  # what `fedsim tune` searches for every method alike
+# What `fedsim tune` searches for every method alike: a shorthand (lr sets train.body.lr and train.head.lr,
+# momentum both parts' momentum, local_epochs train.local_epochs), or any dotted config key with its declared range
+# (model.client_args.lr: a user module's own argument; eval.finetune_lr, ...), validated as each trial's run is.
+SHORTHANDS = ("lr", "momentum", "local_epochs")
+NOT_TUNED = ("name", "seed", "out_dir", "sweep", "search", "tune", "logging", "engine")  # no setting of what is learnt
 
 
-def _default_space() -> dict[SharedKey, Distribution]:
+def _default_space() -> dict[str, Distribution]:
     # lr over the decades the suites' methods train at (0.005 pFedMe ... 0.1 FedBABU); momentum: plain SGD (the
     # FedPer, pFedMe and PFLlib settings) or 0.9 (FedBABU's); local epochs: 1 (PFLlib), 5 (FedAvg's E) or 10.
     return {"lr": Distribution(loguniform=(1e-3, 0.3)), "momentum": Distribution(choice=[0.0, 0.9]),
@@ -100,9 +105,23 @@ class TuneConfig(Section):
     seeds: list[int] = Field([0], min_length=1, description="the seeds each trial runs at; its score is their mean")
     final_seeds: int = Field(5, ge=1, description="the chosen settings run at seeds 0..final_seeds-1 (test "
                              "accuracy's mean and 95% CI)")
-    space: dict[SharedKey, Distribution] = Field(
+    space: dict[str, Distribution] = Field(
         default_factory=_default_space, description="the shared space (lr sets train.body.lr and train.head.lr, "
-        "momentum both parts' momentum, local_epochs train.local_epochs); leave a key out where the setting fixes it")
+        "momentum both parts' momentum, local_epochs train.local_epochs; or any dotted config key, e.g. "
+        "model.client_args.lr, a module's own argument); leave a key out where the setting fixes it")
+
+    @field_validator("space")
+    @classmethod
+    def _tunable_keys(cls, space: dict[str, Distribution]) -> dict[str, Distribution]:
+        for key in space:
+            section = key.split(".")[0]
+            if key not in SHORTHANDS and ("." not in key or section in NOT_TUNED):
+                close = difflib.get_close_matches(key, SHORTHANDS, n=1)
+                raise ValueError(f"tune.space.{key}: not a setting tune can search; "
+                                 + (f"did you mean {close[0]}? " if close else "") + f"give one of "
+                                 f"{', '.join(SHORTHANDS)} or a dotted key of what a run learns with (e.g. "
+                                 "model.client_args.lr, train.batch_size)")
+        return space
 
     @field_validator("methods")
     @classmethod

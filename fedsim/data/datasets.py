@@ -17,6 +17,7 @@ import numpy as np
 from fedsim import storage
 from fedsim.config import DataConfig
 from fedsim.data.array_dataset import ArrayDataset, recomputed_digest
+from fedsim.data.contract import checked
 from fedsim.data.cache import build_cache, cache_dir, channel_stats, open_cache, source_key
 from fedsim.data.formats import (CIFAR10_PICKLES, CIFAR100_PICKLES, CLASS_FOLDERS, FEMNIST_NPZ, IMAGE_FOLDER, IMAGE_ZIP,
                                  Arrays, Reader)
@@ -115,6 +116,7 @@ def _user_dataset(name: str, root: str | Path | None, options: dict) -> ArrayDat
     if not isinstance(dataset, ArrayDataset):
         raise DataError(f"data.dataset: {name!r} returned a {type(dataset).__name__}; return a "
                         "fedsim.data.ArrayDataset")
+    dataset = checked(dataset, name)
     # A resumed run compares the data with what it started on: a user's data set gets its content hash too.
     return dataset if dataset.digest else dataclasses.replace(dataset, digest=recomputed_digest(dataset))
 

@@ -154,6 +154,9 @@ class JsonlLogger(Callback):
         rounds = read_jsonl(self.folder / runfiles.ROUNDS)
         summary["best_round"] = best_rounds(rounds)
         summary["reported"] = run.plan.reported_accuracy  # the accuracy the one-line summary shows
+        # What trained, read from the module's optimizers once set up (--dry-run's lines): a receipt reports these,
+        # never train.body / train.head, which a module's own configure_optimizers does not take.
+        summary["optimizers"] = list(run.plan.model.optimizers)
         if run.plan.privacy_summary is not None:  # epsilon at the final round, delta, z, accountant, sampling
             summary["privacy"] = run.plan.privacy_summary
         if run.plan.system is not None:

@@ -3,6 +3,8 @@ table never compares two arms without saying how each trained, what was scored, 
 which seeds; and which settings the arms differ in, so a difference besides the one a claim is about is named."""
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +84,46 @@ def picked(config: dict, at: str = "final") -> str:
     return f"{at}; {best}"
 
 
-def receipt(configs: list[dict], metrics: list[str], at: str = "final") -> dict[str, str]:
+# A line of the optimizers a run set up (fedsim.models.lightning.describe_optimizers, summary.json's "optimizers"):
+# "body: Adam (optimizer 0, group 0, 4 tensors): lr 0.01, betas (0.9, 0.999), eps 1e-08, weight_decay 0".
+OPTIMIZER_LINE = re.compile(r"^(?P<parts>[\w+]+): (?P<kind>\w+) \([^)]*\): (?P<settings>.*)$")
+
+
+def ran_optimizers(lines: list[str], train: dict) -> dict[str, str]:
+    """The receipt's optimizer, lr (with train's round schedule, which scales every optimizer's rates) and momentum
+    as the run's optimizers were set up, per part where the parts differ."""
+    rows = [m.groupdict() for line in lines if (m := OPTIMIZER_LINE.match(line))]
+
+    def per_part(value: Callable[[dict[str, str]], str]) -> str:
+        shown = {row["parts"]: value(row) for row in rows}
+        return next(iter(shown.values())) if len(set(shown.values())) == 1 else " / ".join(
+            f"{parts} {v}" for parts, v in shown.items())
+
+    def setting(name: str) -> Callable[[dict[str, str]], str]:
+        def value(row: dict[str, str]) -> str:  # Adam's momentum is its betas
+            found = re.search(rf"\b{name} ([^,]+)", row["settings"]) or re.search(r"\b(betas \([^)]*\))",
+                                                                                   row["settings"])
+            return found.group(1) if found else "-"
+        return value
+
+    lr = per_part(setting("lr"))
+    schedules = {_at(train, f"{part}.schedule", "constant") for part in ("body", "head")}
+    return {"optimizer": per_part(lambda row: row["kind"]),
+            "lr": lr + ("" if schedules == {"constant"} else f", {'/'.join(sorted(schedules))} schedule"),
+            "momentum": per_part(setting("momentum"))}
+
+
+def receipt(configs: list[dict], metrics: list[str], at: str = "final",
+            optimizers: list[str] | None = None) -> dict[str, str]:
     """An arm's receipt from the stored configs of its seeds (which share every other setting); ``metrics``: the
-    accuracies its table shows."""
+    accuracies its table shows; ``optimizers``: the optimizers its runs set up (summary.json's), which replace the
+    config's train.body / train.head where given (a module's own configure_optimizers does not read those)."""
     first = configs[0] if configs else {}
     train = first.get("train", {})
     seeds = sorted(c["seed"] for c in configs if isinstance(c.get("seed"), int))
-    return {"method": _method(first), "optimizer": _parts(train, "optimizer"), "lr": _lr(train),
-            "momentum": _parts(train, "momentum"), "rounds": str(_at(train, "rounds", "?")),
+    trained = (ran_optimizers(optimizers, train) if optimizers else
+               {"optimizer": _parts(train, "optimizer"), "lr": _lr(train), "momentum": _parts(train, "momentum")})
+    return {"method": _method(first), **trained, "rounds": str(_at(train, "rounds", "?")),
             "local work": _local_work(first), "scored": "; ".join(scored(first, m) for m in metrics),
             "round": picked(first, at),
             "seeds": ", ".join(map(str, seeds)) or "-"}

@@ -83,7 +83,7 @@ def seeds_png(groups: list[list[Run]], path: Path) -> None:
                 continue
             mean = np.array([e.mean for e in estimates])
             ax.plot(rounds, mean, marker="o", markersize=3, color=f"C{i % 10}",
-                    label=f"{group_label(group)} ({len(group)} seeds)")
+                    label=f"{group_label(group)} ({len(group)} seed{'s' if len(group) > 1 else ''})")
             if all(e.low is not None for e in estimates):
                 ax.fill_between(rounds, [e.low for e in estimates], [e.high for e in estimates], color=f"C{i % 10}",
                                 alpha=0.2)

@@ -30,10 +30,27 @@ def round_metrics(row: dict) -> dict[str, float]:
     data = {"round": row["round"], **{name: row[key] for name, key in ROUND_KEYS.items()}} | fairness(row)
     data |= {name: row[key] for keys in (CLOCK_KEYS, LATER_KEYS) for name, key in keys.items() if key in row}
     data |= {name: row[name] for name in SPENT if name in row}  # DP's epsilon spent so far, every round
-    for key, stats in row.items():
-        if key not in NOT_LOGGED and key not in ACCURACIES and key not in RECORD_KEYS and isinstance(stats, dict):
-            data |= {f"{key}/{stat}": value for stat, value in stats.items()}
+    for key, stats in _logged_statistics(row).items():
+        data |= {f"{key}/{stat}": value for stat, value in stats.items()}
     return data
+
+
+def dashboard_metrics(row: dict) -> dict[str, float]:
+    """:func:`round_metrics` for W&B's charts: a value every client logged alike this round (a learning rate, an
+    epoch counter) is one curve, ``name/mean``; the spread across clients (std, p10, Jain, ...) is charted only for
+    values that differ per client. (A Tune trial reports every statistic: a scheduler's metric is never missing.)"""
+    data = round_metrics(row)
+    for key, stats in _logged_statistics(row).items():
+        if "min" in stats and stats["min"] == stats.get("max"):
+            for stat in STATS[1:]:
+                data.pop(f"{key}/{stat}", None)
+    return data
+
+
+def _logged_statistics(row: dict) -> dict[str, dict]:
+    """The row's statistics of a module's own values (and of the method's and DP's per-round blocks)."""
+    return {key: stats for key, stats in row.items()
+            if key not in NOT_LOGGED and key not in ACCURACIES and key not in RECORD_KEYS and isinstance(stats, dict)}
 
 
 def evaluated(row: dict) -> bool:

@@ -26,7 +26,7 @@ from fedsim.core.protocol import RoundResult
 from fedsim.core.results import read_results
 from fedsim.engine.driver import Callback, Run
 from fedsim.metrics.logger import round_row
-from fedsim.metrics.series import evaluated, fairness, round_metrics
+from fedsim.metrics.series import dashboard_metrics, evaluated, fairness
 from fedsim.metrics.wandb_files import wait_until_written
 
 if TYPE_CHECKING:  # wandb itself is imported only when a run logs to it (~1 s)
@@ -114,7 +114,7 @@ class WandbLogger(Callback):
         row, records = round_row(result), result.records
         if row["round"] <= self.logged_through:  # redone after a rollback or a resume: W&B has it already
             return
-        data = round_metrics(row) | self._losses(records)
+        data = dashboard_metrics(row) | self._losses(records)
         self.bytes_total += row["bytes_up"] + row["bytes_down"]
         data["comm/bytes_total"] = self.bytes_total
         # One key per client gives one curve per client in the W&B UI; beyond the limit, the tables carry every client.

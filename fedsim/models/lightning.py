@@ -198,7 +198,11 @@ def _default_head(net: nn.Module, name: str, personal_layers: int) -> tuple[str,
 
 def overrides(module: pl.LightningModule, hook: str) -> bool:
     """Whether the module's class defines ``hook`` itself rather than inheriting Lightning's default."""
-    return getattr(type(module), hook) is not getattr(pl.LightningModule, hook)
+    return class_overrides(type(module), hook)
+
+
+def class_overrides(cls: type[pl.LightningModule], hook: str) -> bool:
+    return getattr(cls, hook) is not getattr(pl.LightningModule, hook)
 
 
 def part_parameters(module: pl.LightningModule, keys: KeyParts) -> dict[str, list[nn.Parameter]]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -139,9 +139,10 @@ def connect(configs: Sequence[RunConfig], max_concurrent: int | None) -> None:
                               f"{have.get(key, 0):g}; use --max-concurrent {max(fit, 1)}")
 
 
-def _actions(configs: Sequence[RunConfig], stopped: dict, stack: ExitStack,
-             say: Callable[[str], None]) -> tuple[dict[str, TrialRun], list[Outcome]]:
-    """Claim every run (held until the sweep ends) and decide what its trial does."""
+def _actions(configs: Sequence[RunConfig], stopped: dict, stack: ExitStack, say: Callable[[str], None],
+             overwrite: bool = False) -> tuple[dict[str, TrialRun], list[Outcome]]:
+    """Claim every run (held until the sweep ends) and decide what its trial does (``overwrite``: train every run
+    anew, over whatever its folder holds)."""
     runs, skipped = {}, []
     for cfg in configs:
         if not stack.enter_context(claimed(cfg)):
@@ -150,25 +151,30 @@ def _actions(configs: Sequence[RunConfig], stopped: dict, stack: ExitStack,
             continue
         state = status(cfg)
         action = {"finished": "replay", "resumable": "resume", "changed": "overwrite", "new": "run"}[state]
-        if cfg.name in stopped and state == "resumable":
+        if overwrite and state != "new":
+            action = "overwrite"
+        elif cfg.name in stopped and state == "resumable":
             action = "replay"
         runs[cfg.name] = TrialRun(cfg, action, str(storage.user_dir()))
     return runs, skipped
 
 
-def run_sweep(sweep: Sweep, max_concurrent: int | None = None, say: Callable[[str], None] = print) -> list[Outcome]:
+def run_sweep(sweep: Sweep, max_concurrent: int | None = None, say: Callable[[str], None] = print, *,
+              overwrite: bool = False, quiet: bool = False) -> list[Outcome]:
     """Bring every run of ``sweep`` to completion (or to the scheduler's stop) through Ray Tune; one line per
-    trial as it starts and ends. Returns each run's outcome, in the sweep's order."""
+    trial as it starts (unless ``quiet``) and ends. ``overwrite``: every run trained anew, the scheduler's earlier
+    stops forgotten. Returns each run's outcome, in the sweep's order."""
     from ray import tune
 
     sweep.check()
-    stopped = sweep.stopped_runs(say)  # a malformed ledger is refused before Ray starts
+    stopped = {} if overwrite else sweep.stopped_runs(say)  # a malformed ledger is refused before Ray starts
     connect(sweep.configs, max_concurrent)
     with ExitStack() as stack:
-        runs, outcomes = _actions(sweep.configs, stopped, stack, say)
+        runs, outcomes = _actions(sweep.configs, stopped, stack, say, overwrite)
         if runs:
             trial_outcomes: dict[str, Outcome] = {}
-            progress = _progress(sweep, runs, stopped, say, trial_outcomes)
+            progress = _progress(sweep, runs, stopped, say if not quiet else None, say, trial_outcomes)
+            stack.enter_context(_tune_quiet())
             tuner = tune.Tuner(
                 tune.with_resources(tune.with_parameters(train, runs=runs),
                                     lambda params: _resources(runs[params["run"]].config)),
@@ -211,29 +217,47 @@ def _tune_storage(sweep: Sweep) -> str:
     return str(Path(sweep.folder, "tune").resolve())
 
 
-def _progress(sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Callable[[str], None],
-              outcomes: dict[str, Outcome]) -> TuneCallback:
-    """A Tune callback (built lazily: ray.tune is imported only by a sweep): one line per trial start and end,
-    and the outcome of each into ``outcomes``."""
+@contextmanager
+def _tune_quiet() -> Iterator[None]:
+    """Tune's console output off while the sweep runs, as Tune documents it: its legacy reporter at verbose=0 prints
+    nothing (the new one prints its configuration box whatever the verbosity), and without its default loggers no
+    TensorBoard files nor the hint to open them (fedsim reads its own run folders; W&B is its dashboard). A
+    user's own setting of either wins; both are restored afterwards."""
+    quiet = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+    ours = [name for name in quiet if name not in os.environ]
+    os.environ.update({name: quiet[name] for name in ours})
+    try:
+        yield
+    finally:
+        for name in ours:
+            os.environ.pop(name, None)
+
+
+def _progress(sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say_start: Callable[[str], None] | None,
+              say: Callable[[str], None], outcomes: dict[str, Outcome]) -> TuneCallback:
+    """A Tune callback (built lazily: ray.tune is imported only by a sweep): one line per trial start (None: not
+    said) and end, and the outcome of each into ``outcomes``."""
     from ray.tune import Callback
 
     class Progress(Callback):
         # Everything it holds comes in as arguments, none from the enclosing call: cloudpickle pickles this local
         # class by value, and a closure over ``say`` would carry the printer that __getstate__ leaves out.
-        def __init__(self, sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Callable[[str], None],
+        def __init__(self, sweep: Sweep, runs: dict[str, TrialRun], stopped: dict,
+                     say_start: Callable[[str], None] | None, say: Callable[[str], None],
                      outcomes: dict[str, Outcome]):
-            self.sweep, self.runs, self.stopped, self.say = sweep, runs, stopped, say
+            self.sweep, self.runs, self.stopped, self.say, self.say_start = sweep, runs, stopped, say, say_start
             self.outcomes = outcomes
 
         def __getstate__(self) -> dict:
             # Tune pickles its callbacks into the experiment state for Tuner.restore, which fedsim never uses
-            # (the run folders are a sweep's state). The printer stays out: once a Ray worker logs, Ray swaps
+            # (the run folders are a sweep's state). The printers stay out: once a Ray worker logs, Ray swaps
             # builtins.print for its tqdm-safe one, and the original `print` no longer pickles by name.
-            return {**self.__dict__, "say": None}
+            return {**self.__dict__, "say": None, "say_start": None}
 
         def on_trial_start(self, iteration, trials, trial, **info):
             name = trial.config["run"]
-            self.say(f"{name}: {VERBS[self.runs[name].action]}")
+            if self.say_start is not None:
+                self.say_start(f"{name}: {VERBS[self.runs[name].action]}")
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             name, last = trial.config["run"], trial.last_result or {}
@@ -256,7 +280,7 @@ def _progress(sweep: Sweep, runs: dict[str, TrialRun], stopped: dict, say: Calla
             self.outcomes[name] = Outcome(name, "failed", (trial.last_result or {}).get("round"), cause=cause)
             self.say(f"{name}: failed: {cause}")
 
-    return Progress(sweep, runs, stopped, say, outcomes)
+    return Progress(sweep, runs, stopped, say_start, say, outcomes)
 
 
 def _number(value: float | None) -> str:

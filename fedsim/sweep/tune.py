@@ -66,8 +66,9 @@ class TunePlan:
 
     def budget(self) -> str:
         t = self.tune
+        final = "1 seed (0)" if t.final_seeds == 1 else f"{t.final_seeds} seeds (0..{t.final_seeds - 1})"
         return (f"{t.trials} trials x {len(t.seeds)} seed(s) ({', '.join(map(str, t.seeds))}) x {self.rounds} rounds "
-                f"per method; the chosen settings at {t.final_seeds} seeds (0..{t.final_seeds - 1})")
+                f"per method; the chosen settings at {final}")
 
 
 def plan_tuning(tree: dict[str, Any]) -> TunePlan:
@@ -78,8 +79,50 @@ def plan_tuning(tree: dict[str, Any]) -> TunePlan:
     rounds = base.tune.rounds or base.train.rounds
     run_tree = {k: v for k, v in copy.deepcopy(tree).items() if k != "tune"}
     set_dotted(run_tree, "train.rounds", rounds)
+    refuse_unused_keys(base.model.client, base.tune.space)
     return TunePlan(base, base.tune, run_tree, rounds, [_method_search(base, run_tree, entry.model_dump(by_alias=True))
                                                         for entry in base.tune.methods])
+
+
+OPTIMIZER_SETTINGS = ("optimizer", "lr", "momentum", "weight_decay")  # of train.body / train.head: fedsim's optimizers'
+
+
+def refuse_unused_keys(client: str | None, space: dict[str, Distribution]) -> None:
+    """A key the runs would not use is refused: every trial would train alike, and the table would report a choice
+    that never ran. A module with its own configure_optimizers takes none of fedsim's optimizer settings
+    (train.body / train.head give it only the round schedule, docs/lightning.md); ``model.client_args.<name>`` must
+    be an argument of the module's ``__init__``."""
+    from fedsim.models.lightning import class_overrides, load_client_class
+
+    cls = load_client_class(client)
+    _refuse_unknown_arguments(cls, space)
+    if client is None or not class_overrides(cls, "configure_optimizers"):
+        return
+    for key in space:
+        for dotted in SHARED_KEYS.get(key, (key,)):
+            section, part, setting = (dotted.split(".") + ["", ""])[:3]
+            if section == "train" and part in ("body", "head") and setting in OPTIMIZER_SETTINGS:
+                raise ConfigError(f"tune.space.{key}: {client} makes its own optimizers in configure_optimizers, "
+                                  f"which {dotted} (fedsim's own optimizers' setting) never reaches, so every trial "
+                                  "would train alike; tune the module's own argument instead (e.g. "
+                                  "tune.space: {model.client_args.lr: {loguniform: [0.0001, 0.1]}})")
+
+
+def _refuse_unknown_arguments(cls: type, space: dict[str, Distribution]) -> None:
+    """``model.client_args.<name>`` keys name arguments of the client module's ``__init__`` (one taking
+    ``**kwargs`` takes any)."""
+    import inspect
+
+    prefix = "model.client_args."
+    taken = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values()):
+        return
+    for key in space:
+        name = key.removeprefix(prefix)
+        if key.startswith(prefix) and name not in taken:
+            arguments = ", ".join(taken)
+            raise ConfigError(f"tune.space.{key}: {cls.__name__}.__init__ takes no {name!r} (it takes {arguments}); "
+                              "tune one of its arguments")
 
 
 def search_space(tune: TuneConfig, entry: dict[str, Any]) -> dict[str, Distribution]:
@@ -206,16 +249,23 @@ def _chosen(plan: TunePlan, search: MethodSearch, searched: dict[str, dict | Non
     return Final(choice, tree, expand_sweep(tree))
 
 
-def run_tuning(plan: TunePlan, max_concurrent: int | None = None, say: Callable[[str], None] = print) -> dict:
+def run_tuning(plan: TunePlan, max_concurrent: int | None = None, say: Callable[[str], None] = print, *,
+               overwrite: bool = False, quiet: bool = False) -> dict:
     """Search, choose on validation, run the choices at the final seeds; write each chosen config and the table.
-    Returns the table's data (also ``results.json``)."""
-    searched = _summaries(_run_phase(f"{plan.base.name}-tune-search", plan.search_runs, max_concurrent, say))
+    ``overwrite`` and ``quiet`` as for :func:`run_sweep`. Returns the table's data (also ``results.json``)."""
+    def phase(name: str, configs: list[RunConfig]) -> list[Outcome]:
+        outcomes = run_sweep(Sweep(name, configs, SearchConfig()), max_concurrent, say, overwrite=overwrite,
+                             quiet=quiet)
+        _refuse_skipped(outcomes)
+        return outcomes
+
+    searched = _summaries(phase(f"{plan.base.name}-tune-search", plan.search_runs))
     finals = {search.method: _chosen(plan, search, searched) for search in plan.methods}
     store = storage.Store(plan.folder)
     for method, final in finals.items():
         store.write_bytes(f"{method}.yaml", yaml.safe_dump(final.tree, sort_keys=False).encode())
     final_runs = [cfg for final in finals.values() for cfg in final.runs]
-    ended = _summaries(_run_phase(f"{plan.base.name}-tune-final", final_runs, max_concurrent, say))
+    ended = _summaries(phase(f"{plan.base.name}-tune-final", final_runs))
     rows = [_row(plan, search, finals[search.method], ended) for search in plan.methods]
     table = {"budget": plan.budget(), "trials": plan.tune.trials, "rounds": plan.rounds, "seeds": plan.tune.seeds,
              "final_seeds": list(range(plan.tune.final_seeds)), "selection": SELECTION, "methods": rows}
@@ -230,13 +280,6 @@ SELECTION = ("each trial's mean over its seeds of the clients' mean validation a
 
 def _validation_or_none(summary: dict | None) -> dict | None:
     return None if summary is None else validation_part(summary)
-
-
-def _run_phase(name: str, configs: list[RunConfig], max_concurrent: int | None,
-               say: Callable[[str], None]) -> list[Outcome]:
-    outcomes = run_sweep(Sweep(name, configs, SearchConfig()), max_concurrent, say)
-    _refuse_skipped(outcomes)
-    return outcomes
 
 
 def _shown(value: Any) -> str:
@@ -259,7 +302,13 @@ def _row(plan: TunePlan, search: MethodSearch, final: Final, ended: dict[str, di
             "test_mean": estimate.mean if estimate else None, "test_low": estimate.low if estimate else None,
             "test_high": estimate.high if estimate else None, "final_runs": len(tests),
             "config": storage.join(plan.folder, f"{search.method}.yaml"),
-            "receipt": receipt([cfg.model_dump() for cfg in configs], [key])}
+            "receipt": receipt([cfg.model_dump() for cfg in configs], [key], optimizers=_set_up(configs, ended))}
+
+
+def _set_up(configs: list[RunConfig], ended: dict[str, dict | None]) -> list[str] | None:
+    """The optimizers the final runs set up (a finished run's summary.json; None where none finished)."""
+    return next((summary["optimizers"] for cfg in configs
+                 if (summary := ended.get(cfg.name)) is not None and "optimizers" in summary), None)
 
 
 def results_markdown(name: str, table: dict) -> str:

@@ -22,8 +22,11 @@ GOOD = {
 
 # (case id, dotted override applied to GOOD, expected fragment of the message)
 CONFIG_CASES = [
-    ("unknown top-level key", {"trian": {}}, "trian: Extra inputs"),
+    ("unknown top-level key", {"trian": {}}, "trian: Extra inputs are not permitted (got {}); did you mean train?"),
     ("unknown nested key", {"train.lrr": 0.1}, "train.lrr: Extra inputs"),
+    ("misspelt nested key", {"train.round": 3}, "train.round: Extra inputs are not permitted (got 3); did you mean "
+     "rounds?"),
+    ("misspelt method parameter", {"algorithm": {"name": "fedprox", "muu": 0.1}}, "did you mean mu?"),
     ("wrong type", {"train.rounds": "ten"}, "train.rounds"),
     ("zero rounds", {"train.rounds": 0}, "train.rounds"),
     ("f = 0", {"train.fraction": 0}, "train.fraction"),
@@ -213,3 +216,11 @@ def test_a_config_that_describes_no_run_is_refused_before_any_work(tmp_path, cap
     assert main(["run", str(config)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and fragment in err and not (tmp_path / "runs").exists()
+
+
+def test_version_names_the_installed_fedsim(capsys):
+    import fedsim
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"fedsim {fedsim.__version__}"

@@ -11,6 +11,7 @@ from conftest import fedsim_cli, lightning_tree, per_client, synthetic_tree, wri
 from fedsim.cli.main import main
 from fedsim.config import validate
 from fedsim.data import load_dataset, to_float
+from fedsim.errors import ConfigError
 from fedsim.data.partition import Partition
 from fedsim.models import build_model
 from fedsim.models.lightning import FedClient, build_client, split_keys
@@ -91,9 +92,49 @@ def test_a_users_lightning_module_loads_from_checkpoint_only_with_trust(tmp_path
     cfg, run_dir = validate(tree), tmp_path / tree["name"]
     assert main(["export", str(run_dir), "--clients", "1"]) == 2
     assert "--trust-plugins" in capsys.readouterr().err
+    assert main(["export", str(run_dir), "train.rounds=5", "--clients", "1", "--trust-plugins"]) == 2
+    assert "train.rounds: fedsim export takes only the plug-ins the run's config names" in capsys.readouterr().err
     assert main(["export", str(run_dir), "--clients", "1", "--fine-tuned", "--trust-plugins"]) == 0
+    logged = _logged(run_dir, 2, "acc_personalized")[1]
+    assert f"(acc_personalized {100 * logged:.2f}%; the run logged {100 * logged:.2f}%)" in capsys.readouterr().out
     module = TwoPartModule.load_from_checkpoint(run_dir / "export" / "round-0002-fine-tuned" / "client-1.ckpt")
-    assert _accuracy(module, cfg, run_dir, 1) == _logged(run_dir, 2, "acc_personalized")[1]
+    assert _accuracy(module, cfg, run_dir, 1) == logged
+
+
+def test_the_documented_re_score_of_an_exported_client_with_client_split_is_exact(tmp_path, capsys, monkeypatch):
+    """docs/configuration.md's example, run as written on a run of a user's module trusted by naming it: the
+    accuracy of the exported model on client_split's tensors is the one metrics.jsonl holds, bit for bit."""
+    tree = lightning_tree(tmp_path, "TwoPartModule", **{"data.validation": 0.2})
+    ran = fedsim_cli("run", str(write_yaml(tmp_path / "lm.yaml", tree)), "--quiet")  # its workers import tests/
+    assert ran.returncode == 0, ran.stderr
+    run_dir = tmp_path / tree["name"]
+    plugins = [f"{key}={value}" for key, value in (("model.client", "user_plugins:TwoPartModule"),
+                                                   ("data.dataset", "user_plugins:blobs"),
+                                                   ("data.partition", "user_plugins:round_robin"))]
+    assert main(["export", str(run_dir), *plugins, "--clients", "2"]) == 0  # trusted by naming its code
+    text = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    example = text.split("re-scores exactly:\n\n```python\n")[1].split("```")[0]
+    # The page's module, run and client 3 at round 10 -> this test's, client 2 (its accuracy below 100%) at round 2.
+    for documented, here in (("my_module", "user_plugins"), ("SmallCNN", "TwoPartModule"), ("client-3", "client-2"),
+                             ("runs/own-module", str(run_dir)), ("round-0010", "round-0002"),
+                             (', 3, "test"', ', 2, "test"'), ("client 3:", "client 2:")):
+        assert documented in example
+        example = example.replace(documented, here)
+    capsys.readouterr()
+    namespace: dict = {}
+    exec(compile(example, "configuration.md", "exec"), namespace)
+    record = [r for r in per_client(run_dir) if r["round"] == 2 and r["client"] == 2][0]
+    assert namespace["accuracy"] == record["acc"] < 1
+    assert capsys.readouterr().out.strip() == f"client 2: {100 * record['acc']:.2f}%"
+
+    from fedsim.data import client_split
+
+    x, y = client_split(run_dir, 2, "validation", trust_plugins=True)
+    assert len(y) == record["n_validation"]
+    with pytest.raises(ValueError, match="split 'val' is none of train, validation, test"):
+        client_split(run_dir, 2, "val", trust_plugins=True)
+    with pytest.raises(ConfigError, match="client_split imports it only if you trust this folder"):
+        client_split(run_dir, 2, "test")
 
 
 def test_fine_tuned_is_refused_where_evaluation_does_not_personalize(tmp_path, capsys):

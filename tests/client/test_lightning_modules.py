@@ -296,12 +296,23 @@ def test_dry_run_of_a_module_that_cannot_be_built_exits_2_with_one_line(tmp_path
 def test_lightnings_checkpoint_and_early_stopping_run_each_local_update_under_the_trainer_loop(tmp_path):
     """Both class_path spellings; EarlyStopping reads what the module logs (trainer.callback_metrics), ModelCheckpoint
     writes into the run folder's lightning/."""
+    import warnings
+
     rt = lightning_runtime(tmp_path, "TwoPartModule", "fedavg", model__client_loop="trainer", model__callbacks=[
         "pytorch_lightning.callbacks:ModelCheckpoint",
         {"class_path": "pytorch_lightning.callbacks.EarlyStopping", "init_args": {"monitor": "my_loss"}}])
-    train_one(rt, start(rt), 0, 1)
-    train_one(rt, start(rt), 1, 1)
-    assert list((tmp_path / "lm" / "lightning" / "checkpoints").glob("*.ckpt"))
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        for client, round_idx in ((0, 1), (1, 1), (0, 2)):
+            train_one(rt, start(rt), client, round_idx)
+    # Issue 67 item 4: each file named by its client and round (no -v1, -v2 of one name), and Lightning's own
+    # warnings (its deprecations, "Checkpoint directory ... exists") in the run's log, once each, never shown.
+    lightning = tmp_path / "lm" / "lightning"
+    assert sorted(p.name.split("-epoch=")[0] for p in (lightning / "checkpoints").glob("*.ckpt")) == [
+        "client=0-round=1", "client=0-round=2", "client=1-round=1"]
+    assert not [w for w in shown if "lightning" in w.filename], [str(w.message) for w in shown]
+    logged = (lightning / "warnings.log").read_text().splitlines()
+    assert any("Checkpoint directory" in line for line in logged) and len(logged) == len(set(logged))
 
 
 def test_a_callback_that_needs_a_trainer_is_refused_under_the_fabric_loop_naming_it_and_the_fix(tmp_path):

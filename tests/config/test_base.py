@@ -11,7 +11,7 @@ from fedsim.errors import ConfigError
 @pytest.mark.parametrize("tree, message", [
     ({"train": {"rounds": True}}, "train.rounds: expected a number, not true/false (got True)"),
     ({"data": {"augment": 1}}, "data.augment: expected true or false (got 1)"),
-    ({"train": {"roundz": 3}}, "train.roundz: Extra inputs are not permitted (got 3)"),
+    ({"train": {"roundz": 3}}, "train.roundz: Extra inputs are not permitted (got 3); did you mean rounds?"),
     ({"engine": {"round_timeout_s": float("inf")}}, "engine.round_timeout_s: Input should be a finite number (got inf)"),
 ])
 def test_every_section_is_strict(tree, message):

@@ -18,6 +18,19 @@ def test_a_receipt_says_how_the_arm_trained_what_it_scored_how_its_round_was_pic
     assert stepped["lr"] == "0.01, constant/step schedule" and "not a selection" in stepped["round"]
 
 
+def test_a_receipt_given_the_optimizers_a_run_set_up_prints_those_not_the_configs_unused_values():
+    """Issue 67 item 1: a module with its own Adam at 0.01 ran under a config saying sgd, lr 0.00162271."""
+    config = _config(train={"rounds": 3, "body": {"lr": 0.00162271, "schedule": "step"},
+                            "head": {"lr": 0.00162271}})
+    adam = ["body: Adam (optimizer 0, group 0, 4 tensors): lr 0.01, betas (0.9, 0.999), eps 1e-08, weight_decay 0",
+            "head: Adam (optimizer 0, group 0, 2 tensors): lr 0.01, betas (0.9, 0.999), eps 1e-08, weight_decay 0"]
+    r = receipt([config], ["acc"], optimizers=adam)
+    assert (r["optimizer"], r["lr"], r["momentum"]) == ("Adam", "0.01, constant/step schedule", "betas (0.9, 0.999)")
+    groups = ["body: SGD (optimizer 0, group 0, 4 tensors): lr 0.05, momentum 0.9, weight_decay 0, nesterov False",
+              "head: SGD (optimizer 0, group 1, 2 tensors): lr 0.005, momentum 0.9, weight_decay 0, nesterov False"]
+    assert receipt([config], ["acc"], optimizers=groups)["lr"] == "body 0.05 / head 0.005, constant/step schedule"
+
+
 def test_arms_differ_in_the_settings_that_change_results_never_in_their_seed_or_name():
     a, b = _config(seed=0, name="a"), _config(seed=1, name="b", train={"rounds": 3, "body": {"momentum": 0.0}})
     assert differences([a, b]) == ["train.body.momentum"] and differences([a, a]) == []

@@ -134,7 +134,8 @@ def test_a_sweep_variants_seeds_share_a_wandb_group_and_methods_never_do():
     assert {v.logging.wandb.group for v in chosen} == {"mine"}
 
 
-def test_a_users_self_log_values_reach_wandb_beside_the_accuracies(tmp_path, monkeypatch):
+def test_a_users_self_log_values_reach_wandb_beside_the_accuracies_with_a_spread_only_where_clients_differ(
+        tmp_path, monkeypatch):
     import wandb
 
     from fedsim.core.protocol import RoundResult
@@ -146,12 +147,14 @@ def test_a_users_self_log_values_reach_wandb_beside_the_accuracies(tmp_path, mon
     sink.per_client_limit, sink.state_path, sink.logged_through = 10, tmp_path / "state.json", 0
     sink.bytes_total, sink.classes = 0, [2, 2, 2]
     records = [{"client": c, "round": 1, "n_train": 10, "n_test": 5, "loss": 1.0, "acc": 0.5, "train_loss": 0.7,
-                "times_sampled": 1, "val_margin": 0.1 * (c + 1)} for c in range(3)]
+                "times_sampled": 1, "val_margin": 0.1 * (c + 1), "lr": 0.01} for c in range(3)]
     sink.on_round_end(None, RoundResult(1, [0, 1, 2], [], records, [{"bytes_up": 1, "bytes_down": 2}], 1.0))
     sink.run.finish()
     [offline] = list((tmp_path / "wandb").glob("offline-run-*"))
     [row] = [h for h in wandb_history(offline) if "fairness/acc_mean" in h]
     assert row["val_margin/mean"] == pytest.approx(0.2) and row["val_margin/min"] == 0.1 and "val_margin/jain" in row
+    # A learning rate every client logged alike is one curve, not a fairness statistic.
+    assert row["lr/mean"] == 0.01 and not any(key.startswith("lr/") and key != "lr/mean" for key in row)
 
 
 def test_a_dp_runs_epsilon_reaches_rounds_jsonl_wandb_and_the_summary(tmp_path, local_ray):

@@ -114,6 +114,9 @@ def test_a_run_asha_stopped_stays_stopped_a_finished_one_is_replayed_and_a_claim
     with ExitStack() as stack:
         runs, skipped = _actions(configs, {configs[1].name: {"round": 2}}, stack, print)
     assert [runs[c.name].action for c in configs] == ["replay", "replay", "resume"] and not skipped
+    with ExitStack() as stack:  # --overwrite: every run trained anew, the finished and the stopped one too
+        runs, _ = _actions(configs, {configs[1].name: {"round": 2}}, stack, print, overwrite=True)
+    assert [runs[c.name].action for c in configs] == ["overwrite"] * 3
     with claimed(configs[2]):  # this process stands in for another sweep (or reproduce) training that run
         with ExitStack() as stack:
             runs, skipped = _actions(configs, {}, stack, print)
@@ -178,9 +181,10 @@ def test_the_progress_callback_pickles_after_ray_swaps_builtins_print(tmp_path, 
     from fedsim.sweep.executor import Sweep, _progress
 
     configs = expand_sweep(synthetic_tree(tmp_path, "pk", sweep={"algorithm": ["fedavg"]}))
-    progress = _progress(Sweep("pk", configs, configs[0].search), {}, {}, print, {})
+    progress = _progress(Sweep("pk", configs, configs[0].search), {}, {}, print, print, {})
     monkeypatch.setattr(builtins, "print", lambda *args, **kwargs: None)
-    assert cloudpickle.loads(cloudpickle.dumps(progress)).say is None
+    unpickled = cloudpickle.loads(cloudpickle.dumps(progress))
+    assert unpickled.say is None and unpickled.say_start is None
 
 
 def test_a_modules_own_logged_value_can_drive_asha_lower_is_better_for_a_loss(tmp_path):
@@ -214,7 +218,7 @@ def test_ashas_stop_line_shows_the_metric_to_four_digits(tmp_path):
     tree = synthetic_tree(tmp_path, "sl", sweep={"seed": [1]}, search={"scheduler": "asha", "metric": "fairness/acc_p10"})
     configs = expand_sweep(tree)
     said: list[str] = []
-    progress = _progress(Sweep("sl", configs, validate(tree).search), {}, {}, said.append, {})
+    progress = _progress(Sweep("sl", configs, validate(tree).search), {}, {}, said.append, said.append, {})
     trial = SimpleNamespace(config={"run": configs[0].name}, last_result={"round": 3, "fairness/acc_p10": 61.8523456789})
     progress.on_trial_complete(0, [], trial)
     assert said == [f"{configs[0].name}: stopped by ASHA at round 3 (fairness/acc_p10 61.85)"]
@@ -238,3 +242,14 @@ def test_a_relative_out_dir_and_data_path_resolve_from_where_the_sweep_ran(tmp_p
     [row] = [line for line in proc.stdout.splitlines() if line.startswith(f"| {cfg.name} |")]
     assert f"| {cfg.name} | finished | -" not in row and row.split("|")[3].strip() != "-", row
     assert f"| {cfg.name} | finished |" in (tmp_path / "runs" / "_sweeps" / "rel" / "results.md").read_text()
+    # Tune's own console output stays quiet: no configuration box, no TensorBoard hint (issue 67 item 6).
+    assert "Configuration for experiment" not in proc.stdout and "tensorboard" not in proc.stdout.lower()
+    assert f"{cfg.name}: running" in proc.stdout
+
+    # --overwrite trains the finished run anew (never a replay); --quiet says only how each trial ended.
+    written = (tmp_path / "runs" / cfg.name / "summary.json").stat().st_mtime_ns
+    again = fedsim_cli("sweep", "rel.yaml", "--overwrite", "--quiet", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (tmp_path / "runs" / cfg.name / "summary.json").stat().st_mtime_ns > written
+    assert f"{cfg.name}: finished" in again.stdout
+    assert not [line for line in again.stdout.splitlines() if line.startswith(f"{cfg.name}: ") and "finished" not in line]
