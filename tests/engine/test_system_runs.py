@@ -132,7 +132,7 @@ def test_unseen_clients_never_train_and_the_rest_is_bit_identical_on_one_two_and
         cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"unseen": 2})})
         server, outcomes = _rounds(monkeypatch, cfg)
         runs.append(round_records(outcomes))
-        unseen = server.plan.unseen
+        unseen = server.plan.population.unseen
         assert len(unseen) == 2 and not any(unseen & set(o.sampled) for o in outcomes)
         assert {r["client"] for o in outcomes for r in o.records if r.get("unseen")} == unseen
         if system is None:
