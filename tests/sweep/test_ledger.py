@@ -18,7 +18,7 @@ def test_a_stop_a_sweep_records_counts_when_the_same_sweep_runs_again(tmp_path):
     configs = expand_sweep(tree)
     sweep = Sweep("led", configs, validate(tree).search)
     runs = {cfg.name: TrialRun(cfg, "run", str(tmp_path)) for cfg in sweep.configs}
-    progress = _progress(sweep, runs, {}, lambda line: None, {})
+    progress = _progress(sweep, runs, {}, None, lambda line: None, {})
     trial = SimpleNamespace(config={"run": configs[1].name}, last_result={"round": 2, "fairness/acc_mean": 0.3})
     progress.on_trial_complete(0, [], trial)
     said: list[str] = []
