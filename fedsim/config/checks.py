@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from fedsim.config.base import format_error
+from fedsim.config.privacy import default_delta
 from fedsim.config.schema import RunConfig
 from fedsim.errors import ConfigError
 
@@ -118,19 +119,24 @@ def check_accounting(cfg: RunConfig) -> None:
                           + (" or train.sampling: poisson" if p.dp == "central" else ""))
 
 
+def trainable_clients(cfg: RunConfig) -> int:
+    """The clients that may train: data.num_clients less those eval.unseen holds out."""
+    return cfg.data.num_clients - cfg.eval.held_out(cfg.data.num_clients)
+
+
 def check_guarantee_not_vacuous(cfg: RunConfig) -> None:
     """A guarantee over one client, or with delta >= 1/N (the mechanism may then expose some client's data
     outright), says nothing; both are refused rather than printed as an epsilon."""
     p = cfg.privacy
     assert p is not None
-    trainable = cfg.data.num_clients - cfg.eval.held_out(cfg.data.num_clients)
+    trainable = trainable_clients(cfg)
     if trainable < 2:
         raise ConfigError(f"privacy.dp: {trainable} client may train (data.num_clients less eval.unseen), and DP over "
                           "one client protects nobody from anybody; let at least 2 clients train or remove privacy")
     if p.delta is not None and p.delta >= 1 / trainable:
         raise ConfigError(f"privacy.delta: {p.delta:g} is at least 1/N = {1 / trainable:.3g} for the {trainable} "
                           "clients that may train, so the guarantee allows one client's data to leak whole; set it "
-                          f"well below 1/N (e.g. {min(1e-5, trainable ** -2.0):.3g}) or leave it null")
+                          f"well below 1/N (e.g. {default_delta(trainable):.3g}) or leave it null")
 
 
 def _what_the_server_takes(method: type[Algorithm]) -> str:
@@ -197,7 +203,7 @@ def check_population(cfg: RunConfig) -> None:
     if unseen is not None and not 1 <= held_out < num_clients:
         raise ConfigError(f"eval.unseen: {unseen} holds out {held_out} of the {num_clients} clients; hold out at least "
                           "one and leave at least one to train")
-    trainable = num_clients - held_out
+    trainable = trainable_clients(cfg)
     for key in ("async_buffer", "concurrency"):
         value = getattr(cfg.system, key)
         if cfg.system.mode == "async" and value is not None and value > trainable:

@@ -16,7 +16,8 @@ import numpy as np
 from fedsim.config import RunConfig
 from fedsim.errors import ConfigError
 from fedsim.privacy import EPSILON, EPSILON_MEDIAN
-from fedsim.privacy.accountant import DEFAULT_DELTA_RULE, Accounting, BudgetUnreachable, default_delta
+from fedsim.config.privacy import DEFAULT_DELTA_RULE, default_delta
+from fedsim.privacy.accountant import Accounting, BudgetUnreachable
 
 Sampler = Callable[[int], list[int]]  # round -> the clients it draws (RunPlan.sampled)
 

@@ -59,17 +59,6 @@ def replace_one_multiplier(noise_multiplier: float) -> float:
     return noise_multiplier / REPLACE_ONE_SENSITIVITY
 
 
-# The rule for delta when privacy.delta is null, in the words every report prints beside the value.
-DEFAULT_DELTA_RULE = "min(1e-5, 1/N²)"
-
-
-def default_delta(population: int) -> float:
-    """delta = min(1e-5, 1 / N^2) for N clients that may train: N x delta, the chance that some client's data is
-    not protected, stays at most 1/N (and at most N x 1e-5), far below the 1/N at which "protect everyone but a
-    few clients" would pass for a guarantee. (1 / N^1.1, the rule before, left N x delta = 0.54 at N = 500.)"""
-    return min(1e-5, float(population) ** -2)
-
-
 @dataclass(frozen=True)
 class Accounting:
     """What a run's guarantee depends on besides z: the mechanism's place, the sampling and the accountant.

@@ -17,7 +17,8 @@ from fedsim import atomic
 from fedsim.config import RunConfig
 from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
-from fedsim.privacy.accountant import DEFAULT_DELTA_RULE, default_delta
+from fedsim.config.checks import trainable_clients
+from fedsim.config.privacy import DEFAULT_DELTA_RULE, default_delta
 from fedsim.reproduce.privacy import EPSILONS, LOCAL, METHODS, PROXY_RUN, RUN_METHODS, TESTED, arm_label, run_key
 from fedsim.reproduce.claims import Paper
 from fedsim.metrics.logger import read_jsonl
@@ -149,7 +150,7 @@ def setting(config: RunConfig) -> str:
     """The setting in words, from the runs' own config (the ε = 1 FedAvg run of seed 0, as planned)."""
     d, t, p = config.data, config.train, config.privacy
     assert p is not None
-    trainable = d.num_clients - config.eval.held_out(d.num_clients)
+    trainable = trainable_clients(config)
     delta = p.delta if p.delta is not None else default_delta(trainable)
     k = getattr(d.partition, "k", None)  # the classes partition's classes per client
     return (f"{d.dataset}, {d.num_clients} clients ({d.partition.name} partition{f', k = {k}' if k else ''}), "

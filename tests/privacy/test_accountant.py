@@ -5,7 +5,8 @@ import math
 import dp_accounting as dpa
 import pytest
 
-from fedsim.privacy.accountant import (Accounting, BudgetUnreachable, default_delta, replace_one_multiplier,
+from fedsim.config.privacy import default_delta
+from fedsim.privacy.accountant import (Accounting, BudgetUnreachable, replace_one_multiplier,
                                        smallest_multiplier)
 
 NR = dpa.NeighboringRelation
