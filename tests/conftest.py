@@ -436,7 +436,7 @@ def write_yaml(path: Path, tree: dict) -> Path:
 def finished_leaderboard_run(item, test: float, validation: float, per_client: int = 2) -> None:
     """A finished leaderboard run folder (a ``PlannedRun``'s) as the engine leaves it, as far as the leaderboard
     reads it: config.yaml, summary.json (test and validation at the final round), rounds.jsonl and metrics.jsonl
-    (one row per client per evaluated round)."""
+    (one row per client per evaluated round, each at the final round's accuracies)."""
     import yaml
 
     from fedsim.metrics.summary import summarize
@@ -453,9 +453,10 @@ def finished_leaderboard_run(item, test: float, validation: float, per_client: i
         "best_round": {metric: best}}))
     (folder / "rounds.jsonl").write_text("".join(json.dumps({"round": r, "seconds": 1.0, "cpu_seconds": 0.5}) + "\n"
                                                  for r in range(1, cfg.train.rounds + 1)))
+    evaluated = [r for r in range(1, cfg.train.rounds + 1) if r % cfg.train.eval_every == 0 or r == cfg.train.rounds]
     (folder / "metrics.jsonl").write_text("".join(
-        json.dumps({"client": c, "round": cfg.train.rounds, "n_test": 10, metric: test,
-                    f"validation_{metric}": validation}) + "\n" for c in range(per_client)))
+        json.dumps({"client": c, "round": r, "n_train": 100, "n_test": 10, metric: test,
+                    f"validation_{metric}": validation}) + "\n" for r in evaluated for c in range(per_client)))
 
 
 def paper_folder(tmp_path: Path, key: str, edit: Callable[[str], str] = lambda text: text,

@@ -90,6 +90,9 @@ class Algorithm:
     # parameters (as a config names them), each over the values its paper or its authors' code uses, cited where
     # declared. Empty: the method tunes the shared space only.
     tunable: ClassVar[dict[str, Distribution]] = {}
+    # Shared settings this method's training never reads (its steps use no momentum, say): the search runs them at
+    # their neutral value, and receipts do not print them.
+    unused_settings: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, params: BaseModel | None = None, batchnorm: BatchNormMode | None = None):
         self.params = params if params is not None else self.Params()

@@ -44,10 +44,15 @@ def dry_run_text(plan: TunePlan) -> str:
     from fedsim.sweep.runs import status
     from fedsim.sweep.tune import space_text
 
-    search, final = len(plan.search_runs), len(plan.methods) * plan.tune.final_seeds
+    first = len(plan.search_runs)
+    own = len(plan.methods) * plan.tune.own_trials * len(plan.tune.seeds)
+    final = len(plan.methods) * plan.tune.final_seeds
     done = sum(status(cfg) == "finished" for cfg in plan.search_runs)
-    lines = [f"{search + final} runs: {search} search + {final} final ({len(plan.methods)} methods)",
-             f"budget: {plan.budget()}", f"search runs finished: {done} of {search} (a rerun trains only the rest)"]
-
-    lines += [f"{method.method}: {space_text(method.space)}" for method in plan.methods]
+    lines = [f"{first + own + final} runs: {first} stage-1 + {own} stage-2 search + {final} final "
+             f"({len(plan.methods)} methods)", f"budget: {plan.budget()}",
+             f"stage-1 runs finished: {done} of {first} (a rerun trains only the rest)"]
+    if plan.tune.space:
+        lines.append(f"shared space: {space_text(plan.tune.space)}")
+    lines += [f"{m.method}: {m.first} stage-1 trials; own space: {space_text(m.own) or 'none (stage 2 refines the step)'}"
+              for m in plan.methods]
     return "\n".join(lines)

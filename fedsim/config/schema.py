@@ -95,13 +95,41 @@ def _default_space() -> dict[str, Distribution]:
             "local_epochs": Distribution(choice=[1, 5, 10])}
 
 
+class SharedGrid(Section):
+    """The shared search as a grid: each effective step lr / (1 - momentum) at each momentum (lr = step x
+    (1 - momentum)), so every momentum meets the same steps and no method's choice rests on one lucky draw."""
+    step: list[float] = Field(min_length=1, description="effective steps lr / (1 - momentum), each above 0")
+    momentum: list[float] = Field([0.0, 0.9], min_length=1, description="momenta, each in [0, 1)")
+
+    @field_validator("step")
+    @classmethod
+    def _positive_steps(cls, steps: list[float]) -> list[float]:
+        if min(steps) <= 0 or max(steps) > 10 or len(set(steps)) < len(steps):
+            raise ValueError(f"give distinct steps in (0, 10] (got {steps})")
+        return steps
+
+    @field_validator("momentum")
+    @classmethod
+    def _momenta(cls, momenta: list[float]) -> list[float]:
+        if min(momenta) < 0 or max(momenta) >= 1 or len(set(momenta)) < len(momenta):
+            raise ValueError(f"give distinct momenta in [0, 1) (got {momenta})")
+        return momenta
+
+
 class TuneConfig(Section):
-    """``fedsim tune``: every method of ``methods`` searched with the same budget (trials x seeds x rounds) over the
-    same shared space plus its own declared parameters, chosen on validation, then run at ``final_seeds`` seeds."""
+    """``fedsim tune``: every method of ``methods`` searched in two stages with the same chance (``fedsim.sweep.search``):
+    the shared settings at the methods' own defaults, then ``own_trials`` settings of each method's own parameters,
+    chosen on validation, then run at ``final_seeds`` seeds."""
     methods: list[AlgorithmConfig] = Field(min_length=1, description="the methods compared: a name, or a mapping "
                                            "whose parameters stay fixed (not searched)")
-    trials: int = Field(8, ge=1, description="settings drawn per method (shared and own parameters jointly)")
-    rounds: int | None = Field(None, ge=1, description="rounds of every search and final run; null: train.rounds")
+    trials: int = Field(8, ge=1, le=10_000, description="shared settings drawn from space (the same for every "
+                        "method); ignored where grid is given")
+    grid: SharedGrid | None = Field(None, description="the shared stage as a grid over the effective step and the "
+                                    "momentum instead of drawn trials; space may then not hold lr or momentum")
+    own_trials: int = Field(2, ge=0, le=1_000, description="the second stage: settings of each method's own "
+                            "parameters at its first-stage choice (a method without own parameters refines the step)")
+    rounds: int | None = Field(None, ge=1, description="rounds of every search run; null: train.rounds")
+    final_rounds: int | None = Field(None, ge=1, description="rounds of the chosen settings' runs; null: rounds")
     seeds: list[int] = Field([0], min_length=1, description="the seeds each trial runs at; its score is their mean")
     final_seeds: int = Field(5, ge=1, description="the chosen settings run at seeds 0..final_seeds-1 (test "
                              "accuracy's mean and 95% CI)")
@@ -122,6 +150,14 @@ class TuneConfig(Section):
                                  f"{', '.join(SHORTHANDS)} or a dotted key of what a run learns with (e.g. "
                                  "model.client_args.lr, train.batch_size)")
         return space
+
+    @model_validator(mode="after")
+    def _grid_sets_lr(self) -> TuneConfig:
+        taken = [key for key in ("lr", "momentum") if self.grid is not None and key in self.space]
+        if taken:
+            raise ValueError(f"space.{taken[0]}: the grid sets lr and momentum (lr = step x (1 - momentum)); remove "
+                             f"{taken[0]} from tune.space, or the grid")
+        return self
 
     @field_validator("methods")
     @classmethod

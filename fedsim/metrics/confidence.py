@@ -46,3 +46,43 @@ def mean_ci(values: list[float]) -> Estimate:
         return Estimate(mean, None, None, 1)
     half = t975(arr.size - 1) * float(arr.std(ddof=1)) / math.sqrt(arr.size)
     return Estimate(mean, mean - half, mean + half, int(arr.size))
+
+
+def paired_p_value(differences: list[float]) -> float:
+    """Two-sided p-value of Student's t-test that paired differences have mean 0. One difference has no spread to
+    test against: 1.0. Differences that do not vary (scipy's t is undefined there) are the limit of a vanishing spread:
+    0.0 where they are all the same non-zero value, 1.0 where all are 0."""
+    from scipy import stats
+
+    arr = np.asarray(differences, dtype=np.float64)
+    if arr.size < 2:
+        return 1.0
+    if float(arr.std(ddof=1)) == 0.0:
+        return 1.0 if float(arr[0]) == 0.0 else 0.0
+    return float(stats.ttest_1samp(arr, 0.0).pvalue)
+
+
+def holm(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjusted p-values (family-wise error over the given tests): the i-th smallest of m is
+    multiplied by m - i, made monotone, capped at 1."""
+    order = sorted(p_values, key=lambda key: p_values[key])
+    adjusted: dict[str, float] = {}
+    running = 0.0
+    for i, key in enumerate(order):
+        running = max(running, min(1.0, (len(order) - i) * p_values[key]))
+        adjusted[key] = running
+    return adjusted
+
+
+def simultaneous_ci(values: list[float], comparisons: int) -> Estimate:
+    """A mean with its Bonferroni interval: 95% jointly over ``comparisons`` intervals (each at 1 - 0.05 /
+    comparisons). Student-t's quantile comes from scipy there: the table above holds only the 95% one."""
+    from scipy import stats
+
+    arr = np.asarray(values, dtype=np.float64)
+    mean = float(arr.mean())
+    if arr.size < 2:
+        return Estimate(mean, None, None, int(arr.size))
+    quantile = float(stats.t.ppf(1 - 0.025 / max(1, comparisons), arr.size - 1))
+    half = quantile * float(arr.std(ddof=1)) / math.sqrt(arr.size)
+    return Estimate(mean, mean - half, mean + half, int(arr.size))

@@ -1,13 +1,12 @@
 """``fedsim reproduce leaderboard``: every personalized method on PFLlib's two CIFAR-100 label-skew settings, each
 at its own settings from an equal-budget search chosen on validation, then run at several seeds.
 
-Two phases, planned from the base config's ``tune`` section (the budget ``fedsim tune`` states: trials x search
-seeds x rounds, the same for every method): the **search** runs each method's trials (trial k draws the shared
-space -- lr, momentum -- with the same values for every method, and the method's own ``tunable`` parameters, from
-the tuner's stream, ``fedsim.sweep.tune.draw_trials``) at the search seeds; once a method's trials in a setting
-have finished, the trial with the highest mean validation accuracy at the final round is chosen (validation scores
-only: ``fedsim.sweep.tune.choose``), and the **finals** run the chosen settings at seeds 0..final_seeds-1, whose
-test accuracy the table reports. The runs are ordinary run folders brought to completion by the reproduction
+Planned from the base config's ``tune`` section (the budget ``fedsim tune`` states, the same for every method):
+the **search** runs each method's two stages (``fedsim.sweep.search``: the shared grid at the method's own
+defaults, then its own parameters at its stage-1 choice, from a stream of its own) at the search seeds; once a
+method's trials in a setting have finished, the trial with the highest mean validation accuracy at the final round
+is chosen (validation scores only: ``fedsim.sweep.tune.choose``), and the **finals** run the chosen settings at
+seeds 0..final_seeds-1 for ``tune.final_rounds``, whose test accuracy the table reports. The runs are ordinary run folders brought to completion by the reproduction
 runner: an interrupted leaderboard resumes where it stopped, and each finished run is kept (``--kept``) as it
 finishes, so the leaderboard continues on another machine. The table is written by ``leaderboard_table``."""
 from __future__ import annotations
@@ -17,7 +16,7 @@ import fcntl
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +29,28 @@ from fedsim.config import (Distribution, TuneConfig, load_tree, merge_trees, par
 from fedsim.config.base import Section
 from fedsim.errors import ConfigError, TrainingDiverged, TuningIncomplete
 from fedsim.reproduce.paper_files import PAPERS_DIR, checked, passages, read_yaml
-from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, read_summary, restore_kept
-from fedsim.sweep.tune import Choice, choose, draw_trials, method_tree, selection_key, validation_part
+from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, restore_kept
+from fedsim.sweep import search as design
+from fedsim.sweep.tune import Choice, budget_text, choose, method_tree, selection_key, validation_part
 
 KEY = "leaderboard"
 BOARD_FILE = PAPERS_DIR / "leaderboard" / "leaderboard.yaml"
 
 
 class Entry(Section):
-    """A method on the leaderboard: its config overrides (settings outside the search: the evaluation it is scored
-    by), PFLlib's name for it, and what PFLlib's number scores where that is not what this row reports (PFLlib's
-    column is then left out of the row: the quantities differ)."""
+    """A row of the leaderboard: its method, its name where a method has two rows (FedAvg and FedAvg+FT), its config
+    overrides (settings outside the search: the evaluation it is scored by), PFLlib's name for it, and what PFLlib's
+    number scores where that is not what this row reports (PFLlib's column is then left out of the row: the
+    quantities differ)."""
     method: str
+    row: str | None = None  # the row's name, where it is not the method's
     overrides: dict[str, Any] = {}
     pfllib: str | None = None  # the row of PFLlib's leaderboard, where it has one
     pfllib_scores: str | None = None  # what PFLlib's number scores, where it is not what this row reports
+
+    @property
+    def name(self) -> str:
+        return self.row or self.method
 
 
 class BoardSetting(Section):
@@ -93,33 +99,37 @@ def base_tree(scale: str, configs: Path = CONFIGS) -> dict:
 
 
 def entries(only: str | None) -> tuple[Entry, ...]:
-    """Every entry, or (``--only``) one method's."""
+    """Every entry, or (``--only``) one row (named by its row name: ``fedavg``, ``fedavg_ft``)."""
     if only is None:
         return ENTRIES
-    chosen = tuple(e for e in ENTRIES if e.method == only)
+    chosen = tuple(e for e in ENTRIES if e.name == only)
     if not chosen:
         raise ConfigError(f"--only: the leaderboard has no method {only!r}; choose one of "
-                          f"{[e.method for e in ENTRIES]}")
+                          f"{[e.name for e in ENTRIES]}")
     return chosen
 
 
 def run_key(setting: str, entry: Entry) -> str:
-    """A final run's key (its setting and method); a search run's adds ``-t<trial>``."""
-    return f"{setting}-{entry.method}"
+    """A final run's key (its setting and row); a search run's adds its trial (``-t<k>``, ``-o<k>``)."""
+    return f"{setting}-{entry.name}"
 
 
 @dataclass(frozen=True)
 class Search:
-    """One method's search in one setting: its space, the settings of each trial and each trial's runs (one per
-    search seed), and its choice once every trial has finished or diverged (None before; ``failed``: why no trial
-    could be chosen)."""
+    """One row's search in one setting: its own space, the settings of each trial (the first ``first`` stage 1's,
+    then stage 2's once stage 1 has chosen) and each trial's runs (one per search seed), and its choice once every
+    trial has finished or diverged (None before; ``failed``: why no trial could be chosen)."""
     setting: str
     entry: Entry
-    space: dict[str, Distribution]
+    own: dict[str, Distribution]
     trials: list[dict[str, Any]]
     runs: list[list[PlannedRun]]
+    first: int
     choice: Choice | None = None
     failed: str | None = None
+
+    def trial_name(self, k: int) -> str:
+        return design.trial_label(k, self.first)
 
 
 @dataclass(frozen=True)
@@ -128,6 +138,7 @@ class Plan:
     the budget it was planned with."""
     tune: TuneConfig
     rounds: int
+    final_rounds: int
     searches: list[Search]
     finals: list[PlannedRun]
 
@@ -147,10 +158,8 @@ class Plan:
         return [s for s in self.searches if s.choice is None and s.failed is None]
 
     def budget(self) -> str:
-        t = self.tune
-        return (f"{t.trials} trials x {len(t.seeds)} search seed(s) ({', '.join(map(str, t.seeds))}) x {self.rounds} "
-                f"rounds per method and setting; the chosen settings at {t.final_seeds} seeds "
-                f"(0..{t.final_seeds - 1}) x {self.rounds} rounds")
+        first = {s.entry.name: s.first for s in self.searches}
+        return budget_text(self.tune, self.rounds, self.final_rounds, first) + " per row and setting"
 
 
 def tuning(tree: dict[str, Any]) -> TuneConfig:
@@ -160,7 +169,7 @@ def tuning(tree: dict[str, Any]) -> TuneConfig:
         raise ConfigError("tune: the leaderboard's base config needs a tune section (trials, seeds, final_seeds, "
                           "space): the budget every method is searched with")
     try:
-        return TuneConfig.model_validate({**section, "methods": [e.method for e in ENTRIES]})
+        return TuneConfig.model_validate({**section, "methods": list(dict.fromkeys(e.method for e in ENTRIES))})
     except ValidationError as err:
         first = err.errors()[0]
         raise ConfigError(f"tune.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
@@ -179,19 +188,16 @@ def plan(scale: str, runs_dir: Path, kept: Path, overrides: Sequence[str] = (), 
         tune = tune.model_copy(update={"final_seeds": final_seeds})
     run_tree = {k: v for k, v in tree.items() if k != "tune"}
     rounds = tune.rounds or validate(run_tree).train.rounds
+    final_rounds = tune.final_rounds or rounds
+    finals_tree = configure(run_tree, {"train.rounds": final_rounds})
     run_tree = configure(run_tree, {"train.rounds": rounds})
     diverged = Diverged(kept)
-    searches = [_search(scale, run_tree, setting, entry, tune, runs_dir, diverged)
+    shared = design.shared_trials(tune, validate(run_tree).seed)
+    searches = [_search(scale, run_tree, setting, entry, tune, shared, runs_dir, diverged)
                 for setting in SETTINGS for entry in entries(only)]
-    finals = [_final(scale, run_tree, s, seed, runs_dir) for seed in range(tune.final_seeds)
+    finals = [_final(scale, finals_tree, s, seed, runs_dir) for seed in range(tune.final_seeds)
               for s in searches if s.choice is not None]
-    return Plan(tune, rounds, searches, finals)
-
-
-def _space(tune: TuneConfig, method: str) -> dict[str, Distribution]:
-    """The shared space, then the method's own declared parameters (``tunable``)."""
-    shared: dict[str, Distribution] = {key: dist for key, dist in tune.space.items()}
-    return {**shared, **{f"algorithm.{key}": dist for key, dist in algorithm_class(method).tunable.items()}}
+    return Plan(tune, rounds, final_rounds, searches, finals)
 
 
 def _tree(run_tree: dict[str, Any], setting: str, entry: Entry, values: dict[str, Any]) -> dict[str, Any]:
@@ -202,28 +208,59 @@ def _named(tree: dict[str, Any], name: str, seed: int, runs_dir: Path) -> Any:
     return validate({**tree, "name": name, "seed": seed, "out_dir": str(runs_dir)})
 
 
-def _search(scale: str, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig, runs_dir: Path,
-            diverged: Diverged) -> Search:
-    space = _space(tune, entry.method)
-    trials = draw_trials(validate(run_tree).seed, space, tune.trials)
+def _search(scale: str, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig,
+            shared: list[dict[str, Any]], runs_dir: Path, diverged: Diverged) -> Search:
+    """The row's search as far as its finished runs let it be planned: stage 1; stage 2 once stage 1 has ended
+    (at its choice); the choice over both once every trial has ended."""
+    trials = design.for_method(entry.method, shared)
+    own = design.own_space(entry.method, _own_fixed(entry))
+    search = Search(setting, entry, own, trials, _trial_runs(scale, run_tree, setting, entry, tune, trials, "t", runs_dir),
+                    len(trials))
+    first = _ended(search, diverged)
+    if not isinstance(first, Choice):
+        return first
+    seed = validate(run_tree).seed
+    added = design.own_trials(seed, entry.method, own, trials[first.trial], tune.own_trials)
+    search = Search(setting, entry, own, trials + added, search.runs + _trial_runs(
+        scale, run_tree, setting, entry, tune, added, "o", runs_dir), len(trials))
+    both = _ended(search, diverged)
+    return both if not isinstance(both, Choice) else replace(search, choice=both)
+
+
+def _own_fixed(entry: Entry) -> dict[str, Any]:
+    """The method parameters the row's overrides fix (not searched)."""
+    return {key.removeprefix("algorithm."): value for key, value in entry.overrides.items()
+            if key.startswith("algorithm.")}
+
+
+def _trial_runs(scale: str, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig,
+                trials: list[dict[str, Any]], stage: str, runs_dir: Path) -> list[list[PlannedRun]]:
+    """A stage's runs, trial by trial: ``<key>-t<k>`` in stage 1, ``<key>-o<k>`` in stage 2 (``stage``)."""
     key = run_key(setting, entry)
-    runs = [[PlannedRun(f"{key}-t{k}", seed, _named(_tree(run_tree, setting, entry, values),
-                                                     f"{KEY}-{scale}-{key}-t{k}-s{seed}", seed, runs_dir))
-             for seed in tune.seeds] for k, values in enumerate(trials)]
-    search = Search(setting, entry, space, trials, runs)
-    if any(read_summary(item.folder) is None and not diverged.of(item) for trial in runs for item in trial):
-        return search  # a trial still to run: no choice yet
-    scores = [[_scores(item) for item in trial] for trial in runs]
+    runs = []
+    for k, values in enumerate(trials):
+        name = f"{key}-{stage}{k}"
+        runs.append([PlannedRun(name, seed, _named(_tree(run_tree, setting, entry, values),
+                                                   f"{KEY}-{scale}-{name}-s{seed}", seed, runs_dir))
+                     for seed in tune.seeds])
+    return runs
+
+
+def _ended(search: Search, diverged: Diverged) -> Search | Choice:
+    """The search's choice among its planned trials once each has finished or diverged; else the search itself
+    (a trial still to run), or the search marked failed (every trial diverged)."""
+    if any(item.result() is None and not diverged.of(item) for trial in search.runs for item in trial):
+        return search
+    scores = [[_scores(item) for item in trial] for trial in search.runs]
     try:
-        chosen = choose(entry.method, scores, selection_key(runs[0][0].config))
+        return choose(search.entry.name, scores, selection_key(search.runs[0][0].config))
     except TuningIncomplete as err:
-        return Search(setting, entry, space, trials, runs, failed=str(err))
-    return Search(setting, entry, space, trials, runs, choice=chosen)
+        return replace(search, failed=str(err))
 
 
 def _scores(item: PlannedRun) -> dict | None:
     """A search run's validation scores alone (what the choice may read); None where it diverged."""
-    summary = read_summary(item.folder)
+    summary = item.result()
     return None if summary is None else validation_part(summary)
 
 

@@ -19,8 +19,10 @@ from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.receipt import receipt, receipt_table
 from fedsim.reproduce.leaderboard import BOARD, BOARD_FILE, ENTRIES, SETTINGS, Diverged, Entry, Plan, Search, run_key
+from fedsim.reproduce import leaderboard_stats as more
 from fedsim.reproduce.paper_files import file_passages
-from fedsim.reproduce.runner import PlannedRun, read_summary, run_cpu_seconds, run_seconds
+from fedsim.reproduce.runner import PlannedRun, run_cpu_seconds, run_seconds
+from fedsim.sweep.runs import status
 from fedsim.sweep.tune import SELECTION, reported_key, space_text
 
 PAGE = file_passages(BOARD_FILE.parent / "page.md")  # the page's own text around the tables
@@ -47,7 +49,8 @@ def _seed_stats(item: PlannedRun, summary: dict, comparable: bool) -> dict[str, 
             "jain": final["jain"],
             "seconds": run_seconds(item.folder) / item.config.train.rounds,
             "cpu_seconds": None if (cpu := run_cpu_seconds(item.folder)) is None else cpu / item.config.train.rounds,
-            "pooled_best": pooled_best_on_test(item.folder, metric) if comparable else None}
+            "pooled_best": pooled_best_on_test(item.folder, metric) if comparable else None,
+            "curve": more.curve(item.folder, metric), "images": more.mean_train_images(item.folder)}
 
 
 def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[str, Any]:
@@ -55,12 +58,16 @@ def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[s
     validation-picked round's accuracy (points), p10, Jain's index, seconds per round."""
     comparable = entry.pfllib is not None and entry.pfllib_scores is None
     per_seed = [_seed_stats(item, summary, comparable) for item in finals
-                if (summary := read_summary(item.folder)) is not None]
+                if (summary := item.result()) is not None]
     out: dict[str, Any] = {"seeds": len(per_seed), "planned": len(finals),
                            "diverged": [why for why in map(diverged.of, finals) if why]}
     if not per_seed:
         return out
     column = {key: [s[key] for s in per_seed] for key in per_seed[0]}
+    cfg, images = finals[0].config, float(np.mean(column["images"]))
+    common = set.intersection(*(set(c) for c in column["curve"]))
+    out |= {"curve": {r: float(np.mean([c[r] for c in column["curve"]])) for r in sorted(common)},
+            "cost": more.training_cost(cfg, images), "finetune_cost": more.finetune_cost(cfg, images)}
     out |= {"by_seed": dict(zip(column["seed"], column["final"])), "final": mean_ci(column["final"]).__dict__,
             "picked": mean_ci(column["picked"]).__dict__,
             "picked_on": sorted(set(column["picked_on"])), "picked_rounds": column["picked_round"],
@@ -74,14 +81,15 @@ def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[s
 def _tuning(search: Search, diverged: Diverged) -> dict[str, Any]:
     # Read from the record, not the choice, so a trial that diverged is named while the search still runs.
     stopped = [[bool(diverged.of(i)) for i in trial] for trial in search.runs]
-    done = sum(all(read_summary(i.folder) is not None or gone for i, gone in zip(trial, flags))
+    done = sum(all(i.result() is not None or gone for i, gone in zip(trial, flags))
                for trial, flags in zip(search.runs, stopped))
     failed_trials = [k for k, flags in enumerate(stopped) if any(flags)]
-    out: dict[str, Any] = {"space": space_text(search.space), "trials_done": done, "trials": len(search.runs),
+    out: dict[str, Any] = {"space": space_text(search.own), "trials_done": done, "trials": len(search.runs),
+                           "first": search.first,
                            "failed": search.failed, "failed_trials": failed_trials,
                            "runs_diverged": sum(map(sum, stopped))}
     if search.choice is not None:
-        out |= {"trial": search.choice.trial, "validation": 100 * search.choice.score,
+        out |= {"trial": search.trial_name(search.choice.trial), "validation": 100 * search.choice.score,
                 "chosen": search.trials[search.choice.trial]}
     return out
 
@@ -92,7 +100,7 @@ def evaluate(full: Plan, kept: Path) -> dict:
     table: dict[str, dict[str, dict[str, Any]]] = {setting: {} for setting in SETTINGS}
     for search in full.searches:
         finals = [p for p in full.finals if p.key == run_key(search.setting, search.entry)]
-        table[search.setting][search.entry.method] = {"tuning": _tuning(search, diverged),
+        table[search.setting][search.entry.name] = {"tuning": _tuning(search, diverged),
                                                       "finals": _stats(finals, search.entry, diverged)}
     return table
 
@@ -138,6 +146,12 @@ def _per_round(stats: dict) -> str:
     return wall + " wall" if stats["cpu_seconds"] is None else f"{stats['cpu_seconds']:.2f} ({wall})"
 
 
+def _cost(stats: dict) -> str:
+    """Training sample-steps per client and round, and the fine-tuning's per evaluation where the row fine-tunes."""
+    tuned = f" + {stats['finetune_cost']:,.0f} fine-tuning / evaluation" if stats["finetune_cost"] else ""
+    return f"{stats['cost']:,.0f}{tuned}"
+
+
 def _row(entry: Entry, cell: dict, setting: str) -> str:
     stats = cell["finals"]
     what = "fine-tuned" if entry.overrides.get("eval.finetune_epochs") else "own model"
@@ -146,11 +160,11 @@ def _row(entry: Entry, cell: dict, setting: str) -> str:
     failed = f" ({len(stats['diverged'])} diverged: {stats['diverged'][0]})" if stats["diverged"] else ""
     if "final" not in stats:
         left = "not run yet" if not stats["diverged"] else "diverged"
-        return f"| `{entry.method}` | {what} | {chosen} | {left}{failed} | | | | | | 0 | | {theirs} |"
+        return f"| `{entry.name}` | {what} | {chosen} | {left}{failed} | | | | | | | 0 | | {theirs} |"
     on = "" if stats["picked_on"] == ["validation"] else " (picked on test: no validation split)"
-    return (f"| `{entry.method}` | {what} | {chosen} | {_interval(stats['final'])} | {_interval(stats['picked'])}{on} "
-            f"| {_rounds(stats['picked_rounds'])} | {stats['p10']:.2f} | {stats['jain']:.3f} | {_per_round(stats)} | "
-            f"{stats['seeds']} of {stats['planned']}{failed} | {ours} | {theirs} |")
+    return (f"| `{entry.name}` | {what} | {chosen} | {_interval(stats['final'])} | {_interval(stats['picked'])}{on} "
+            f"| {_rounds(stats['picked_rounds'])} | {stats['p10']:.2f} | {stats['jain']:.3f} | {_cost(stats)} | "
+            f"{_per_round(stats)} | {stats['seeds']} of {stats['planned']}{failed} | {ours} | {theirs} |")
 
 
 def _percent(fraction: float) -> str:
@@ -161,8 +175,8 @@ def cut(full: Plan, scale: str) -> str:
     """fedsim's protocol here, and what in it is smaller than PFLlib's, read from the runs' config."""
     cfg = full.runs[0].config
     t, d = cfg.train, cfg.data
-    cuts = [*([PAGE["cut-rounds"].format(rounds=t.rounds, pfllib_rounds=BOARD.pfllib.rounds)]
-              if t.rounds < BOARD.pfllib.rounds else []),
+    cuts = [*([PAGE["cut-rounds"].format(rounds=full.final_rounds, pfllib_rounds=BOARD.pfllib.rounds)]
+              if full.final_rounds < BOARD.pfllib.rounds else []),
             *([PAGE["cut-train"].format(percent=_percent(d.train_fraction))] if d.train_fraction < 1 else []),
             *([PAGE["cut-test"].format(percent=_percent(d.test_fraction))] if d.test_fraction < 1 else [])]
     smaller = PAGE["smaller"].format(cuts=", ".join(cuts)) if cuts else PAGE["as-pfllib"]
@@ -174,16 +188,21 @@ def cut(full: Plan, scale: str) -> str:
 
 def render(table: dict, scale: str, full: Plan, command: str) -> str:
     runs = full.runs
-    finished = [p for p in runs if read_summary(p.folder) is not None]
+    finished = [p for p in runs if p.result() is not None]
     done = len(finished)
     waiting = full.tune.final_seeds * len(full.waiting())
-    seconds = sum(run_seconds(p.folder) for p in runs if (p.folder / runfiles.ROUNDS).exists())
+    # rounds of this plan's runs, finished or not; a folder left by another plan's settings (changed) is not one
+    seconds = sum(run_seconds(p.folder) for p in runs
+                  if (p.folder / runfiles.ROUNDS).exists() and status(p.config) != "changed")
     cpu = [c for p in finished if (c := run_cpu_seconds(p.folder)) is not None]
     # A diverged run never finishes: say how many, so "N of M finished" accounts for every planned run.
     stopped = sum(cell["tuning"]["runs_diverged"] + len(cell["finals"]["diverged"])
                   for cells in table.values() for cell in cells.values())
     named = f"; {stopped} diverged, recorded and named below" if stopped else ""
-    lines = [f"# Leaderboard ({scale} scale)", "",
+    cfg = full.runs[0].config
+    scope = PAGE["scope"].format(rounds=full.final_rounds, percent=_percent(cfg.data.train_fraction),
+                                 pfllib_rounds=BOARD.pfllib.rounds)
+    lines = [f"# Leaderboard ({scale} scale)", "", scope, "", PAGE["previous"], "",
              f"Generated by `{command}` from {done} of {len(runs) + waiting} finished run folders "
              f"({len(full.search)} search runs, {len(full.finals) + waiting} final runs{named}; "
              f"{seconds / 3600:.1f} h of rounds measured on this machine, {sum(cpu) / 3600:.1f} CPU-core hours "
@@ -191,38 +210,31 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
              "again.", "", cut(full, scale), "", PAGE["tuning"].format(budget=full.budget(), selection=SELECTION), "",
              PAGE["reading"], "", f"{BOARD.pfllib.protocol}.", ""]
     for setting in SETTINGS:
-        lines += [f"## {BOARD.settings[setting].title}", "", PAGE["header"], "|" + "---|" * 12]
-        lines += [_row(e, table[setting][e.method], setting) for e in ENTRIES if e.method in table[setting]]
-        lines += ["", *_ranking(table[setting]), *_spaces(table, setting), "", *_receipts(setting, full.finals), ""]
+        lines += [f"## {BOARD.settings[setting].title}", "", PAGE["header"], "|" + "---|" * 13]
+        lines += [_row(e, table[setting][e.name], setting) for e in ENTRIES if e.name in table[setting]]
+        lines += ["", *_ranking(table[setting], full.final_rounds), *_spaces(table, setting), "",
+                  *_receipts(setting, full.finals), ""]
     return "\n".join(lines)
 
 
-def ranking(cells: dict[str, dict]) -> list[dict[str, Any]]:
-    """The methods whose planned final seeds have all finished, by mean final-round accuracy, each with its paired
-    difference to the first over the same seeds (a seed fixes the clients' data and validation splits), in points."""
-    done = {m: f for m, c in cells.items()
+def finished(cells: dict[str, dict]) -> dict[str, dict]:
+    """The rows whose planned final seeds have all finished (none diverged): what is ranked."""
+    return {m: f for m, c in cells.items()
             if "final" in (f := c["finals"]) and f["seeds"] == f["planned"] and not f["diverged"]}
-    order = sorted(done, key=lambda m: -done[m]["final"]["mean"])
-    if not order:
-        return []
-    first = done[order[0]]["by_seed"]
-    out = []
-    for method in order:
-        seeds = done[method]["by_seed"]
-        behind = mean_ci([first[s] - seeds[s] for s in sorted(seeds)]).__dict__ if method != order[0] else None
-        out.append({"method": method, "final": done[method]["final"]["mean"], "behind": behind,
-                    "separated": behind is not None and behind["low"] is not None and behind["low"] > 0})
-    return out
 
 
-def _behind(ranked: dict[str, Any]) -> str:
-    behind = ranked["behind"]
-    if behind is None:
-        return "- | -"
-    if behind["low"] is None:
-        return f"{behind['mean']:+.2f} | no: one seed, no interval"
-    return (f"{behind['mean']:+.2f} [{behind['low']:+.2f}, {behind['high']:+.2f}] | "
-            + ("yes" if ranked["separated"] else "no: the interval covers 0"))
+def ranking(cells: dict[str, dict], rounds: int) -> dict[str, Any]:
+    """The finished rows: their groups (not separated, Holm), the order's stability over the rounds and the ranking
+    at equal compute."""
+    done = finished(cells)
+    if not done:
+        return {}
+    curves = {m: f["curve"] for m, f in done.items()}
+    evaluated = sorted(set.intersection(*(set(c) for c in curves.values())))
+    return {"final": {m: f["final"]["mean"] for m, f in done.items()},
+            **more.groups({m: {int(s): v for s, v in f["by_seed"].items()} for m, f in done.items()}),
+            "stability": more.stability(curves, more.marks(rounds, evaluated)),
+            "equal_compute": more.equal_compute(curves, {m: f["cost"] for m, f in done.items()}, rounds)}
 
 
 def _sentence(text: str) -> str:
@@ -237,30 +249,63 @@ def _why_unranked(cell: dict) -> str:
     return "still running (not ranked until every final seed has finished)"
 
 
-def _ranking(cells: dict[str, dict]) -> list[str]:
-    ranked = ranking(cells)
+def _versus(ranked: dict[str, Any], method: str) -> str:
+    found = ranked["versus"].get(method)
+    if found is None:
+        return "- | - | -"
+    d = found["difference"]
+    interval = "" if d["low"] is None else f" [{d['low']:+.2f}, {d['high']:+.2f}]"
+    return f"`{found['first']}` | {d['mean']:+.2f}{interval} | {found['p_holm']:.3f}"
+
+
+def _ranking(cells: dict[str, dict], rounds: int) -> list[str]:
+    ranked = ranking(cells, rounds)
     if not ranked:
         return []
-    names = {r["method"] for r in ranked}
     unranked: dict[str, list[str]] = {}
     for method, cell in cells.items():
-        if method not in names:
+        if method not in ranked["final"]:
             unranked.setdefault(_why_unranked(cell), []).append(f"`{method}`")
     left = [f"{why}: {', '.join(methods)}" for why, methods in unranked.items()]
-    rows = [f"| {rank} | `{r['method']}` | {r['final']:.2f} | {_behind(r)} |" for rank, r in enumerate(ranked, start=1)]
-    return ["Ranking by the final round (no round picked on test): the first minus each method, paired over the "
-            "same seeds, with its Student-t 95% interval; a method is separated from the first only where the whole "
-            "interval lies above 0. " + (_sentence("; ".join(left)) if left else "Every method is ranked."),
-            "",
-            "| rank | method | final round % | the first minus it (points, 95% CI) | separated from the first |",
-            "|---|---|---|---|---|", *rows, ""]
+    stable = ranked["stability"]
+    ranks, marks, gain = stable["ranks"], stable["marks"], stable["gain"]
+    by_compute = ranked["equal_compute"]
+    rows = []
+    for letter, group in zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ", ranked["groups"]):
+        for method in group:
+            at_marks = " / ".join(str(ranks[label].get(method, "-")) for label in marks)
+            compute = by_compute["ranks"].get(method)
+            at = by_compute["round"][method]
+            rows.append(f"| {letter} | `{method}` | {ranked['final'][method]:.2f} | {_versus(ranked, method)} | "
+                        f"{at_marks} | {gain.get(method, float('nan')):+.2f} | "
+                        + ("- (its first evaluated round costs more) |" if compute is None
+                           else f"{compute} (round {at}, {by_compute['level'][method]:.2f}) |"))
+    return [PAGE["ranking"].format(marks=", ".join(f"{label} = round {r}" for label, r in marks.items()))
+            + (" " + _sentence("; ".join(left)) if left else " Every row is ranked."), "",
+            _stability_sentence(stable), "",
+            "| group | method | final round % | its group's first | the first minus it (points, Bonferroni 95% "
+            "joint CI) | Holm p | rank at " + " / ".join(marks) + " | last-quarter gain (points) | rank at equal "
+            "compute |", "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def _stability_sentence(stable: dict[str, Any]) -> str:
+    """Whether the order still moves over the last quarter of the rounds, and which pairs do."""
+    if stable["tau"] is None:
+        return "The order's stability needs every ranked row evaluated at 3R/4 and R."
+    tau, marks = stable["tau"], stable["marks"]
+    verdict = ("stable" if tau >= more.STABLE_TAU else "still moving")
+    pairs = ", ".join(f"`{a}` / `{b}`" for a, b in stable["moving"]) or "none"
+    return (f"**The order at this budget is {verdict}**: Kendall's tau between the orders at round {marks['3R/4']} "
+            f"and round {marks['R']} is {tau:.2f} (stable from {more.STABLE_TAU}); pairs whose order flips over the "
+            f"last quarter: {pairs}.")
 
 
 def _spaces(table: dict, setting: str) -> list[str]:
     rows = [f"| `{method}` | {cell['tuning']['space']} | "
             f"{', '.join(map(str, cell['tuning']['failed_trials'])) or '-'} |"
             for method, cell in table[setting].items()]
-    return ["Search spaces (and trials left out because they diverged):", "", "| method | space | diverged trials |",
+    return ["Own spaces (searched in stage 2; none: stage 2 refines the step) and trials left out because they "
+            "diverged:", "", "| method | own space | diverged trials |",
             "|---|---|---|", *rows]
 
 
@@ -270,7 +315,7 @@ def _receipts(setting: str, finals: list[PlannedRun]) -> list[str]:
     for entry in ENTRIES:
         configs = [p.config for p in finals if p.key == run_key(setting, entry)]
         if configs:
-            arms.append((f"`{entry.method}`", receipt([c.model_dump() for c in configs], [reported_key(configs[0])])))
+            arms.append((f"`{entry.name}`", receipt([c.model_dump() for c in configs], [reported_key(configs[0])])))
     return ["Receipt (each method's final runs, from their configs):", "", *receipt_table(arms)] if arms else []
 
 

@@ -38,6 +38,12 @@ class PlannedRun:
     def folder(self) -> Path:
         return Path(self.config.out_dir) / self.config.name
 
+    def result(self) -> dict | None:
+        """The run's summary where its folder holds this very run, finished; None otherwise. A folder of the same
+        name made with other settings (a kept run of an earlier plan: ``changed``) is not this run's result, so a
+        choice or a table never reads it as one."""
+        return read_summary(self.folder) if status(self.config) == "finished" else None
+
 
 def base_tree(paper: Paper, scale: str, configs: Path = CONFIGS) -> dict:
     """The scale's base config as a tree, without its own sweep (the claims say what varies)."""

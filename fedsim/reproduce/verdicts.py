@@ -135,12 +135,21 @@ def claim_verdict(tests: list[dict], pending: bool = False) -> str:
             else NO_EFFECT if NO_EFFECT in verdicts and not pending else INCONCLUSIVE)
 
 
+# From the worst: what a claim's settings that disagree, none of them reproducing it, are worded as.
+WORST_FIRST = (NOT_REPRODUCED, NO_EFFECT, INCONCLUSIVE)
+
+
 def combined_verdict(verdicts: list[str], pending: bool) -> str:
     """The claim's verdict over its counted settings: theirs where they agree; inconclusive while a run is missing;
-    otherwise ``DEPENDS`` (never counted as reproduced)."""
+    ``DEPENDS`` (never counted as reproduced) only where one setting reproduces it; otherwise the worst of theirs,
+    so "depends on the optimizer" never hides a claim no setting reproduces."""
     if len(set(verdicts)) == 1:
         return verdicts[0]
-    return INCONCLUSIVE if pending else DEPENDS
+    if pending:
+        return INCONCLUSIVE
+    if REPRODUCED in verdicts:
+        return DEPENDS
+    return next(v for v in WORST_FIRST if v in verdicts)
 
 
 def rounds_to(curve: dict[int, float], fraction: float) -> int:

@@ -1,58 +1,62 @@
-"""``fedsim tune``: methods compared at equal tuning budgets, chosen on validation only.
+"""``fedsim tune``: methods compared with the same chance of a good setting, chosen on validation only.
 
-Every method of ``tune.methods`` gets ``tune.trials`` settings, each drawn jointly over the shared space (lr,
-momentum, local epochs: the same values for every method at trial k, a paired comparison) and the method's own
-``tunable`` parameters, from the config's seed on a stream of its own; each trial runs at ``tune.seeds`` for
-``tune.rounds`` rounds. So the budget (trials x seeds x rounds) is the same whatever a method declares. The trial
-with the highest mean validation accuracy at the final round (the accuracy the protocol reports: personalized
-where the run personalizes) is chosen, and its settings run again at seeds 0..final_seeds-1, whose test accuracy
-the table reports. Both phases are sweeps (``fedsim.sweep.executor``): a rerun finds finished runs and trains only
-what is missing."""
+Every method of ``tune.methods`` is searched in the two stages of :mod:`fedsim.sweep.search` (the shared settings
+at the method's own defaults, then ``tune.own_trials`` settings of its own parameters at its first-stage choice),
+each trial at ``tune.seeds`` for ``tune.rounds`` rounds. The trial with the highest mean validation accuracy at the
+final round (the accuracy the protocol reports: personalized where the run personalizes) is chosen, and its settings
+run again at seeds 0..final_seeds-1 for ``tune.final_rounds``, whose test accuracy the table reports. Each stage is a
+sweep (``fedsim.sweep.executor``): a rerun finds finished runs and trains only what is missing."""
 from __future__ import annotations
 
 import copy
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import yaml
 
 from fedsim import storage
-from fedsim.algorithms import algorithm_class
 from fedsim.config import Distribution, RunConfig, SearchConfig, TuneConfig, set_dotted, validate
 from fedsim.core.protocol import on_validation
 from fedsim.errors import ConfigError, TuningIncomplete
 from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.receipt import receipt, receipt_table
+from fedsim.sweep import search as design
 from fedsim.sweep.executor import Outcome, Sweep, run_sweep
-from fedsim.sweep.expand import draw, expand_sweep
+from fedsim.sweep.expand import expand_sweep
 
-TUNE_STREAM = 0x7E4E  # the tuner's draws: a stream of their own, apart from a run's and a sweep's
 SHARED_KEYS = {"lr": ("train.body.lr", "train.head.lr"), "momentum": ("train.body.momentum", "train.head.momentum"),
                "local_epochs": ("train.local_epochs",)}
 
 
 @dataclass(frozen=True)
 class MethodSearch:
-    """One method's search: its entry in tune.methods, its space (shared keys, then ``algorithm.<param>``), the
-    settings of each trial and, per trial, its runs (one per search seed)."""
+    """One method's search: its entry in tune.methods, its own space (``algorithm.<param>``), the settings of each
+    trial (the first ``first`` are stage 1's, the rest stage 2's once stage 1 has chosen) and, per trial, its runs
+    (one per search seed)."""
     method: str
     entry: dict[str, Any]
-    space: dict[str, Distribution]
+    own: dict[str, Distribution]
     trials: list[dict[str, Any]]
     runs: list[list[RunConfig]]
+    first: int
+
+    @property
+    def stage_one(self) -> list[list[RunConfig]]:
+        return self.runs[:self.first]
 
 
 @dataclass(frozen=True)
 class TunePlan:
-    """What ``fedsim tune`` runs: the config as written, its tree (without ``tune``, at the tuning's rounds), the
-    rounds of every run and each method's search."""
+    """What ``fedsim tune`` runs: the config as written, its tree (without ``tune``, at the search's rounds), the
+    rounds of the search and final runs and each method's search (stage 1 planned; stage 2 once it has chosen)."""
     base: RunConfig
     tune: TuneConfig
     tree: dict[str, Any]
     rounds: int
+    final_rounds: int
     methods: list[MethodSearch]
 
     @property
@@ -65,14 +69,27 @@ class TunePlan:
         return storage.join(self.base.out_dir, "tune", self.base.name)
 
     def budget(self) -> str:
-        t = self.tune
-        final = "1 seed (0)" if t.final_seeds == 1 else f"{t.final_seeds} seeds (0..{t.final_seeds - 1})"
-        return (f"{t.trials} trials x {len(t.seeds)} seed(s) ({', '.join(map(str, t.seeds))}) x {self.rounds} rounds "
-                f"per method; the chosen settings at {final}")
+        return budget_text(self.tune, self.rounds, self.final_rounds, {m.method: m.first for m in self.methods})
+
+
+def budget_text(tune: TuneConfig, rounds: int, final_rounds: int, first: dict[str, int]) -> str:
+    """The budget per method: its trials (stage 1's shared settings + stage 2's) x search seeds x rounds, and the
+    finals; a method that ignores a shared setting runs fewer stage-1 points (named)."""
+    shared = (f"a grid of {len(tune.grid.step)} effective steps lr/(1-m) {tune.grid.step} x momentum "
+              f"{tune.grid.momentum}" if tune.grid is not None else f"{tune.trials} draws of the shared space")
+    full = max(first.values(), default=0)
+    fewer = {m: n for m, n in first.items() if n < full}
+    seeds = f"{len(tune.seeds)} search seed(s) ({', '.join(map(str, tune.seeds))})"
+    final = "1 seed (0)" if tune.final_seeds == 1 else f"{tune.final_seeds} seeds (0..{tune.final_seeds - 1})"
+    return (f"stage 1: {shared}, each method at its own defaults ({full} trials); stage 2: {tune.own_trials} trials of "
+            f"each method's own parameters at its stage-1 choice (the step refined where it has none); each trial "
+            f"x {seeds} x {rounds} rounds; the chosen settings at {final} x {final_rounds} rounds"
+            + ("" if not fewer else "; " + ", ".join(f"{m} runs {n} stage-1 trials (the others differ only in a "
+                                                     "setting it ignores)" for m, n in fewer.items())))
 
 
 def plan_tuning(tree: dict[str, Any]) -> TunePlan:
-    """Validate the config and draw every method's trials; refuses (one line) a config without ``tune``."""
+    """Validate the config and plan every method's first stage; refuses (one line) a config without ``tune``."""
     base = validate(tree)
     if base.tune is None:
         raise ConfigError("tune: this config has no tune section; add tune: {methods: [...], trials: N, seeds: [...]}")
@@ -80,8 +97,10 @@ def plan_tuning(tree: dict[str, Any]) -> TunePlan:
     run_tree = {k: v for k, v in copy.deepcopy(tree).items() if k != "tune"}
     set_dotted(run_tree, "train.rounds", rounds)
     refuse_unused_keys(base.model.client, base.tune.space)
-    return TunePlan(base, base.tune, run_tree, rounds, [_method_search(base, run_tree, entry.model_dump(by_alias=True))
-                                                        for entry in base.tune.methods])
+    shared = design.shared_trials(base.tune, base.seed)
+    return TunePlan(base, base.tune, run_tree, rounds, base.tune.final_rounds or rounds,
+                    [_method_search(base, run_tree, entry.model_dump(by_alias=True), shared)
+                     for entry in base.tune.methods])
 
 
 OPTIMIZER_SETTINGS = ("optimizer", "lr", "momentum", "weight_decay")  # of train.body / train.head: fedsim's optimizers'
@@ -125,35 +144,31 @@ def _refuse_unknown_arguments(cls: type, space: dict[str, Distribution]) -> None
                               "tune one of its arguments")
 
 
-def search_space(tune: TuneConfig, entry: dict[str, Any]) -> dict[str, Distribution]:
-    """The shared space, then the method's own declared parameters the entry does not fix."""
-    own = algorithm_class(entry["name"]).tunable
-    shared: dict[str, Distribution] = {key: dist for key, dist in tune.space.items()}
-    return {**shared, **{f"algorithm.{key}": dist for key, dist in own.items() if key not in entry}}
-
-
-def draw_trials(seed: int, space: dict[str, Distribution], trials: int) -> list[dict[str, Any]]:
-    """``trials`` settings: trial k draws the space's keys in order from (seed, TUNE_STREAM, k), so the shared
-    keys (first) take the same values for every method at trial k."""
-    drawn = []
-    for k in range(trials):
-        rng = np.random.default_rng([seed, TUNE_STREAM, k])
-        drawn.append({key: draw(dist, rng) for key, dist in space.items()})
-    return drawn
-
-
-def _method_search(base: RunConfig, run_tree: dict[str, Any], entry: dict[str, Any]) -> MethodSearch:
+def _method_search(base: RunConfig, run_tree: dict[str, Any], entry: dict[str, Any],
+                   shared: list[dict[str, Any]]) -> MethodSearch:
     tune = base.tune
     assert tune is not None
     method = entry["name"]
-    try:
-        space = search_space(tune, entry)
-    except ValueError as err:
-        raise ConfigError(f"tune.methods: {err}") from None
-    trials = draw_trials(base.seed, space, tune.trials)
-    runs = [[_run(run_tree, entry, values, f"{base.name}-{method}-t{k}", seed) for seed in tune.seeds]
+    own = design.own_space(method, entry)
+    trials = design.for_method(method, shared)
+    runs = [_trial_runs(run_tree, entry, values, f"{base.name}-{method}-t{k}", tune.seeds)
             for k, values in enumerate(trials)]
-    return MethodSearch(method, entry, space, trials, runs)
+    return MethodSearch(method, entry, own, trials, runs, len(trials))
+
+
+def _trial_runs(run_tree: dict[str, Any], entry: dict[str, Any], values: dict[str, Any], name: str,
+                seeds: Sequence[int]) -> list[RunConfig]:
+    return [_run(run_tree, entry, values, name, seed) for seed in seeds]
+
+
+def second_stage(plan: TunePlan, search: MethodSearch, choice: Choice) -> MethodSearch:
+    """The method's search with stage 2 planned at its stage-1 ``choice``."""
+    tune = plan.tune
+    added = design.own_trials(plan.base.seed, search.method, search.own, search.trials[choice.trial],
+                              tune.own_trials)
+    runs = [_trial_runs(plan.tree, search.entry, values, f"{plan.base.name}-{search.method}-o{k}", tune.seeds)
+            for k, values in enumerate(added)]
+    return replace(search, trials=search.trials + added, runs=search.runs + runs)
 
 
 def method_tree(run_tree: dict[str, Any], entry: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -237,14 +252,20 @@ def final_tree(plan: TunePlan, search: MethodSearch, choice: Choice) -> dict[str
     """The chosen settings as a config `fedsim run` runs: the method at its chosen values, at the final seeds."""
     tree = method_tree(plan.tree, search.entry, search.trials[choice.trial])
     tree["name"] = f"{plan.base.name}-{search.method}"
+    set_dotted(tree, "train.rounds", plan.final_rounds)
     tree["sweep"] = {"seed": list(range(plan.tune.final_seeds))}
     return tree
 
 
-def _chosen(plan: TunePlan, search: MethodSearch, searched: dict[str, dict | None]) -> Final:
-    """The method's choice from its search runs' validation scores alone."""
-    trials = [[_validation_or_none(searched[cfg.name]) for cfg in runs] for runs in search.runs]
-    choice = choose(search.method, trials, selection_key(search.runs[0][0]))
+def chosen_trial(search: MethodSearch, runs: Sequence[Sequence[RunConfig]],
+                 searched: dict[str, dict | None]) -> Choice:
+    """The method's choice among ``runs`` (a stage's, or all) from their validation scores alone."""
+    trials = [[_validation_or_none(searched[cfg.name]) for cfg in trial] for trial in runs]
+    return choose(search.method, trials, selection_key(runs[0][0]))
+
+
+def _final(plan: TunePlan, search: MethodSearch, searched: dict[str, dict | None]) -> Final:
+    choice = chosen_trial(search, search.runs, searched)
     tree = final_tree(plan, search, choice)
     return Final(choice, tree, expand_sweep(tree))
 
@@ -260,15 +281,20 @@ def run_tuning(plan: TunePlan, max_concurrent: int | None = None, say: Callable[
         return outcomes
 
     searched = _summaries(phase(f"{plan.base.name}-tune-search", plan.search_runs))
-    finals = {search.method: _chosen(plan, search, searched) for search in plan.methods}
+    searches = [second_stage(plan, search, chosen_trial(search, search.stage_one, searched))
+                for search in plan.methods]
+    own = [cfg for search in searches for trial in search.runs[search.first:] for cfg in trial]
+    searched |= _summaries(phase(f"{plan.base.name}-tune-own", own))
+    plan = replace(plan, methods=searches)
+    finals = {search.method: _final(plan, search, searched) for search in plan.methods}
     store = storage.Store(plan.folder)
     for method, final in finals.items():
         store.write_bytes(f"{method}.yaml", yaml.safe_dump(final.tree, sort_keys=False).encode())
     final_runs = [cfg for final in finals.values() for cfg in final.runs]
     ended = _summaries(phase(f"{plan.base.name}-tune-final", final_runs))
     rows = [_row(plan, search, finals[search.method], ended) for search in plan.methods]
-    table = {"budget": plan.budget(), "trials": plan.tune.trials, "rounds": plan.rounds, "seeds": plan.tune.seeds,
-             "final_seeds": list(range(plan.tune.final_seeds)), "selection": SELECTION, "methods": rows}
+    table = {"budget": plan.budget(), "rounds": plan.rounds, "final_rounds": plan.final_rounds,
+             "seeds": plan.tune.seeds, "final_seeds": list(range(plan.tune.final_seeds)), "selection": SELECTION, "methods": rows}
     store.write_bytes("results.json", json.dumps(table, indent=1).encode())
     store.write_bytes("results.md", results_markdown(plan.base.name, table).encode())
     return table
@@ -296,8 +322,8 @@ def _row(plan: TunePlan, search: MethodSearch, final: Final, ended: dict[str, di
     key = reported_key(configs[0])
     tests = [summary[key]["mean"] for cfg in configs if (summary := ended.get(cfg.name)) is not None]
     estimate = mean_ci([100 * t for t in tests]) if tests else None
-    return {"method": search.method, "space": space_text(search.space),
-            "chosen": {k: search.trials[choice.trial][k] for k in search.space}, "trial": choice.trial,
+    return {"method": search.method, "space": space_text(search.own) or "-",
+            "chosen": search.trials[choice.trial], "trial": design.trial_label(choice.trial, search.first),
             "failed_trials": choice.failed, "validation": 100 * choice.score, "scored": key,
             "test_mean": estimate.mean if estimate else None, "test_low": estimate.low if estimate else None,
             "test_high": estimate.high if estimate else None, "final_runs": len(tests),
@@ -316,7 +342,7 @@ def results_markdown(name: str, table: dict) -> str:
     seeds' test accuracy (mean, 95% CI); then each method's receipt (optimizer, lr, momentum, rounds, local work,
     what is scored, the round, the seeds)."""
     lines = [f"# Tuning {name}", "", f"Budget: {table['budget']}.", "", f"Selection: {table['selection']}.", "",
-             "| method | search space | chosen | validation at selection | test, final seeds (mean [95% CI]) | "
+             "| method | own space (stage 2) | chosen | validation at selection | test, final seeds (mean [95% CI]) | "
              "final runs | failed trials |", "|---|---|---|---:|---:|---:|---|"]
     for row in table["methods"]:
         chosen = ", ".join(f"{k} {_shown(v)}" for k, v in row["chosen"].items())

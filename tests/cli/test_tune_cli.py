@@ -36,11 +36,15 @@ def test_a_config_without_a_tune_section_is_refused(tmp_path, capsys):
 def test_dry_run_prints_the_count_of_runs_and_the_budget(tmp_path, capsys):
     assert main(["tune", str(write_yaml(tmp_path / "t.yaml", tune_tree(tmp_path))), "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "24 runs: 18 search + 6 final (3 methods)"  # 3 methods x 3 trials x 2 seeds; 3 x 2 final
-    assert out[1] == ("budget: 3 trials x 2 seed(s) (0, 1) x 1 rounds per method; the chosen settings at 2 seeds "
-                      "(0..1)")
-    assert out[2] == "search runs finished: 0 of 18 (a rerun trains only the rest)"
-    assert out[4].startswith("fedprox: lr loguniform [0.01, 0.1]; momentum choice [0.0, 0.9]; algorithm.mu choice")
+    # 3 methods x 3 shared trials x 2 seeds; 2 own trials each x 2 seeds; 3 x 2 final
+    assert out[0] == "36 runs: 18 stage-1 + 12 stage-2 search + 6 final (3 methods)"
+    assert out[1] == ("budget: stage 1: 3 draws of the shared space, each method at its own defaults (3 trials); "
+                      "stage 2: 2 trials of each method's own parameters at its stage-1 choice (the step refined where "
+                      "it has none); each trial x 2 search seed(s) (0, 1) x 1 rounds; the chosen settings at 2 seeds "
+                      "(0..1) x 1 rounds")
+    assert out[2] == "stage-1 runs finished: 0 of 18 (a rerun trains only the rest)"
+    assert out[3] == "shared space: lr loguniform [0.01, 0.1]; momentum choice [0.0, 0.9]"
+    assert out[5] == "fedprox: 3 stage-1 trials; own space: algorithm.mu choice [0.001, 0.01, 0.1, 1.0]"
     assert not (tmp_path / "_sweeps").exists()
 
 

@@ -160,6 +160,10 @@ def test_settings_that_decide_a_claim_differently_make_it_depend_on_the_optimize
     assert combined_verdict([REPRODUCED, INCONCLUSIVE], pending=False) == DEPENDS  # every seed in: a real difference
     assert combined_verdict([REPRODUCED, INCONCLUSIVE], pending=True) == INCONCLUSIVE  # runs left: not yet
     assert combined_verdict([REPRODUCED], pending=False) == REPRODUCED
+    # no setting reproduces it: the worse verdict, never "depends on the optimizer" (issue 65 item 7)
+    assert combined_verdict([INCONCLUSIVE, NOT_REPRODUCED], pending=False) == NOT_REPRODUCED
+    assert combined_verdict([NO_EFFECT, NOT_REPRODUCED], pending=False) == NOT_REPRODUCED
+    assert combined_verdict([INCONCLUSIVE, NO_EFFECT], pending=False) == NO_EFFECT
 
 
 def test_counts_false_is_shown_with_its_reason_but_left_out_of_the_tally():

@@ -8,32 +8,47 @@ import pytest
 from conftest import tune_tree
 from fedsim.algorithms import ALGORITHMS
 from fedsim.errors import TuningIncomplete
-from fedsim.sweep.tune import choose, plan_tuning, run_tuning, selection_key, validation_part
+from fedsim.sweep.tune import Choice, choose, plan_tuning, run_tuning, second_stage, selection_key, validation_part
 
 
-def test_every_method_gets_the_same_trials_seeds_rounds_and_shared_draws(tmp_path):
+def test_every_method_runs_the_same_first_stage_at_its_own_defaults(tmp_path):
     plan = plan_tuning(tune_tree(tmp_path))
     assert [m.method for m in plan.methods] == ["fedavg", "fedprox", "ditto"]
     for method in plan.methods:
-        assert len(method.runs) == 3 and all([c.seed for c in trial] == [0, 1] for trial in method.runs)
+        assert len(method.runs) == method.first == 3 and all([c.seed for c in trial] == [0, 1] for trial in method.runs)
         assert {c.train.rounds for trial in method.runs for c in trial} == {1}
         assert all(c.algorithm.name == method.method for trial in method.runs for c in trial)
-    shared = [[{k: t[k] for k in ("lr", "momentum")} for t in m.trials] for m in plan.methods]
+    shared = [m.trials for m in plan.methods]
     assert shared[0] == shared[1] == shared[2] and len({t["lr"] for t in shared[0]}) == 3  # paired, and drawn
     fedavg, fedprox, ditto = plan.methods
-    assert set(fedavg.space) == {"lr", "momentum"} and set(fedprox.space) == {"lr", "momentum", "algorithm.mu"}
-    assert all(t["algorithm.mu"] in (0.001, 0.01, 0.1, 1.0) for t in fedprox.trials)
+    assert fedavg.own == {} and set(fedprox.own) == {"algorithm.mu"}
+    default_mu = ALGORITHMS["fedprox"].Params().mu  # the authors' setting is always a candidate
+    assert {c.algorithm.params["mu"] for trial in fedprox.runs for c in trial} == {default_mu}
     run = fedprox.runs[1][0]
     assert run.train.body.lr == run.train.head.lr == fedprox.trials[1]["lr"]
-    assert run.algorithm.params["mu"] == fedprox.trials[1]["algorithm.mu"]
     again = plan_tuning(tune_tree(tmp_path))
     assert [c.name for c in again.search_runs] == [c.name for c in plan.search_runs]
     assert plan_tuning({**tune_tree(tmp_path), "seed": 4}).methods[0].trials != fedavg.trials  # from the seed
 
 
+def test_the_second_stage_searches_a_methods_own_parameters_at_its_first_choice(tmp_path):
+    plan = plan_tuning(tune_tree(tmp_path, own_trials=2))
+    fedavg, fedprox, _ = plan.methods
+    second = second_stage(plan, fedprox, Choice(trial=2, score=0.5, failed=[]))
+    added = second.trials[second.first:]
+    assert len(added) == 2 and len(second.runs) == 5
+    assert all({k: t[k] for k in ("lr", "momentum")} == fedprox.trials[2] for t in added)  # at the choice
+    assert [c.name for c in second.runs[3]] == [f"{plan.base.name}-fedprox-o0-s{seed}" for seed in (0, 1)]
+    assert {second.runs[3][0].algorithm.params["mu"], second.runs[4][0].algorithm.params["mu"]} == {
+        t["algorithm.mu"] for t in added}
+    refined = second_stage(plan, fedavg, Choice(trial=0, score=0.5, failed=[]))  # no own parameters: the step
+    lr = fedavg.trials[0]["lr"]
+    assert [t["lr"] for t in refined.trials[3:]] == pytest.approx([lr / 2 ** 0.5, lr * 2 ** 0.5], rel=1e-5)
+
+
 def test_a_parameter_the_config_fixes_is_not_searched(tmp_path):
     plan = plan_tuning(tune_tree(tmp_path, methods=[{"name": "fedprox", "mu": 0.5}]))
-    assert set(plan.methods[0].space) == {"lr", "momentum"}
+    assert plan.methods[0].own == {}
     assert {c.algorithm.params["mu"] for c in plan.search_runs} == {0.5}
 
 
