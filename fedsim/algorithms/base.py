@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from fedsim.config.learning import TrainConfig
 from fedsim.config.schema import Distribution
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import WEIGHTS, Reply
@@ -90,6 +91,9 @@ class Algorithm:
     # parameters (as a config names them), each over the values its paper or its authors' code uses, cited where
     # declared. Empty: the method tunes the shared space only.
     tunable: ClassVar[dict[str, Distribution]] = {}
+    # Shared settings the method ignores (e.g. "momentum": its steps are plain gradient steps), so a search sets them
+    # neutral instead of drawing them, and receipts do not print them.
+    unused_settings: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, params: BaseModel | None = None, batchnorm: BatchNormMode | None = None):
         self.params = params if params is not None else self.Params()
@@ -107,6 +111,11 @@ class Algorithm:
     @classmethod
     def summary(cls) -> str:
         return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+    def settings_notice(self, train: TrainConfig) -> str | None:
+        """The line ``--dry-run`` prints when the method adjusts a shared training setting it is given (pFedMe clamps
+        its step to the authors' range); None where it takes them as they are."""
+        return None
 
     def check_run(self, num_clients: int, per_round: int) -> None:
         """Refuse parameters the run's population cannot have (a cluster count above the client count): raise

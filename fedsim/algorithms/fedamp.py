@@ -48,6 +48,14 @@ class FedAMP(PartialSharing):
     uploads w, keeps it as its personal model and is scored with it. The server's weights (saved as the run's
     model) are the plain mean of the clients' models; no client trains from them. Attention arithmetic is float64,
     in client order.
+
+    Checked against the paper's Algorithm 1 (Huang et al., AAAI 2021, arXiv 2007.03797: U^k = W^{k-1} - alpha_k
+    grad A(W^{k-1}), then W^k = argmin F(W) + lambda/(2 alpha_k) ||W - U^k||^2): the proximal weight is the paper's
+    lambda/(2 alpha_k) (``ctx.proximal(lambda / alpha_k)``, coef/2 ||w - u_i||^2, with its gradient), and the client
+    solves that proximal problem warm-started at its centre u_i. The authors published no code. PFLlib's clientamp.py
+    differs on both: its client trains on from its own previous model, and its term 0.5 lambda/alpha_k ||w - u_i||
+    (a norm, not its square) is built from ``p.data``, which carries no gradient, so its local update is plain local
+    training whatever alpha_k, lambda and sigma are.
     """
     name, train, share = "fedamp", "full", "full"
     # The paper leaves alpha_k and sigma to tuning. alpha_k: PFLlib's two settings (main.py's default 1; its example
