@@ -7,13 +7,16 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from fedsim.algorithms.base import PARTS, Params, PartialSharing
+from fedsim.algorithms.base import FEDAVG, LOCAL, PARTS, MechanismState, Params, PartialSharing
 from fedsim.config.schema import Distribution
 
 if TYPE_CHECKING:
     import torch
 
     from fedsim.algorithms.context import ClientContext, LogitAdjustment
+
+
+ALPHA_OFF = 0.01  # alpha this close to 0 or 1: the mixture is one of its two models
 
 
 class APFLParams(Params):
@@ -90,6 +93,15 @@ class APFL(PartialSharing):
         ctx.set_slot("alpha", [float(alpha.detach())])
         ctx.record("apfl_alpha", float(alpha.detach()))  # 0: scored as the global model; 1: as its personal one
         return losses
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        """alpha at 0 scores the global model alone (FedAvg); at 1 the personal model v alone, which trains on the
+        client's data only (local training)."""
+        if "apfl_alpha" not in final:
+            return None
+        alpha = final["apfl_alpha"]
+        flag = FEDAVG if alpha <= ALPHA_OFF else LOCAL if alpha >= 1 - ALPHA_OFF else None
+        return MechanismState(f"alpha {alpha:.3g}", flag)
 
     @property
     def adaptive(self) -> bool:

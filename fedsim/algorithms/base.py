@@ -10,6 +10,8 @@ This module imports no torch: the server actor builds the algorithm to run its s
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
@@ -38,6 +40,17 @@ PARTS: dict[str, frozenset[str]] = {
     "head": frozenset({"head"}),
     "none": frozenset(),
 }
+
+
+LOCAL, FEDAVG = "acts as local training", "acts as FedAvg"  # what a method whose mechanism is off reduces to
+
+
+@dataclass(frozen=True)
+class MechanismState:
+    """A method's mechanism at the end of a run: its value in a few words ("self-weight 0.62"), and, where the
+    mechanism is off, what the method then is (``LOCAL`` or ``FEDAVG``)."""
+    value: str
+    flag: str | None = None
 
 
 class Params(BaseModel):
@@ -173,6 +186,12 @@ class Algorithm:
         ``mechanism``, W&B as ``mechanism/<name>``, ``fedsim report`` in its mechanism table. A client-side quantity
         (APFL's alpha) is recorded by the client hook with ``ctx.record``. None by default."""
         return {}
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        """The mechanism's value at the run's end and whether it is off, from ``final``: the last value of each of
+        the run's ``mechanism`` quantities and recorded (``ctx.record``) means. None: the method has no mechanism of
+        its own to show, or the run recorded none."""
+        return None
 
     def server_state(self, initial: np.ndarray, num_clients: int, seed: int) -> dict[str, np.ndarray]:
         """The server's round-0 state from the round-0 shared weights: the weights and every ``server_slots`` entry

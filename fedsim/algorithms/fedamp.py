@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import Group, Params, PartialSharing
+from fedsim.algorithms.base import LOCAL, Group, MechanismState, Params, PartialSharing
 from fedsim.config.schema import Distribution
 from fedsim.core.protocol import WEIGHTS, Reply
 
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from fedsim.core.layout import KeyParts
 
 MODELS = "models"  # server state: every client's latest uploaded model, one row per client
+# A mean self-weight from here on: u_i is (almost) the client's own model, so it trains alone.
+SELF_WEIGHT_LOCAL = 0.99
 
 
 class FedAMPParams(Params):
@@ -121,6 +124,12 @@ class FedAMP(PartialSharing):
         return {"fedamp_self_weight_mean": float(np.mean(self_weights)),
                 "fedamp_self_weight_min": float(np.min(self_weights)),
                 "fedamp_distance_median": float(np.median(pairs)) if pairs.size else 0.0}
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        if "fedamp_self_weight_mean" not in final:
+            return None
+        weight = final["fedamp_self_weight_mean"]
+        return MechanismState(f"self-weight {weight:.3g}", LOCAL if weight >= SELF_WEIGHT_LOCAL else None)
 
     def aggregate(self, models: np.ndarray, client: int) -> np.ndarray:
         """u_client = sum_j xi_client,j w_j, summed in client order in float64."""

@@ -28,13 +28,13 @@ client that has not trained yet is scored with the global model, from which its 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import PARTS, Algorithm, Params
+from fedsim.algorithms.base import FEDAVG, PARTS, Algorithm, MechanismState, Params
 from fedsim.config.learning import TrainConfig
 from fedsim.config.schema import Distribution
 from fedsim.core.protocol import WEIGHTS
@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     import torch
 
     from fedsim.algorithms.context import ClientContext
+
+
+DISTANCE_OFF = 1e-3  # ||theta - w|| below this: the personal model is the local copy of the global one
 
 
 class PFedMeParams(Params):
@@ -129,6 +132,13 @@ class PFedMe(Algorithm):
         ctx.record("pfedme_distance", float(np.linalg.norm(personal.astype(np.float64) - ctx.pack("full"))))
         ctx.commit_model()  # w and the statistics theta's passes left
         return losses
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        """theta at w: the client is scored with its copy of the global model (FedAvg)."""
+        if "pfedme_distance" not in final:
+            return None
+        distance = final["pfedme_distance"]
+        return MechanismState(f"||theta - w|| {distance:.3g}", FEDAVG if distance < DISTANCE_OFF else None)
 
     def _batches(self, ctx: ClientContext) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``local_steps`` batches, passes over the data drawn one after another as needed (the authors'
