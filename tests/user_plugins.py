@@ -304,3 +304,20 @@ class LogsAcc(TwoPartModule):
         loss = super().training_step(batch, batch_idx)
         self.log("acc", 0.5)
         return loss
+
+
+class CountsWhatItScores(TwoPartModule):
+    """validation_step and test_step each count the samples they see (and their hooks the passes), as a Lightning
+    user's module tells its validation data from its test data."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("validation_samples", float(len(batch[1])), reduce_fx="sum")
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_samples", float(len(batch[1])), reduce_fx="sum")
+
+    def on_validation_start(self):
+        CALLS["on_validation_start"] += 1
+
+    def on_test_start(self):
+        CALLS["on_test_start"] += 1

@@ -2,11 +2,12 @@
 own method is named in a config as ``package.module:Class`` instead."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from fedsim.algorithms.apfl import APFL
-from fedsim.algorithms.base import PARTS, Algorithm, BatchNormMode, PartialSharing, parameter_table
+from fedsim.algorithms.base import (FEDAVG, LOCAL, PARTS, Algorithm, BatchNormMode, MechanismState, PartialSharing,
+                                   parameter_table)
 from fedsim.algorithms.ditto import Ditto
 from fedsim.algorithms.fedadam import FedAdam
 from fedsim.algorithms.fedala import FedALA
@@ -83,6 +84,28 @@ def build_algorithm(cfg: MethodChoice) -> Algorithm:
     return cls(cls.Params.model_validate(cfg.algorithm.params), batchnorm_mode(cfg, cls))
 
 
+def mechanism_state(algorithm: Mapping[str, Any] | str, rows: Sequence[Mapping[str, Any]]) -> MechanismState | None:
+    """A run's mechanism at its end: ``algorithm``, its config's algorithm section (``{name: fedamp, sigma: 1, ...}``
+    or a bare name), ``rows`` its rounds.jsonl rows. The method reads the last value of each ``mechanism`` quantity
+    and of each recorded mean; None for a method without a mechanism of its own (FedAvg) or a run that recorded none.
+    ``MechanismState.flag`` says what the method is where its mechanism is off ("acts as local training", "acts as
+    FedAvg")."""
+    section = {"name": algorithm} if isinstance(algorithm, str) else dict(algorithm)
+    cls = algorithm_class(section.pop("name"))
+    return cls(cls.Params.model_validate(section)).mechanism_state(final_values(rows))
+
+
+def final_values(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The last value of each of the rows' ``mechanism`` quantities and of each across-client statistic's mean
+    (``ctx.record`` and ``self.log`` values: recorded on evaluated rounds only)."""
+    final: dict[str, float] = {}
+    for row in rows:
+        final |= {key: float(value) for key, value in (row.get("mechanism") or {}).items()}
+        final |= {key: float(stats["mean"]) for key, stats in row.items()
+                  if key != "mechanism" and isinstance(stats, dict) and "mean" in stats}
+    return final
+
+
 def batchnorm_mode(cfg: MethodChoice, cls: type[Algorithm]) -> BatchNormMode | None:
     """model.batchnorm, else the method's default; but under DP (privacy.dp central or local) a method that would
     average BatchNorm's running statistics keeps them on each client instead (local_statistics, as SiloBN): they are
@@ -103,5 +126,6 @@ def batchnorm_notice(cfg: MethodChoice, algorithm: Algorithm, keys: KeyParts) ->
             "to choose otherwise")
 
 
-__all__ = ["ALGORITHMS", "PARTS", "WEIGHTS", "Algorithm", "KeyParts", "PartialSharing", "algorithm_class",
-           "batchnorm_mode", "batchnorm_notice", "build_algorithm", "parameter_table"]
+__all__ = ["ALGORITHMS", "FEDAVG", "LOCAL", "PARTS", "WEIGHTS", "Algorithm", "KeyParts", "MechanismState",
+           "PartialSharing", "algorithm_class", "batchnorm_mode", "batchnorm_notice", "build_algorithm", "final_values",
+           "mechanism_state", "parameter_table"]

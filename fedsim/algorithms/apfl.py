@@ -7,13 +7,16 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from fedsim.algorithms.base import PARTS, Params, PartialSharing
+from fedsim.algorithms.base import FEDAVG, LOCAL, PARTS, MechanismState, Params, PartialSharing
 from fedsim.config.schema import Distribution
 
 if TYPE_CHECKING:
     import torch
 
     from fedsim.algorithms.context import ClientContext, LogitAdjustment
+
+
+ALPHA_OFF = 0.01  # alpha this close to 0 or 1: the mixture is one of its two models
 
 
 class APFLParams(Params):
@@ -91,6 +94,15 @@ class APFL(PartialSharing):
         ctx.record("apfl_alpha", float(alpha.detach()))  # 0: scored as the global model; 1: as its personal one
         return losses
 
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        """alpha at 0 scores the global model alone (FedAvg); at 1 the personal model v alone, which trains on the
+        client's data only (local training)."""
+        if "apfl_alpha" not in final:
+            return None
+        alpha = final["apfl_alpha"]
+        flag = FEDAVG if alpha <= ALPHA_OFF else LOCAL if alpha >= 1 - ALPHA_OFF else None
+        return MechanismState(f"alpha {alpha:.3g}", flag)
+
     @property
     def adaptive(self) -> bool:
         return bool(self.params.adaptive)  # null resolved by APFLParams for the variant
@@ -118,9 +130,10 @@ class APFL(PartialSharing):
                 ctx.unpack("full", local)
             ctx.score_with(_output_mixture(ctx.net, personal, alpha), on="network")
             return
-        with torch.no_grad():
-            for k, w in ctx.net.named_parameters():
-                w.copy_(alpha * personal[k] + (1 - alpha) * w)
+        with torch.no_grad():  # the mixture's statistics too: v's own mixed with w's as its weights are
+            for k, w in [*ctx.net.named_parameters(), *ctx.net.named_buffers()]:
+                if k in personal and w.is_floating_point() and not k.endswith("num_batches_tracked"):
+                    w.copy_(alpha * personal[k] + (1 - alpha) * w)
 
     @staticmethod
     def _personal_model(ctx: ClientContext) -> np.ndarray:
@@ -142,13 +155,24 @@ class _Mixture:
     adaptive: bool
 
     def forward(self, parameters: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """The network's output with ``parameters`` in place of its own, on a copy of its buffers: w's BatchNorm
-        statistics stay w's own."""
+        """v's output: the network with ``parameters`` (v's, or the mixture's) in place of its own, on v's own BatchNorm
+        statistics, which its training passes update as a model of its own (PFLlib's and FedTorch's v is a separate
+        network): w's statistics stay w's own."""
+        import torch
+
+        out: torch.Tensor = torch.func.functional_call(self.net, {**parameters, **self.v_buffers()}, (x,))
+        return out
+
+    def forward_w(self, x: torch.Tensor) -> torch.Tensor:
+        """w's output on a copy of its statistics (its own step already moved them on this batch)."""
         import torch
 
         scratch = {k: b.clone() for k, b in self.buffers.items()}
-        out: torch.Tensor = torch.func.functional_call(self.net, {**parameters, **scratch}, (x,))
+        out: torch.Tensor = torch.func.functional_call(self.net, scratch, (x,))
         return out
+
+    def v_buffers(self) -> dict[str, torch.Tensor]:
+        return {k: t for k, t in self.personal.items() if k in self.buffers}
 
     def v(self) -> list[torch.Tensor]:
         return [self.personal[k] for k in self.keys]
@@ -246,7 +270,7 @@ class _FedTorch:
 
         m = self.m
         mixing = m.alpha.detach()  # a constant of the loss: FedTorch's alpha is a float (eval.py:36)
-        loss = F.cross_entropy(mixing * m.forward(m.personal, x) + (1 - mixing) * m.forward({}, x), y)
+        loss = F.cross_entropy(mixing * m.forward(m.personal, x) + (1 - mixing) * m.forward_w(x), y)
         steps_alpha, self.first_batch = m.adaptive and self.first_batch, False
         grads = torch.autograd.grad(loss, m.v() + ([m.w[k] for k in m.keys] if steps_alpha else []))
         with torch.no_grad():
@@ -273,9 +297,8 @@ def _output_mixture(net: torch.nn.Module, personal: dict[str, torch.Tensor], alp
             return w_logits
         inside.append(True)
         try:
-            with torch.no_grad():  # w's BatchNorm statistics stay w's own
-                scratch = {k: b.clone() for k, b in net.named_buffers()}
-                v_logits: torch.Tensor = torch.func.functional_call(net, {**personal, **scratch}, (x,))
+            with torch.no_grad():  # v on its own BatchNorm statistics, w's untouched
+                v_logits: torch.Tensor = torch.func.functional_call(net, personal, (x,))
         finally:
             inside.pop()
         return alpha * v_logits + (1 - alpha) * w_logits

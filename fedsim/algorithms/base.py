@@ -10,11 +10,14 @@ This module imports no torch: the server actor builds the algorithm to run its s
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from fedsim.config.learning import TrainConfig
 from fedsim.config.schema import Distribution
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import WEIGHTS, Reply
@@ -37,6 +40,17 @@ PARTS: dict[str, frozenset[str]] = {
     "head": frozenset({"head"}),
     "none": frozenset(),
 }
+
+
+LOCAL, FEDAVG = "acts as local training", "acts as FedAvg"  # what a method whose mechanism is off reduces to
+
+
+@dataclass(frozen=True)
+class MechanismState:
+    """A method's mechanism at the end of a run: its value in a few words ("self-weight 0.62"), and, where the
+    mechanism is off, what the method then is (``LOCAL`` or ``FEDAVG``)."""
+    value: str
+    flag: str | None = None
 
 
 class Params(BaseModel):
@@ -90,8 +104,8 @@ class Algorithm:
     # parameters (as a config names them), each over the values its paper or its authors' code uses, cited where
     # declared. Empty: the method tunes the shared space only.
     tunable: ClassVar[dict[str, Distribution]] = {}
-    # Shared settings this method's training never reads (its steps use no momentum, say): the search runs them at
-    # their neutral value, and receipts do not print them.
+    # Shared settings the method ignores (e.g. "momentum": its steps are plain gradient steps), so a search sets them
+    # neutral instead of drawing them, and receipts do not print them.
     unused_settings: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, params: BaseModel | None = None, batchnorm: BatchNormMode | None = None):
@@ -110,6 +124,11 @@ class Algorithm:
     @classmethod
     def summary(cls) -> str:
         return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+    def settings_notice(self, train: TrainConfig) -> str | None:
+        """The line ``--dry-run`` prints when the method adjusts a shared training setting it is given (pFedMe clamps
+        its step to the authors' range); None where it takes them as they are."""
+        return None
 
     def check_run(self, num_clients: int, per_round: int) -> None:
         """Refuse parameters the run's population cannot have (a cluster count above the client count): raise
@@ -167,6 +186,12 @@ class Algorithm:
         ``mechanism``, W&B as ``mechanism/<name>``, ``fedsim report`` in its mechanism table. A client-side quantity
         (APFL's alpha) is recorded by the client hook with ``ctx.record``. None by default."""
         return {}
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        """The mechanism's value at the run's end and whether it is off, from ``final``: the last value of each of
+        the run's ``mechanism`` quantities and recorded (``ctx.record``) means. None: the method has no mechanism of
+        its own to show, or the run recorded none."""
+        return None
 
     def server_state(self, initial: np.ndarray, num_clients: int, seed: int) -> dict[str, np.ndarray]:
         """The server's round-0 state from the round-0 shared weights: the weights and every ``server_slots`` entry

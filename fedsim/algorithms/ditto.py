@@ -1,17 +1,21 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import PARTS, Params, PartialSharing
+from fedsim.algorithms.base import FEDAVG, LOCAL, PARTS, MechanismState, Params, PartialSharing
 from fedsim.config.schema import Distribution
 
 if TYPE_CHECKING:
     import torch
 
     from fedsim.algorithms.context import ClientContext
+
+
+DISTANCE_OFF = 1e-3  # ||v - w_global|| below this: the personal model is the global one
 
 
 class DittoParams(Params):
@@ -46,6 +50,15 @@ class Ditto(PartialSharing):
         # How far the personal model stands from the global one (0: Ditto is FedAvg; lambda sets the pull).
         ctx.record("ditto_distance", float(np.linalg.norm(personal.astype(np.float64) - anchor)))
         return losses
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        """lambda 0: the personal model trains alone from its own last state (local training); a personal model at
+        the global one: FedAvg."""
+        if "ditto_distance" not in final:
+            return None
+        distance = final["ditto_distance"]
+        flag = LOCAL if self.params.lam == 0 else FEDAVG if distance < DISTANCE_OFF else None
+        return MechanismState(f"||v - w|| {distance:.3g}", flag)
 
     def load_for_evaluation(self, ctx: ClientContext) -> None:
         ctx.unpack("full", self._personal_model(ctx))

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import PARTS, Algorithm, Params
+from fedsim.algorithms.base import FEDAVG, PARTS, Algorithm, MechanismState, Params
 
 if TYPE_CHECKING:
     import torch
@@ -13,6 +14,9 @@ if TYPE_CHECKING:
 
     from fedsim.algorithms.context import ClientContext
     from fedsim.core.layout import KeyParts
+
+
+W_GLOBAL = 0.99  # a mean W from here on: the mixed layers are (almost) the global model's
 
 
 class FedALAParams(Params):
@@ -77,6 +81,13 @@ class FedALA(Algorithm):
         ctx.commit_model()
         ctx.set_slot("local_model", ctx.pack("full"))
         return losses
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        """W at 1 takes the global model in the mixed layers too (FedAvg); below, the client keeps some of its own."""
+        if "fedala_w_mean" not in final:
+            return None
+        w = final["fedala_w_mean"]
+        return MechanismState(f"W {w:.3g}", FEDAVG if w >= W_GLOBAL else None)
 
     def load_for_evaluation(self, ctx: ClientContext) -> None:
         ctx.load()

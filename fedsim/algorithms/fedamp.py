@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import Group, Params, PartialSharing
+from fedsim.algorithms.base import LOCAL, Group, MechanismState, Params, PartialSharing
 from fedsim.config.schema import Distribution
 from fedsim.core.protocol import WEIGHTS, Reply
 
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from fedsim.core.layout import KeyParts
 
 MODELS = "models"  # server state: every client's latest uploaded model, one row per client
+# A mean self-weight from here on: u_i is (almost) the client's own model, so it trains alone.
+SELF_WEIGHT_LOCAL = 0.99
 
 
 class FedAMPParams(Params):
@@ -48,6 +51,14 @@ class FedAMP(PartialSharing):
     uploads w, keeps it as its personal model and is scored with it. The server's weights (saved as the run's
     model) are the plain mean of the clients' models; no client trains from them. Attention arithmetic is float64,
     in client order.
+
+    Checked against the paper's Algorithm 1 (Huang et al., AAAI 2021, arXiv 2007.03797: U^k = W^{k-1} - alpha_k
+    grad A(W^{k-1}), then W^k = argmin F(W) + lambda/(2 alpha_k) ||W - U^k||^2): the proximal weight is the paper's
+    lambda/(2 alpha_k) (``ctx.proximal(lambda / alpha_k)``, coef/2 ||w - u_i||^2, with its gradient), and the client
+    solves that proximal problem warm-started at its centre u_i. The authors published no code. PFLlib's clientamp.py
+    differs on both: its client trains on from its own previous model, and its term 0.5 lambda/alpha_k ||w - u_i||
+    (a norm, not its square) is built from ``p.data``, which carries no gradient, so its local update is plain local
+    training whatever alpha_k, lambda and sigma are.
     """
     name, train, share = "fedamp", "full", "full"
     # The paper leaves alpha_k and sigma to tuning. alpha_k: PFLlib's two settings (main.py's default 1; its example
@@ -113,6 +124,12 @@ class FedAMP(PartialSharing):
         return {"fedamp_self_weight_mean": float(np.mean(self_weights)),
                 "fedamp_self_weight_min": float(np.min(self_weights)),
                 "fedamp_distance_median": float(np.median(pairs)) if pairs.size else 0.0}
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        if "fedamp_self_weight_mean" not in final:
+            return None
+        weight = final["fedamp_self_weight_mean"]
+        return MechanismState(f"self-weight {weight:.3g}", LOCAL if weight >= SELF_WEIGHT_LOCAL else None)
 
     def aggregate(self, models: np.ndarray, client: int) -> np.ndarray:
         """u_client = sum_j xi_client,j w_j, summed in client order in float64."""

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import PARTS, Algorithm, Group, Params
+from fedsim.algorithms.base import LOCAL, PARTS, Algorithm, Group, MechanismState, Params
 from fedsim.core.aggregate import weighted_average
 from fedsim.core.protocol import WEIGHTS, Reply
 
@@ -81,6 +82,13 @@ class FedFomo(Algorithm):
         ctx.upload(AFFINITY, raw.astype(np.float32))
         ctx.upload(IDS, ids.astype(np.float32))
         return losses
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        """No downloaded model with a positive weight: each client keeps its own model (local training)."""
+        if "fedfomo_models_used" not in final:
+            return None
+        used = final["fedfomo_models_used"]
+        return MechanismState(f"{used:.3g} models used", LOCAL if used == 0 else None)
 
     def load_for_evaluation(self, ctx: ClientContext) -> None:
         ctx.load(weights=self._own_model(ctx))

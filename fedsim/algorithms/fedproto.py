@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import PARTS, Algorithm, Params, Weighting
+from fedsim.algorithms.base import LOCAL, PARTS, Algorithm, MechanismState, Params, Weighting
 from fedsim.core.protocol import WEIGHTS, Reply
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ PROTOTYPES = "prototypes"  # (C, d): per class, the mean representation entering
 COUNTS = "counts"  # (C,): per class, the training samples behind it (0: no prototype)
 FEATURE_BATCH = 500  # samples per forward pass when a client computes its prototypes (no gradient)
 
+
+PULL_OFF = 1e-3  # lambda x the prototype MSE below this: the pull toward the others' prototypes is nothing
 
 class FedProtoParams(Params):
     lam: float = Field(1.0, ge=0, alias="lambda", description="weight of the pull of each representation toward its "
@@ -97,6 +100,16 @@ class FedProto(Algorithm):
         ctx.upload(PROTOTYPES, means)
         ctx.upload(COUNTS, counts)
         return losses
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        """The prototype term lambda x MSE, the only thing a client takes from the others: near 0 beside a
+        cross-entropy of order 1, each client trains alone (local training)."""
+        if self.params.lam == 0:
+            return MechanismState("prototype term 0 (lambda 0)", LOCAL)
+        if "fedproto_prototype_mse" not in final:
+            return None
+        term = self.params.lam * final["fedproto_prototype_mse"]
+        return MechanismState(f"prototype term {term:.3g}", LOCAL if term < PULL_OFF else None)
 
     def prototypes(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
         """(per class the mean representation of the client's training samples, per class its sample count): the

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import PARTS, Algorithm, Params
+from fedsim.algorithms.base import FEDAVG, PARTS, Algorithm, MechanismState, Params
 from fedsim.config.schema import Distribution
 from fedsim.core.aggregate import weighted_average
 from fedsim.core.protocol import WEIGHTS, Reply
@@ -108,6 +109,12 @@ class IFCA(Algorithm):
         return {"ifca_clusters_used": float((sizes > 0).sum()),
                 "ifca_largest_share": float(sizes.max() / sizes.sum()) if sizes.sum() else 0.0,
                 **{f"ifca_cluster_{c}_clients": float(n) for c, n in enumerate(sizes)}}
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        if "ifca_clusters_used" not in final:
+            return None
+        used = int(final["ifca_clusters_used"])
+        return MechanismState(f"{used} of {self.params.clusters} clusters used", FEDAVG if used <= 1 else None)
 
     def server_replies(self, state: dict[str, np.ndarray], replies: list[Reply], num_clients: int) -> None:
         members: dict[int, list[Reply]] = {}

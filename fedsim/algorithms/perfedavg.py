@@ -11,9 +11,12 @@ Local step (three batches D, D', D'' drawn in a row, two for FO):
 Both steps are plain gradient steps (no momentum, no weight decay), as every reference takes them: the pFedMe
 authors' Per-FedAvg (CharlieDinh/pFedMe FLAlgorithms/users/userperavg.py:39-71, MySGD in
 FLAlgorithms/optimizers/fedoptimizer.py:4-24) and PFLlib's (clientperavg.py:22-72, PerAvgOptimizer). Defaults are
-the pFedMe authors' (README.md:44, 73, 83, 90: ``--algorithm PerAvg --learning_rate 0.005 --beta 0.001``): FO, alpha =
-the run's training lr (their MySGD's lr), beta = 0.001. PFLlib's variant is ``beta: null``: beta = the run's lr
-(clientperavg.py:14, ``self.beta = self.learning_rate``), also FO. HF is the paper's better variant in its Sec. 5.
+PFLlib's (TsingZ0/PFLlib system/flcore/clients/clientperavg.py:14, ``self.beta = self.learning_rate``, its
+``args.beta`` commented out): FO, alpha = beta = the run's training lr (``beta: null``). A fixed beta is the pFedMe
+authors' setting (README.md:44, 73, 83, 90: ``--algorithm PerAvg --learning_rate 0.005 --beta 0.001``): at 0.001
+without momentum, 20 rounds are 200 meta-steps of 0.001, too few to leave the initialisation on CIFAR-100 (every
+leaderboard trial at 14-18%), so beta is searched, beta = lr among its candidates. HF is the paper's better variant
+in its Sec. 5.
 The HF product H v is exact (autograd's double backward), the delta -> 0 limit of the paper's finite difference
 [grad f(w + delta v) - grad f(w - delta v)] / 2 delta, so there is no delta to choose. The full model is shared and
 averaged as in FedAvg.
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from fedsim.algorithms.base import PARTS, Algorithm, Params
+from fedsim.config.schema import Distribution
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +49,9 @@ class PerFedAvgParams(Params):
     alpha: float | None = Field(None, gt=0, description="personalisation step size: the inner MAML step, and the one "
                                 "step taken before scoring; null: the run's training lr of each part (the pFedMe "
                                 "authors' and PFLlib's)")
-    beta: float | None = Field(0.001, gt=0, description="the outer (meta) step size, a plain gradient step; the "
-                               "pFedMe authors' 0.001 (README.md:44); null: the run's training lr (PFLlib)")
+    beta: float | None = Field(None, gt=0, description="the outer (meta) step size, a plain gradient step; null: "
+                               "the run's training lr of each part (PFLlib's, clientperavg.py:14); the pFedMe authors "
+                               "fix 0.001 (README.md:44)")
 
 
 class PerFedAvg(Algorithm):
@@ -54,6 +59,10 @@ class PerFedAvg(Algorithm):
     name, train, share = "perfedavg", "full", "full"
     Params = PerFedAvgParams
     params: PerFedAvgParams
+    # Outer step beta: PFLlib's beta = lr (null) and the pFedMe authors' fixed 0.001 with a decade between.
+    tunable = {"beta": Distribution(choice=[None, 0.001, 0.01])}
+    # Both steps are plain gradient steps: the run's momentum (and weight decay) never reach them.
+    unused_settings = frozenset({"momentum"})
     own_objective = "MAML step through one personalisation step"
     packable = False  # its steps run the network itself (ctx.net)
 

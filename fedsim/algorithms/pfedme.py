@@ -4,7 +4,7 @@ plus a pull toward its local copy w of the global model; w moves toward theta, a
 
 Client, per training batch D (``local_steps`` batches a round):
     K plain steps on  f(theta; D) + lambda/2 ||theta - w||^2 + mu/2 ||theta||^2   (step personal_lr; warm-started)
-    w <- w - eta lambda (w - theta)                                                (eta: the run's train lr, per part)
+    w <- w - min(eta lambda, step_limit) (w - theta)                               (eta: the run's train lr, per part)
 theta starts each round at the received global model and carries from batch to batch, as in the authors' code and
 PFLlib (clientpFedMe.py: the model is the solver's variable, reset to the global model by ``set_parameters``). The
 solver is the authors' pFedMeOptimizer (CharlieDinh/pFedMe FLAlgorithms/optimizers/fedoptimizer.py:50, 64): plain
@@ -15,6 +15,11 @@ the authors', their main.py's (lines 71, 73, 77, 78 = README.md:71, MNIST with t
 K 5, 20 local steps (their lr 0.005 is the run's train lr here). Only parameters take part in the pull and in w's
 update; BatchNorm's running statistics are those theta's forward passes left, uploaded with w and kept with theta.
 
+eta lambda is the share of the gap to theta that w closes each batch: the authors keep it at or below 0.15 (README.md:
+MNIST lr 0.005 x lambda 15 = 0.075, Synthetic 0.005 x 20 = 0.1, CIFAR-10 0.01 x 15 = 0.15); past 1 w overshoots theta.
+A search drawing the run's lr for every method alike would put pFedMe far outside (the leaderboard's chosen lr x
+lambda was 1.43), so the step is clamped to ``step_limit`` (0.15) and ``--dry-run`` says so in one line.
+
 Server: w_global <- (1 - beta) w_global + beta mean(w), element by element.
 
 theta, the whole model (statistics included), is kept per client and is the model the client is scored with; a
@@ -23,13 +28,14 @@ client that has not trained yet is scored with the global model, from which its 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.algorithms.base import PARTS, Algorithm, Params
+from fedsim.algorithms.base import FEDAVG, PARTS, Algorithm, MechanismState, Params
+from fedsim.config.learning import TrainConfig
 from fedsim.config.schema import Distribution
 from fedsim.core.protocol import WEIGHTS
 
@@ -37,6 +43,9 @@ if TYPE_CHECKING:
     import torch
 
     from fedsim.algorithms.context import ClientContext
+
+
+DISTANCE_OFF = 1e-3  # ||theta - w|| below this: the personal model is the local copy of the global one
 
 
 class PFedMeParams(Params):
@@ -49,6 +58,8 @@ class PFedMeParams(Params):
                                     "--local_epochs (main.py:73: 20); null: train.local_epochs passes over the data")
     mu: float = Field(0.001, ge=0, description="the solver's decay of theta, + mu theta in its gradient (the authors' "
                       "pFedMeOptimizer, fedoptimizer.py:50)")
+    step_limit: float = Field(0.15, gt=0, le=1, description="the most eta x lambda (train lr x lambda) w's move toward "
+                              "theta takes; a larger product is clamped to it (the authors' runs: 0.075 to 0.15)")
     # The paper also tries beta > 1 (an extrapolation); here that would extrapolate BatchNorm's running variances too,
     # which the element-wise server step cannot tell from weights and which can turn negative, so beta <= 1.
     # PFLlib's command-line default, 0, never moves the global model.
@@ -69,6 +80,19 @@ class PFedMe(Algorithm):
     own_objective = "inner Moreau-envelope problem per batch"
     packable = False  # its steps run the network itself (ctx.net)
     server_update_by_tensor = True  # element by element
+    # The solver's and w's steps are plain gradient steps (the authors' pFedMeOptimizer): no momentum reaches them.
+    unused_settings = frozenset({"momentum"})
+
+    def pull(self, eta: float) -> float:
+        """The share of the gap to theta w closes per batch: eta lambda, at most ``step_limit``."""
+        return min(eta * self.params.lam, self.params.step_limit)
+
+    def settings_notice(self, train: TrainConfig) -> str | None:
+        lr = max(train.body.lr, train.head.lr)
+        if self.pull(lr) == lr * self.params.lam:
+            return None
+        return (f"pfedme: train lr {lr:g} x lambda {self.params.lam:g} = {lr * self.params.lam:.3g} is above the "
+                f"authors' range; w's step toward theta is clamped to algorithm.step_limit {self.params.step_limit:g}")
 
     def epochs_per_round(self, local_epochs: int) -> int:
         """K forward and backward passes per batch; with ``local_steps``, K passes' worth: the dry run's count then
@@ -97,7 +121,7 @@ class PFedMe(Algorithm):
                 losses.append(loss.detach())
             with torch.no_grad():
                 for theta, w, eta in local:
-                    w.sub_(eta * p.lam * (w - theta))
+                    w.sub_(self.pull(eta) * (w - theta))
         personal = ctx.pack("full")
         ctx.set_slot("personal_model", personal)
         with torch.no_grad():
@@ -108,6 +132,13 @@ class PFedMe(Algorithm):
         ctx.record("pfedme_distance", float(np.linalg.norm(personal.astype(np.float64) - ctx.pack("full"))))
         ctx.commit_model()  # w and the statistics theta's passes left
         return losses
+
+    def mechanism_state(self, final: Mapping[str, float]) -> MechanismState | None:
+        """theta at w: the client is scored with its copy of the global model (FedAvg)."""
+        if "pfedme_distance" not in final:
+            return None
+        distance = final["pfedme_distance"]
+        return MechanismState(f"||theta - w|| {distance:.3g}", FEDAVG if distance < DISTANCE_OFF else None)
 
     def _batches(self, ctx: ClientContext) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``local_steps`` batches, passes over the data drawn one after another as needed (the authors'

@@ -12,7 +12,7 @@ import torch
 from fedsim.algorithms import PARTS
 from fedsim.algorithms.base import Algorithm
 from fedsim.algorithms.context import AdjustedModule, ClientContext, LogitAdjustment, RuntimePort
-from fedsim.client.loop import LocalLoop
+from fedsim.client.loop import LocalLoop, ScoringStage
 from fedsim.client.logged import recorded
 from fedsim.client.randomness import FINETUNE_STREAM, client_generator
 from fedsim.config import RunConfig
@@ -49,8 +49,12 @@ class Evaluation:
         return rec
 
     def _scored(self, client: int, split: str, suffix: str) -> dict[str, float]:
+        """With data.validation, a module's validation_step runs on the validation split and its test_step on test,
+        as Lightning runs them; without, both steps score the test data (there is no other)."""
         x, y = self.port.client_tensors(client, split)
-        loss, acc, logged = self.loop.score(x, y, self._batch(len(y)), suffix)
+        stage: ScoringStage = ("evaluation" if not self.cfg.data.validation else
+                               "validation" if split == "val" else "test")
+        loss, acc, logged = self.loop.score(x, y, self._batch(len(y)), suffix, stage)
         return {f"loss{suffix}": loss, f"acc{suffix}": acc, **logged}
 
     def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,

@@ -14,7 +14,8 @@ from fedsim.models.lightning import overrides
 HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_before_backward",
          "on_after_backward", "on_before_optimizer_step", "on_train_batch_end", "on_train_epoch_end", "on_train_end",
          "on_fit_end", "on_validation_start", "on_validation_epoch_start", "on_validation_batch_start",
-         "on_validation_batch_end", "on_validation_epoch_end", "on_validation_end")
+         "on_validation_batch_end", "on_validation_epoch_end", "on_validation_end", "on_test_start",
+         "on_test_epoch_start", "on_test_batch_start", "on_test_batch_end", "on_test_epoch_end", "on_test_end")
 
 
 class UserCode:

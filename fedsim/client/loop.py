@@ -11,6 +11,7 @@ optimizer can move it) and checked unchanged afterwards, whatever the module's c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Literal
 
 import pytorch_lightning as pl
 import torch
@@ -30,6 +31,12 @@ from fedsim.errors import UserCodeError
 from fedsim.models.lightning import network_of, overrides, part_parameters
 
 SCORING_STEPS = ("validation_step", "test_step")
+# Which of a module's steps a scoring pass runs, as Lightning runs them: "validation" (validation_step, on_validation_*
+# hooks: the data.validation split), "test" (test_step, on_test_* hooks: the test split of a run with a validation
+# split), or "evaluation": a run without a validation split scores its test data with both steps (on_validation_*).
+ScoringStage = Literal["validation", "test", "evaluation"]
+STAGE_STEPS: dict[str, tuple[str, ...]] = {"validation": ("validation_step",), "test": ("test_step",),
+                                           "evaluation": SCORING_STEPS}
 
 
 class LocalLoop:
@@ -107,32 +114,35 @@ class LocalLoop:
 
     # -- scoring ----------------------------------------------------------------------------------
     @torch.no_grad()
-    def score(self, x: torch.Tensor, y: torch.Tensor, batch: int, suffix: str) -> tuple[float, float, dict[str, float]]:
-        """(mean loss, accuracy) of the module's outputs on (x, y), and what its validation_step / test_step log."""
+    def score(self, x: torch.Tensor, y: torch.Tensor, batch: int, suffix: str,
+              stage: ScoringStage = "evaluation") -> tuple[float, float, dict[str, float]]:
+        """(mean loss, accuracy) of the module's outputs on (x, y), and what the ``stage``'s steps log."""
         self.module.eval()
         self.accuracy.reset()
-        scoring = bool(self.scoring_steps)
+        steps = [(name, step) for name, step in self.scoring_steps if name in STAGE_STEPS[stage]]
+        scoring = bool(steps)
+        hook = "on_test" if stage == "test" else "on_validation"
         call = self.user.call
         if scoring:
-            call("on_validation_start")
-            call("on_validation_epoch_start")
+            call(f"{hook}_start")
+            call(f"{hook}_epoch_start")
         loss_sum = 0.0
         for batch_idx, start in enumerate(range(0, len(y), batch)):
             xb, yb = x[start:start + batch], y[start:start + batch]
             with self.fabric.autocast():
                 logits = self.user.run("forward", self.module, xb)
                 if scoring:
-                    self._validate((xb, yb), batch_idx)
+                    self._scoring_steps(steps, hook, (xb, yb), batch_idx)
             self.accuracy.update(logits, yb)
             loss_sum += float(F.cross_entropy(logits.float(), yb, reduction="sum"))
         if scoring:
-            call("on_validation_epoch_end")
-            call("on_validation_end")
+            call(f"{hook}_epoch_end")
+            call(f"{hook}_end")
         return loss_sum / len(y), float(self.accuracy.compute()), self.logged.collect(suffix)
 
-    def _validate(self, batch: Batch, batch_idx: int) -> None:
+    def _scoring_steps(self, steps: list[tuple[str, Callable]], hook: str, batch: Batch, batch_idx: int) -> None:
         self.logged.batch_size = len(batch[1])
-        self.user.call("on_validation_batch_start", batch, batch_idx)
-        for name, step in self.scoring_steps:
+        self.user.call(f"{hook}_batch_start", batch, batch_idx)
+        for name, step in steps:
             out = self.user.run(name, step, batch, batch_idx)
-            self.user.call("on_validation_batch_end", out, batch, batch_idx)
+            self.user.call(f"{hook}_batch_end", out, batch, batch_idx)

@@ -19,8 +19,9 @@ WEIGHTS = "weights"  # the upload / server-state entry holding the shared model 
 # fine-tuning, its personalized model. Logs, summaries, reports and W&B name the two kinds from here.
 ACCURACIES = {"acc": "initial", "acc_personalized": "personalized"}
 # data.validation: each record's scores on the client's validation split, under this prefix (``validation_acc``
-# beside test's ``acc``); whatever selects a round reads them where they exist. Not ``val_``: Lightning modules log
-# their own ``val_acc`` in validation_step, which fedsim runs on test data, and selection must never read that.
+# beside test's ``acc``); whatever selects a round reads them where they exist. A module's validation_step values on
+# that split carry the prefix too (``validation_val_loss``); without data.validation its validation_step scores test
+# data, under the module's own names, and selection must never read those.
 VALIDATION = "validation_"
 
 

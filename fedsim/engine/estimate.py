@@ -46,6 +46,7 @@ class WorkEstimate:
     clock: dict[str, Any] | None = None  # on the virtual clock: simulated seconds, selected and taking part per round
     packing: tuple[int | str, str | None] = (1, None)  # engine.pack as the run will use it, and why not if it cannot
     batchnorm: str | None = None  # the line saying DP chose model.batchnorm (local_statistics), or None
+    method: str | None = None  # the line saying the method adjusted a shared setting (Algorithm.settings_notice)
     poisson: bool = False  # train.sampling: poisson (round 1's draw is one draw, not every round's size)
     privacy: dict[str, Any] | None = None  # DP's accounting (RunPlan.privacy_summary): z, q, delta, epsilon at the final round
 
@@ -111,7 +112,8 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
         workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
         clock=_clock(plan), packing=plan.packing, poisson=plan.population.poisson, privacy=plan.privacy_summary,
-        batchnorm=batchnorm_notice(cfg, plan.algorithm, plan.model.keys))
+        batchnorm=batchnorm_notice(cfg, plan.algorithm, plan.model.keys),
+        method=plan.algorithm.settings_notice(cfg.train))
 
 
 def _clock(plan: RunPlan) -> dict[str, Any] | None:
@@ -155,6 +157,7 @@ def describe(e: WorkEstimate) -> str:
         f"  training as  {_packing(e.packing)}",
         *([f"  privacy      {describe_privacy(e.privacy)}"] if e.privacy else []),
         *([f"  batchnorm    {e.batchnorm}"] if e.batchnorm else []),
+        *([f"  method       {e.method}"] if e.method else []),
     ])
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from fedsim import storage
 from fedsim.config import RunConfig, SearchConfig, results_fingerprint, validate
+from fedsim.core.protocol import VALIDATION
 from fedsim.engine.placement import worker_bundle
 from fedsim.engine.ray_cluster import connect_ray, refuse_beyond_this_machine
 from fedsim.errors import ConfigError
@@ -62,6 +63,7 @@ class Sweep:
                 raise ConfigError("search.metric: ASHA needs the per-round metric it compares, e.g. fairness/acc_p10")
             return
         if logged_series(self.search.metric):  # the module's own self.log value: known once it runs
+            self._refuse_logged_off_validation(self.search.metric)
             return
         for cfg in self.configs:
             names = metric_names(cfg)
@@ -73,6 +75,17 @@ class Sweep:
             if cfg.data.validation and twin is not None:
                 raise ConfigError(f"search.metric: {self.search.metric} is scored on the test set, and ASHA would "
                                   f"select on it; {cfg.name} has data.validation: compare {twin}")
+
+    def _refuse_logged_off_validation(self, metric: str) -> None:
+        """Under data.validation, a logged value selects only where it was computed on the validation split: there a
+        module's validation_step (and a method's scoring record) is named validation_NAME; any other name is test's
+        (test_step, FedProto's prototype accuracy) or training's."""
+        validated = next((cfg for cfg in self.configs if cfg.data.validation), None)
+        if validated is not None and not metric.startswith(VALIDATION):
+            raise ConfigError(f"search.metric: {metric} is not computed on the validation split (values logged there "
+                              f"are named {VALIDATION}NAME; others come from test or training), and ASHA would select "
+                              f"on it; {validated.name} has data.validation: compare fairness/{VALIDATION}acc_mean or "
+                              f"a value your module's validation_step logs, as {VALIDATION}NAME/STATISTIC")
 
     @property
     def mode(self) -> str:

@@ -331,6 +331,25 @@ def test_apfl_takes_alphas_first_gradient_where_v_and_w_are_one_model(tmp_path):
     assert not np.array_equal(one_step.slots["personal_model"][CLIENT], one_step.initial("full"))
 
 
+@pytest.mark.parametrize("variant", ["paper", "pfllib", "fedtorch"])
+def test_apfl_personal_model_keeps_its_own_batchnorm_statistics_and_the_paper_scores_them_mixed(tmp_path, variant):
+    """v is a network of its own (PFLlib's model_per, FedTorch's second model): its training passes move its own
+    running statistics, apart from w's; the paper's mixture mixes them as it mixes the weights."""
+    rt = runtime(tmp_path, {"name": "apfl", "variant": variant}, **BN_NET)
+    state = start(rt)
+    uploads, _ = train_one(rt, state, CLIENT, 1)
+    stats = next(slice(s, e) for key, _, s, e in rt.layouts["full"].spans() if key.endswith("running_mean"))
+    v, initial = rt.slots["personal_model"][CLIENT], rt.initial("full")
+    assert not np.array_equal(v[stats], initial[stats])  # v's passes moved its statistics
+    w_stats = next(slice(s, e) for key, _, s, e in rt.layouts["shared"].spans() if key.endswith("running_mean"))
+    assert not np.allclose(v[stats], uploads[WEIGHTS][w_stats])  # ... apart from w's
+    if variant == "paper":
+        alpha = float(rt.slots["alpha"][CLIENT][0])
+        rt.algorithm.load_for_evaluation(ClientContext(rt, CLIENT, 1, state, torch.Generator()))
+        scored = rt.layouts["full"].pack()
+        np.testing.assert_allclose(scored[stats], alpha * v[stats] + (1 - alpha) * initial[stats], rtol=1e-5, atol=1e-7)
+
+
 def assert_nothing_kept(with_eval: ClientRuntime, without: ClientRuntime, after: dict, personal: np.ndarray) -> None:
     """Evaluation left the client's personal state as it was, and its next round trains as without evaluation."""
     assert np.array_equal(with_eval.slots["personal"][CLIENT], personal)

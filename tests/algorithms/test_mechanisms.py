@@ -6,6 +6,7 @@ import pytest
 from conftest import in_process_server, set_dotted
 from test_algorithms import started
 
+from fedsim.algorithms import FEDAVG, LOCAL, MechanismState, mechanism_state
 from fedsim.config import validate
 from fedsim.metrics.logger import round_row
 
@@ -49,6 +50,9 @@ def test_the_mechanism_is_at_work_at_the_methods_defaults(tmp_path, monkeypatch,
     rows = [round_row(server.round(r)) for r in range(1, ROUNDS + 1)]
     value = read(rows)
     assert active(value), f"{method}: {what}: not so after {ROUNDS} rounds ({value})"
+    # ... and the state the leaderboard shows says so: a value, no "acts as" flag.
+    state = mechanism_state(server.plan.cfg.algorithm.model_dump(), rows)
+    assert state is not None and state.value and state.flag is None, state
 
 
 @pytest.mark.slow
@@ -73,3 +77,35 @@ def test_fedamps_attention_is_at_work_on_the_leaderboards_pathological_setting(t
 def test_a_method_without_a_server_side_mechanism_records_none(tmp_path, monkeypatch):
     result = started(monkeypatch, tmp_path, "fedavg", train__rounds=1).round(1)
     assert result.mechanism == {} and "mechanism" not in round_row(result)
+
+
+def _rows(mechanism: dict | None = None, **recorded: float) -> list[dict]:
+    """Two rounds.jsonl rows: the first with other values, the second with these (the state reads the last)."""
+    first = {"round": 1, "mechanism": {k: -1.0 for k in mechanism or {}}, **{k: {"mean": -1.0} for k in recorded}}
+    last = {"round": 2, **({"mechanism": mechanism} if mechanism else {}),
+            **{k: {"mean": v, "std": 0.0} for k, v in recorded.items()}}
+    return [first, last]
+
+
+@pytest.mark.parametrize("algorithm, rows, expected", [
+    ("fedamp", _rows({"fedamp_self_weight_mean": 0.99999}), MechanismState("self-weight 1", LOCAL)),
+    ("fedamp", _rows({"fedamp_self_weight_mean": 0.62}), MechanismState("self-weight 0.62")),
+    ({"name": "ifca", "clusters": 4}, _rows({"ifca_clusters_used": 1.0}), MechanismState("1 of 4 clusters used", FEDAVG)),
+    ("apfl", _rows(apfl_alpha=0.996), MechanismState("alpha 0.996", LOCAL)),
+    ("apfl", _rows(apfl_alpha=0.004), MechanismState("alpha 0.004", FEDAVG)),
+    ("apfl", _rows(apfl_alpha=0.5), MechanismState("alpha 0.5")),
+    ({"name": "fedproto", "lambda": 0.0}, [], MechanismState("prototype term 0 (lambda 0)", LOCAL)),
+    ("fedproto", _rows(fedproto_prototype_mse=1e-5), MechanismState("prototype term 1e-05", LOCAL)),
+    ("ditto", _rows(ditto_distance=1e-5), MechanismState("||v - w|| 1e-05", FEDAVG)),
+    ({"name": "ditto", "lambda": 0.0}, _rows(ditto_distance=3.0), MechanismState("||v - w|| 3", LOCAL)),
+    ("pfedme", _rows(pfedme_distance=0.0), MechanismState("||theta - w|| 0", FEDAVG)),
+    ("fedala", _rows(fedala_w_mean=1.0), MechanismState("W 1", FEDAVG)),
+    ("fedfomo", _rows(fedfomo_models_used=0.0), MechanismState("0 models used", LOCAL)),
+])
+def test_a_switched_off_mechanism_is_flagged_from_the_runs_last_values(algorithm, rows, expected):
+    assert mechanism_state(algorithm, rows) == expected
+
+
+def test_a_method_without_a_mechanism_or_a_run_without_records_has_no_state():
+    assert mechanism_state("fedavg", _rows(apfl_alpha=1.0)) is None
+    assert mechanism_state("apfl", []) is None

@@ -81,10 +81,10 @@ def test_perfedavg_step_is_the_maml_step_and_hf_adds_exactly_the_hessian_term(tm
     np.testing.assert_allclose(got_hf - got_fo, term, rtol=1e-3, atol=1e-7)
 
 
-@pytest.mark.parametrize("params, beta_is_lr", [({}, False), ({"beta": None}, True)])
-def test_perfedavg_defaults_are_the_pfedme_authors_and_beta_null_is_pfllibs(tmp_path, monkeypatch, params, beta_is_lr):
-    """Defaults (CharlieDinh/pFedMe README.md:44): FO, alpha = the run's lr, beta = 0.001; beta null: the run's lr
-    (PFLlib). Two steps with the run's momentum 0.9 in the config: still plain steps."""
+@pytest.mark.parametrize("params, beta_is_lr", [({}, True), ({"beta": 0.001}, False)])
+def test_perfedavg_defaults_are_pfllibs_and_a_fixed_beta_the_pfedme_authors(tmp_path, monkeypatch, params, beta_is_lr):
+    """Defaults (PFLlib clientperavg.py:14): FO, alpha = beta = the run's lr; beta 0.001: the pFedMe authors'
+    (README.md:44). Two steps with the run's momentum 0.9 in the config: still plain steps."""
     rt = runtime(tmp_path, {"name": "perfedavg", **params}, train__body={"momentum": 0.9}, train__head={"momentum": 0.9})
     assert rt.algorithm.params.variant == "fo"
     lr = rt.settings.lr("body", 1)
@@ -186,3 +186,19 @@ def test_pfedme_defaults_are_one_of_the_authors_settings_and_a_round_is_local_st
                            train__batch_size=50)
     losses = whole_passes.algorithm.client_update(ClientContext(whole_passes, CLIENT, 1, _start(rt), torch.Generator()))
     assert len(losses) == 2 * per_pass * 5
+
+
+def test_pfedme_clamps_ws_step_to_the_authors_range_and_says_so(tmp_path, monkeypatch):
+    """eta x lambda above step_limit (0.15, the authors' largest): w closes 0.15 of its gap to theta, and the dry
+    run's notice names the product and the limit; at the authors' lr it says nothing."""
+    rt = runtime(tmp_path, "pfedme", train__body={"lr": 0.1}, train__head={"lr": 0.1})
+    batch = _batches(rt, 1)[0]
+    _feed(monkeypatch, [batch])
+    start = rt.plan.model.initial["shared"].astype(np.float64)
+    upload = _upload(rt, _start(rt))
+    personal = rt.slots["personal_model"][CLIENT]
+    np.testing.assert_allclose(upload - start, 0.15 * (personal - start), rtol=1e-4, atol=1e-7)
+    notice = rt.algorithm.settings_notice(rt.cfg.train)
+    assert notice is not None and "= 1.5" in notice and "step_limit 0.15" in notice
+    authors = runtime(tmp_path, "pfedme", train__body={"lr": 0.005}, train__head={"lr": 0.005})
+    assert authors.algorithm.settings_notice(authors.cfg.train) is None

@@ -131,6 +131,25 @@ def test_self_log_values_reach_the_records_and_the_rounds_statistics(tmp_path, m
     assert set(row["val_margin"]) >= {"mean", "p10", "jain"}
 
 
+@pytest.mark.parametrize("validation", [0.25, 0.0])
+def test_a_modules_validation_step_sees_the_validation_split_and_test_step_the_test_split(tmp_path, validation):
+    """With data.validation, as Lightning users expect: validation_step (and its on_validation_* hooks) on the
+    validation split, its values under validation_NAME; test_step (on_test_* hooks) on test. Without, both steps
+    score the test data, the only split there is."""
+    rt = lightning_runtime(tmp_path, "CountsWhatItScores", "fedavg", **{"data.validation": validation,
+                                                                       "eval.finetune_epochs": 0})
+    CALLS.clear()
+    record = rt.evaluate(start(rt), [0], 1)[0]
+    if validation:
+        assert record["validation_validation_samples"] == record["n_validation"] > 0
+        assert record["test_samples"] == record["n_test"] > 0
+        assert "validation_samples" not in record and "validation_test_samples" not in record
+        assert CALLS["on_validation_start"] == CALLS["on_test_start"] == 1
+    else:
+        assert record["validation_samples"] == record["test_samples"] == record["n_test"]
+        assert CALLS["on_validation_start"] == 1 and CALLS["on_test_start"] == 0
+
+
 def test_lightning_hooks_and_callbacks_run_for_every_local_update(tmp_path):
     CALLS.clear()
     rt = lightning_runtime(tmp_path, "TwoPartModule", "fedavg",

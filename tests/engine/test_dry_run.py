@@ -113,6 +113,16 @@ def test_cli_dry_run_bad_config_is_one_line_exit_2(tmp_path, data_root, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_cli_dry_run_says_in_one_line_that_pfedme_clamps_its_step(tmp_path, data_root, capsys):
+    from fedsim.cli.main import main
+
+    tree = small_tree(tmp_path / "runs", data_root)
+    assert main(["run", str(_write(tmp_path, tree)), "--dry-run", "algorithm=pfedme", "train.body.lr=0.1",
+                 "train.head.lr=0.1"]) == 0
+    method = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("method")]
+    assert len(method) == 1 and "lr 0.1 x lambda 15 = 1.5" in method[0] and "step_limit 0.15" in method[0]
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_shipped_config_dry_runs(path, data_root, monkeypatch, tmp_path, capsys):
     """Each sweep variant validates, partitions and builds its model (paper scale included: no training)."""

@@ -133,6 +133,16 @@ def test_a_run_asha_stopped_stays_stopped_a_finished_one_is_replayed_and_a_claim
     ({"sweep": {"seed": [1]}, "search": {"scheduler": "asha", "metric": "fairness/acc_p10"}, "data.validation": 0.2},
      "search.metric: fairness/acc_p10 is scored on the test set, and ASHA would select on it; t-1 has data.validation: "
      "compare fairness/validation_acc_p10"),
+    # docs/sweeps.md's own example, a module's value: under data.validation its validation_step's is validation_NAME
+    ({"sweep": {"seed": [1]}, "search": {"scheduler": "asha", "metric": "val_loss/mean"}, "data.validation": 0.2},
+     "search.metric: val_loss/mean is not computed on the validation split (values logged there are named "
+     "validation_NAME; others come from test or training), and ASHA would select on it; t-1 has data.validation: "
+     "compare fairness/validation_acc_mean or a value your module's validation_step logs, as "
+     "validation_NAME/STATISTIC"),
+    # a method's record scored on test (FedProto's prototype accuracy)
+    ({"sweep": {"seed": [1]}, "algorithm": "fedproto", "data.validation": 0.2,
+      "search": {"scheduler": "asha", "metric": "fedproto_acc_prototypes/mean"}},
+     "search.metric: fedproto_acc_prototypes/mean is not computed on the validation split"),
 ])
 def test_bad_sweeps_are_one_line_exit_2_before_any_trial(tmp_path, capsys, over, message):
     tree = synthetic_tree(tmp_path, **over)
