@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim import strict_yaml
-from fedsim.algorithms import ALGORITHMS
+from fedsim.algorithms import ALGORITHMS, Algorithm
 from fedsim.config.fingerprint import LATER_DEFAULTS, flatten, result_settings
 from fedsim.core import runfiles
 
@@ -123,10 +123,24 @@ def receipt(configs: list[dict], metrics: list[str], at: str = "final",
     seeds = sorted(c["seed"] for c in configs if isinstance(c.get("seed"), int))
     trained = (ran_optimizers(optimizers, train) if optimizers else
                {"optimizer": _parts(train, "optimizer"), "lr": _lr(train), "momentum": _parts(train, "momentum")})
+    trained |= {key: "not used by the method" for key in _unused_settings(first) if key in trained}
     return {"method": _method(first), **trained, "rounds": str(_at(train, "rounds", "?")),
             "local work": _local_work(first), "scored": "; ".join(scored(first, m) for m in metrics),
             "round": picked(first, at),
             "seeds": ", ".join(map(str, seeds)) or "-"}
+
+
+def _unused_settings(config: dict) -> frozenset[str]:
+    """The shared settings the run's built-in method never reads (Per-FedAvg's and pFedMe's momentum): a receipt
+    shows no value the training did not use."""
+    method = _builtin_method(config.get("algorithm"))
+    return method.unused_settings if method is not None else frozenset()
+
+
+def _builtin_method(section: Any) -> type[Algorithm] | None:
+    """The built-in method a stored algorithm section names (None for a plug-in's: never imported to read it)."""
+    name = section.get("name") if isinstance(section, dict) else None
+    return ALGORITHMS.get(name) if isinstance(name, str) else None
 
 
 def _filled(section: Any) -> tuple[Any, bool]:
@@ -135,15 +149,14 @@ def _filled(section: Any) -> tuple[Any, bool]:
     method after a run was written is absent from its config.yaml, and the run ran at its default); and whether they
     were filled, so every parameter the method has is there. A plug-in method's stay as written: a run folder is
     input, and the code it names is never imported to read it."""
-    name = section.get("name") if isinstance(section, dict) else None
-    method = ALGORITHMS.get(name) if isinstance(name, str) else None
+    method = _builtin_method(section)
     if method is None or not isinstance(section, dict):
         return section, False
     try:
         params = method.Params.model_validate({k: v for k, v in section.items() if k != "name"})
     except ValueError:  # pydantic's ValidationError: parameters no longer valid, kept as written
         return section, False
-    return {"name": name, **params.model_dump(by_alias=True)}, True
+    return {"name": section["name"], **params.model_dump(by_alias=True)}, True
 
 
 def _settings(config: dict) -> tuple[dict[str, object], bool]:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from fedsim import atomic
+from fedsim.algorithms import mechanism_state
 from fedsim.core import runfiles
 from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.logger import read_jsonl
@@ -50,7 +51,17 @@ def _seed_stats(item: PlannedRun, summary: dict, comparable: bool) -> dict[str, 
             "seconds": run_seconds(item.folder) / item.config.train.rounds,
             "cpu_seconds": None if (cpu := run_cpu_seconds(item.folder)) is None else cpu / item.config.train.rounds,
             "pooled_best": pooled_best_on_test(item.folder, metric) if comparable else None,
-            "curve": more.curve(item.folder, metric), "images": more.mean_train_images(item.folder)}
+            "curve": more.curve(item.folder, metric), "images": more.mean_train_images(item.folder),
+            "mechanism": _mechanism(item)}
+
+
+def _mechanism(item: PlannedRun) -> dict[str, Any] | None:
+    """The method's mechanism at the run's end (its value, and what the method is where it is off), or None for a
+    method without one of its own."""
+    cfg = item.config
+    state = mechanism_state({"name": cfg.algorithm.name, **cfg.algorithm.params},
+                            read_jsonl(item.folder / runfiles.ROUNDS))
+    return None if state is None else {"value": state.value, "flag": state.flag}
 
 
 def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[str, Any]:
@@ -73,6 +84,11 @@ def _stats(finals: list[PlannedRun], entry: Entry, diverged: Diverged) -> dict[s
             "picked_on": sorted(set(column["picked_on"])), "picked_rounds": column["picked_round"],
             **{key: float(np.mean(column[key])) for key in ("p10", "jain", "seconds")},
             "cpu_seconds": None if None in column["cpu_seconds"] else float(np.mean(column["cpu_seconds"]))}
+    states = [m for m in column["mechanism"] if m is not None]
+    if states:
+        flags = [m["flag"] for m in states if m["flag"]]
+        out["mechanism"] = {"value": states[0]["value"], "flag": max(set(flags), key=flags.count) if flags else None,
+                            "flagged": len(flags), "of": len(states)}
     if comparable and None not in column["pooled_best"]:
         out["pooled_best"] = mean_ci(column["pooled_best"]).__dict__
     return out
@@ -152,6 +168,15 @@ def _cost(stats: dict) -> str:
     return f"{stats['cost']:,.0f}{tuned}"
 
 
+def _mechanism_text(stats: dict) -> str:
+    """The mechanism's value at the first finished seed, and its flag where a seed's mechanism is off."""
+    found = stats.get("mechanism")
+    if found is None:
+        return "-"
+    flag = "" if not found["flagged"] else f"; **{found['flag']}** ({found['flagged']} of {found['of']} seeds)"
+    return found["value"] + flag
+
+
 def _row(entry: Entry, cell: dict, setting: str) -> str:
     stats = cell["finals"]
     what = "fine-tuned" if entry.overrides.get("eval.finetune_epochs") else "own model"
@@ -160,10 +185,11 @@ def _row(entry: Entry, cell: dict, setting: str) -> str:
     failed = f" ({len(stats['diverged'])} diverged: {stats['diverged'][0]})" if stats["diverged"] else ""
     if "final" not in stats:
         left = "not run yet" if not stats["diverged"] else "diverged"
-        return f"| `{entry.name}` | {what} | {chosen} | {left}{failed} | | | | | | | 0 | | {theirs} |"
+        return f"| `{entry.name}` | {what} | {chosen} | {left}{failed} | | | | | | | | 0 | | {theirs} |"
     on = "" if stats["picked_on"] == ["validation"] else " (picked on test: no validation split)"
     return (f"| `{entry.name}` | {what} | {chosen} | {_interval(stats['final'])} | {_interval(stats['picked'])}{on} "
-            f"| {_rounds(stats['picked_rounds'])} | {stats['p10']:.2f} | {stats['jain']:.3f} | {_cost(stats)} | "
+            f"| {_rounds(stats['picked_rounds'])} | {stats['p10']:.2f} | {stats['jain']:.3f} | "
+            f"{_mechanism_text(stats)} | {_cost(stats)} | "
             f"{_per_round(stats)} | {stats['seeds']} of {stats['planned']}{failed} | {ours} | {theirs} |")
 
 
@@ -210,7 +236,7 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
              "again.", "", cut(full, scale), "", PAGE["tuning"].format(budget=full.budget(), selection=SELECTION), "",
              PAGE["reading"], "", f"{BOARD.pfllib.protocol}.", ""]
     for setting in SETTINGS:
-        lines += [f"## {BOARD.settings[setting].title}", "", PAGE["header"], "|" + "---|" * 13]
+        lines += [f"## {BOARD.settings[setting].title}", "", PAGE["header"], "|" + "---|" * 14]
         lines += [_row(e, table[setting][e.name], setting) for e in ENTRIES if e.name in table[setting]]
         lines += ["", *_ranking(table[setting], full.final_rounds), *_spaces(table, setting), "",
                   *_receipts(setting, full.finals), ""]

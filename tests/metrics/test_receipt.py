@@ -31,6 +31,13 @@ def test_a_receipt_given_the_optimizers_a_run_set_up_prints_those_not_the_config
     assert receipt([config], ["acc"], optimizers=groups)["lr"] == "body 0.05 / head 0.005, constant/step schedule"
 
 
+def test_a_receipt_prints_no_value_of_a_setting_the_method_never_reads():
+    config = {"seed": 0, "algorithm": {"name": "perfedavg"}, "train": {"rounds": 2, "body": {"momentum": 0.9},
+                                                                      "head": {"momentum": 0.9}}}
+    assert receipt([config], ["acc"])["momentum"] == "not used by the method"
+    assert receipt([{**config, "algorithm": {"name": "fedavg"}}], ["acc"])["momentum"] == "0.9"
+
+
 def test_arms_differ_in_the_settings_that_change_results_never_in_their_seed_or_name():
     a, b = _config(seed=0, name="a"), _config(seed=1, name="b", train={"rounds": 3, "body": {"momentum": 0.0}})
     assert differences([a, b]) == ["train.body.momentum"] and differences([a, a]) == []

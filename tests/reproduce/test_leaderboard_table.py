@@ -66,6 +66,21 @@ def test_a_row_reports_the_final_and_the_validation_picked_round_at_the_chosen_s
     assert "| `fedper` | fedper (keep_personal True) | sgd |" in text  # the final runs' receipt
 
 
+def test_the_mechanism_column_flags_a_method_whose_mechanism_is_off_at_its_chosen_setting(tmp_path):
+    full, kept = _chosen_plan(tmp_path, "fedamp")
+    for item in full.finals:
+        finish(item, test=0.5, validation=0.3)
+        weight = 0.999999 if item.seed < 3 else 0.62  # local training at three of the five seeds
+        rows = [json.loads(line) for line in (item.folder / "rounds.jsonl").read_text().splitlines()]
+        rows[-1]["mechanism"] = {"fedamp_self_weight_mean": weight}
+        (item.folder / "rounds.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    table = leaderboard_table.evaluate(full, kept)
+    assert table["pathological"]["fedamp"]["finals"]["mechanism"] == {
+        "value": "self-weight 1", "flag": "acts as local training", "flagged": 3, "of": 5}
+    text = leaderboard_table.render(table, "cpu", full, "cmd")
+    assert "| self-weight 1; **acts as local training** (3 of 5 seeds) |" in text
+
+
 def test_pfllibs_column_is_left_out_where_its_number_scores_something_else(tmp_path):
     full, kept = _chosen_plan(tmp_path, "fedproto")
     for item in full.finals:
