@@ -26,7 +26,7 @@ from fedsim.errors import PluginError
 # function field never imports their modules; a class of theirs of the field's base is of its kind.
 LIBRARIES = frozenset({"numpy", "torch", "torchvision", "ray", "pytorch_lightning", "lightning", "lightning_fabric",
                        "torchmetrics", "wandb", "PIL", "yaml", "pydantic", "pydantic_core", "tqdm", "matplotlib",
-                       "pyarrow", "psutil", "dp_accounting"})
+                       "pyarrow", "psutil", "dp_accounting", "scipy"})
 
 
 class Kind(Protocol):
