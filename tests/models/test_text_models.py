@@ -9,6 +9,7 @@ from fedsim.algorithms import WEIGHTS
 from fedsim.client.runtime import ClientRuntime
 from fedsim.config import validate
 from fedsim.models import build_model
+from fedsim.models.packed import why_unpackable
 
 WINDOWS = torch.randint(0, 80, (3, 1, 1, 80)).float()
 
@@ -19,6 +20,7 @@ def test_a_character_model_ends_in_the_output_layer_over_the_vocabulary(name, wi
     assert net(WINDOWS).shape == (3, 80) and net.features(WINDOWS).shape == (3, width)
     assert len(net.blocks) == depth and net.output_layer is net.classifier
     assert net.split_keys(1)[1] == ["classifier.weight", "classifier.bias"]  # the personal head by default
+    assert why_unpackable(net) is not None  # engine.pack trains their clients one after another
     base, head = net.split_keys(2)
     assert all(k.startswith((f"blocks.{depth - 1}.", "classifier.")) for k in head)
     assert all(k.startswith(("stem.", "blocks.0.")) for k in base)
@@ -56,8 +58,11 @@ def test_the_fabric_and_trainer_loops_train_a_character_model_alike(tmp_path, da
 
 
 def test_a_tiny_run_on_three_hamlet_characters_scores_each(tmp_path, data_root):
-    config = write_yaml(tmp_path / "shk.yaml", shakespeare_tree(tmp_path, data_root))
+    config = write_yaml(tmp_path / "shk.yaml", shakespeare_tree(tmp_path, data_root, data__validation=0.1))
     done = fedsim_cli("run", str(config))
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [r for r in per_client(tmp_path / "shk") if r["round"] == 2]
     assert sorted(r["client"] for r in rows) == [0, 1, 2] and all(0 <= r["acc"] <= 1 for r in rows)
+    for r in rows:  # per character, on test and on the validation text
+        assert r["perplexity"] == pytest.approx(np.exp(r["loss"]))
+        assert r["validation_perplexity"] == pytest.approx(np.exp(r["validation_loss"]))
