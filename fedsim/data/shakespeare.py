@@ -240,7 +240,8 @@ def shakespeare(root: Path | None, options: dict) -> ArrayDataset:
     digest = content_digest(train_x, train_y, test_x, test_y, train_g, test_g)
     return ArrayDataset(f"shakespeare-{parsed.variant}", train_x, train_y, test_x, test_y, classes,
                         (0.0,), (1.0 / 255,),  # to_float gives the codes themselves
-                        train_g, test_g, augmentable=False, digest=digest, window=seq_len)
+                        train_g, test_g, augmentable=False, digest=digest, window=seq_len,
+                        about=parsed.summary())
 
 
 # ASCII byte -> vocabulary index (leaf_text keeps only vocabulary characters, all ASCII).

