@@ -25,3 +25,16 @@ def test_every_method_trains_and_scores_a_round_on_text(tmp_path, data_root, mon
     records = result.records
     assert sorted(r["client"] for r in records) == [0, 1, 2]
     assert all(np.isfinite(r["perplexity"]) and 0 <= r["acc_personalized"] <= 1 for r in records)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedper"])
+def test_text_runs_are_bit_identical_on_one_and_three_workers(tmp_path, data_root, monkeypatch, method):
+    finals = []
+    for workers in (1, 3):
+        cfg = validate(shakespeare_tree(tmp_path / str(workers), data_root, algorithm=method, engine__workers=workers))
+        server = in_process_server(monkeypatch, cfg)
+        server.restore(None)
+        records = [server.round(r).records for r in (1, 2)]
+        finals.append((server.state[WEIGHTS].copy(), records))
+    (one, scored_one), (three, scored_three) = finals
+    assert np.array_equal(one, three) and scored_one == scored_three
