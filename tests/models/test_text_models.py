@@ -29,7 +29,7 @@ def test_a_character_model_ends_in_the_output_layer_over_the_vocabulary(name, wi
 def test_leafs_lstm_has_its_sizes():
     net = build_model("char_lstm", 80, (1, 1, 80))
     assert net.stem[1].weight.shape == (80, 8)
-    assert [b.lstm.hidden_size for b in net.blocks] == [256, 256] and [b.lstm.input_size for b in net.blocks] == [8, 256]
+    assert [(b.lstm.input_size, b.lstm.hidden_size) for b in net.blocks] == [(8, 256), (256, 256)]
 
 
 def test_the_transformer_is_causal():
