@@ -470,3 +470,20 @@ def paper_folder(tmp_path: Path, key: str, edit: Callable[[str], str] = lambda t
     folder = shutil.copytree(PAPERS_DIR / key, tmp_path / key)
     (folder / file).write_text(edit((folder / file).read_text()))
     return folder
+
+
+SHAKESPEARE_OPTIONS = {"plays": ["hamlet"], "min_chars": 9000}  # Hamlet's four longest parts: one play's parse
+
+
+def shakespeare_tree(tmp_path, data_root, model: str = "user_plugins:tiny_char_lstm", **over) -> dict:
+    """A run of 3 Hamlet characters on a tiny character model, a few hundred windows each: seconds."""
+    tree = {"name": "shk", "seed": 5, "algorithm": "fedper", "out_dir": str(tmp_path),
+            "data": {"dataset": "shakespeare", "root": str(data_root), "partition": "natural", "num_clients": 3,
+                     "options": dict(SHAKESPEARE_OPTIONS), "train_fraction": 0.01, "test_fraction": 0.02,
+                     "augment": False},
+            "model": {"name": model, "personal_layers": 1},
+            "train": {"rounds": 2, "local_epochs": 1, "batch_size": 32, "eval_every": 1},
+            "eval": {"finetune_epochs": 0}, "engine": {"workers": 1, "round_timeout_s": 300}}
+    for dotted, value in over.items():
+        set_dotted(tree, dotted, value)
+    return tree

@@ -321,3 +321,17 @@ class CountsWhatItScores(TwoPartModule):
 
     def on_test_start(self):
         CALLS["on_test_start"] += 1
+
+
+def tiny_char_lstm(num_classes: int, in_channels: int, image_size) -> SplitNet:
+    """LEAF's character LSTM at a test's size (embedding 4, two layers of 16)."""
+    from fedsim.models.text import char_lstm
+
+    return char_lstm(num_classes, in_channels, image_size, embedding=4, hidden=16)
+
+
+def tiny_char_transformer(num_classes: int, in_channels: int, image_size) -> SplitNet:
+    """The causal character transformer at a test's size (width 16, two heads, two layers)."""
+    from fedsim.models.text import char_transformer
+
+    return char_transformer(num_classes, in_channels, image_size, width=16, heads=2)

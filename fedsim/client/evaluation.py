@@ -27,9 +27,10 @@ class Evaluation:
     """Scores a worker's clients through its runtime port and its loop."""
 
     def __init__(self, port: RuntimePort, loop: LocalLoop, algorithm: Algorithm, cfg: RunConfig,
-                 client_data: Mapping[int, ClientData]):
+                 client_data: Mapping[int, ClientData], perplexity: bool = False):
         self.port, self.loop, self.algorithm = port, loop, algorithm
         self.cfg, self.client_data = cfg, client_data
+        self.perplexity = perplexity  # text (next-character prediction): each score's perplexity beside its loss
 
     def _batch(self, n: int) -> int:
         """Batch statistics depend on the batch: score a client's whole test set at once, as FedBABU's authors."""
@@ -55,7 +56,9 @@ class Evaluation:
         stage: ScoringStage = ("evaluation" if not self.cfg.data.validation else
                                "validation" if split == "val" else "test")
         loss, acc, logged = self.loop.score(x, y, self._batch(len(y)), suffix, stage)
-        return {f"loss{suffix}": loss, f"acc{suffix}": acc, **logged}
+        # Per character: the exponential of the mean cross-entropy, what language-model users compare.
+        ppl = {f"perplexity{suffix}": float(np.exp(loss))} if self.perplexity else {}
+        return {f"loss{suffix}": loss, f"acc{suffix}": acc, **ppl, **logged}
 
     def evaluate(self, broadcast: dict[str, np.ndarray], clients: list[int], round_idx: int,
                  seen: ModelSeen | None = None) -> list[ClientRecord]:

@@ -58,7 +58,7 @@ class ClientRuntime:
         self.packing = None if pack_size == 1 else Packing(
             model, pack_size, self.algorithm.name, cfg.train.batch_size, self.augment, plan.input_shape,
             cfg.engine.gpus_per_worker)
-        self.evaluation = Evaluation(self, self.loop, self.algorithm, cfg, client_data)
+        self.evaluation = Evaluation(self, self.loop, self.algorithm, cfg, client_data, perplexity=self.data.window > 0)
         self._held: tuple[np.ndarray, int] | None = None  # (broadcast weights in the model, their tensors' version)
         self._resident: tuple[np.ndarray, torch.Tensor] | None = None  # (broadcast weights, their copy on the device)
 

@@ -4,7 +4,9 @@ a resumed run compares against the data it started on."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +29,12 @@ class ArrayDataset:
     test_groups: np.ndarray | None = None  # int64 (M,)
     augmentable: bool = True  # whether random crop + flip keeps the label (not for letters or features)
     digest: str = ""  # hash of the arrays' content: a resumed run refuses data that changed under it
+    # > 0: each group's samples are consecutive windows of one text, in order, each reading this many positions
+    # (shakespeare); data.validation then holds out each client's last windows instead of a draw per class
+    window: int = 0
+    # How the data was built, JSON-able, for --dry-run and the run folder (shakespeare: its client count, text per
+    # client and vocabulary); None: nothing beyond the arrays
+    about: Mapping[str, Any] | None = None
 
     @property
     def num_classes(self) -> int:

@@ -52,7 +52,7 @@ def client_split(run: str | Path, client: int, split: str,
     if digest and recomputed_digest(data) != digest:
         raise DataError(f"data.root: the {data.name} data changed since {run} started; restore the original files "
                         "to get the tensors the run scored")
-    train, val = validation_splits(partition, data.train_y, cfg.data.validation, cfg.seed)
+    train, val = validation_splits(partition, data.train_y, cfg.data.validation, cfg.seed, data.window)
     maps = partition.label_maps
     held = ClientData(train[client], partition.test[client], None if maps is None else maps[client], val[client])
     return client_tensors(data, held, SPLITS[split])

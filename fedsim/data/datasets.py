@@ -21,6 +21,7 @@ from fedsim.data.contract import checked
 from fedsim.data.cache import build_cache, cache_dir, channel_stats, open_cache, source_key
 from fedsim.data.formats import (CIFAR10_PICKLES, CIFAR100_PICKLES, CLASS_FOLDERS, FEMNIST_NPZ, IMAGE_FOLDER, IMAGE_ZIP,
                                  Arrays, Reader)
+from fedsim.data.shakespeare import shakespeare
 from fedsim.data.synthetic import synthetic
 from fedsim.errors import DataError, PluginError
 from fedsim.plugins import Signature, is_plugin, load_plugin, user_call
@@ -48,8 +49,13 @@ class _Spec:
     augmentable: bool = True
 
 
-# Adding a data set is one entry here: a _Spec, or a generator taking the ``options`` dict.
-_DATASETS: dict[str, _Spec | Callable[[dict], ArrayDataset]] = {
+def _shakespeare(root: str | Path | None, options: dict) -> ArrayDataset:
+    """The tarball under the data root, unless data.options.path names it (then no root is needed)."""
+    return shakespeare(None if options.get("path") else resolve_root(root), options)
+
+
+# Adding a data set is one entry here: a _Spec, or a builder taking the data root (as given) and the ``options`` dict.
+_DATASETS: dict[str, _Spec | Callable[[str | Path | None, dict], ArrayDataset]] = {
     "cifar10": _Spec(
         "CIFAR-10", 10,
         (("cifar10-jpeg.zip", IMAGE_ZIP), ("cifar10", IMAGE_FOLDER), (".", IMAGE_FOLDER), ("cifar10.zip", IMAGE_ZIP),
@@ -65,7 +71,8 @@ _DATASETS: dict[str, _Spec | Callable[[dict], ArrayDataset]] = {
     "femnist": _Spec("FEMNIST", 62, (("femnist-leaf-sample.npz", FEMNIST_NPZ),), augmentable=False),
     # data.root names the image folder or its zip itself; a folder of <class>/ folders alone needs data.test_split.
     "imagefolder": _Spec("image-folder data set", None, ((".", IMAGE_ZIP), (".", IMAGE_FOLDER), (".", CLASS_FOLDERS))),
-    "synthetic": synthetic,
+    "synthetic": lambda root, options: synthetic(options),  # generated: no root
+    "shakespeare": _shakespeare,
 }
 
 
@@ -125,8 +132,8 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
                  options: dict | None = None) -> ArrayDataset:
     """Load a data set by name from ``root`` (or FEDSIM_DATA), decoding only on first use.
 
-    Generated data sets (synthetic) need no root and take their parameters from ``options``;
-    the others ignore it.
+    Built data sets take their parameters from ``options`` (synthetic, generated, needs no root; shakespeare,
+    parsed from its tarball); the others ignore it.
     """
     if is_plugin(name):
         return _user_dataset(name, root, options or {})
@@ -135,7 +142,7 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
         raise DataError(f"data.dataset: unknown data set {name!r}; choose one of {', '.join(_DATASETS)} "
                         "or give 'package.module:function'")
     if not isinstance(spec, _Spec):
-        return spec(options or {})
+        return spec(root, options or {})
     source, read = _find_source(spec, resolve_root(root), download)
     folder = cache_dir() / f"{name}-{source_key(source)}"
     dataset = open_cache(name, folder, spec.augmentable)

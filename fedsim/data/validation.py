@@ -11,6 +11,11 @@ samples (counts rounded half up):
   that nothing would be left to train);
 - a client that would hold out nothing (few samples, small f) holds out one sample, drawn at random, so that every
   client is scored on validation data; a client with a single training sample cannot and is refused.
+
+Windows of a text (a data set with ``window`` > 0, shakespeare) overlap their neighbours, so a random draw would
+validate on text that training reads: there each client holds out its last round(f x n) windows (at least one),
+in order, and its ``window`` windows just before them are not trained on either, so no training window reads the
+validation text.
 """
 from __future__ import annotations
 
@@ -46,10 +51,28 @@ def hold_out(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> n
     return np.sort(held)
 
 
-def validation_splits(partition: Partition, train_y: np.ndarray, fraction: float,
-                      seed: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+def held_out_in_order(indices: np.ndarray, fraction: float, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training, validation) indices of one client whose sorted ``indices`` are windows of one text in order: the
+    last round(f x n) validate, and training stops ``window`` positions before the first of them."""
+    n = len(indices)
+    held = indices[n - min(max(1, _rounded(fraction * n)), n - 1):]
+    return indices[indices < held[0] - window], held
+
+
+def _drawn(indices: np.ndarray, labels: np.ndarray, fraction: float, seed: int,
+           client: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training, validation) indices of one client, validation drawn per class from the client's own stream."""
+    held = hold_out(labels, fraction, np.random.default_rng([seed, client, VALIDATION_STREAM]))
+    keep = np.ones(len(indices), bool)
+    keep[held] = False
+    return indices[keep], indices[held]
+
+
+def validation_splits(partition: Partition, train_y: np.ndarray, fraction: float, seed: int,
+                      window: int = 0) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """(per client: the training indices it trains on, its validation indices). With ``fraction`` 0 the partition's
-    own training indices, untouched, and no validation data."""
+    own training indices, untouched, and no validation data; ``window`` > 0: the samples are windows of a text (the
+    module docstring's last rule)."""
     if fraction == 0:
         return partition.train, tuple(np.empty(0, np.int64) for _ in partition.train)
     train, val = [], []
@@ -57,10 +80,12 @@ def validation_splits(partition: Partition, train_y: np.ndarray, fraction: float
         if len(indices) < 2:
             raise DataError(f"data.validation: client {client} holds {len(indices)} training sample(s), too few to "
                             "hold any out and still train; lower data.num_clients or set data.validation: 0")
-        rng = np.random.default_rng([seed, client, VALIDATION_STREAM])
-        held = hold_out(partition.labels(client, train_y, indices), fraction, rng)
-        keep = np.ones(len(indices), bool)
-        keep[held] = False
-        train.append(indices[keep])
-        val.append(indices[held])
+        kept, held = (held_out_in_order(indices, fraction, window) if window
+                      else _drawn(indices, partition.labels(client, train_y, indices), fraction, seed, client))
+        if not len(kept):
+            raise DataError(f"data.validation: client {client}'s {len(indices)} training windows leave none to "
+                            f"train on once its validation text and the {window} windows before it are held "
+                            "out; lower data.validation or raise data.train_fraction")
+        train.append(kept)
+        val.append(held)
     return tuple(train), tuple(val)

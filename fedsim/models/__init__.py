@@ -11,11 +11,12 @@ from fedsim.models.resnet import resnet34
 from fedsim.models.shape import image_size_of
 from fedsim.models.split import SplitNet
 from fedsim.models.state import use_batch_statistics
+from fedsim.models.text import char_lstm, char_transformer
 from fedsim.plugins import Signature, is_plugin, load_plugin, user_call
 
 MODELS: dict[str, Callable[..., SplitNet]] = {
     "cnn4": cnn4, "resnet34": resnet34, "mobilenet_v1": mobilenet_v1, "mlp": mlp, "linear_base": linear_base,
-    "pfllib_cnn": pfllib_cnn,
+    "pfllib_cnn": pfllib_cnn, "char_lstm": char_lstm, "char_transformer": char_transformer,
 }
 USER_MODEL = Signature(keywords=("num_classes", "in_channels", "image_size"), returns="a fedsim.models.SplitNet")
 

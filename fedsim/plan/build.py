@@ -145,7 +145,8 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
     """The run's plan over ``partition`` (a resumed run's own; default: the one the inputs drew)."""
     part = partition or inputs.partition
     maps = part.label_maps
-    train, val = validation_splits(part, inputs.data.train_y, cfg.data.validation, cfg.seed)
+    train, val = validation_splits(part, inputs.data.train_y, cfg.data.validation, cfg.seed,
+                                   inputs.data.window)
     clients = tuple(ClientData(train[c], part.test[c], None if maps is None else maps[c], val[c])
                     for c in range(part.num_clients))
     plan = RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,

@@ -1,0 +1,68 @@
+"""The character models (fedsim.models.text) as split networks, under both client loops and in a whole run on
+Shakespeare clients."""
+import numpy as np
+import pytest
+import torch
+from conftest import fedsim_cli, per_client, plan_for, shakespeare_tree, train_one, write_yaml
+
+from fedsim.algorithms import WEIGHTS
+from fedsim.client.runtime import ClientRuntime
+from fedsim.config import validate
+from fedsim.models import build_model
+from fedsim.models.packed import why_unpackable
+
+WINDOWS = torch.randint(0, 80, (3, 1, 1, 80)).float()
+
+
+@pytest.mark.parametrize("name, width, depth", [("char_lstm", 256, 2), ("char_transformer", 64, 2)])
+def test_a_character_model_ends_in_the_output_layer_over_the_vocabulary(name, width, depth):
+    net = build_model(name, 80, (1, 1, 80))
+    assert net(WINDOWS).shape == (3, 80) and net.features(WINDOWS).shape == (3, width)
+    assert len(net.blocks) == depth and net.output_layer is net.classifier
+    assert net.split_keys(1)[1] == ["classifier.weight", "classifier.bias"]  # the personal head by default
+    assert why_unpackable(net) is not None  # engine.pack trains their clients one after another
+    base, head = net.split_keys(2)
+    assert all(k.startswith((f"blocks.{depth - 1}.", "classifier.")) for k in head)
+    assert all(k.startswith(("stem.", "blocks.0.")) for k in base)
+
+
+def test_leafs_lstm_has_its_sizes():
+    net = build_model("char_lstm", 80, (1, 1, 80))
+    assert net.stem[1].weight.shape == (80, 8)
+    assert [(b.lstm.input_size, b.lstm.hidden_size) for b in net.blocks] == [(8, 256), (256, 256)]
+
+
+def test_the_transformer_is_causal():
+    net = build_model("char_transformer", 80, (1, 1, 80)).eval()
+    changed = WINDOWS.clone()
+    changed[:, :, :, -1] = (changed[:, :, :, -1] + 1) % 80  # only the last character differs
+    with torch.no_grad():
+        embedded, moved = net.stem(WINDOWS), net.stem(changed)
+        early, late = net.blocks[0](embedded), net.blocks[0](moved)
+    assert torch.equal(early[:, :-1], late[:, :-1]) and not torch.equal(early[:, -1], late[:, -1])
+
+
+def runtime(tmp_path, data_root, model: str, loop: str) -> ClientRuntime:
+    plan = plan_for(validate(shakespeare_tree(tmp_path, data_root, model, algorithm="fedavg",
+                                              model__client_loop=loop)))
+    return ClientRuntime(plan, dict(enumerate(plan.clients)))
+
+
+@pytest.mark.parametrize("model", ["user_plugins:tiny_char_lstm", "user_plugins:tiny_char_transformer"])
+def test_the_fabric_and_trainer_loops_train_a_character_model_alike(tmp_path, data_root, model):
+    fabric, trainer = (runtime(tmp_path, data_root, model, loop) for loop in ("fabric", "trainer"))
+    start = {WEIGHTS: fabric.plan.model.initial["shared"]}
+    (a, loss_a), (b, loss_b) = train_one(fabric, start, 0, 1), train_one(trainer, start, 0, 1)
+    assert np.isfinite(loss_a) and loss_a == loss_b and all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a[WEIGHTS], start[WEIGHTS])
+
+
+def test_a_tiny_run_on_three_hamlet_characters_scores_each(tmp_path, data_root):
+    config = write_yaml(tmp_path / "shk.yaml", shakespeare_tree(tmp_path, data_root, data__validation=0.1))
+    done = fedsim_cli("run", str(config))
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [r for r in per_client(tmp_path / "shk") if r["round"] == 2]
+    assert sorted(r["client"] for r in rows) == [0, 1, 2] and all(0 <= r["acc"] <= 1 for r in rows)
+    for r in rows:  # per character, on test and on the validation text
+        assert r["perplexity"] == pytest.approx(np.exp(r["loss"]))
+        assert r["validation_perplexity"] == pytest.approx(np.exp(r["validation_loss"]))
