@@ -304,3 +304,11 @@ class LogsAcc(TwoPartModule):
         loss = super().training_step(batch, batch_idx)
         self.log("acc", 0.5)
         return loss
+
+
+class StopsInADebugger(TwoPartModule):
+    """A user debugging their training_step: ``breakpoint()`` calls ``sys.breakpointhook``, which a test replaces."""
+
+    def training_step(self, batch, batch_idx):
+        breakpoint()
+        return super().training_step(batch, batch_idx)
