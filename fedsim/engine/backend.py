@@ -12,10 +12,10 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from fedsim.core.protocol import ClientData
-from fedsim.engine.pool import Bundle, Handle, Ref
+from fedsim.engine.pool import Bundle, Calls, Handle, Ref
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
@@ -23,18 +23,6 @@ if TYPE_CHECKING:
     from fedsim.config import RunConfig
     from fedsim.engine.runfolder import RunFolder
     from fedsim.plan import RunPlan, WorkerPlan
-
-
-class Calls(Protocol):
-    """What the server, its pool and the driver ask of the backend, in Ray's words."""
-
-    def put(self, value: Any) -> Ref: ...
-
-    def get(self, refs: Any, timeout: float | None = None) -> Any: ...
-
-    def wait(self, refs: list[Ref], num_returns: int = 1, timeout: float | None = None) -> tuple[list[Ref], list[Ref]]: ...
-
-    def kill(self, handle: Handle) -> None: ...
 
 
 class RayCalls:

@@ -12,17 +12,15 @@ import time
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from fedsim.core.protocol import RolledBack, RoundFailed, RoundResult
+from fedsim.engine.pool import Calls
 from fedsim.engine.runfolder import RunFolder
 from fedsim.errors import TrainingDiverged
 from fedsim.plan import RunPlan
-
-if TYPE_CHECKING:
-    from fedsim.engine.backend import Calls
 
 SERVER_MARGIN_S = 60  # the driver waits on the server this much longer than the server waits on workers
 

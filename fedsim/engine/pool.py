@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -17,7 +17,6 @@ from fedsim.core.protocol import ClientData
 
 if TYPE_CHECKING:
     from fedsim.config import EngineConfig
-    from fedsim.engine.backend import Calls
 
 PING_TIMEOUT_S = 60
 
@@ -29,6 +28,18 @@ Bundle = Any
 """A worker's scheduling strategy: its bundle of the run's placement group, or Ray's "SPREAD"."""
 Spawn = Callable[[dict[int, ClientData], Bundle], Handle]
 """``spawn(clients, bundle)``: a new worker actor hosting ``clients``, scheduled by ``bundle``."""
+
+
+class Calls(Protocol):
+    """What the server, its pool and the driver ask of the run's backend (``fedsim.engine.backend``), in Ray's words."""
+
+    def put(self, value: Any) -> Ref: ...
+
+    def get(self, refs: Any, timeout: float | None = None) -> Any: ...
+
+    def wait(self, refs: list[Ref], num_returns: int = 1, timeout: float | None = None) -> tuple[list[Ref], list[Ref]]: ...
+
+    def kill(self, handle: Handle) -> None: ...
 
 
 class WorkerLost(RuntimeError):

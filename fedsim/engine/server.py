@@ -15,7 +15,7 @@ between rounds and its checkpoints is ``server_state``'s. The workers' health, t
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import ray
@@ -27,15 +27,12 @@ from fedsim.core.pages import release_shared
 from fedsim.core.protocol import (WEIGHTS, ClientRecord, ClientReport, CommRecord, RolledBack, RoundFailed,
                                   RoundOutcome, RoundResult, add_columns, arrays_bytes)
 from fedsim.engine.fedbuff import FedBuff
-from fedsim.engine.pool import Bundle, Handle, Ref, Spawn, WorkerPool
+from fedsim.engine.pool import Bundle, Calls, Handle, Ref, Spawn, WorkerPool
 from fedsim.engine.reduction import reduction_for
 from fedsim.engine.server_state import ServerState
 from fedsim.plan import RunPlan, balanced_owners
 from fedsim.plan.system import RoundTime
 from fedsim.privacy.mechanism import ServerPrivacy
-
-if TYPE_CHECKING:
-    from fedsim.engine.backend import Calls
 
 
 class Server:
