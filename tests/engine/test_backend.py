@@ -34,6 +34,7 @@ def test_a_breakpoint_in_training_step_stops_in_the_drivers_process(tmp_path, mo
     run(validate(tree))
     # The driver's one rehearsal step, then every training step of the round's two clients (2 epochs of 1 batch).
     assert len(stops) > 1 and set(stops) == {os.getpid()}
+    assert not sys.modules["ray"].is_initialized()  # the local backend started no Ray
 
 
 def test_the_local_backend_runs_one_worker():
