@@ -171,7 +171,7 @@ def start_engine(plan: RunPlan, refs: tuple[Ref, Ref], spawn: Callable[..., Hand
 
 
 class LocalBackend(Backend):
-    """Server and workers in this process: no Ray, no placement; calls run one after another, as a single worker's do."""
+    """Server and workers in this process: no Ray, no placement; calls run one after another, as one worker's do."""
     calls = InProcessCalls()
 
     @contextmanager

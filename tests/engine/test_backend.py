@@ -22,7 +22,8 @@ def test_the_local_backend_equals_ray_on_one_and_three_workers_bit_for_bit(tmp_p
     local = _scaffold(tmp_path, "local", 1)
     records = per_client(local.run_dir)
     assert len(records) == 8 * 2
-    assert records == per_client(_scaffold(tmp_path, "ray", 1).run_dir) == per_client(_scaffold(tmp_path, "ray", 3).run_dir)
+    ray_one, ray_three = (per_client(_scaffold(tmp_path, "ray", workers).run_dir) for workers in (1, 3))
+    assert records == ray_one == ray_three
     (worker,) = local.summary["workers"]
     assert worker["pid"] == os.getpid()  # in this process, not an actor of the Ray this test shares
 
