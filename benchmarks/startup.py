@@ -1,7 +1,7 @@
 """Command to exit: a tiny run and three refusals, as a user meets them (`fedsim run CONFIG ...` in a fresh process).
 
-Cases, each timed as wall seconds and the CPU seconds of the command's process tree (children's rusage; a Ray
-run's raylet, GCS and workers are not its children, so its CPU figure is the driver's alone):
+Cases, each timed as wall seconds and CPU seconds (``getrusage(RUSAGE_CHILDREN)``: the command and the descendants
+reaped before it exited, so a Ray run's own processes may be counted only in part):
 
   tiny run    synthetic data, 2 clients, MLP, 1 round, 1 worker (`--overwrite`)
   bad setting train.rounds=-1
