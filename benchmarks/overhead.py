@@ -7,6 +7,7 @@ every client evaluated every round), for --rounds rounds (default: the quickstar
   A  fedsim: fedsim.simulate.run(cfg) + ray.shutdown(), timed from the call (data, partition,
      ray.init, server and 2 worker actors x 1 thread, rounds, run folder) to the return.
      engine.memory_format=auto, i.e. channels_last on this CPU.
+  AL the same on the local backend (engine.backend=local): one worker x 2 threads in this process, no Ray.
   B  bare loop, torch.set_num_threads(2), NCHW: the simplest loop. Same partition
      (fedsim.data.make_partition), same model (fedsim.models.build_model, same seed), same client
      sample (fedsim.plan.sample_clients), same per-client shuffles and augmentation draws
@@ -107,7 +108,8 @@ def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
         summed = ReferenceExactSum(plan)
         for _, n, u in uploads:
             summed.add(n, np.concatenate([u[k].ravel() for k in base_keys]))
-        mean = plan.mean(summed.total, total_weight).astype(np.float32)
+        mean = np.concatenate([plan.mean(summed.total, total_weight, tensor)
+                               for tensor in range(len(base_keys))]).astype(np.float32)
         global_base = {k: torch.from_numpy(mean[a:b].reshape(global_base[k].shape)).to(global_base[k].dtype)
                        for k, a, b in zip(base_keys, offsets, offsets[1:])}
         if r % t["eval_every"] == 0 or r == t["rounds"]:
@@ -123,7 +125,8 @@ def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
     return {"end_to_end_s": time.perf_counter() - t0, "round_s": round_s, "acc": accs}
 
 
-LABELS = {"fedsim": "fedsim (2 workers x 1 thread)", "bare": "bare loop, 2 threads, NCHW",
+LABELS = {"fedsim": "fedsim (2 workers x 1 thread)", "fedsim_local": "fedsim local (1 worker x 2 threads)",
+          "bare": "bare loop, 2 threads, NCHW",
           "bare_cl": "bare loop, 2 threads, channels_last", "bare1_cl": "bare loop, 1 thread, channels_last"}
 
 
@@ -135,19 +138,20 @@ def report(runs: dict[str, list], title: str) -> None:
     def per_round(name):
         return median([median(r["round_s"]) for r in runs[name]])
 
-    startup = median([r["end_to_end_s"] - sum(r["round_s"]) for r in runs["fedsim"]])
     print(f"-- {title}")
     print(f"{'':38}{'reps':>5}{'end to end s':>14}{'per round s':>13}{'others busy (cores)':>21}")
     for name, xs in runs.items():
         if xs:
             print(f"{LABELS[name]:38}{len(xs):>5}{e2e(name):>14.1f}{per_round(name):>13.2f}"
                   f"{median([r['others_cores'] for r in xs]):>21.2f}")
-    print(f"fedsim start-up + teardown (end to end - sum of rounds): {startup:.1f} s")
-    for name, what in (("bare", "target <= 1.10"), ("bare_cl", "fedsim's own overhead, same kernels"),
-                       ("bare1_cl", "same work, 1 thread")):
-        if runs[name]:
-            print(f"RATIO fedsim / {LABELS[name]}: end to end {e2e('fedsim') / e2e(name):.3f}, "
-                  f"per round {per_round('fedsim') / per_round(name):.3f}   ({what})")
+    for engine in (name for name in ("fedsim", "fedsim_local") if runs[name]):
+        startup = median([r["end_to_end_s"] - sum(r["round_s"]) for r in runs[engine]])
+        print(f"{LABELS[engine]} start-up + teardown (end to end - sum of rounds): {startup:.1f} s")
+        for name, what in (("bare", "target <= 1.10"), ("bare_cl", "fedsim's own overhead, same kernels"),
+                           ("bare1_cl", "same work, 1 thread")):
+            if runs[name]:
+                print(f"RATIO {LABELS[engine]} / {LABELS[name]}: end to end {e2e(engine) / e2e(name):.3f}, "
+                      f"per round {per_round(engine) / per_round(name):.3f}   ({what})")
 
 
 def main() -> None:
@@ -155,6 +159,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="default: the quickstart's rounds")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions of A, B and C")
     ap.add_argument("--bare1-reps", type=int, default=1, help="repetitions of D, the 1-thread same-work loop")
+    ap.add_argument("--local-reps", type=int, default=None, help="repetitions of A on the local backend (default: "
+                    "--reps)")
     ap.add_argument("--only-same-work", metavar="JSON", help="run D once and compare its per-client accuracies with "
                     "fedsim's in an earlier run's raw file (benchmarks/results/overhead-*.json)")
     args = ap.parse_args()
@@ -166,10 +172,13 @@ def main() -> None:
     tree = quickstart({"train.rounds": rounds})
     rounds = tree["train"]["rounds"]
     log(f"overhead: quickstart FedPer, {rounds} rounds, {args.reps} interleaved reps")
-    plan = {"fedsim": (run_fedsim, (tree,), args.reps), "bare": (bare_run, (tree, 2, False), args.reps),
+    local = quickstart({"train.rounds": rounds, "engine.backend": "local", "engine.workers": 1,
+                        "engine.threads_per_worker": 2})
+    local_reps = args.reps if args.local_reps is None else args.local_reps
+    plan = {"fedsim": (run_fedsim, (tree,), args.reps), "fedsim_local": (run_fedsim, (local,), local_reps), "bare": (bare_run, (tree, 2, False), args.reps),
             "bare_cl": (bare_run, (tree, 2, True), args.reps), "bare1_cl": (bare_run, (tree, 1, True), args.bare1_reps)}
     runs: dict[str, list] = {name: [] for name in plan}
-    for rep in range(max(args.reps, args.bare1_reps)):
+    for rep in range(max(args.reps, args.bare1_reps, local_reps)):
         for name, (fn, fn_args, reps) in plan.items():
             if rep < reps:
                 runs[name].append(measured(fn, *fn_args))

@@ -101,13 +101,13 @@ class TreeCpu(Periodic):
 
 
 def startup(args) -> None:
-    """The entrypoint's phases are timed by wrapping fedsim.engine.session's functions in this process
+    """The entrypoint's phases are timed by wrapping the engine's functions in this process
     (no fedsim file changes); the actors' (process start, imports, __init__, first tasks) come from
     ray.timeline(), read before ray.shutdown."""
     import ray
 
     from fedsim.config import validate
-    from fedsim.engine import runfolder, session
+    from fedsim.engine import backend, preflight, ray_cluster, runfolder
     from fedsim.engine.driver import Callback
     from fedsim.simulate import run
 
@@ -127,8 +127,11 @@ def startup(args) -> None:
                 marks.append((name, t, time.perf_counter()))
         return wrapper
 
-    for name in ("load_inputs", "build_plan", "connect_ray", "check_resources", "start_engine"):
-        setattr(session, name, timed(name, getattr(session, name)))
+    # Each phase wrapped where the run looks it up: the preflight's by name in its module, Ray's and the engine's
+    # start imported from their modules when the Ray backend reserves and starts.
+    for module, name in ((preflight, "load_inputs"), (preflight, "build_plan"), (ray_cluster, "connect_ray"),
+                         (ray_cluster, "check_resources"), (backend, "start_engine")):
+        setattr(module, name, timed(name, getattr(module, name)))
     runfolder.RunFolder.create = timed("RunFolder.create", runfolder.RunFolder.create)
     real_get = ray.get
     ray.get = timed("ray.get (entrypoint)", real_get)

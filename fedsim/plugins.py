@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import sys
 from collections.abc import Iterator
@@ -112,8 +113,7 @@ def load_plugin(spec: str, field: str, kind: Kind) -> Any:
     try:
         obj = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as err:
-        raise PluginError(f"{field}: cannot import {spec!r} ({err}); give 'package.module:name' importable "
-                          "on every worker (an installed package, or PYTHONPATH)") from None
+        raise _unimportable(field, spec, err) from None
     own = inspect.isfunction(obj) or inspect.isclass(obj)
     defined_in = getattr(obj, "__module__", "") or ""
     if not own or _not_user_code(defined_in, kind) is not None:
@@ -123,6 +123,21 @@ def load_plugin(spec: str, field: str, kind: Kind) -> Any:
         has = f" (it takes {inspect.signature(obj)})" if isinstance(kind, Signature) else ""
         raise PluginError(f"{field}: {spec!r} is not {kind}{has}; name one of your own code")
     return obj
+
+
+def _unimportable(field: str, spec: str, why: object) -> PluginError:
+    return PluginError(f"{field}: cannot import {spec!r} ({why}); give 'package.module:name' importable "
+                       "on every worker (an installed package, or PYTHONPATH)")
+
+
+def refuse_missing_modules(tree: dict[str, Any]) -> None:
+    """A plug-in whose top-level package is nowhere on the path, refused as :func:`load_plugin` refuses it, before
+    fedsim imports torch and Lightning (seconds) to build what would load it. Finding a top-level module runs none of
+    its code (a package's parent would run for a dotted name, so only the top level is looked for here)."""
+    for field, spec in plugin_settings(tree).items():
+        top = spec.partition(":")[0].split(".")[0]
+        if top and top.isidentifier() and importlib.util.find_spec(top) is None:
+            raise _unimportable(field, spec, f"No module named {top!r}")
 
 
 @contextmanager

@@ -7,14 +7,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ray.util.placement_group import PlacementGroup
+from typing import TYPE_CHECKING
 
 from fedsim.client.rehearsal import rehearse
-from fedsim.client.worker import spawn_worker
+from fedsim.client.worker import Worker, spawn_worker
 from fedsim.config import RunConfig
+from fedsim.engine.backend import Workers
 from fedsim.engine.driver import Callback, Checkpointer
 from fedsim.engine.session import run_session
 from fedsim.metrics.logger import JsonlLogger
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+
+WORKERS = Workers(actor=spawn_worker, in_process=Worker)
 
 
 @dataclass
@@ -43,7 +49,7 @@ def run(cfg: RunConfig, overwrite: bool = False, resume: bool = False, callbacks
     ``reserved``: the placement group (one bundle per worker) a caller such as a Tune trial holds for it.
     Bad input raises ConfigError/DataError/CheckpointError before anything is written; a failure once the
     run is under way raises RunFailed (with the resume command)."""
-    session = run_session(cfg, spawn_worker, [*standard_callbacks(cfg), *callbacks], overwrite, resume, reserved,
+    session = run_session(cfg, WORKERS, [*standard_callbacks(cfg), *callbacks], overwrite, resume, reserved,
                           rehearse)
     assert session.summary is not None  # a standard callback, the JSONL logger, writes it as the run finishes
     folder = session.folder

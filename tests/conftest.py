@@ -217,26 +217,21 @@ class InProcessWorker:
         return _Call(getattr(self.runtime, name))
 
 
-def in_process_server(monkeypatch, cfg, partition=None):
+def in_process_server(cfg, partition=None):
     """The engine's real Server over ``cfg.engine.workers`` in-process workers: what Ray would run, minus
-    the processes, so worker-count invariance can be checked for every method in seconds."""
-    import types
-
-    import fedsim.engine.pool as pool_module
-    import fedsim.engine.server as server_module
+    the processes, so worker-count invariance can be checked for every method in seconds. Its calls
+    (``server.pool.calls``, the local backend's) are its own: a test may patch them."""
     from fedsim.client.runtime import ClientRuntime
+    from fedsim.engine.backend import InProcessCalls
+    from fedsim.engine.server import Server
 
-    ray = types.SimpleNamespace(get=lambda refs, timeout=None: refs, put=lambda value: value, kill=lambda _: None,
-                                wait=lambda refs, **_: (list(refs), []))
-    for module in (server_module, pool_module):  # one stand-in: a test that patches ray.get patches it for both
-        monkeypatch.setattr(module, "ray", ray)
     plan = plan_for(cfg, partition)
     workers_plan = plan.for_workers()
 
     def spawn(clients, bundle=None):
         return InProcessWorker(ClientRuntime(workers_plan, clients))
 
-    return server_module.Server(plan, [spawn(clients) for clients in plan.assignments], spawn)
+    return Server(plan, [spawn(clients) for clients in plan.assignments], spawn, None, InProcessCalls())
 
 
 def free_port() -> int:

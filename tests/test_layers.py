@@ -122,7 +122,7 @@ def test_core_and_the_server_side_import_no_torch():
     """The server actor's process only routes and aggregates: it is up in well under a second because
     nothing it imports pulls in torch (~3 s)."""
     modules = [f"fedsim.{m.replace('/', '.').removesuffix('.__init__')}" for m in import_graph() if m.startswith("core/")]
-    modules += ["fedsim.engine.server", "fedsim.algorithms", "fedsim.client.worker"]
+    modules += ["fedsim.engine.server", "fedsim.engine.backend", "fedsim.algorithms", "fedsim.client.worker"]
     code = f"import sys\nfor m in {modules!r}: __import__(m)\nprint('torch' in sys.modules, 'dp_accounting' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"  # nor dp-accounting (~0.6 s): the plan carries DP's epsilon values

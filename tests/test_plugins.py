@@ -27,7 +27,7 @@ def test_a_users_algorithm_model_dataset_and_partition_run_unchanged_fedsim(tmp_
     inputs = load_inputs(cfg)  # validation path of `fedsim run`
     assert inputs.data.name == "blobs" and [len(t) for t in inputs.partition.train] == [100] * 4
     assert inputs.partition.train[1][:3].tolist() == [1, 5, 9]  # the user's round-robin split
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     server.restore(None)
     before = server.state[WEIGHTS].copy()
     result = server.round(1)
@@ -54,7 +54,7 @@ def test_plugins_that_cannot_be_imported_or_are_the_wrong_kind_are_one_line_erro
 def test_a_run_starts_from_another_runs_final_global_weights(tmp_path, monkeypatch):
     """LG-FedAvg warm-started from a FedAvg run, as the FedBABU authors' scripts do (model.init_from)."""
     fedavg = _config(tmp_path, name="avg", algorithm="fedavg")
-    server = in_process_server(monkeypatch, fedavg)
+    server = in_process_server(fedavg)
     server.restore(None)
     server.round(1)
     (tmp_path / "avg").mkdir()
@@ -62,7 +62,7 @@ def test_a_run_starts_from_another_runs_final_global_weights(tmp_path, monkeypat
 
     lg = _config(tmp_path, name="lg", algorithm="lg_fedavg", model={"name": "user_plugins:tiny_net",
                                                                      "init_from": str(tmp_path / "avg")})
-    warm = in_process_server(monkeypatch, lg)
+    warm = in_process_server(lg)
     runtime = warm.pool.workers[0].runtime
     assert np.array_equal(runtime.initial("full"), server.state[WEIGHTS])  # every weight, body and head
     assert runtime.layouts["personal"].size and runtime.layouts["shared"].size  # LG: body personal, head shared
@@ -74,7 +74,7 @@ def test_a_run_starts_from_another_runs_final_global_weights(tmp_path, monkeypat
 
 def test_clients_never_sampled_are_reported_as_such(tmp_path, monkeypatch):
     cfg = _config(tmp_path, train={"rounds": 2, "local_epochs": 1, "batch_size": 20, "fraction": 0.25})
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     server.restore(None)
     result = server.round(1)
     counts = {r["client"]: r["times_sampled"] for r in result.records}

@@ -335,3 +335,11 @@ def tiny_char_transformer(num_classes: int, in_channels: int, image_size) -> Spl
     from fedsim.models.text import char_transformer
 
     return char_transformer(num_classes, in_channels, image_size, width=16, heads=2)
+
+
+class StopsInADebugger(TwoPartModule):
+    """A user debugging their training_step: ``breakpoint()`` calls ``sys.breakpointhook``, which a test replaces."""
+
+    def training_step(self, batch, batch_idx):
+        breakpoint()
+        return super().training_step(batch, batch_idx)

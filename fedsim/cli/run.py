@@ -9,6 +9,7 @@ from fedsim.config import load_tree, refuse_defaults_only
 from fedsim.core.protocol import ACCURACIES
 from fedsim.errors import ConfigError
 from fedsim.metrics.summary import times_to_accuracy
+from fedsim.plugins import refuse_missing_modules
 from fedsim.sweep.expand import expand_sweep
 
 
@@ -51,6 +52,8 @@ def run_command(args: argparse.Namespace) -> int:
         refuse_defaults_only(args.config, tree)
     else:
         raise ConfigError("fedsim run: give a CONFIG.yaml, or --resume RUN_DIR")
+    for cfg in configs:  # before torch and Lightning load: a missing module is a typo too
+        refuse_missing_modules(cfg.model_dump())
     if args.dry_run:
         from fedsim.client.rehearsal import rehearse
         from fedsim.engine.estimate import dry_run

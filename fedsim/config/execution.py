@@ -15,6 +15,10 @@ MAX_WAIT_S = 1e7
 
 
 class EngineConfig(Section):
+    backend: Literal["ray", "local"] = Field(
+        "ray", description="where the server and workers run: ray (actors; parallel and cluster runs) or local (one "
+        "worker in this process: no Ray start-up, and breakpoint() in a client module stops in your terminal; "
+        "needs engine.workers: 1)")
     workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(1.0, ge=0)
     gpus_per_worker: float = Field(0.0, ge=0, le=1)
@@ -53,6 +57,13 @@ class EngineConfig(Section):
         if isinstance(value, int) and value < 1:
             raise ValueError(f"{value} is not a pack size; give 1 (off), a number of clients >= 2, or auto")
         return value
+
+    @model_validator(mode="after")
+    def _local_is_one_worker(self) -> EngineConfig:
+        if self.backend == "local" and self.workers != 1:
+            raise ValueError(f"engine.backend: local runs one worker in this process (engine.workers is "
+                             f"{self.workers}); set engine.workers: 1, or engine.backend: ray for parallel workers")
+        return self
 
     @model_validator(mode="after")
     def _packed_on_one_thread(self) -> EngineConfig:

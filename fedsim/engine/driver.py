@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 
 from fedsim.core.protocol import RolledBack, RoundFailed, RoundResult
+from fedsim.engine.pool import Calls
 from fedsim.engine.runfolder import RunFolder
 from fedsim.errors import TrainingDiverged
 from fedsim.plan import RunPlan
@@ -45,6 +45,7 @@ class Run:
     folder: RunFolder
     resume: bool
     server: Any  # the server actor's handle
+    calls: Calls  # its backend's (engine.backend): how a call's answer is waited for
     started: float = field(default_factory=time.perf_counter)
     started_at: str = field(default_factory=utc_now)  # wall clock, for summary.json
     workers: list[dict[str, Any]] = field(default_factory=list)  # each worker's device, filled when the run ends
@@ -63,7 +64,7 @@ class Run:
 
     def call(self, method: Any) -> Any:
         """The result of a server call (``method.remote()``'s object ref)."""
-        return ray.get(method, timeout=self.timeout)
+        return self.calls.get(method, timeout=self.timeout)
 
     def save_checkpoint(self, round_idx: int) -> None:
         """Tell every callback (so that what they logged is on disk first: a published checkpoint never points

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from fedsim.core.protocol import ClientData
@@ -31,6 +30,19 @@ Spawn = Callable[[dict[int, ClientData], Bundle], Handle]
 """``spawn(clients, bundle)``: a new worker actor hosting ``clients``, scheduled by ``bundle``."""
 
 
+class Calls(Protocol):
+    """What the server, its pool and the driver ask of the run's backend (``fedsim.engine.backend``), in Ray's words."""
+
+    def put(self, value: Any) -> Ref: ...
+
+    def get(self, refs: Any, timeout: float | None = None) -> Any: ...
+
+    def wait(self, refs: list[Ref], num_returns: int = 1,
+             timeout: float | None = None) -> tuple[list[Ref], list[Ref]]: ...
+
+    def kill(self, handle: Handle) -> None: ...
+
+
 class WorkerLost(RuntimeError):
     """A worker kept dying (or freezing) however often it was replaced: one line naming it and its clients."""
 
@@ -40,7 +52,8 @@ class WorkerPool:
 
     def __init__(self, workers: list[Handle], assignments: list[dict[int, ClientData]], spawn: Spawn,
                  bundles: list[Bundle] | None,
-                 engine: EngineConfig):
+                 engine: EngineConfig, calls: Calls):
+        self.calls = calls  # the backend's put/get/wait/kill
         self.workers = list(workers)
         self.assignments = assignments  # kept to respawn a lost worker with the same clients, in the same bundle
         self.spawn = spawn
@@ -56,18 +69,20 @@ class WorkerPool:
 
     # -- answers ---------------------------------------------------------------------------------
     def get(self, refs: list[Ref]) -> list[Any]:
-        return ray.get(refs, timeout=self.engine.round_timeout_s)
+        answers: list[Any] = self.calls.get(refs, timeout=self.engine.round_timeout_s)
+        return answers
 
     def get_from_each(self, refs: list[Ref]) -> list[Any]:
         """``get`` of one call per worker (``refs[i]`` on worker i), naming the silent workers on timeout.
         Not watched by pings: a worker still importing torch cannot answer them yet."""
         timeout = self.engine.round_timeout_s
-        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        _, pending = self.calls.wait(refs, num_returns=len(refs), timeout=timeout)
         if pending:
             silent = [i for i, ref in enumerate(refs) if ref in pending]
             raise GetTimeoutError(f"{self.name(silent[0])} did not answer within engine.round_timeout_s="
                                   f"{timeout:g} (frozen, or out of memory)")
-        return ray.get(refs)
+        answers: list[Any] = self.calls.get(refs)
+        return answers
 
     def get_watching(self, refs: list[Ref]) -> list[Any]:
         """Like ``get`` for a round's calls, watched as ``as_completed`` watches them; in the order of ``refs``."""
@@ -87,9 +102,9 @@ class WorkerPool:
         index = {id(ref): i for i, ref in enumerate(refs)}  # ray.wait hands back the very refs it was given
         pending = list(refs)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(next_ping - time.monotonic(), 0))
+            ready, pending = self.calls.wait(pending, num_returns=1, timeout=max(next_ping - time.monotonic(), 0))
             for ref in ready:
-                yield index[id(ref)], ray.get(ref)
+                yield index[id(ref)], self.calls.get(ref)
             if pending and time.monotonic() >= next_ping:
                 self._kill_unresponsive()
                 next_ping = time.monotonic() + heartbeat
@@ -98,11 +113,11 @@ class WorkerPool:
 
     def _kill_unresponsive(self) -> None:
         pings = {w.ping.remote(): index for index, w in enumerate(self.workers)}
-        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=self.engine.heartbeat_timeout_s)
+        answered, _ = self.calls.wait(list(pings), num_returns=len(pings), timeout=self.engine.heartbeat_timeout_s)
         for ref, index in pings.items():
             if ref not in answered:
                 self.unresponsive.add(index)
-                ray.kill(self.workers[index])  # its pending call now fails with RayActorError: recovery follows
+                self.calls.kill(self.workers[index])  # its pending call now fails with RayActorError: recovery follows
 
     def cpu_seconds_since_last(self) -> float:
         """The CPU time every worker spent in calls since this was last asked (a replacement counts from 0):
@@ -122,9 +137,9 @@ class WorkerPool:
         lost = []
         for index, worker in enumerate(self.workers):
             try:
-                ray.get(worker.ping.remote(), timeout=PING_TIMEOUT_S)
+                self.calls.get(worker.ping.remote(), timeout=PING_TIMEOUT_S)
             except (RayActorError, GetTimeoutError):
-                ray.kill(worker)
+                self.calls.kill(worker)
                 lost.append(index)
                 self.workers[index] = self.spawn(self.assignments[index], self.bundles[index])
                 self.cpu_counted[index] = 0.0
@@ -147,4 +162,4 @@ class WorkerPool:
 
     def shutdown(self) -> None:
         for w in self.workers:
-            ray.kill(w)
+            self.calls.kill(w)

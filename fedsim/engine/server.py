@@ -27,7 +27,7 @@ from fedsim.core.pages import release_shared
 from fedsim.core.protocol import (WEIGHTS, ClientRecord, ClientReport, CommRecord, RolledBack, RoundFailed,
                                   RoundOutcome, RoundResult, add_columns, arrays_bytes)
 from fedsim.engine.fedbuff import FedBuff
-from fedsim.engine.pool import Bundle, Handle, Ref, Spawn, WorkerPool
+from fedsim.engine.pool import Bundle, Calls, Handle, Ref, Spawn, WorkerPool
 from fedsim.engine.reduction import reduction_for
 from fedsim.engine.server_state import ServerState
 from fedsim.plan import RunPlan, balanced_owners
@@ -39,11 +39,12 @@ class Server:
     """``workers[i]`` hosts ``plan.assignments[i]``; the entrypoint spawns them so they start while this actor
     does, and the pool's ``spawn`` replaces one that is lost (in its bundle, with the same clients)."""
 
-    def __init__(self, plan: RunPlan, workers: list[Handle], spawn: Spawn, bundles: list[Bundle] | None = None):
+    def __init__(self, plan: RunPlan, workers: list[Handle], spawn: Spawn, bundles: list[Bundle] | None, calls: Calls):
         self.plan = plan
+        self.calls = calls
         self.cfg = plan.cfg
         self.algorithm = plan.algorithm
-        self.pool = WorkerPool(workers, plan.assignments, spawn, bundles, plan.cfg.engine)
+        self.pool = WorkerPool(workers, plan.assignments, spawn, bundles, plan.cfg.engine, calls)
         self.owner = {c: w for w, clients in enumerate(plan.assignments) for c in clients} if plan.fixed_owners else {}
         shared = plan.model.layouts["shared"]
         statistics = np.zeros(shared.offsets[-1], bool)  # where the shared vector holds buffers
@@ -76,12 +77,11 @@ class Server:
         groups = self.algorithm.broadcast_groups(self.state, clients, training)
         return [(members, self._put(vectors), arrays_bytes(vectors)) for members, vectors in groups if members]
 
-    @staticmethod
-    def _put(vectors: dict[str, np.ndarray]) -> Ref:
+    def _put(self, vectors: dict[str, np.ndarray]) -> Ref:
         """``ray.put``, without keeping the copy: writing the object mapped its pages into this process, a
         second model-sized copy in its memory until released (the store keeps the data)."""
-        ref = ray.put(vectors)
-        for view in ray.get(ref).values():
+        ref = self.calls.put(vectors)
+        for view in self.calls.get(ref).values():
             release_shared(view)
         return ref
 

@@ -30,7 +30,7 @@ def config(tmp_path, algorithm, **over):
 
 def started(monkeypatch, tmp_path, algorithm, **over):
     """The real server over two in-process workers, at round 0."""
-    server = in_process_server(monkeypatch, config(tmp_path, algorithm, **over))
+    server = in_process_server(config(tmp_path, algorithm, **over))
     server.restore(None)
     return server
 

@@ -66,7 +66,7 @@ def test_fedamps_attention_is_at_work_on_the_leaderboards_pathological_setting(t
     for dotted, value in {**leaderboard.SETTINGS["pathological"], "algorithm": "fedamp", "train.rounds": 5,
                           "train.eval_every": 5, "data.root": str(data_root), "out_dir": str(tmp_path)}.items():
         set_dotted(tree, dotted, value)
-    server = in_process_server(monkeypatch, validate(tree))
+    server = in_process_server(validate(tree))
     server.restore(None)
     for r in range(1, 6):
         result = server.round(r)

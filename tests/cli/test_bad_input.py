@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import cli_env
 
 from fedsim.cli.main import main
 
@@ -133,15 +134,24 @@ def test_bad_config(case, override, fragment, tmp_path, victim, data_root, capsy
     assert _digest(victim) == before
 
 
-def test_a_bad_config_is_refused_before_torch_or_ray_is_imported(tmp_path):
-    """A typo is answered in well under a second: the ~5 s of torch and Ray imports come after validation."""
+@pytest.mark.parametrize("override, fragment", [
+    ({"train": {**GOOD["train"], "rounds": 0}}, "train.rounds"),
+    ({"model": {"client": "nosuch_module:Thing"}}, "model.client: cannot import 'nosuch_module:Thing' (No module named "
+                                                  "'nosuch_module')"),
+    ({"model": {"client": "user_plugins:TwoPartModule", "callbacks": ["nosuch.pkg:Hook"]}},
+     "model.callbacks[0]: cannot import 'nosuch.pkg:Hook'"),
+], ids=["bad setting", "missing module", "missing callback package"])
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_bad_config_is_refused_before_torch_or_ray_is_imported(tmp_path, override, fragment, dry_run):
+    """A typo is answered in well under a second: the ~5 s of torch and Ray imports come after validation, and after
+    a look for each plug-in's top-level module (which runs none of its code)."""
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({**GOOD, "train": {**GOOD["train"], "rounds": 0}}))
+    path.write_text(yaml.safe_dump({**GOOD, **override}))
     code = ("import sys\nfrom fedsim.cli.main import main\n"
-            f"code = main(['run', {str(path)!r}, '--overwrite'])\n"
+            f"code = main(['run', {str(path)!r}, '--overwrite', *{dry_run!r}])\n"
             "print(code, [m for m in ('torch', 'ray') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "2 []" and "train.rounds" in out.stderr, out.stdout + out.stderr
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=cli_env())
+    assert out.stdout.strip() == "2 []" and fragment in out.stderr, out.stdout + out.stderr
 
 
 def test_missing_config_file(capsys, tmp_path):

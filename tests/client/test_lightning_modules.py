@@ -118,7 +118,7 @@ def test_a_training_step_that_never_backpropagates_is_a_user_error(tmp_path):
 
 # -- logging, hooks, callbacks ----------------------------------------------------------------------
 def test_self_log_values_reach_the_records_and_the_rounds_statistics(tmp_path, monkeypatch):
-    server = in_process_server(monkeypatch, validate(lightning_tree(tmp_path, "TwoPartModule")))
+    server = in_process_server(validate(lightning_tree(tmp_path, "TwoPartModule")))
     server.restore(None)
     result = server.round(1)
     sampled = set(result.sampled)
@@ -164,7 +164,7 @@ def test_lightning_hooks_and_callbacks_run_for_every_local_update(tmp_path):
 def test_results_are_identical_for_one_two_and_three_workers_with_a_users_module(tmp_path, monkeypatch):
     runs = []
     for workers in (1, 2, 3):
-        server = in_process_server(monkeypatch, validate(lightning_tree(tmp_path, "TwoPartModule", engine__workers=workers)))
+        server = in_process_server(validate(lightning_tree(tmp_path, "TwoPartModule", engine__workers=workers)))
         server.restore(None)
         runs.append(round_records([server.round(1), server.round(2)]))
     assert runs[0] == runs[1] == runs[2]
@@ -258,7 +258,7 @@ def test_the_documented_module_runs_logs_and_shows_its_optimizers(tmp_path, monk
     cfg = validate(tree)
     printed = text.split("prints its optimizers per part:\n\n```\n")[1].split("```")[0].splitlines()
     assert list(plan_for(cfg).model.optimizers) == [line.strip() for line in printed[1:]]
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     server.restore(None)
     result = server.round(1)
     trained = [r for r in result.records if r["client"] in result.sampled]

@@ -56,7 +56,7 @@ def test_a_packed_client_does_not_depend_on_its_pack_mates(data_root, algorithm)
 
 
 def _server_rounds(monkeypatch, cfg, rounds=2):
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     server.restore(None)
     return round_records([server.round(r) for r in range(1, rounds + 1)]), server.state
 
@@ -79,11 +79,11 @@ def test_packed_runs_are_bit_identical_on_one_two_and_three_workers(tmp_path, da
 def test_a_resumed_packed_run_equals_an_undisturbed_one(tmp_path, data_root, monkeypatch, validation):
     cfg = six_client_run(tmp_path, data_root, "scaffold", 2, validation=validation, pack=2)
     expected, _ = _server_rounds(monkeypatch, cfg)
-    first = in_process_server(monkeypatch, cfg)
+    first = in_process_server(cfg)
     first.restore(None)
     head = round_records([first.round(1)])
     ckpt = first.checkpoint(str(tmp_path / "run"), 1)
-    resumed = in_process_server(monkeypatch, six_client_run(tmp_path, data_root, "scaffold", 3, validation=validation,
+    resumed = in_process_server(six_client_run(tmp_path, data_root, "scaffold", 3, validation=validation,
                                                             pack=4))
     assert resumed.restore(ckpt) == 1
     assert head + round_records([resumed.round(2)]) == expected

@@ -51,7 +51,7 @@ def test_every_staged_update_is_within_the_clip_norm_in_a_real_run(tmp_path, mon
     stage = ClientSums.stage
     monkeypatch.setattr(ClientSums, "stage", lambda self, client, t: staged.append(
         (t.uploads[WEIGHTS].double().clone(), t.update_norm)) or stage(self, client, t))
-    server = in_process_server(monkeypatch, dp_config(tmp_path, dp))
+    server = in_process_server(dp_config(tmp_path, dp))
     server.restore(None)
     for round_idx in (1, 2):
         started_from, staged[:] = torch.from_numpy(server.state[WEIGHTS].copy()).double(), []
@@ -74,7 +74,7 @@ def test_personal_parts_are_neither_clipped_nor_noised(tmp_path, monkeypatch, al
         cfg = dp_config(tmp_path, dp or "local", algorithm)
         if dp is None:
             cfg = cfg.model_copy(update={"privacy": None})
-        server = in_process_server(monkeypatch, cfg)
+        server = in_process_server(cfg)
         server.restore(None)
         server.round(1)
         stores = [w.runtime.slots for w in server.pool.workers]

@@ -32,7 +32,7 @@ def test_state_spilled_to_disk_is_bit_identical_to_state_in_ram(tmp_path, data_r
     runs = {}
     for budget in (1024, 0):
         spill_dir = tmp_path / f"spill-{budget}"
-        server = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 2, state_ram_mb=budget,
+        server = in_process_server(_setup(tmp_path, data_root, algorithm, 2, state_ram_mb=budget,
                                                          spill_dir=str(spill_dir)))
         server.restore(None)
         runs[budget] = round_records([server.round(r) for r in (1, 2)]), _client_state(server), spill_dir
@@ -57,11 +57,11 @@ def test_a_run_resumed_from_an_incremental_checkpoint_equals_an_uninterrupted_on
     if where == "s3":
         request.getfixturevalue("s3_bucket")
         location = "s3://fedsim-runs/incremental/run"
-    straight = in_process_server(monkeypatch, _setup(tmp_path, data_root, "ditto", 2))
+    straight = in_process_server(_setup(tmp_path, data_root, "ditto", 2))
     straight.restore(None)
     expected = round_records([straight.round(r) for r in range(1, ROUNDS + 1)])
 
-    first = in_process_server(monkeypatch, _setup(tmp_path, data_root, "ditto", 2, full_checkpoint_every=3))
+    first = in_process_server(_setup(tmp_path, data_root, "ditto", 2, full_checkpoint_every=3))
     first.restore(None)
     head = []
     for r in (1, 2, 3):
@@ -70,7 +70,7 @@ def test_a_run_resumed_from_an_incremental_checkpoint_equals_an_uninterrupted_on
     with checkpoint.local_checkpoint(ckpt) as local:  # round 3: a delta over the full round 1 and the delta of round 2
         assert [name for name, _ in json.loads((local / "state.json").read_text())["bases"]] == ["round-0001",
                                                                                                  "round-0002"]
-    resumed = in_process_server(monkeypatch, _setup(tmp_path, data_root, "ditto", 3, full_checkpoint_every=3))
+    resumed = in_process_server(_setup(tmp_path, data_root, "ditto", 3, full_checkpoint_every=3))
     assert resumed.restore(ckpt) == 3
     assert head + round_records([resumed.round(4)]) == expected
     assert _client_state(resumed) == _client_state(straight)

@@ -72,7 +72,7 @@ def test_counts_equal_what_the_server_runs(tmp_path, data_root, monkeypatch):
 
     cfg = six_client_run(tmp_path, data_root, "fedrep", workers=2, rounds=2)
     e = estimate(cfg)
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     outcomes = [server.round(r) for r in (1, 2)]
     epochs = cfg.algorithm.params["head_epochs"] + cfg.algorithm.params["body_epochs"]
     assert e.epochs_per_round == epochs

@@ -14,10 +14,12 @@ from fedsim.metrics.logger import read_jsonl
 from fedsim.simulate import run
 
 
-def test_scaffold_over_ray_matches_on_one_and_three_workers(tmp_path, data_root, local_ray):
-    # Client and server control variates, owned by workers and checkpointed every round, over real actors.
+@pytest.mark.parametrize("backend", ["ray", "local"])
+def test_scaffold_on_one_worker_matches_three_ray_workers(tmp_path, data_root, local_ray, backend):
+    # Client and server control variates, owned by workers and checkpointed every round; three real actors against
+    # one actor or the local backend's worker in this process.
     over = dict(algorithm="scaffold", train__fraction=0.6, engine__cpus_per_worker=0.5)
-    one = run(small_config(tmp_path, data_root, name="s1", engine__workers=1, **over))
+    one = run(small_config(tmp_path, data_root, name="s1", engine__workers=1, engine__backend=backend, **over))
     three = run(small_config(tmp_path, data_root, name="s3", engine__workers=3, **over))
     a, b = per_client(one.run_dir), per_client(three.run_dir)
     assert len(a) == 2 * 5 and a == b  # every float, bit for bit (test_workers.py: every method, in-process workers)

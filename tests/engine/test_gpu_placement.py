@@ -26,7 +26,7 @@ def test_four_workers_share_one_gpu(tmp_path, data_root, fake_gpu_ray):
     from conftest import plan_for
 
     from fedsim.client.worker import spawn_worker
-    from fedsim.engine.session import start_engine
+    from fedsim.engine.backend import start_engine
 
     cfg = _cfg(tmp_path, data_root, workers=4, gpus=0.25)
     check_resources(cfg)

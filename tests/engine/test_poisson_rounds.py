@@ -15,7 +15,7 @@ def test_an_empty_poisson_round_still_spends_and_releases_noise_under_central_dp
                                                               "train.rounds": 6, "train.eval_every": 6, "seed": 4,
                                                               "train.weighting": "uniform"}),
             "privacy": {"dp": dp, "noise_multiplier": 1.0}}
-    server = in_process_server(monkeypatch, validate(tree))
+    server = in_process_server(validate(tree))
     server.restore(None)
     plan, results, weights = server.plan, [], []
     for round_idx in range(1, 7):
@@ -41,7 +41,7 @@ def test_poisson_rounds_are_the_same_on_one_and_two_workers(tmp_path, monkeypatc
         tree = synthetic_tree(tmp_path, algorithm="fedavg", **{"train.sampling": "poisson", "train.fraction": 0.3,
                                                                 "train.rounds": 3, "train.eval_every": 3,
                                                                 "engine.workers": workers})
-        server = in_process_server(monkeypatch, validate(tree))
+        server = in_process_server(validate(tree))
         server.restore(None)
         outcomes.append([server.round(r) for r in range(1, 4)])
     assert round_records(outcomes[0]) == round_records(outcomes[1])

@@ -5,7 +5,6 @@ import types
 import pytest
 from ray.exceptions import GetTimeoutError, RayActorError
 
-import fedsim.engine.pool as pool_module
 from fedsim.engine.pool import WorkerLost, WorkerPool
 
 ENGINE = types.SimpleNamespace(round_timeout_s=5, heartbeat_timeout_s=1, max_recoveries=1)
@@ -26,23 +25,23 @@ class Worker:
 
 
 @pytest.fixture
-def fake_ray(monkeypatch):
+def fake_ray():
+    """The pool's calls (a backend's put/get/wait/kill), recording what it kills."""
     killed = []
     ray = types.SimpleNamespace(get=lambda refs, timeout=None: refs, kill=killed.append,
                                 wait=lambda refs, **_: (list(refs), []))
-    monkeypatch.setattr(pool_module, "ray", ray)
     return ray, killed
 
 
-def _pool(workers, spawned):
+def _pool(workers, spawned, calls):
     assignments = [{0: None, 2: None}, {1: None, 3: None}]
     return WorkerPool(workers, assignments, lambda clients, bundle: spawned.append((sorted(clients), bundle)) or
-                      Worker(f"new {len(spawned)}"), ["bundle 0", "bundle 1"], ENGINE)
+                      Worker(f"new {len(spawned)}"), ["bundle 0", "bundle 1"], ENGINE, calls)
 
 
 def test_a_worker_silent_at_startup_is_named(fake_ray):
     ray, _ = fake_ray
-    pool = _pool([Worker("a"), Worker("b")], [])
+    pool = _pool([Worker("a"), Worker("b")], [], ray)
     ray.wait = lambda refs, **_: (list(refs[:1]), list(refs[1:]))
     with pytest.raises(GetTimeoutError, match=r"^worker 1 \(clients 1, 3\) did not answer within "
                                               r"engine.round_timeout_s=5 \(frozen, or out of memory\)$"):
@@ -50,10 +49,10 @@ def test_a_worker_silent_at_startup_is_named(fake_ray):
 
 
 def test_a_lost_worker_is_replaced_in_its_bundle_until_it_is_lost_too_often(fake_ray):
-    _, killed = fake_ray
+    ray, killed = fake_ray
     spawned = []
     dead = Worker("b", alive=False)
-    pool = _pool([Worker("a"), dead], spawned)
+    pool = _pool([Worker("a"), dead], spawned, ray)
     pool.replace_lost()
     assert spawned == [([1, 3], "bundle 1")] and killed == [dead] and pool.recoveries == 1
     pool.workers[1].alive = False
@@ -68,7 +67,7 @@ def test_a_lost_worker_is_replaced_in_its_bundle_until_it_is_lost_too_often(fake
 
 def test_a_rounds_cpu_time_is_each_workers_since_the_last_round_and_a_replacement_counts_from_zero(fake_ray):
     a, b = Worker("a", cpu=2.0), Worker("b", cpu=3.0)
-    pool = _pool([a, b], [])
+    pool = _pool([a, b], [], fake_ray[0])
     assert pool.cpu_seconds_since_last() == 5.0
     a.cpu, b.cpu = 2.5, 4.0
     assert pool.cpu_seconds_since_last() == 1.5

@@ -102,10 +102,10 @@ def test_a_worker_silent_at_startup_is_named_by_the_servers_restore(tmp_path, mo
     from conftest import in_process_server
 
     cfg = validate(synthetic_tree(tmp_path, "silent", engine__round_timeout_s=1))
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     for index, worker in enumerate(server.pool.workers):  # distinct stand-ins for the calls' ObjectRefs
         worker.runtime.load_state = lambda ckpt, index=index: f"call on worker {index}"
-    monkeypatch.setattr(pool_module.ray, "wait", lambda refs, **_: (list(refs[:1]), list(refs[1:])))
+    monkeypatch.setattr(server.pool.calls, "wait", lambda refs, **_: (list(refs[:1]), list(refs[1:])))
     with pytest.raises(pool_module.GetTimeoutError, match=r"^worker 1 \(clients [\d, ]+\) did not answer within "
                                                           r"engine.round_timeout_s=1"):
         server.restore(None)
@@ -141,7 +141,7 @@ def test_a_worker_dying_while_the_run_starts_is_replaced(tmp_path, monkeypatch):
     from fedsim.client.runtime import ClientRuntime
 
     cfg = validate(synthetic_tree(tmp_path, "startup"))
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
 
     def died(*_):
         raise RayActorError()

@@ -113,7 +113,7 @@ def test_resume_refuses_a_foreign_checkpoint(tmp_path, data_root, local_ray, mon
     first = run(tiny(tmp_path, data_root, "a", train__rounds=1))
     # Swap in another run's checkpoint: same model, different algorithm -> different shared layout. (That run's
     # round goes through the engine's Server with in-process workers: the checkpoint is what Ray's would write.)
-    other = in_process_server(monkeypatch, tiny(tmp_path, data_root, "b", train__rounds=1, algorithm="fedavg"))
+    other = in_process_server(tiny(tmp_path, data_root, "b", train__rounds=1, algorithm="fedavg"))
     other.restore(None)
     other.round(1)
     other.checkpoint(str(tmp_path / "b"), 1)

@@ -35,7 +35,7 @@ def test_krum_keeps_the_honest_cluster_and_scores_by_nearest_neighbours():
 def _server(monkeypatch, tmp_path, data_root, rule, workers=2):
     cfg = six_client_run(tmp_path, data_root, "fedavg", workers)
     cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"aggregator": rule, **RULES[rule]})})
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     server.restore(None)
     return server
 
@@ -83,7 +83,7 @@ def test_replies_give_the_same_round_in_any_completion_order(tmp_path, data_root
     def run(reverse: bool):
         cfg = six_client_run(tmp_path, data_root, algorithm, 3)
         cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"aggregator": rule, **RULES.get(rule, {})})})
-        server = in_process_server(monkeypatch, cfg)
+        server = in_process_server(cfg)
         server.restore(None)
         folded = _replies_seen(server)
         if reverse:

@@ -32,7 +32,7 @@ def _config(tmp_path, name: str, workers: int, secure: bool, **over):
 
 
 def _rounds(monkeypatch, cfg, ckpt=None, first=1):
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     server.restore(ckpt)
     return server, [server.round(r) for r in range(first, ROUNDS + 1)]
 
@@ -55,7 +55,7 @@ def test_results_are_the_plain_runs_on_one_two_and_three_workers(tmp_path, monke
 
 def test_results_are_the_plain_runs_after_a_resume(tmp_path, monkeypatch):
     plain = _rounds(monkeypatch, _config(tmp_path, "plain", 2, False))
-    first = in_process_server(monkeypatch, _config(tmp_path, "b", 2, True))
+    first = in_process_server(_config(tmp_path, "b", 2, True))
     first.restore(None)
     head = [first.round(1)]
     ckpt = first.checkpoint(str(tmp_path / "run"), 1)

@@ -19,8 +19,6 @@ def _lazy_answers(monkeypatch, server) -> list[int]:
     """Workers' training answers made only when the server asks for them (as Ray hands them over), arriving in
     the reverse order of the calls. Returns, per answer added to the round's totals, how many answers added
     before it are still alive."""
-    import fedsim.engine.pool as pool_module
-
     handed: list[weakref.ref] = []
     alive_at_add: list[int] = []
     for worker in server.pool.workers:
@@ -38,14 +36,14 @@ def _lazy_answers(monkeypatch, server) -> list[int]:
         return ref() if callable(ref) else ref
 
     monkeypatch.setattr(RoundSums, "add", counting_add)
-    monkeypatch.setattr(pool_module.ray, "get", get)
-    monkeypatch.setattr(pool_module.ray, "wait", lambda refs, **_: (list(refs)[::-1], []))
+    monkeypatch.setattr(server.pool.calls, "get", get)
+    monkeypatch.setattr(server.pool.calls, "wait", lambda refs, **_: (list(refs)[::-1], []))
     return alive_at_add
 
 
 def test_partials_are_folded_as_they_arrive_dropped_and_give_the_same_state(tmp_path, data_root, monkeypatch):
     def run(workers, lazy):
-        server = in_process_server(monkeypatch, six_client_run(tmp_path, data_root, "scaffold", workers, 2))
+        server = in_process_server(six_client_run(tmp_path, data_root, "scaffold", workers, 2))
         server.restore(None)
         alive = _lazy_answers(monkeypatch, server) if lazy else []
         return round_records([server.round(r) for r in (1, 2)]), server.state, alive

@@ -22,7 +22,7 @@ def dp_config(tmp_path, mechanism: str, workers: int, pack=1, noise=1.0):
 
 
 def rounds(monkeypatch, cfg, first=1):
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     server.restore(None)
     outcomes = [server.round(r) for r in range(first, ROUNDS + 1)]
     return round_records(outcomes), [o.privacy for o in outcomes], server.state
@@ -45,11 +45,11 @@ def test_a_dp_run_is_bit_identical_on_one_two_and_three_workers(tmp_path, monkey
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
 def test_a_resumed_dp_run_equals_an_undisturbed_one(tmp_path, monkeypatch, mechanism):
     expected, privacy, state = rounds(monkeypatch, dp_config(tmp_path, mechanism, 2))
-    first = in_process_server(monkeypatch, dp_config(tmp_path, mechanism, 2))
+    first = in_process_server(dp_config(tmp_path, mechanism, 2))
     first.restore(None)
     head = first.round(1)
     ckpt = first.checkpoint(str(tmp_path / "run"), 1)
-    resumed = in_process_server(monkeypatch, dp_config(tmp_path, mechanism, 3))
+    resumed = in_process_server(dp_config(tmp_path, mechanism, 3))
     assert resumed.restore(ckpt) == 1
     tail = resumed.round(2)
     assert round_records([head, tail]) == expected and [head.privacy, tail.privacy] == privacy
@@ -85,7 +85,7 @@ def test_under_dp_batchnorm_statistics_stay_on_each_client_and_out_of_the_clippe
     assert plan.algorithm.bn_mode == "local_statistics" and statistics  # cnn4 has BatchNorm with running statistics
     assert statistics <= plan.model.buffers and not statistics & set(plan.model.layouts["shared"].keys)
     assert {k for k in plan.model.layouts["personal"].keys} == statistics
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     server.restore(None)
     outcomes = [server.round(r) for r in (1, 2)]
     assert all(o.privacy["clipped_fraction"] == 1.0 for o in outcomes)  # the weights' own update is clipped

@@ -8,7 +8,7 @@ from fedsim.errors import CheckpointError
 
 
 def test_a_server_state_of_another_shape_is_refused(tmp_path, data_root, monkeypatch):
-    server = in_process_server(monkeypatch, six_client_run(tmp_path, data_root, "scaffold", 2))
+    server = in_process_server(six_client_run(tmp_path, data_root, "scaffold", 2))
     server.restore(None)
     server.round(1)
     ckpt = server.checkpoint(str(tmp_path / "run"), 1)
@@ -17,6 +17,6 @@ def test_a_server_state_of_another_shape_is_refused(tmp_path, data_root, monkeyp
         state = {k: z[k] for k in z.files}
     state["control"] = state["control"][:-1]
     np.savez(path, **state)
-    resumed = in_process_server(monkeypatch, six_client_run(tmp_path, data_root, "scaffold", 2))
+    resumed = in_process_server(six_client_run(tmp_path, data_root, "scaffold", 2))
     with pytest.raises(CheckpointError, match="server state 'control'"):
         resumed.held.load(ckpt)

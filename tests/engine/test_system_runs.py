@@ -16,7 +16,7 @@ HETEROGENEOUS = {"devices": {"preset": "lognormal", "sigma": 1.0}, "dropout": 0.
 
 
 def _rounds(monkeypatch, cfg, rounds=ROUNDS, ckpt=None, first=1):
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     server.restore(ckpt)
     return server, [server.round(r) for r in range(first, rounds + 1)]
 
@@ -171,7 +171,7 @@ def test_fedbuffs_step_weighs_reports_equally_unless_told_otherwise(tmp_path, da
     """FedBuff's Algorithm 1 and FLSim's example weigh the K reports equally: system.async_weighting's default, whatever
     train.weighting (samples) says; a synchronous round keeps train.weighting."""
     system = {**FEDBUFF, **({"async_weighting": weighting} if weighting else {})}
-    server = in_process_server(monkeypatch, six_client_run(tmp_path, data_root, "fedavg", 1, 4, system=system))
+    server = in_process_server(six_client_run(tmp_path, data_root, "fedavg", 1, 4, system=system))
     server.restore(None)
     timing = server.plan.timing(1)
     assert timing is not None and timing.versions
@@ -182,7 +182,7 @@ def test_fedbuffs_step_weighs_reports_equally_unless_told_otherwise(tmp_path, da
 def test_the_servers_fedbuff_step_treats_batchnorms_statistics_apart(tmp_path, data_root, monkeypatch):
     """The mask engine/fedbuff.py's step averages instead of stepping, as the server builds it from the model."""
     cfg = six_client_run(tmp_path, data_root, "fedavg", 1, 4, system={**FEDBUFF, "server_lr": 0.7})
-    statistics = in_process_server(monkeypatch, cfg).held.fedbuff.statistics
+    statistics = in_process_server(cfg).held.fedbuff.statistics
     assert statistics.any() and not statistics.all()
 
 

@@ -21,7 +21,7 @@ def _setup(tmp_path, data_root, algorithm, workers, validation=0.0):
 def test_every_method_is_bit_identical_on_one_two_and_three_workers(tmp_path, data_root, monkeypatch, algorithm):
     results = {}
     for workers in (1, 2, 3):
-        server = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, workers))
+        server = in_process_server(_setup(tmp_path, data_root, algorithm, workers))
         server.restore(None)
         results[workers] = (round_records([server.round(r) for r in range(1, ROUNDS + 1)]), server.state)
     (one, state1), (two, state2), (three, state3) = results.values()
@@ -35,15 +35,15 @@ def test_every_method_is_bit_identical_on_one_two_and_three_workers(tmp_path, da
 def test_checkpointed_server_and_client_state_resume_exactly(tmp_path, data_root, monkeypatch, algorithm, validation):
     """Server slots (momentum, control variates) and client slots survive a checkpoint, also when the
     resumed run has another number of workers (and with data.validation's split)."""
-    straight = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 2, validation))
+    straight = in_process_server(_setup(tmp_path, data_root, algorithm, 2, validation))
     straight.restore(None)
     expected = round_records([straight.round(r) for r in range(1, ROUNDS + 1)])
 
-    first = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 2, validation))
+    first = in_process_server(_setup(tmp_path, data_root, algorithm, 2, validation))
     first.restore(None)
     head = round_records([first.round(1)])
     ckpt = first.checkpoint(str(tmp_path / "run"), 1)
-    resumed = in_process_server(monkeypatch, _setup(tmp_path, data_root, algorithm, 3, validation))
+    resumed = in_process_server(_setup(tmp_path, data_root, algorithm, 3, validation))
     assert resumed.restore(ckpt) == 1
     assert head + round_records([resumed.round(2)]) == expected
 
@@ -60,7 +60,7 @@ def test_an_evaluation_cohort_is_fixed_by_the_seed_and_everyone_is_scored_at_the
         cfg = _setup(tmp_path, data_root, "fedper", workers)
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval_every": 1}),
                                      "eval": cfg.eval.model_copy(update={"clients": 3})})
-        server = in_process_server(monkeypatch, cfg)
+        server = in_process_server(cfg)
         server.restore(None)
         rounds[workers] = round_records([server.round(r) for r in range(1, ROUNDS + 1)])
     assert rounds[1] == rounds[3]

@@ -69,7 +69,7 @@ def test_a_fedper_round_on_cifar10(tmp_path, data_root, monkeypatch):
     every client is scored."""
     cfg = small_config(tmp_path, data_root, model__name="pfllib_cnn", algorithm="fedper", train__rounds=1,
                        train__eval_every=1, train__batch_size=20)
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     plan = server.plan
     assert plan.model.parameters == 878_538
     initial = plan.model.initial["shared"].copy()
