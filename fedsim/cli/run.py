@@ -52,10 +52,10 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         raise ConfigError("fedsim run: give a CONFIG.yaml, or --resume RUN_DIR")
     if args.dry_run:
-        from fedsim.client.rehearsal import rehearse
+        from fedsim.client.rehearsal import rehearse, throughput
         from fedsim.engine.estimate import dry_run
 
-        return dry_run(configs, rehearse, resume, args.overwrite)
+        return dry_run(configs, rehearse, resume, args.overwrite, throughput)
     # Imported once the config is valid: they load torch and Ray (~5 s), which a typo should not wait for.
     from fedsim.cli.progress import ProgressBar
     from fedsim.simulate import run
