@@ -1,6 +1,7 @@
 """`fedsim reproduce privacy`: the claim's runs and arms, its verdicts from synthetic run folders (reproduced and
 not reproduced, and a method that ignores the global model failing), the docs/privacy.md section they write, and the
 dry run's count of runs."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 from conftest import make_run
 from fedsim.cli.main import main
+from fedsim.errors import ConfigError
 from fedsim.reproduce.privacy import (EPSILONS, LOCAL, LOCAL_RUN, METHODS, PAPER, PERSONALIZED, PRIVATE, PROXY_RUN,
                                       RUN_METHODS, SEEDS, TESTED, arm_label, epsilon_name, run_key)
 from fedsim.reproduce.privacy_report import (END, FIGURE, START, clipped_share, privacy_of_runs, proxy_norms, section,
@@ -48,6 +50,15 @@ def test_every_method_runs_at_every_epsilon_and_the_arms_differ_only_in_the_nois
     assert {p.key for p in only} == {run_key("FedAvg+FT", e) for e in (None, TESTED)} | {
         run_key("FedPer", e) for e in EPSILONS} | {LOCAL_RUN}
     assert len(only) == 8 * SEEDS
+
+
+def test_the_pages_reading_names_only_runs_of_the_paper():
+    """report.yaml (the table's methods, Local, the proxy) is checked against paper.yaml's runs as it is read."""
+    from fedsim.reproduce.privacy import _report
+
+    without_local = {key: runs for key, runs in PAPER.runs.items() if key != LOCAL_RUN}
+    with pytest.raises(ConfigError, match=f"report.yaml: names the run '{LOCAL_RUN}', which paper.yaml does not"):
+        _report(dataclasses.replace(PAPER, runs=without_local))
 
 
 def test_each_claim_tests_the_drop_against_fedavg_ft_and_the_level_against_local():
