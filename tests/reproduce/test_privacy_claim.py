@@ -117,6 +117,20 @@ def _evaluate(runs: Path) -> dict:
                     folder_keys(run_trees(PAPER, "cpu")))
 
 
+def test_an_arms_receipt_prints_the_optimizer_its_runs_set_up(tmp_path):
+    """A run that recorded the optimizers it set up (summary.json's) has them in its arm's receipt, not its config's."""
+    runs = _runs(tmp_path, personalization_helps)
+    ditto = runs / run_name(PAPER, "cpu", folder_keys(run_trees(PAPER, "cpu"))[run_key("Ditto", 1)], 0)
+    summary = json.loads((ditto / "summary.json").read_text())
+    summary["optimizers"] = ["full: Adam (optimizer 0, group 0, 6 tensors): lr 0.003, betas (0.9, 0.999), eps 1e-08, "
+                             "weight_decay 0"]
+    (ditto / "summary.json").write_text(json.dumps(summary))
+    arms = {arm["label"]: arm for claim in _evaluate(runs)["claims"] for arm in claim["arms"]}
+    adam = arms[arm_label("Ditto", 1)]["receipt"]
+    assert (adam["optimizer"], adam["lr"].split(",")[0]) == ("Adam", "0.003")
+    assert arms[arm_label("Ditto", 2)]["receipt"]["optimizer"] != "Adam"  # runs that did not record theirs: the config
+
+
 def _dp_config(runs: Path):
     """The config the section states the setting from, as the command picks it: FedAvg at the tested epsilon."""
     return next(p.config for p in plan(PAPER, PAPER.claims, "cpu", 1, runs) if p.key == run_key("FedAvg", TESTED))
