@@ -118,7 +118,9 @@ def workers_at_once(cfg: RunConfig, workers: int) -> int:
 
 def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = False,
              overwrite: bool = False, timer: Timer | None = None) -> WorkEstimate:
-    """Check ``cfg`` as a run would (:func:`checked_plan`), then count its work; with ``timer``, time it too."""
+    """Check ``cfg`` as a run would (:func:`checked_plan`), then count its work; with ``timer``, time it too, where its
+    workers train on CPUs: a GPU's rate is not this driver's CPU's, and a few of a paper-scale model's steps on a CPU
+    took minutes (ResNet-34 at 224 px, over 10 min on this 2-core machine)."""
     plan = checked_plan(cfg, rehearse, resume, overwrite)
     algorithm, shared = plan.algorithm, plan.model.layouts["shared"].size
     epochs = algorithm.epochs_per_round(cfg.train.local_epochs)
@@ -137,7 +139,8 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
         clock=_clock(plan), packing=plan.packing, poisson=plan.population.poisson, privacy=plan.privacy_summary,
         batchnorm=batchnorm_notice(cfg, plan.algorithm, plan.model.keys),
-        per_worker=timer(plan) if timer else None, at_once=workers_at_once(cfg, plan.workers))
+        per_worker=timer(plan) if timer and not cfg.engine.gpus_per_worker else None,
+        at_once=workers_at_once(cfg, plan.workers))
 
 
 def _clock(plan: RunPlan) -> dict[str, Any] | None:
@@ -181,7 +184,7 @@ def describe(e: WorkEstimate) -> str:
         f"  training as  {_packing(e.packing)}",
         *([f"  privacy      {describe_privacy(e.privacy)}"] if e.privacy else []),
         *([f"  batchnorm    {e.batchnorm}"] if e.batchnorm else []),
-        *([f"  time         {time_line(e)}"] if e.seconds is not None else []),
+        *([f"  time         {time_line(e)}"] if e.seconds is not None or e.gpus_per_worker else []),
     ])
 
 
@@ -191,11 +194,12 @@ def duration(seconds: float) -> str:
 
 def time_line(e: WorkEstimate) -> str:
     """The run's time at the rate a few of its steps measured here, said as the extrapolation it is."""
+    if e.gpus_per_worker:
+        return "time not estimated: its workers train on GPUs, which a dry run does not time"
     if e.seconds is None or e.per_worker is None:
         return "time not estimated (no client has training data to time)"
-    device = " (timed on this machine's CPU; the workers' GPUs differ)" if e.gpus_per_worker else ""
     return (f"about {duration(e.seconds)} of training and fine-tuning at the {e.per_worker:,.0f} sample-steps/s one "
-            f"worker trained at here{device}, {e.at_once} worker{'s' if e.at_once > 1 else ''} at once; Ray's "
+            f"worker trained at here, {e.at_once} worker{'s' if e.at_once > 1 else ''} at once; Ray's "
             "start-up, scoring and aggregation come on top")
 
 

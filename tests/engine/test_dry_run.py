@@ -66,6 +66,15 @@ def test_the_time_is_the_work_at_the_timed_rate_over_the_workers_the_cores_hold(
     assert estimate(cfg).seconds is None  # nothing timed, no time claimed
 
 
+def test_a_run_on_gpus_is_not_timed_on_this_cpu(tmp_path, data_root):
+    """A paper-scale model's few steps on a CPU took over 10 minutes, and a GPU's rate is not the CPU's."""
+    from fedsim.engine.estimate import describe, estimate
+
+    e = estimate(small_config(tmp_path, data_root, engine__gpus_per_worker=0.25),
+                 timer=lambda plan: pytest.fail("timed on the CPU"))
+    assert e.seconds is None and "time not estimated: its workers train on GPUs" in describe(e)
+
+
 def test_own_update_personalization_counts_the_methods_epochs_at_the_training_batch(tmp_path, data_root):
     from fedsim.engine.estimate import estimate
 
