@@ -54,7 +54,7 @@ class WorkEstimate:
     packing: tuple[int | str, str | None] = (1, None)  # engine.pack as the run will use it, and why not if it cannot
     batchnorm: str | None = None  # the line saying DP chose model.batchnorm (local_statistics), or None
     poisson: bool = False  # train.sampling: poisson (round 1's draw is one draw, not every round's size)
-    privacy: dict[str, Any] | None = None  # DP's accounting (RunPlan.privacy_summary): z, q, delta, epsilon at the final round
+    privacy: dict[str, Any] | None = None  # DP's accounting (RunPlan.privacy's summary): z, q, delta, epsilon at the final round
     per_worker: float | None = None  # sample-steps/s one worker trained at, timed on this machine (given a Timer)
     at_once: int = 1  # the workers that train at the same time here: as many as the cores hold at their threads
 
@@ -137,7 +137,7 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         evaluation_rounds=evaluation_rounds, scored_test_images=scored,
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
         workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
-        clock=_clock(plan), packing=plan.packing, poisson=plan.population.poisson, privacy=plan.privacy_summary,
+        clock=_clock(plan), packing=plan.packing, poisson=plan.population.poisson, privacy=None if plan.privacy is None else plan.privacy.summary,
         batchnorm=batchnorm_notice(cfg, plan.algorithm, plan.model.keys),
         per_worker=timer(plan) if timer and not cfg.engine.gpus_per_worker else None,
         at_once=workers_at_once(cfg, plan.workers))
