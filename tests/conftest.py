@@ -111,6 +111,13 @@ def plan_for(cfg, partition=None):
     return build_plan(cfg, load_inputs(cfg), partition)
 
 
+def accounting_of(plan):
+    """The accountant's view of ``plan``'s run, as RunPlan.privacy was derived from it (None without DP)."""
+    from fedsim.plan.privacy import run_accounting
+
+    return run_accounting(plan.cfg, plan.population.trainable, plan.population.cohort)
+
+
 def client_runtime(data_root, algorithm, *, seed=3, clients=5, **over):
     """A worker's runtime over ``clients`` CIFAR-10 clients (k = 2), without Ray."""
     from fedsim.client.runtime import ClientRuntime

@@ -41,7 +41,7 @@ def export_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out: {args.run} is in an object store; give a local folder for the exported models")
     refuse_other_overrides(args.overrides)
     # A plug-in the folder names needs the trust, or the same plug-in string given on the command line.
-    cfg = load_run_config(args.run, args.overrides, trust_plugins=args.trust_plugins)
+    cfg = load_run_config(args.run, args.overrides, args.trust_plugins, "fedsim export")
     if args.fine_tuned and not cfg.eval.personalizes:
         raise ConfigError(f"--fine-tuned: {args.run} does not personalize at evaluation (eval.personalize="
                           f"{cfg.eval.personalize}, eval.finetune_epochs={cfg.eval.finetune_epochs}); export without "

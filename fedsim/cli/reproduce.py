@@ -4,11 +4,15 @@ and the time left instead."""
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fedsim.config import RunConfig
     from fedsim.reproduce import leaderboard
     from fedsim.reproduce.claims import Paper
     from fedsim.reproduce.runner import PlannedRun
@@ -30,7 +34,7 @@ def reproduce_command(args: argparse.Namespace) -> int:
     claims = (paper.claim(args.only),) if args.only else paper.claims
     runs_dir = storage.portable(args.runs)  # what every run's config.yaml stores (out_dir, model.init_from)
     planned = plan(paper, claims, args.scale, args.seeds, runs_dir, args.overrides)  # validates every config first
-    kept = Path(args.kept).resolve()
+    kept = kept_folder(args.kept)
     everything = planned if args.only is None else plan(paper, paper.claims, args.scale, args.seeds, runs_dir,
                                                         args.overrides)
     _restored(restore_kept(everything, kept), kept)
@@ -99,7 +103,7 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     from fedsim.reproduce import leaderboard, leaderboard_table
     from fedsim.reproduce.runner import keep_finished
 
-    runs_dir, kept = storage.portable(args.runs), Path(args.kept).resolve()
+    runs_dir, kept = storage.portable(args.runs), kept_folder(args.kept)
 
     def planned(only: str | None) -> leaderboard.Plan:  # validates every config first
         return leaderboard.plan(args.scale, runs_dir, kept, args.overrides, only, args.seeds)
@@ -153,7 +157,9 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverg
         steps = sum(mine.tune.final_seeds * sum(work[t[0].key] for t in s.runs) / len(s.runs) for s in waiting)
         print(f"waiting for their search: {len(waiting) * mine.tune.final_seeds} final runs ({len(waiting)} method x "
               f"setting searches not ended), about {steps:,.0f} sample-steps (each at its method's mean trial)")
-    print(_time_left([(item, state) for item, state in states if state != diverged.STATUS], work))
+    left = [(item, state) for item, state in states if state != diverged.STATUS]
+    first = next((item.config for item, state in left if state != "finished"), None)
+    print(_time_left(left, work, lambda: _timed_rate(first)))
     print(f"budget: {mine.budget()}")
     return 0
 
@@ -168,6 +174,24 @@ def _folder_options(args: argparse.Namespace) -> list[str]:
     """The command's --runs and --kept where they are not the defaults, for the command a report names."""
     return [*([f"--runs {args.runs}"] if args.runs != RUNS_DEFAULT else []),
             *([f"--kept {args.kept}"] if args.kept != KEPT_DEFAULT else [])]
+
+
+def kept_folder(given: str) -> Path:
+    """``--kept`` as given; left at its default where the working folder has no such folder, the kept runs of the
+    fedsim clone this package is imported from (run from another folder, the suite is still the README's); with
+    neither, says where it looked and which flag points at them."""
+    here = Path(given).resolve()
+    if given != KEPT_DEFAULT or here.is_dir():
+        return here
+    import fedsim
+
+    clone = Path(fedsim.__file__).resolve().parents[1] / KEPT_DEFAULT
+    if clone.is_dir():
+        print(f"kept runs: {clone} (the working folder has no {KEPT_DEFAULT}; --kept FOLDER names another)")
+        return clone
+    print(f"kept runs: none found at {here} or {clone}; every run counts as left. Give --kept FOLDER (a fedsim "
+          f"clone's {KEPT_DEFAULT}) to reuse its finished runs", file=sys.stderr)
+    return here
 
 
 def _restored(count: int, kept: Path) -> None:
@@ -186,6 +210,7 @@ def _reproduce_dry_run(planned: list, seeds: int | None) -> int:
     print(f"{'run (seed 0; ' + label + ')':<44} {'model':<13} {'rounds':>6} {'sampled':>7} {'epochs':>6} "
           f"{'train sample-steps':>18} {'fine-tune':>12}")
     work = {}  # run key -> sample-steps (training and fine-tuning), the same for every seed
+    first_left: tuple[RunConfig | None, bool, bool] = (None, False, True)  # the first run left, to time its steps
     after, key_of = [], {p.config.name: p.key for p in planned}  # runs that start from another run's model
     for item in (p for p in planned if p.seed == 0):
         config = item.config
@@ -193,7 +218,10 @@ def _reproduce_dry_run(planned: list, seeds: int | None) -> int:
             config = config.model_copy(update={"model": config.model.model_copy(update={"init_from": None})})
             after.append(f"{item.key} after {', '.join(key_of[dep.name] for dep in item.needs)}")
         state = status(item.config)  # checked as its run would take it: a kept run is replayed, not started anew
-        e = estimate(config, resume=state == "resumable", overwrite=state in ("changed", "finished"))
+        resume, overwrite = state == "resumable", state in ("changed", "finished")
+        e = estimate(config, resume=resume, overwrite=overwrite)
+        if first_left[0] is None and state != "finished":
+            first_left = (config, resume, overwrite)
         work[item.key] = e.train_sample_steps + e.finetune_sample_steps
         print(f"{item.config.name:<44} {e.model:<13} {e.rounds:>6} {e.sampled_per_round:>7} {e.epochs_per_round:>6} "
               f"{e.train_sample_steps:>18,} {e.finetune_sample_steps:>12,}")
@@ -205,28 +233,47 @@ def _reproduce_dry_run(planned: list, seeds: int | None) -> int:
     states = [(item, status(item.config)) for item in planned]
     for item, state in states:
         print(f"{item.config.name}: {state}")
-    print(_time_left(states, work))
+    print(_time_left(states, work, lambda: _timed_rate(*first_left)))
     return 0
 
 
-def _time_left(states: list[tuple], work: dict[str, int]) -> str:
+def _time_left(states: list[tuple], work: dict[str, int], timed: Callable[[], float | None]) -> str:
     """What is left, timed at the rate the finished runs measured here (an extrapolation, said as one): by their
     rounds' wall time, under whatever load they met, and, from the runs that recorded it, by their rounds' CPU
-    time, which other load does not raise (so it reads as hours of one busy core)."""
+    time, which other load does not raise (so it reads as hours of one busy core). With no finished run to
+    measure, at the rate ``timed()`` gives: a few steps of the first run left, timed on this machine."""
     from fedsim.reproduce.runner import run_cpu_seconds, run_seconds
 
     finished = [item for item, state in states if state == "finished"]
     left = sum(work[item.key] for item, state in states if state != "finished")
     seconds = sum(run_seconds(item.folder) for item in finished)
-    if not left or not seconds:
-        return f"left: {len(states) - len(finished)} runs, {left:,} sample-steps"
-    rate = sum(work[item.key] for item in finished) / seconds
-    line = (f"left: {len(states) - len(finished)} runs, {left:,} sample-steps; about {left / rate / 3600:.1f} h at "
-            f"the {rate:,.0f} sample-steps/s the {len(finished)} finished runs measured (their rounds' time)")
-    # A list, not a dict by key: a run's seeds share its key, and each seed is a run of its own.
-    timed = [(item.key, cpu) for item in finished if (cpu := run_cpu_seconds(item.folder))]
-    if not timed:
+    line = f"left: {len(states) - len(finished)} runs, {left:,} sample-steps"
+    if not left:
         return line
-    cpu_rate = sum(work[key] for key, _ in timed) / sum(cpu for _, cpu in timed)
+    if not seconds:
+        rate = timed()
+        return line + ("" if not rate else f"; about {left / rate / 3600:.1f} h of training and fine-tuning at the "
+                       f"{rate:,.0f} sample-steps/s the first run left trained at in a few steps timed here (no "
+                       "finished run to measure from; Ray's start-up, scoring and aggregation come on top)")
+    rate = sum(work[item.key] for item in finished) / seconds
+    line += (f"; about {left / rate / 3600:.1f} h at the {rate:,.0f} sample-steps/s the {len(finished)} finished runs "
+             "measured (their rounds' time)")
+    # A list, not a dict by key: a run's seeds share its key, and each seed is a run of its own.
+    cpu_timed = [(item.key, cpu) for item in finished if (cpu := run_cpu_seconds(item.folder))]
+    if not cpu_timed:
+        return line
+    cpu_rate = sum(work[key] for key, _ in cpu_timed) / sum(cpu for _, cpu in cpu_timed)
     return (line + f"; about {left / cpu_rate / 3600:.1f} CPU-core hours at the {cpu_rate:,.0f} sample-steps per "
-            f"CPU-second the {len(timed)} of them that recorded their CPU time measured")
+            f"CPU-second the {len(cpu_timed)} of them that recorded their CPU time measured")
+
+
+def _timed_rate(config: RunConfig | None, resume: bool = False, overwrite: bool = True) -> float | None:
+    """The sample-steps per second ``config``'s run trains at on this machine, its workers at once, from a few of its
+    steps timed (``fedsim.client.rehearsal.throughput``); None without a config."""
+    if config is None:
+        return None
+    from fedsim.client.rehearsal import throughput
+    from fedsim.engine.estimate import estimate
+
+    e = estimate(config, resume=resume, overwrite=overwrite, timer=throughput)
+    return None if e.per_worker is None else e.per_worker * e.at_once

@@ -55,10 +55,10 @@ def run_command(args: argparse.Namespace) -> int:
     for cfg in configs:  # before torch and Lightning load: a missing module is a typo too
         refuse_missing_modules(cfg.model_dump())
     if args.dry_run:
-        from fedsim.client.rehearsal import rehearse
+        from fedsim.client.rehearsal import rehearse, throughput
         from fedsim.engine.estimate import dry_run
 
-        return dry_run(configs, rehearse, resume, args.overwrite)
+        return dry_run(configs, rehearse, resume, args.overwrite, throughput)
     # Imported once the config is valid: they load torch and Ray (~5 s), which a typo should not wait for.
     from fedsim.cli.progress import ProgressBar
     from fedsim.simulate import run

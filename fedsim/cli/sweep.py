@@ -38,8 +38,8 @@ def sweep_command(args: argparse.Namespace) -> int:
 
 
 def _sweep_dry_run(configs: list, base) -> int:
-    from fedsim.client.rehearsal import rehearse
-    from fedsim.engine.estimate import checked_plan
+    from fedsim.client.rehearsal import rehearse, throughput
+    from fedsim.engine.estimate import estimate, time_line, total_time_line
     from fedsim.metrics.series import metric_names, series_mode
     from fedsim.sweep.executor import trial_bundles
     from fedsim.sweep.runs import status
@@ -47,13 +47,16 @@ def _sweep_dry_run(configs: list, base) -> int:
     print(f"{len(configs)} trials; scheduler {base.search.scheduler}"
           + (f" on {base.search.metric} ({base.search.mode or series_mode(base.search.metric or '')})"
              if base.search.scheduler == "asha" else ""))
+    estimates = []
     for cfg in configs:
         state = status(cfg)
         # What the trial's run would refuse before its first round (it resumes a resumable run, replaces a changed one).
-        checked_plan(cfg, rehearse, resume=state == "resumable", overwrite=state in ("changed", "finished"))
+        e = estimate(cfg, rehearse, state == "resumable", state in ("changed", "finished"), throughput)
         bundles = trial_bundles(cfg)
         each = ", ".join(f"{v:g} {k}" for k, v in bundles[0].items())
-        print(f"{cfg.name}: {state}; {len(bundles)} workers x ({each})")
+        print(f"{cfg.name}: {state}; {len(bundles)} workers x ({each}); {time_line(e)}")
+        estimates.append(e if state != "finished" else None)
+    print(total_time_line([e for e in estimates if e is not None]))
     print("per-round metrics a scheduler can compare (search.metric): " + ", ".join(metric_names(configs[0]))
           + ", and what your module logs with self.log as NAME/STATISTIC (e.g. val_loss/mean)")
     return 0

@@ -1,11 +1,12 @@
 """One training step on one batch of one client, and its scoring on one test batch, in the driver and without Ray:
 what a module or a callback does wrong (no loss, a Trainer-only callback under the Fabric loop, a logged name
 fedsim's records use, ...) is refused before a run starts, and by ``--dry-run``, instead of by a worker after Ray
-and the workers have started."""
+and the workers have started. ``--dry-run`` also times a few steps so (:func:`throughput`) for its time estimate."""
 from __future__ import annotations
 
 import dataclasses
 import tempfile
+import time
 
 import torch
 
@@ -36,6 +37,35 @@ def rehearse(plan: RunPlan) -> None:
                             "fix the module or its callbacks") from None
     finally:
         torch.set_num_threads(threads)
+
+
+def throughput(plan: RunPlan, batches: int = 4) -> float | None:
+    """The sample-steps per second one worker trains at on this machine, at its threads (engine.threads_per_worker):
+    the first client with training data set up as a worker sets it up, one batch to warm up, then up to ``batches``
+    of its batches timed; None where no client has training data. The rehearsal's set-up, so its errors too."""
+    client = next((c for c, data in enumerate(plan.clients) if len(data.train)), None)
+    if client is None:
+        return None
+    threads = torch.get_num_threads()
+    try:
+        with tempfile.TemporaryDirectory(prefix="fedsim-throughput-") as scratch:
+            return _timed_steps(_on_this_machine(plan, scratch), client, plan.clients[client], batches)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _timed_steps(plan: WorkerPlan, client: int, data: ClientData, batches: int) -> float:
+    runtime = ClientRuntime(plan, {client: data})
+    batch = plan.cfg.train.batch_size
+    runtime.loop.working_on(client, 1, "training")
+    x, y = runtime.client_tensors(client, "train")
+    generator = torch.Generator().manual_seed(0)
+    runtime.sgd(x[:batch], y[:batch], PARTS["full"], 1, generator, 1)  # the first step pays for set-up and caches
+    first = batch if len(x) > batch else 0  # a one-batch client: its batch timed again
+    timed_x, timed_y = x[first:first + batch * batches], y[first:first + batch * batches]
+    start = time.perf_counter()
+    runtime.sgd(timed_x, timed_y, PARTS["full"], 1, generator, 1)
+    return len(timed_x) / (time.perf_counter() - start)
 
 
 def _on_this_machine(plan: RunPlan, scratch: str) -> WorkerPlan:

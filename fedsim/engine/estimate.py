@@ -1,11 +1,14 @@
 """``fedsim run --dry-run``: validate a config, build its partition and model, and say how much work the run
-is, without starting Ray or writing a run folder.
+is, without starting Ray or writing a run folder; given a ``Timer``, how long its training takes at the rate a few
+of its steps measured on this machine.
 
 Every count is exact, not sampled: client sampling, the evaluation rounds and the cohort are the run's plan
 (:class:`~fedsim.plan.RunPlan`), the same object the server follows, so the rounds' samples are drawn here
 exactly as the server will draw them."""
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +17,10 @@ from fedsim.config import RunConfig
 from fedsim.engine.preflight import Rehearse, prepared
 from fedsim.plan import RunPlan, steps_per_epoch
 from fedsim.plan.privacy import describe_privacy
+
+Timer = Callable[[RunPlan], float | None]
+"""``timer(plan)``: the sample-steps per second one worker trains at on this machine (``fedsim.client.rehearsal.
+throughput``; the engine never imports the client)."""
 
 
 @dataclass(frozen=True)
@@ -48,11 +55,20 @@ class WorkEstimate:
     batchnorm: str | None = None  # the line saying DP chose model.batchnorm (local_statistics), or None
     method: str | None = None  # the line saying the method adjusted a shared setting (Algorithm.settings_notice)
     poisson: bool = False  # train.sampling: poisson (round 1's draw is one draw, not every round's size)
-    privacy: dict[str, Any] | None = None  # DP's accounting (RunPlan.privacy_summary): z, q, delta, epsilon at the final round
+    privacy: dict[str, Any] | None = None  # DP's accounting (RunPlan.privacy's summary): z, q, delta, epsilon at the final round
+    per_worker: float | None = None  # sample-steps/s one worker trained at, timed on this machine (given a Timer)
+    at_once: int = 1  # the workers that train at the same time here: as many as the cores hold at their threads
 
     @property
     def train_sample_steps_per_round(self) -> float:
         return self.train_sample_steps / self.rounds
+
+    @property
+    def seconds(self) -> float | None:
+        """Training and fine-tuning at the timed rate, the workers in parallel; None where nothing was timed."""
+        if not self.per_worker:
+            return None
+        return (self.train_sample_steps + self.finetune_sample_steps) / (self.per_worker * self.at_once)
 
 
 def _training_work(plan: RunPlan, epochs: int) -> tuple[int, int]:
@@ -92,9 +108,20 @@ def checked_plan(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool 
         return ready.plan
 
 
+def workers_at_once(cfg: RunConfig, workers: int) -> int:
+    """How many of the run's workers train at the same time: each on a GPU of its own, else as many as this
+    machine's cores hold at engine.threads_per_worker each (an estimate for a run on this machine)."""
+    if cfg.engine.gpus_per_worker:
+        return workers
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(workers, cores // cfg.engine.threads_per_worker))
+
+
 def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = False,
-             overwrite: bool = False) -> WorkEstimate:
-    """Check ``cfg`` as a run would (:func:`checked_plan`), then count its work."""
+             overwrite: bool = False, timer: Timer | None = None) -> WorkEstimate:
+    """Check ``cfg`` as a run would (:func:`checked_plan`), then count its work; with ``timer``, time it too, where its
+    workers train on CPUs: a GPU's rate is not this driver's CPU's, and a few of a paper-scale model's steps on a CPU
+    took minutes (ResNet-34 at 224 px, over 10 min on this 2-core machine)."""
     plan = checked_plan(cfg, rehearse, resume, overwrite)
     algorithm, shared = plan.algorithm, plan.model.layouts["shared"].size
     epochs = algorithm.epochs_per_round(cfg.train.local_epochs)
@@ -111,9 +138,12 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         evaluation_rounds=evaluation_rounds, scored_test_images=scored,
         bytes_down_per_round=down * sampled, bytes_up_per_round=up * sampled,
         workers=plan.workers, cpus_per_worker=cfg.engine.cpus_per_worker, gpus_per_worker=cfg.engine.gpus_per_worker,
-        clock=_clock(plan), packing=plan.packing, poisson=plan.population.poisson, privacy=plan.privacy_summary,
+        clock=_clock(plan), packing=plan.packing, poisson=plan.population.poisson,
+        privacy=None if plan.privacy is None else plan.privacy.summary,
         batchnorm=batchnorm_notice(cfg, plan.algorithm, plan.model.keys),
-        method=plan.algorithm.settings_notice(cfg.train))
+        method=plan.algorithm.settings_notice(cfg.train),
+        per_worker=timer(plan) if timer and not cfg.engine.gpus_per_worker else None,
+        at_once=workers_at_once(cfg, plan.workers))
 
 
 def _clock(plan: RunPlan) -> dict[str, Any] | None:
@@ -158,7 +188,32 @@ def describe(e: WorkEstimate) -> str:
         *([f"  privacy      {describe_privacy(e.privacy)}"] if e.privacy else []),
         *([f"  batchnorm    {e.batchnorm}"] if e.batchnorm else []),
         *([f"  method       {e.method}"] if e.method else []),
+        *([f"  time         {time_line(e)}"] if e.seconds is not None or e.gpus_per_worker else []),
     ])
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def time_line(e: WorkEstimate) -> str:
+    """The run's time at the rate a few of its steps measured here, said as the extrapolation it is."""
+    if e.gpus_per_worker:
+        return "time not estimated: its workers train on GPUs, which a dry run does not time"
+    if e.seconds is None or e.per_worker is None:
+        return "time not estimated (no client has training data to time)"
+    return (f"about {duration(e.seconds)} of training and fine-tuning at the {e.per_worker:,.0f} sample-steps/s one "
+            f"worker trained at here, {e.at_once} worker{'s' if e.at_once > 1 else ''} at once; Ray's "
+            "start-up, scoring and aggregation come on top")
+
+
+def total_time_line(estimates: list[WorkEstimate]) -> str:
+    """Several runs one after another (a sweep's trials, a tune's runs): the sum of their timed estimates."""
+    timed = [e.seconds for e in estimates if e.seconds is not None]
+    if not timed:
+        return "time: not estimated (nothing timed)"
+    return (f"time: about {duration(sum(timed))} for these {len(timed)} runs one after another at the rates each "
+            "timed here (runs at once on a cluster take less); Ray's start-up, scoring and aggregation come on top")
 
 
 def _per_round(e: WorkEstimate) -> str:
@@ -178,9 +233,13 @@ def _packing(packing: tuple[int | str, str | None]) -> str:
 
 
 def dry_run(configs: list[RunConfig], rehearse: Rehearse | None = None, resume: bool = False,
-            overwrite: bool = False) -> int:
+            overwrite: bool = False, timer: Timer | None = None) -> int:
     """Print every config's estimate; an invalid one raises the same one-line errors as a run."""
+    estimates = []
     for cfg in configs:
-        print(describe(estimate(cfg, rehearse, resume, overwrite)))
+        estimates.append(estimate(cfg, rehearse, resume, overwrite, timer))
+        print(describe(estimates[-1]))
+    if len(estimates) > 1:
+        print(total_time_line(estimates))
     return 0
 

@@ -53,7 +53,6 @@ def prepared(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
     try:
         partition, ckpt = open_folder(folder, inputs.data, inputs.partition, resume, overwrite)
         plan = build_plan(cfg, inputs, partition)
-        plan.refuse_over_budget()  # DP's z and epsilon series computed here, once: the server's plan carries them
         check_checkpoint(ckpt, plan)
         if rehearse is not None:
             rehearse(plan)  # the module's mistakes now, not from a worker after Ray and the workers started

@@ -22,10 +22,12 @@ from fedsim.plan import RunPlan
 from fedsim.plugins import plugin_settings
 
 
-def load_run_config(run_dir: str | Path, overrides: Sequence[str] = (), trust_plugins: bool = False) -> RunConfig:
+def load_run_config(run_dir: str | Path, overrides: Sequence[str] = (), trust_plugins: bool = False,
+                    command: str = "resume") -> RunConfig:
     """The resolved config a run folder (a path or a URI) was started with (for --resume). A run folder is input:
     code its config names (plug-in strings) is imported only with ``trust_plugins`` or when ``overrides`` name the
-    same key, so resuming someone else's folder never runs their code unasked."""
+    same key, so resuming someone else's folder never runs their code unasked; the refusal names ``command``, the
+    one that asked (both of its fixes are ones every caller accepts)."""
     store = storage.Store(run_dir)
     refuse_no_config(store, run_dir)
     out_dir, name = storage.parent_and_name(str(run_dir))
@@ -34,7 +36,7 @@ def load_run_config(run_dir: str | Path, overrides: Sequence[str] = (), trust_pl
         config.write_bytes(store.read_bytes(runfiles.CONFIG))
         tree, stored = load_tree(config, overrides), load_tree(config)
     if not trust_plugins:
-        _refuse_folder_code(run_dir, tree, overrides)
+        _refuse_folder_code(run_dir, tree, overrides, command)
     tree.update(name=name, out_dir=out_dir)
     cfg = validate(tree)
     changed = runfiles.compare_stored(stored, cfg)[1] if overrides else []
@@ -45,7 +47,7 @@ def load_run_config(run_dir: str | Path, overrides: Sequence[str] = (), trust_pl
     return cfg
 
 
-def _refuse_folder_code(run_dir: str | Path, tree: dict[str, Any], overrides: Sequence[str]) -> None:
+def _refuse_folder_code(run_dir: str | Path, tree: dict[str, Any], overrides: Sequence[str], command: str) -> None:
     """Every plug-in the resumed config names must be the user's: the command line gives that very field that very
     plug-in string, or the folder is trusted. A command-line key that merely contains the field (``algorithm={}``)
     leaves the folder's string in place, so it does not count."""
@@ -53,8 +55,9 @@ def _refuse_folder_code(run_dir: str | Path, tree: dict[str, Any], overrides: Se
     for key, spec in plugin_settings(tree).items():
         if given.get(key) != spec:
             base = key.split("[")[0]
-            raise ConfigError(f"{key}: {run_dir}/{runfiles.CONFIG} names code to run ({spec!r}); resume imports it only "
-                              f"if you trust this folder: pass --trust-plugins, or give {base}={spec} on the command line")
+            raise ConfigError(f"{key}: {run_dir}/{runfiles.CONFIG} names code to run ({spec!r}); {command} imports it "
+                              f"only if you trust this folder: pass --trust-plugins, or give {base}={spec} on the "
+                              "command line")
 
 
 def open_folder(folder: RunFolder, data: ArrayDataset, partition: Partition, resume: bool,

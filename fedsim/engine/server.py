@@ -51,7 +51,7 @@ class Server:
         for key, _, start, end in shared.spans():
             statistics[start:end] = key in plan.model.buffers
         fedbuff = FedBuff(self.cfg.system.server_lr, statistics, self.cfg.system.server_momentum)
-        self.held = ServerState(plan, fedbuff, ServerPrivacy(plan.user_level_dp))
+        self.held = ServerState(plan, fedbuff, ServerPrivacy(None if plan.privacy is None else plan.privacy.mechanism))
         self.reduction = reduction_for(plan, self.held)
         self.broadcast_ref = self._publish()
         self.bytes_down = arrays_bytes({name: self.state[name] for name in self.algorithm.broadcast})

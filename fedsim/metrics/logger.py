@@ -157,8 +157,8 @@ class JsonlLogger(Callback):
         # What trained, read from the module's optimizers once set up (--dry-run's lines): a receipt reports these,
         # never train.body / train.head, which a module's own configure_optimizers does not take.
         summary["optimizers"] = list(run.plan.model.optimizers)
-        if run.plan.privacy_summary is not None:  # epsilon at the final round, delta, z, accountant, sampling
-            summary["privacy"] = run.plan.privacy_summary
+        if run.plan.privacy is not None:  # epsilon at the final round, delta, z, accountant, sampling
+            summary["privacy"] = run.plan.privacy.summary
         if run.plan.system is not None:
             summary["system"] = system_summary(cfg, rounds, records, run.plan.system.devices.kind)
         comm = read_jsonl(self.folder / runfiles.COMM)

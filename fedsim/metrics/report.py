@@ -24,10 +24,13 @@ def _slug(name: str) -> str:
 
 
 def receipt_section(runs: list[Run]) -> list[str]:
-    """What each run ran, from its stored config, and the settings the runs differ in."""
-    arms = [(run.name, receipt([run.config], [k for k in ACCURACIES if k in run.per_round])) for run in runs]
+    """What each run ran, from its stored config and the optimizers it set up (summary.json's: a module's own
+    configure_optimizers does not read train.body / train.head), and the settings the runs differ in."""
+    arms = [(run.name, receipt([run.config], [k for k in ACCURACIES if k in run.per_round], optimizers=run.optimizers))
+            for run in runs]
     differ = differences([run.config for run in runs])
-    return ["## Receipt", "", "What each run trained and scored, from its config.yaml.", "", *receipt_table(arms), "",
+    return ["## Receipt", "", "What each run trained and scored, from its config.yaml and the optimizers it set up (its "
+            "summary.json).", "", *receipt_table(arms), "",
             f"The runs differ in: {', '.join(differ) if differ else 'nothing but their seeds'}.", ""]
 
 

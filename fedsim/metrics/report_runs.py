@@ -42,6 +42,7 @@ class Run:
     mechanism: dict[str, dict[int, float]] = field(default_factory=dict)  # server-side quantity -> round -> value
     config: dict = field(default_factory=dict)  # the run's stored config.yaml, as written: its receipt's source
     privacy: dict = field(default_factory=dict)  # summary.json's privacy block: delta, noise multiplier, accountant
+    optimizers: list[str] | None = None  # summary.json's: the optimizers the run set up (None: a run that predates it)
     spent: dict[int, dict[str, float]] = field(default_factory=dict)  # round -> DP's epsilon by its end (rounds.jsonl)
 
     def curve(self, kind: str) -> tuple[list[int], list[dict[str, float]]]:
@@ -105,7 +106,7 @@ def load_run(run_dir: Path) -> Run:
                comm={d: comm.get(d) for d in DIRECTIONS}, seed=config.get("seed"), settings=_settings(config),
                logged=logged, sim_time={r["round"]: r["sim_time_s"] for r in rows if "sim_time_s" in r},
                system=summary.get("system", {}), mechanism=_mechanism(rows), config=config,
-               privacy=summary.get("privacy", {}),
+               privacy=summary.get("privacy", {}), optimizers=summary.get("optimizers"),
                spent={r["round"]: {k: r[k] for k in SPENT if k in r} for r in rows if SPENT[0] in r})
 
 

@@ -152,5 +152,5 @@ def build_plan(cfg: RunConfig, inputs: Inputs, partition: Partition | None = Non
     plan = RunPlan(cfg, inputs.algorithm, inputs.model, clients, inputs.data.num_classes, inputs.data.input_shape,
                    Population.of(cfg, part.num_clients), system=build_system(cfg.system, cfg.seed, part.num_clients),
                    code=imported_files(cfg.model_dump()))
-    _ = plan.user_level_dp  # DP's noise multiplier calibrated (or refused), its split checked, before a file is written
+    _ = plan.privacy  # DP derived once: z calibrated (or refused), its split checked, before a file is written
     return plan

@@ -18,6 +18,8 @@ from fedsim.errors import ConfigError
 from fedsim.privacy import EPSILON, EPSILON_MEDIAN
 from fedsim.config.privacy import DEFAULT_DELTA_RULE, default_delta
 from fedsim.privacy.accountant import Accounting, BudgetUnreachable
+from fedsim.privacy.mechanism import PrivacyPlan, user_level_dp
+from fedsim.plan.population import Population
 
 Sampler = Callable[[int], list[int]]  # round -> the clients it draws (RunPlan.sampled)
 
@@ -30,6 +32,19 @@ def run_accounting(cfg: RunConfig, population: int, cohort: int) -> Accounting |
         return None
     return Accounting(p.dp, cfg.train.sampling, population, cohort, cfg.train.fraction,
                       p.delta if p.delta is not None else default_delta(population), p.accountant)
+
+
+def derive_privacy(cfg: RunConfig, population: Population, sampled: Sampler, num_clients: int) -> PrivacyPlan:
+    """The run's DP once (RunPlan.privacy): z (given, or calibrated to privacy.target_epsilon), the mechanism, the
+    epsilon after each round and the summary; a run given a z that would pass its target is refused."""
+    accounting = run_accounting(cfg, population.trainable, population.cohort)
+    assert accounting is not None and cfg.privacy is not None  # called only with DP on (RunPlan.private)
+    z = noise_multiplier(cfg, accounting, sampled, num_clients)
+    mechanism = user_level_dp(cfg.privacy, z, cfg.seed, population.expected_cohort, population.poisson)
+    assert mechanism is not None
+    spent = spent_per_round(cfg, accounting, z, sampled, num_clients, population.trainable_clients)
+    refuse_over_budget(cfg, spent)
+    return PrivacyPlan(mechanism, spent, privacy_summary(cfg, accounting, z, spent))
 
 
 def participations(sampled: Sampler, num_clients: int, rounds: int) -> Iterator[np.ndarray]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,11 +25,8 @@ from fedsim.plan.async_clock import AsyncClock
 from fedsim.plan.model import ModelPlan
 from fedsim.plan.population import Population, evaluation_cohort
 from fedsim.plan.system import Clock, RoundTime, SystemModel
-from fedsim.privacy.mechanism import UserLevelDP, user_level_dp
+from fedsim.privacy.mechanism import PrivacyPlan, UserLevelDP
 from fedsim.privacy.secagg import PairwiseMasks
-
-if TYPE_CHECKING:
-    from fedsim.privacy.accountant import Accounting
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,14 +40,14 @@ class WorkerPlan:
     input_shape: tuple[int, int, int]
     code: tuple[tuple[str, str, str], ...]  # (module, file, source digest) of fedsim and the driver's plug-ins
     packing: tuple[int | str, str | None]  # RunPlan.packing
-    user_level_dp: UserLevelDP | None  # each client's clipping (RunPlan.user_level_dp)
+    user_level_dp: UserLevelDP | None  # each client's clipping (RunPlan.privacy's mechanism)
 
 
 @dataclass(frozen=True, eq=False)
 class RunPlan:
     """The run's plan as the driver, the server and the estimate read it. It runs past 200 lines because every
-    derived value they read lives here, once (privacy's included: the noise multiplier, the epsilon series, the
-    masks' cohort), rather than recomputed where it is read."""
+    derived value they read lives here, once (privacy's in one value, :class:`PrivacyPlan`; the masks' cohort), rather
+    than recomputed where it is read."""
     cfg: RunConfig
     algorithm: Algorithm
     model: ModelPlan
@@ -158,70 +154,24 @@ class RunPlan:
         return self.population.sampled(self.cfg.seed, round_idx)
 
     # -- privacy: fedsim.plan.privacy, imported only with DP on (dp-accounting: ~0.6 s), never by the server ------
-    @cached_property
-    def user_level_dp(self) -> UserLevelDP | None:
-        """The run's DP mechanism (None without DP): the server's noise and adaptive clip norm, each client's
-        clipping."""
-        z, population = self.noise_multiplier, self.population
-        return None if z is None else user_level_dp(self.cfg.privacy, z, self.cfg.seed, population.expected_cohort,
-                                                    population.poisson)
-
     @property
     def private(self) -> bool:
         """Whether the run has DP to account for (privacy.dp central or local)."""
         return self.cfg.privacy is not None and self.cfg.privacy.dp != "none"
 
-    @property
-    def accounting(self) -> Accounting | None:
-        """The accountant's view of the run, else None; not kept, so the server's copy unpickles without it."""
+    @cached_property
+    def privacy(self) -> PrivacyPlan | None:
+        """The run's DP, derived once on the driver (None without DP): z given or calibrated, the mechanism, the epsilon
+        spent by each round's end, the summary; a run that would pass privacy.target_epsilon is refused here."""
         if not self.private:
             return None
-        from fedsim.plan.privacy import run_accounting
+        from fedsim.plan.privacy import derive_privacy
 
-        return run_accounting(self.cfg, self.population.trainable, self.population.cohort)
-
-    @cached_property
-    def noise_multiplier(self) -> float | None:
-        """z (noise std / clip norm), the one place the mechanisms read it: privacy.noise_multiplier, or calibrated to
-        privacy.target_epsilon at train.rounds before the run; None without DP."""
-        accounting = self.accounting
-        if accounting is None:
-            return None
-        from fedsim.plan.privacy import noise_multiplier
-
-        return noise_multiplier(self.cfg, accounting, self.sampled, self.num_clients)
-
-    @cached_property
-    def privacy_spent(self) -> tuple[dict[str, float], ...]:
-        """Per round, the epsilon spent by its end (``fedsim.privacy.SPENT``'s keys); empty without DP."""
-        accounting, z = self.accounting, self.noise_multiplier
-        if accounting is None or z is None:
-            return ()
-        from fedsim.plan.privacy import spent_per_round
-
-        return spent_per_round(self.cfg, accounting, z, self.sampled, self.num_clients,
-                               self.population.trainable_clients)
+        return derive_privacy(self.cfg, self.population, self.sampled, self.num_clients)
 
     def privacy_at(self, round_idx: int) -> dict[str, float]:
-        """What rounds.jsonl records of round ``round_idx``'s privacy: a look-up in :attr:`privacy_spent`."""
-        return self.privacy_spent[round_idx - 1] if self.privacy_spent else {}
-
-    @property
-    def privacy_summary(self) -> dict[str, object] | None:
-        """summary.json's ``privacy`` and ``--dry-run``'s line: final epsilon, delta, z, accountant, sampling."""
-        accounting, z = self.accounting, self.noise_multiplier
-        if accounting is None or z is None:
-            return None
-        from fedsim.plan.privacy import privacy_summary
-
-        return privacy_summary(self.cfg, accounting, z, self.privacy_spent)
-
-    def refuse_over_budget(self) -> None:
-        """Refuse a run that would pass privacy.target_epsilon; on the driver, computing z and the series once."""
-        if self.private:
-            from fedsim.plan.privacy import refuse_over_budget
-
-            refuse_over_budget(self.cfg, self.privacy_spent)
+        """What rounds.jsonl records of round ``round_idx``'s privacy (empty without DP)."""
+        return {} if self.privacy is None else self.privacy.spent[round_idx - 1]
 
     def pairwise_masks(self, round_idx: int) -> PairwiseMasks | None:
         """privacy.secure_aggregation: the round's masks over its cohort, the clients sent the model: on the virtual
@@ -280,7 +230,7 @@ class RunPlan:
         clients only (every client's indices on every worker would cost each one memory in the population:
         measured 5.6 KB per registered client at N = 10,000, 2.4 KB without); DP's mechanism calibrated here, once."""
         return WorkerPlan(self.cfg, self.algorithm, self.model, self.num_classes, self.input_shape, self.code,
-                          self.packing, self.user_level_dp)
+                          self.packing, None if self.privacy is None else self.privacy.mechanism)
 
     @cached_property
     def fingerprint(self) -> str:

@@ -35,9 +35,9 @@ CLIP_NORM = "privacy_clip_norm"  # checkpointed server state under adaptive clip
 
 @dataclass(frozen=True)
 class UserLevelDP:
-    """A run's DP mechanism, derived once (``RunPlan.user_level_dp``, by :func:`user_level_dp`)."""
+    """A run's DP mechanism, derived once (``RunPlan.privacy``'s, by :func:`user_level_dp`)."""
     central: bool  # the server's noise on the sum; else each client's own (local)
-    noise_multiplier: float  # z: what the accountant composes (``RunPlan.noise_multiplier``)
+    noise_multiplier: float  # z: what the accountant composes
     update_multiplier: float  # z_delta: the update's own, z less what adaptive clipping's count takes of it
     clip_norm: float  # C, the initial one under adaptive clipping
     seed: int
@@ -49,6 +49,16 @@ class UserLevelDP:
     def local_std(self, clip_norm: float) -> float:
         """Each client's own noise std on its update (0 under central DP)."""
         return 0.0 if self.central else self.noise_multiplier * clip_norm
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """A run's DP, derived once on the driver (:func:`fedsim.plan.privacy.derive_privacy`) and read by the server,
+    the workers, the logger and ``--dry-run``; it holds no accountant, so the server's copy unpickles without
+    dp-accounting."""
+    mechanism: UserLevelDP  # z, the clip norm, each client's clipping and the server's noise
+    spent: tuple[dict[str, float], ...]  # per round, the epsilon spent by its end (``fedsim.privacy.SPENT``'s keys)
+    summary: dict[str, object]  # summary.json's ``privacy`` and --dry-run's line: final epsilon, delta, z, accountant
 
 
 def user_level_dp(privacy: PrivacyConfig | None, noise_multiplier: float, seed: int, cohort: float,

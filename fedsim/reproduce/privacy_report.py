@@ -4,7 +4,8 @@ against epsilon per method. Everything comes from the verdicts (``verdicts.evalu
 summary.json (their ``privacy`` block), so the section is rebuilt from the kept runs alone.
 
 The section lives in docs/privacy.md, not in REPRODUCTION.md: it is fedsim's own question, not a paper's claim, and
-the page that says what the guarantee is should show what it costs."""
+the page that says what the guarantee is should show what it costs. Its text around the table and the tests is
+papers/privacy/page.md; the setting's prose stays there, this module fills in the numbers."""
 from __future__ import annotations
 
 import math
@@ -19,14 +20,17 @@ from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
 from fedsim.config.checks import trainable_clients
 from fedsim.config.privacy import DEFAULT_DELTA_RULE, default_delta
-from fedsim.reproduce.privacy import EPSILONS, LOCAL, METHODS, PROXY_RUN, RUN_METHODS, TESTED, arm_label, run_key
 from fedsim.reproduce.claims import Paper
+from fedsim.reproduce.paper_files import file_passages
+from fedsim.reproduce.privacy import (EPSILONS, FOLDER, LOCAL, METHODS, PROXY_RUN, RUN_METHODS, TESTED, arm_label,
+                                      run_key)
 from fedsim.metrics.logger import read_jsonl
 from fedsim.reproduce.runner import read_summary, run_name
 
 START, END = "<!-- privacy-claim:start -->", "<!-- privacy-claim:end -->"
 HEADING = "## Does personalization keep what DP takes away?"
 FIGURE = "privacy-cpu-accuracy-vs-epsilon.png"
+PAGE = file_passages(FOLDER / "page.md")  # the section's own text around the table and the tests
 
 
 def privacy_of_runs(paper: Paper, scale: str, runs_dir: Path, folders: dict[str, str],
@@ -153,13 +157,12 @@ def setting(config: RunConfig) -> str:
     trainable = trainable_clients(config)
     delta = p.delta if p.delta is not None else default_delta(trainable)
     k = getattr(d.partition, "k", None)  # the classes partition's classes per client
-    return (f"{d.dataset}, {d.num_clients} clients ({d.partition.name} partition{f', k = {k}' if k else ''}), "
-            f"model {config.model.name}, "
-            f"{t.rounds} rounds of {t.local_epochs} local epoch(s) at batch {t.batch_size}, "
-            f"{t.sampling} sampling q = {t.fraction:g} (about {t.fraction * d.num_clients:.0f} clients a round), "
-            f"weights {t.weighting}; central DP, clip norm C = {p.clip_norm:g}, δ = {delta:.3g} "
-            f"({DEFAULT_DELTA_RULE if p.delta is None else 'set'}; N × δ = {trainable * delta:.2g}), accountant "
-            f"{p.accountant}, the noise multiplier calibrated to each ε over the run's rounds")
+    return PAGE["page-setting"].format(
+        dataset=d.dataset, clients=d.num_clients, partition=d.partition.name, classes=f", k = {k}" if k else "",
+        model=config.model.name, rounds=t.rounds, local_epochs=t.local_epochs, batch_size=t.batch_size,
+        sampling=t.sampling, fraction=t.fraction, per_round=t.fraction * d.num_clients, weighting=t.weighting,
+        clip_norm=p.clip_norm, delta=delta, delta_rule=DEFAULT_DELTA_RULE if p.delta is None else "set",
+        n_delta=trainable * delta, accountant=p.accountant)
 
 
 def clip_norm_note(config: RunConfig, norms: list[float], clipped: float | None) -> str:
@@ -168,14 +171,8 @@ def clip_norm_note(config: RunConfig, norms: list[float], clipped: float | None)
     assert config.privacy is not None
     measured = (", ".join(f"{n:.3f}" for n in norms) + f" (seed{'s' if len(norms) > 1 else ''} 0"
                 + (f"..{len(norms) - 1}" if len(norms) > 1 else "") + ")") if norms else "not run yet"
-    binds = ("" if clipped is None else f"; on the evaluated clients it shortened {100 * clipped:.0f}% of the "
-             f"updates (FedAvg at ε = {TESTED:g}, mean over rounds and seeds)")
-    return (f"**Clip norm:** C = {config.privacy.clip_norm:g} was chosen before the runs from a proxy population, not "
-            "from the evaluated clients' data: FedAvg without noise or clipping on CIFAR-100's images (500 clients, "
-            "k = 2 of its 100 classes each), the same model and training otherwise; the median over its 30 rounds of "
-            f"the round's mean update norm: {measured}. C is seed 0's rounded down to one decimal (Andrew et al. clip "
-            f"at about the median norm){binds}. The learning rate and the rest of the setting were not tuned under "
-            "DP: nothing here spends privacy that the accountant does not count")
+    binds = "" if clipped is None else PAGE["page-binds"].format(percent=100 * clipped, tested=TESTED)
+    return PAGE["page-clip-norm"].format(clip_norm=config.privacy.clip_norm, measured=measured, binds=binds)
 
 
 def section(results: dict, privacy: dict[str, dict[str, list[float]]], config: RunConfig, figure_rel: str,
@@ -183,25 +180,14 @@ def section(results: dict, privacy: dict[str, dict[str, list[float]]], config: R
     done, total = results["runs_done"], results["runs_total"]
     seconds = results["compute_seconds"]
     per_run = f"; {seconds / done:.0f} s a run on average" if done else ""
-    lines = [START, "",
-             f"Written by `{results['command']}` from the kept runs (reproduction/runs/); do not edit by hand. "
-             "fedsim's own question, not a paper's reproduction.", "",
+    lines = [START, "", PAGE["page-written"].format(command=results["command"]), "",
              f"**Setting:** {setting(config)}. {results['scale_note']}.", "",
              f"{clip_norm_note(config, norms, clipped)}.", "",
-             f"**Compute:** {done} of {total} runs finished; their rounds took {seconds / 60:.1f} min in all{per_run} "
-             "(training, aggregation and evaluation, Ray's start-up excluded, on the 2-core CPU machine shared with "
-             "other work).", "",
-             "Client accuracy in %, the final round's mean over clients, then the mean over seeds with its Student-t "
-             "95% interval. Local is each client's own model (it shares nothing, so it needs no DP: one number for "
-             "every ε); FedAvg is scored with the global model and FedAvg+FT with it fine-tuned by each client "
-             "(5 epochs, FedBABU's budget, from the same runs); FedPer with each client's model (shared body, "
-             "personal head); FedBABU after each client fine-tunes the received model on its own data; Ditto with "
-             "each client's personal model.", "",
+             PAGE["page-compute"].format(done=done, total=total, minutes=seconds / 60, per_run=per_run), "",
+             PAGE["page-accuracy"], "",
              *accuracy_table(results, privacy), "",
              *tests_table(results), "",
-             "Each test is computed per seed (arms of one seed share the partition and the initial weights, so it is "
-             "paired), then averaged over the seeds with a Student-t 95% interval; it holds when the whole interval "
-             "lies above 0 and is decided only once every seed the claim fixes has finished.", ""]
+             PAGE["page-tests"], ""]
     explained = [c for c in results["claims"] if c["verdict"] != "reproduced" and c.get("explanation")]
     lines += [f"*{c['title']}:* {c['explanation']}" for c in explained] + ([""] if explained else [])
     if figure_rel:

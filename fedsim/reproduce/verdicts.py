@@ -177,6 +177,7 @@ def _evaluate_at(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folders
     configs: dict[str, list[dict]] = {}  # per arm, its finished seeds' stored configs: its receipt's source
     for arm in claim.arms:
         per_seed, best, evaluated, picked_on, configs[arm.label] = {}, {}, {}, {}, []
+        set_up: list[str] | None = None  # the optimizers its first finished seed set up (summary.json's, if recorded)
         for seed in range(claim.seeds):
             folder = runs_dir / run_name(paper, scale, folders[arm.run + setting.suffix], seed)
             values = _seed_values(arm, folder)
@@ -184,12 +185,13 @@ def _evaluate_at(claim: Claim, paper: Paper, scale: str, runs_dir: Path, folders
                 continue
             per_seed[seed] = values
             configs[arm.label].append(stored_config(folder))
+            set_up = set_up or (read_summary(folder) or {}).get("optimizers")
             if arm.round is None and arm.to_fraction is None:  # a point on the curve has no best round
                 best[seed], evaluated[seed] = best_value(folder, arm.metric), evaluations(folder, arm.metric)
                 picked_on[seed] = best_picked_on(folder, arm.metric)
         arms[arm.label] = _arm_result(arm, per_seed, best, evaluated, picked_on)
         if configs[arm.label]:
-            arms[arm.label]["receipt"] = receipt(configs[arm.label], [arm.metric], _read_at(arm))
+            arms[arm.label]["receipt"] = receipt(configs[arm.label], [arm.metric], _read_at(arm), set_up)
     tests = [_test_result(test, arms, claim.seeds) for test in claim.tests]
     return arms, tests, differences([c[0] for c in configs.values() if c])
 

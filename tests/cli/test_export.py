@@ -101,6 +101,18 @@ def test_a_users_lightning_module_loads_from_checkpoint_only_with_trust(tmp_path
     assert _accuracy(module, cfg, run_dir, 1) == logged
 
 
+def test_the_refusal_of_a_folders_code_names_export_and_only_the_fixes_export_takes(tmp_path, capsys):
+    run_dir = tmp_path / "lm"
+    run_dir.mkdir()
+    write_yaml(run_dir / "config.yaml", lightning_tree(tmp_path, "TwoPartModule"))
+    assert main(["export", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "fedsim export imports it only if you trust this folder: pass --trust-plugins, or give " in err, err
+    fix = err.rsplit("or give ", 1)[1].split(" on the command line")[0]  # KEY=PLUGIN, as export's arguments take it
+    assert main(["export", str(run_dir), fix]) == 2  # accepted: refused next for the plug-in the folder names after it
+    assert fix not in capsys.readouterr().err
+
+
 def test_the_documented_re_score_of_an_exported_client_with_client_split_is_exact(tmp_path, capsys, monkeypatch):
     """docs/configuration.md's example, run as written on a run of a user's module trusted by naming it: the
     accuracy of the exported model on client_split's tensors is the one metrics.jsonl holds, bit for bit."""

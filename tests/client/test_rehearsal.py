@@ -13,3 +13,12 @@ def test_the_rehearsal_writes_nothing_into_the_run_folder(tmp_path):
     plan = plan_for(validate(tree))
     rehearse(plan)
     assert not (tmp_path / plan.cfg.name).exists()
+
+
+def test_throughput_times_the_modules_steps_and_leaves_the_run_folder_unwritten(tmp_path):
+    from fedsim.client.rehearsal import throughput
+
+    plan = plan_for(validate(lightning_tree(tmp_path, "TwoPartModule")))
+    rate = throughput(plan)
+    assert rate is not None and rate > 0
+    assert not (tmp_path / plan.cfg.name).exists()

@@ -53,6 +53,28 @@ def test_counts_equal_hand_computation(tmp_path, data_root):
     assert (e.workers, e.cpus_per_worker, e.gpus_per_worker) == (5, 0.5, 0.25)  # never more workers than clients
 
 
+@pytest.mark.parametrize("threads, workers, at_once", [(1, 2, 2), (1, 64, None), (2, 2, None)])
+def test_the_time_is_the_work_at_the_timed_rate_over_the_workers_the_cores_hold(tmp_path, data_root, monkeypatch,
+                                                                             threads, workers, at_once):
+    from fedsim.engine.estimate import estimate
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)  # a 2-core machine
+    cfg = small_config(tmp_path, data_root, engine__workers=workers, engine__threads_per_worker=threads)
+    e = estimate(cfg, timer=lambda plan: 100.0)
+    assert e.at_once == (at_once or 2 // threads)  # never more than the cores hold at each worker's threads
+    assert e.seconds == pytest.approx((e.train_sample_steps + e.finetune_sample_steps) / (100.0 * e.at_once))
+    assert estimate(cfg).seconds is None  # nothing timed, no time claimed
+
+
+def test_a_run_on_gpus_is_not_timed_on_this_cpu(tmp_path, data_root):
+    """A paper-scale model's few steps on a CPU took over 10 minutes, and a GPU's rate is not the CPU's."""
+    from fedsim.engine.estimate import describe, estimate
+
+    e = estimate(small_config(tmp_path, data_root, engine__gpus_per_worker=0.25),
+                 timer=lambda plan: pytest.fail("timed on the CPU"))
+    assert e.seconds is None and "time not estimated: its workers train on GPUs" in describe(e)
+
+
 def test_own_update_personalization_counts_the_methods_epochs_at_the_training_batch(tmp_path, data_root):
     from fedsim.engine.estimate import estimate
 
@@ -98,6 +120,7 @@ def test_cli_dry_run_writes_nothing_and_starts_no_ray(tmp_path, data_root, capsy
     assert main(["run", str(_write(tmp_path, tree)), "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert "t-fedavg: ok" in printed and "t-fedper: ok" in printed and "sample-steps" in printed
+    assert printed.count("  time         about ") == 2 and "time: about" in printed  # each run's, then the two's
     assert not out_dir.exists()
     ray = sys.modules.get("ray")
     assert ray is None or not ray.is_initialized()

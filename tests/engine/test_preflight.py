@@ -54,6 +54,14 @@ def test_a_sweeps_metric_is_checked_against_what_its_runs_report(tmp_path, capsy
     assert err.count("\n") == 1 and "search.metric: lm-1 never reports 'fairness/bogus'" in err, err
 
 
+def test_a_sweeps_dry_run_times_each_trial_and_the_sweep(tmp_path, capsys):
+    tree = lightning_tree(tmp_path, "TwoPartModule", sweep={"seed": [1, 2]})
+    assert main(["sweep", str(write_yaml(tmp_path / "s.yaml", tree)), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("of training and fine-tuning at the ") == 2 and "time: about" in printed, printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing written
+
+
 def test_a_run_of_several_variants_refuses_a_bad_one_before_the_first_trains(tmp_path, capsys):
     tree = lightning_tree(tmp_path, "TwoPartModule", sweep={"model.client": ["user_plugins:TwoPartModule",
                                                                              "user_plugins:ForgetsBackward"]})

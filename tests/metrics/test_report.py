@@ -161,6 +161,26 @@ def test_the_report_gives_each_runs_receipt_and_names_what_the_runs_differ_in(tm
     assert "The runs differ in: algorithm.name, train.body.lr." in md
 
 
+def test_a_runs_receipt_prints_the_optimizer_it_set_up_not_the_configs_unused_one(tmp_path):
+    """A module's own Adam at 0.01 under a config that says sgd at 0.05: `fedsim report` prints Adam's (issue 67)."""
+    import json
+
+    from fedsim.config import validate
+
+    runs = two_runs(tmp_path / "runs")
+    for run in runs:
+        cfg = validate({"name": run.name, "algorithm": "fedavg", "train": {"body": {"lr": 0.05}, "head": {"lr": 0.05}}})
+        (run / "config.yaml").write_text(__import__("yaml").safe_dump(cfg.model_dump()))
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    summary["optimizers"] = [f"{part}: Adam (optimizer 0, group 0, 2 tensors): lr 0.01, betas (0.9, 0.999), eps 1e-08, "
+                             "weight_decay 0" for part in ("body", "head")]
+    (runs[0] / "summary.json").write_text(json.dumps(summary))
+    write_report(runs, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert f"| {runs[0].name} | fedavg | Adam | 0.01 | betas (0.9, 0.999) |" in md
+    assert f"| {runs[1].name} | fedavg | sgd | 0.05 |" in md  # a run that predates summary.json's optimizers
+
+
 def test_time_to_accuracy_on_the_virtual_clock_gets_its_table(tmp_path):
     import json
 

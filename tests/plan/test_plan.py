@@ -48,10 +48,10 @@ def test_the_noise_multiplier_is_read_from_one_place(tmp_path):
     tree = synthetic_tree(tmp_path, **{"train.weighting": "uniform", "train.fraction": 0.5})
     tree["privacy"] = {"noise_multiplier": 0.8, "clip_norm": 2.0, "adaptive": {"count_noise": 1.0}}
     plan = plan_for(validate(tree))
-    dp = plan.user_level_dp
-    assert plan.noise_multiplier == dp.noise_multiplier == 0.8 and dp.clip_norm == 2.0 and dp.central
+    dp = plan.privacy.mechanism
+    assert plan.privacy.summary["noise_multiplier"] == dp.noise_multiplier == 0.8 and dp.clip_norm == 2.0 and dp.central
     assert dp.cohort == 4 and not dp.poisson and dp.update_multiplier > 0.8
     assert plan.for_workers().user_level_dp == dp  # calibrated once, on the driver: a worker's plan holds no clients
     del tree["privacy"]
     plan = plan_for(validate(tree))
-    assert plan.noise_multiplier is None and plan.user_level_dp is None
+    assert plan.privacy is None and plan.for_workers().user_level_dp is None

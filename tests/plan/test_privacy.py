@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import plan_for, synthetic_tree
+from conftest import accounting_of, plan_for, synthetic_tree
 
 from fedsim.config import validate
 from fedsim.errors import ConfigError
@@ -21,11 +21,11 @@ def dp_tree(tmp_path, privacy: dict, **over):
 
 def test_target_epsilon_calibrates_z_once_and_the_workers_plan_carries_it(tmp_path):
     plan = plan_for(validate(dp_tree(tmp_path, {"target_epsilon": 4.0})))
-    z = plan.noise_multiplier
+    z = plan.privacy.mechanism.noise_multiplier
     rounds = plan.cfg.train.rounds
-    assert plan.accounting.epsilon(z, rounds) <= 4.0 < plan.accounting.epsilon(0.99 * z, rounds)
+    assert accounting_of(plan).epsilon(z, rounds) <= 4.0 < accounting_of(plan).epsilon(0.99 * z, rounds)
     assert plan.for_workers().user_level_dp.noise_multiplier == z  # a worker's plan has no clients to calibrate over
-    summary = plan.privacy_summary
+    summary = plan.privacy.summary
     assert summary["calibrated"] and summary["noise_multiplier"] == z and summary["q"] == 0.25
     assert summary["epsilon"] == plan.privacy_at(rounds)[EPSILON] <= 4.0
     assert [plan.privacy_at(r)[EPSILON] for r in range(1, rounds + 1)] == sorted(
@@ -37,20 +37,19 @@ def test_the_fixed_samplers_cohort_and_the_pool_without_held_out_clients_are_wha
     plan = plan_for(validate(dp_tree(tmp_path, {"noise_multiplier": 1.0}, **{"train.sampling": "fixed",
                                                                               "train.fraction": 0.5,
                                                                               "eval.unseen": 2})))
-    acc = plan.accounting
+    acc = accounting_of(plan)
     assert acc.population == 6 and acc.cohort == len(plan.sampled(1)) == 3 and acc.sampling_rate == 0.5
     assert acc.delta == 1e-5  # min(1e-5, 1/N^2) for the 6 that may train
 
 
 def test_without_dp_nothing_is_accounted(tmp_path):
     plan = plan_for(validate(synthetic_tree(tmp_path)))
-    assert plan.accounting is None and plan.noise_multiplier is None and plan.privacy_at(1) == {}
-    assert plan.privacy_summary is None
+    assert accounting_of(plan) is None and plan.privacy is None and plan.privacy_at(1) == {}
 
 
 def test_the_server_looks_epsilon_up_without_importing_dp_accounting(tmp_path):
     plan = plan_for(validate(dp_tree(tmp_path, {"noise_multiplier": 1.0})))
-    assert plan.privacy_spent  # computed on the driver, as preflight does before the plan is shipped
+    assert plan.privacy.spent  # computed on the driver, as preflight does before the plan is shipped
     path = tmp_path / "plan.pkl"
     path.write_bytes(pickle.dumps(plan))
     code = (f"import pickle, sys; import fedsim.engine.server; plan = pickle.loads(open({str(path)!r}, 'rb').read()); "

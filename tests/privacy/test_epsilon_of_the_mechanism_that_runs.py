@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import plan_for, synthetic_tree
+from conftest import accounting_of, plan_for, synthetic_tree
 from fedsim.client.privatize import clipped
 from fedsim.client.reduce import Trained
 from fedsim.config import validate
@@ -67,7 +67,7 @@ def update_moves(neighbour: str) -> float:
 def running_multiplier(plan, neighbour: str) -> float:
     """The Gaussian mechanism one round runs, as noise std over sensitivity: the update's and (adaptive) the count's
     combined, (s_u^-2 + s_b^-2)^-1/2, each from its measured sensitivity."""
-    dp = plan.user_level_dp
+    dp = plan.privacy.mechanism
     update = dp.update_multiplier * CLIP / update_moves(neighbour)
     if dp.adaptive is None:
         return update
@@ -79,7 +79,7 @@ def running_multiplier(plan, neighbour: str) -> float:
 def dp_accounting_epsilon(plan, z: float) -> float:
     """dp-accounting's epsilon for ROUNDS rounds of the sampled Gaussian at ``z``, built here from the run's
     sampling alone."""
-    accounting = plan.accounting
+    accounting = accounting_of(plan)
     if plan.cfg.train.sampling == "poisson":
         event = dpa.PoissonSampledDpEvent(FRACTION, dpa.GaussianDpEvent(z))
         relation = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -99,20 +99,21 @@ def test_central_epsilon_is_that_of_the_mechanism_that_runs(tmp_path, sampling, 
     plan = private_plan(tmp_path, sampling=sampling, accountant=accountant, adaptive=adaptive)
     neighbour = "add/remove" if sampling == "poisson" else "replace one"
     if adaptive:  # Andrew et al.'s centred count: 1/2 under add/remove (the raw count's 1 under-reported epsilon)
-        assert count_moves(ServerPrivacy(dataclasses.replace(plan.user_level_dp, count_std=0.0)), neighbour) == (
+        assert count_moves(ServerPrivacy(dataclasses.replace(plan.privacy.mechanism, count_std=0.0)), neighbour) == (
             0.5 if sampling == "poisson" else 1.0)
     z = running_multiplier(plan, neighbour)
-    reported = plan.privacy_spent[-1][EPSILON]
+    reported = plan.privacy.spent[-1][EPSILON]
     assert reported == pytest.approx(dp_accounting_epsilon(plan, z), rel=1e-3 if accountant == "pld" else MEASURED)
 
 
 def test_local_epsilon_is_each_clients_gaussian_over_the_rounds_it_took_part_in(tmp_path):
     plan = private_plan(tmp_path, dp="local")
-    release = plan.user_level_dp.local_std(CLIP) / update_moves("replace one")  # a client's own release, noised
+    release = plan.privacy.mechanism.local_std(CLIP) / update_moves("replace one")  # a client's own release, noised
     most = max(np.bincount(np.concatenate([plan.sampled(r) for r in range(1, ROUNDS + 1)]), minlength=CLIENTS))
     accountant = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
     accountant.compose(dpa.GaussianDpEvent(release), int(most))
-    assert plan.privacy_spent[-1][EPSILON] == pytest.approx(accountant.get_epsilon(plan.accounting.delta), rel=MEASURED)
+    delta = accounting_of(plan).delta
+    assert plan.privacy.spent[-1][EPSILON] == pytest.approx(accountant.get_epsilon(delta), rel=MEASURED)
 
 
 # -- properties of the accountant, over random settings, against dp-accounting directly -------------------------

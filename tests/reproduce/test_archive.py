@@ -159,17 +159,34 @@ def test_no_kept_run_of_the_repository_names_a_path_of_the_machine_that_ran_it()
         assert all(path == RUNS_DEFAULT or path.startswith(f"{RUNS_DEFAULT}/") for path in named), source.name
 
 
-def test_the_dry_run_over_the_repositorys_kept_runs_leaves_nothing_to_run(tmp_path, capsys, data_root):
-    """`fedsim reproduce fedbabu --dry-run` on a fresh clone: the kept runs (LG-FedAvg's from another machine's FedAvg
-    among them) are put back and checked as their runs would take them (replayed, never started anew): none changed,
-    none left."""
+def test_the_dry_run_over_the_repositorys_kept_runs_leaves_nothing_to_run(tmp_path, capsys, data_root, monkeypatch):
+    """`fedsim reproduce fedbabu --dry-run` on a fresh clone, run from another folder without --kept: the clone's
+    kept runs (LG-FedAvg's from another machine's FedAvg among them) are found, put back and checked as their runs
+    would take them (replayed, never started anew): none changed, none left."""
     from fedsim.cli.main import main
 
     kept = TESTS.parent / KEPT_DEFAULT
     if not any(kept.glob("fedbabu-cpu-lg_fedavg-s*.tar.gz")):
         pytest.skip(f"{KEPT_DEFAULT} holds no kept LG-FedAvg run")
-    assert main(["reproduce", "fedbabu", "--dry-run", "--only", "fedbabu-best", "--runs", str(tmp_path / "runs"),
-                 "--kept", str(kept)]) == 0, capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # no reproduction/runs here
+    assert main(["reproduce", "fedbabu", "--dry-run", "--only", "fedbabu-best", "--runs", str(tmp_path / "runs")]) \
+        == 0, capsys.readouterr().err
     out = capsys.readouterr().out
+    assert f"kept runs: {kept.resolve()} (the working folder has no {KEPT_DEFAULT}" in out
     assert ": changed" not in out and "fedbabu-cpu-lg_fedavg-s0: finished" in out
     assert "fedbabu-cpu-lg_fedavg-m0-s4: finished" in out and "left: 0 runs" in out
+
+
+def test_kept_runs_found_nowhere_are_said_with_the_flag_that_names_them(tmp_path, capsys, monkeypatch):
+    """An installed fedsim (no clone around it), run from a folder without reproduction/runs: where it looked and
+    --kept, instead of every run silently counted as left."""
+    import fedsim
+    from fedsim.cli.reproduce import kept_folder
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(fedsim, "__file__", str(tmp_path / "site-packages" / "fedsim" / "__init__.py"))
+    assert kept_folder(KEPT_DEFAULT) == tmp_path.resolve() / KEPT_DEFAULT
+    err = capsys.readouterr().err
+    assert "kept runs: none found at" in err and str(tmp_path / "site-packages" / KEPT_DEFAULT) in err
+    assert "--kept FOLDER" in err
+    assert kept_folder("elsewhere") == tmp_path.resolve() / "elsewhere"  # a folder given is taken as given

@@ -60,6 +60,8 @@ def test_the_command_records_the_run_it_starts_from_relative_to_where_it_runs(tm
     command = ["reproduce", "fedbabu", "--seeds", "1", "--dry-run", "--kept", str(tmp_path / "kept"),
                f"data.root={data_root}", *TINY]
     assert main([*command, "--runs", str(tmp_path / "clone" / "runs")]) == 0, capsys.readouterr().err
+    left = capsys.readouterr().out.splitlines()[-1]  # nothing finished: timed from a few steps of the first run left
+    assert left.startswith("left: 2 runs") and "sample-steps/s the first run left trained at" in left, left
     fedavg, lg = planned
     assert (fedavg.config.out_dir, lg.config.model.init_from) == ("runs", "runs/fedbabu-cpu-fedavg-s0")
     planned.clear()

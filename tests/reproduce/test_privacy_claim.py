@@ -1,6 +1,7 @@
 """`fedsim reproduce privacy`: the claim's runs and arms, its verdicts from synthetic run folders (reproduced and
 not reproduced, and a method that ignores the global model failing), the docs/privacy.md section they write, and the
 dry run's count of runs."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 from conftest import make_run
 from fedsim.cli.main import main
+from fedsim.errors import ConfigError
 from fedsim.reproduce.privacy import (EPSILONS, LOCAL, LOCAL_RUN, METHODS, PAPER, PERSONALIZED, PRIVATE, PROXY_RUN,
                                       RUN_METHODS, SEEDS, TESTED, arm_label, epsilon_name, run_key)
 from fedsim.reproduce.privacy_report import (END, FIGURE, START, clipped_share, privacy_of_runs, proxy_norms, section,
@@ -48,6 +50,15 @@ def test_every_method_runs_at_every_epsilon_and_the_arms_differ_only_in_the_nois
     assert {p.key for p in only} == {run_key("FedAvg+FT", e) for e in (None, TESTED)} | {
         run_key("FedPer", e) for e in EPSILONS} | {LOCAL_RUN}
     assert len(only) == 8 * SEEDS
+
+
+def test_the_pages_reading_names_only_runs_of_the_paper():
+    """report.yaml (the table's methods, Local, the proxy) is checked against paper.yaml's runs as it is read."""
+    from fedsim.reproduce.privacy import _report
+
+    without_local = {key: runs for key, runs in PAPER.runs.items() if key != LOCAL_RUN}
+    with pytest.raises(ConfigError, match=f"report.yaml: names the run '{LOCAL_RUN}', which paper.yaml does not"):
+        _report(dataclasses.replace(PAPER, runs=without_local))
 
 
 def test_each_claim_tests_the_drop_against_fedavg_ft_and_the_level_against_local():
@@ -104,6 +115,20 @@ def _record_rounds(run: Path, **privacy) -> None:
 def _evaluate(runs: Path) -> dict:
     return evaluate(PAPER, PAPER.claims, "cpu", None, runs, "fedsim reproduce privacy --scale cpu",
                     folder_keys(run_trees(PAPER, "cpu")))
+
+
+def test_an_arms_receipt_prints_the_optimizer_its_runs_set_up(tmp_path):
+    """A run that recorded the optimizers it set up (summary.json's) has them in its arm's receipt, not its config's."""
+    runs = _runs(tmp_path, personalization_helps)
+    ditto = runs / run_name(PAPER, "cpu", folder_keys(run_trees(PAPER, "cpu"))[run_key("Ditto", 1)], 0)
+    summary = json.loads((ditto / "summary.json").read_text())
+    summary["optimizers"] = ["full: Adam (optimizer 0, group 0, 6 tensors): lr 0.003, betas (0.9, 0.999), eps 1e-08, "
+                             "weight_decay 0"]
+    (ditto / "summary.json").write_text(json.dumps(summary))
+    arms = {arm["label"]: arm for claim in _evaluate(runs)["claims"] for arm in claim["arms"]}
+    adam = arms[arm_label("Ditto", 1)]["receipt"]
+    assert (adam["optimizer"], adam["lr"].split(",")[0]) == ("Adam", "0.003")
+    assert arms[arm_label("Ditto", 2)]["receipt"]["optimizer"] != "Adam"  # runs that did not record theirs: the config
 
 
 def _dp_config(runs: Path):

@@ -422,12 +422,19 @@ def test_a_runs_time_counts_its_rounds_across_resumes_and_the_dry_run_extrapolat
     (done / "rounds.jsonl").write_text('{"round": 1, "seconds": 30.0}\n{"round": 2, "seconds": 20.0}\n')
     assert run_seconds(done) == 50.0 and run_seconds(left) == 0.0
     states = [(SimpleNamespace(key="a", folder=done), "finished"), (SimpleNamespace(key="b", folder=left), "new")]
-    line = _time_left(states, {"a": 100_000, "b": 360_000})
+
+    def untimed() -> None:
+        pytest.fail("timed steps asked for where finished runs measured the rate")
+
+    line = _time_left(states, {"a": 100_000, "b": 360_000}, untimed)
     assert line.startswith("left: 1 runs, 360,000 sample-steps; about 0.1 h at the 2,000 sample-steps/s")
     assert "CPU" not in line  # no finished run recorded its CPU time
+    line = _time_left(states[1:], {"b": 360_000}, lambda: 100.0)  # nothing finished: a few steps timed here
+    assert line.startswith("left: 1 runs, 360,000 sample-steps; about 1.0 h of training and fine-tuning at the 100 "
+                           "sample-steps/s the first run left trained at in a few steps timed here")
     (done / "rounds.jsonl").write_text('{"round": 1, "seconds": 30.0, "cpu_seconds": 10.0}\n'
                                        '{"round": 2, "seconds": 20.0, "cpu_seconds": 10.0}\n')
-    line = _time_left(states, {"a": 100_000, "b": 3_600_000})
+    line = _time_left(states, {"a": 100_000, "b": 3_600_000}, untimed)
     assert line.endswith("; about 0.2 CPU-core hours at the 5,000 sample-steps per CPU-second the 1 of them that "
                          "recorded their CPU time measured")
     # Another seed of run "a" (the same key): a run of its own, counted and timed as one.
@@ -435,7 +442,7 @@ def test_a_runs_time_counts_its_rounds_across_resumes_and_the_dry_run_extrapolat
     other_seed.mkdir()
     (other_seed / "rounds.jsonl").write_text('{"round": 1, "seconds": 30.0, "cpu_seconds": 100.0}\n')
     line = _time_left([*states, (SimpleNamespace(key="a", folder=other_seed), "finished")],
-                      {"a": 100_000, "b": 3_600_000})
+                      {"a": 100_000, "b": 3_600_000}, untimed)
     assert line.endswith("; about 0.6 CPU-core hours at the 1,667 sample-steps per CPU-second the 2 of them that "
                          "recorded their CPU time measured")
 
