@@ -3,7 +3,8 @@ stored in it with another. The engine writes these files, metrics and W&B log in
 read them back, the CLI reports them. Torch- and Ray-free, so the lightest of those readers stay light.
 
     RUN/config.yaml            the resolved config the run is running (written last: a folder with it is complete)
-    RUN/dataset.json           the data set's name and content digest (a resume over changed data is refused)
+    RUN/dataset.json           the data set's name and content digest (a resume over changed data is refused), and
+                               how it was built where the data set says (shakespeare: clients, text, vocabulary)
     RUN/partition.npz          which client holds which samples; partition_stats.json: its per-client counts
     RUN/metrics.jsonl          a record per client and evaluation round
     RUN/rounds.jsonl           a row per round; rounds.csv: the evaluation rounds' statistics as columns

@@ -61,3 +61,15 @@ def content_digest(*arrays: np.ndarray | None) -> str:
 def recomputed_digest(data: ArrayDataset) -> str:
     """The content hash of what training reads, from the arrays themselves (not a cache's record of it)."""
     return content_digest(*(getattr(data, a) for a in ARRAYS + GROUPS if getattr(data, a) is not None))
+
+
+def about_line(about: Mapping[str, Any] | None) -> str | None:
+    """``ArrayDataset.about`` in one line, its single values only (a per-client table and a vocabulary stay in the
+    run folder's dataset.json): what --dry-run prints."""
+    if not about:
+        return None
+    shown = [f"{key.replace('_', ' ')} {value:,}" if isinstance(value, int) and not isinstance(value, bool) else
+             f"{key.replace('_', ' ')} {value:g}" if isinstance(value, float) else f"{key.replace('_', ' ')} {value}"
+             for key, value in about.items() if isinstance(value, (int, float)) or
+             (isinstance(value, str) and len(value) <= 20)]
+    return ", ".join(shown) or None

@@ -14,6 +14,7 @@ from typing import Any
 
 from fedsim.algorithms import batchnorm_notice
 from fedsim.config import RunConfig
+from fedsim.data.array_dataset import about_line
 from fedsim.engine.preflight import Rehearse, prepared
 from fedsim.plan import RunPlan, steps_per_epoch
 from fedsim.plan.privacy import describe_privacy
@@ -54,6 +55,7 @@ class WorkEstimate:
     packing: tuple[int | str, str | None] = (1, None)  # engine.pack as the run will use it, and why not if it cannot
     batchnorm: str | None = None  # the line saying DP chose model.batchnorm (local_statistics), or None
     method: str | None = None  # the line saying the method adjusted a shared setting (Algorithm.settings_notice)
+    data: str | None = None  # how the data set was built (ArrayDataset.about's scalars: shakespeare's clients, text)
     poisson: bool = False  # train.sampling: poisson (round 1's draw is one draw, not every round's size)
     privacy: dict[str, Any] | None = None  # DP's accounting (RunPlan.privacy's summary): z, q, delta, epsilon at the final round
     per_worker: float | None = None  # sample-steps/s one worker trained at, timed on this machine (given a Timer)
@@ -122,7 +124,8 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
     """Check ``cfg`` as a run would (:func:`checked_plan`), then count its work; with ``timer``, time it too, where its
     workers train on CPUs: a GPU's rate is not this driver's CPU's, and a few of a paper-scale model's steps on a CPU
     took minutes (ResNet-34 at 224 px, over 10 min on this 2-core machine)."""
-    plan = checked_plan(cfg, rehearse, resume, overwrite)
+    with prepared(cfg, resume, overwrite, rehearse) as ready:
+        plan, about = ready.plan, ready.inputs.data.about
     algorithm, shared = plan.algorithm, plan.model.layouts["shared"].size
     epochs = algorithm.epochs_per_round(cfg.train.local_epochs)
     train_samples, train_steps = _training_work(plan, epochs)
@@ -141,7 +144,7 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
         clock=_clock(plan), packing=plan.packing, poisson=plan.population.poisson,
         privacy=None if plan.privacy is None else plan.privacy.summary,
         batchnorm=batchnorm_notice(cfg, plan.algorithm, plan.model.keys),
-        method=plan.algorithm.settings_notice(cfg.train),
+        method=plan.algorithm.settings_notice(cfg.train), data=about_line(about),
         per_worker=timer(plan) if timer and not cfg.engine.gpus_per_worker else None,
         at_once=workers_at_once(cfg, plan.workers))
 
@@ -187,6 +190,7 @@ def describe(e: WorkEstimate) -> str:
         f"  training as  {_packing(e.packing)}",
         *([f"  privacy      {describe_privacy(e.privacy)}"] if e.privacy else []),
         *([f"  batchnorm    {e.batchnorm}"] if e.batchnorm else []),
+        *([f"  data         {e.data}"] if e.data else []),
         *([f"  method       {e.method}"] if e.method else []),
         *([f"  time         {time_line(e)}"] if e.seconds is not None or e.gpus_per_worker else []),
     ])

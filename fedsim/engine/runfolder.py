@@ -200,7 +200,10 @@ class RunFolder:
         for folder in runfiles.RESULT_FOLDERS:  # an old run's exports beside new results would claim to be theirs
             _remove_tree(run_dir / folder)
         checkpoint.remove_all(run_dir)
-        atomic.write_text(run_dir / runfiles.DATASET, json.dumps({"dataset": self.cfg.data.dataset, "digest": data.digest}))
+        # how the data was built (shakespeare's clients, text per client, vocabulary) beside what a resume checks
+        about = {} if data.about is None else {"about": dict(data.about)}
+        atomic.write_text(run_dir / runfiles.DATASET,
+                          json.dumps({"dataset": self.cfg.data.dataset, "digest": data.digest, **about}))
         partition.save(run_dir / runfiles.PARTITION)
         stats = partition.stats(data.train_y, data.test_y, data.num_classes)
         atomic.write_text(run_dir / runfiles.PARTITION_STATS, json.dumps(stats, indent=1))

@@ -1,5 +1,7 @@
 """The character models (fedsim.models.text) as split networks, under both client loops and in a whole run on
 Shakespeare clients."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -66,3 +68,8 @@ def test_a_tiny_run_on_three_hamlet_characters_scores_each(tmp_path, data_root):
     for r in rows:  # per character, on test and on the validation text
         assert r["perplexity"] == pytest.approx(np.exp(r["loss"]))
         assert r["validation_perplexity"] == pytest.approx(np.exp(r["validation_loss"]))
+    about = json.loads((tmp_path / "shk" / "dataset.json").read_text())["about"]  # how the clients were built
+    assert about["num_clients"] == len(about["chars_per_client"]) >= 3 and about["vocabulary_size"] == 80
+    shown = fedsim_cli("run", str(config), "--dry-run", "--overwrite")  # the folder exists: a dry run writes nothing
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert f"  data         variant modern, num clients {about['num_clients']}, " in shown.stdout and "vocabulary size 80" in shown.stdout
