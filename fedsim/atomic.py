@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,16 +40,20 @@ def space_named(path: Path, needed: int) -> Iterator[None]:
 
 def write_text(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync it, then rename it over ``path``: a reader
-    (``fedsim report``, a resume) sees the old content or the new, never a truncated file. The
-    temporary name carries the pid, so two processes never write into the same one."""
+    (``fedsim report``, a resume) sees the old content or the new, never a truncated file. The temporary file is
+    made fresh (``mkstemp``: a name nobody can plant a link at), and the rename replaces a link at ``path`` rather
+    than writing through it."""
     write_bytes(path, text.encode())
 
 
 def write_bytes(path: Path, data: bytes) -> None:
     """``write_text`` for bytes (an ``.npz`` built in memory, say)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    path = Path(path)
+    with space_named(path, len(data)):
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
-        with space_named(path, len(data)), open(tmp, "wb") as f:
+        with space_named(path, len(data)), open(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from fedsim import safe_files
 from fedsim.errors import YamlError
 
 MAX_BYTES = 1 << 20  # a config is a few kB; a megabyte is already far past any real one
@@ -91,7 +92,7 @@ def _check_expanded_size(value: Any) -> None:
 def read_text(path: Path) -> str:
     """The text of the YAML file at ``path``, read no further than the size limit; YamlError (saying the fix) for a
     file past it or one that is not UTF-8 text."""
-    with path.open("rb") as handle:
+    with safe_files.open_regular(path, follow_links=True) as handle:  # a FIFO would block the read forever
         data = handle.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         raise YamlError(f"larger than {MAX_BYTES >> 20} MiB; a config is a few kB, check the file")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim import safe_files
 from fedsim.atomic import space_named
 from fedsim.errors import DataError
 
@@ -71,7 +72,7 @@ class Partition:
     @classmethod
     def load(cls, path: Path) -> Partition:
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with safe_files.open_regular(path) as f, np.load(f, allow_pickle=False) as z:
                 n = sum(key.startswith("train_") for key in z.files)
                 train = tuple(z[f"train_{i}"].astype(np.int64) for i in range(n))
                 test = tuple(z[f"test_{i}"].astype(np.int64) for i in range(n))
