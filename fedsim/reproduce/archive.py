@@ -85,6 +85,7 @@ def restore(archive: Path, runs_dir: Path, name: str) -> bool:
         return False
     _members(source)  # refuses a bad archive before anything is written
     # A fresh folder of an unguessable name: a link planted at a predictable one would send the extraction outside.
+    runs_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".restoring", dir=runs_dir))
     os.chmod(staging, 0o755)  # mkdtemp's 0o700 would become the run folder's
     try:
