@@ -17,6 +17,16 @@ from fedsim.errors import DiskFull
 _SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
 
 
+def _current_umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+# mkstemp makes its file 0600; a replaced file gets the mode open() would have given it (0666 less the umask).
+FILE_MODE = 0o666 & ~_current_umask()
+
+
 def is_disk_full(err: OSError) -> bool:
     return err.errno in (errno.ENOSPC, errno.EDQUOT) or bool(_SHORT_WRITE.fullmatch(str(err)))
 
@@ -53,6 +63,7 @@ def write_bytes(path: Path, data: bytes) -> None:
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     tmp = Path(name)
     try:
+        os.fchmod(fd, FILE_MODE)
         with space_named(path, len(data)), open(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedsim import safe_files
+from fedsim import atomic, safe_files
 from fedsim.core import runfiles
 from fedsim.errors import ConfigError
 
@@ -56,9 +56,11 @@ def keep(folder: Path, archive: Path, with_model: bool = False) -> Path:
         raise ConfigError(f"{folder}: cannot archive an unfinished run (no {missing[0]}); bring it to completion first")
     archive.mkdir(parents=True, exist_ok=True)
     target = path_of(archive, folder.name)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=archive)  # no name to plant a link at
+    tmp = Path(name)
     try:
-        with tarfile.open(tmp, "w:gz") as tar:
+        os.fchmod(fd, atomic.FILE_MODE)
+        with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
             for name in names:
                 tar.add(folder / name, arcname=name, recursive=False)
         os.replace(tmp, target)
