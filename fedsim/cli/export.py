@@ -190,10 +190,19 @@ def server_state(ckpt: Path, shared_size: int, fingerprint: str) -> dict[str, An
 
 def logged_accuracies(run_dir: Path, round_idx: int, metric: str) -> dict[int, float]:
     """Each client's ``metric`` at ``round_idx`` as metrics.jsonl holds it (empty where that round was not scored)."""
-    from fedsim.metrics.logger import read_jsonl
+    from fedsim.core.results import read_results
 
-    return {r["client"]: float(r[metric]) for r in read_jsonl(run_dir / runfiles.METRICS)
-            if r.get("round") == round_idx and metric in r}
+    path = run_dir / runfiles.METRICS
+    logged = {}
+    for number, row in enumerate(read_results(path), start=1):  # the strict reader: a bad line is named, not skipped
+        if row.get("round") != round_idx or metric not in row:
+            continue
+        client, value = row.get("client"), row[metric]
+        if type(client) is not int or not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{path}:{number}: not a client record (client {client!r}, {metric} {value!r}); "
+                              "restore the file from the run")
+        logged[client] = float(value)
+    return logged
 
 
 def write_client(runtime: ClientRuntime, state_dict: dict[str, torch.Tensor], target: Path, client: int,
