@@ -18,9 +18,11 @@ from typing import Any
 
 import yaml
 
+from fedsim import safe_files
 from fedsim.errors import YamlError
 
 MAX_BYTES = 1 << 20  # a config is a few kB; a megabyte is already far past any real one
+MAX_INT_DIGITS = 1000  # no setting takes a number past 64 bits (20 digits); Python refuses to parse past 4,300
 MAX_NODES = 100_000  # nodes after alias expansion (sweeps over hundreds of values stay far below)
 
 
@@ -48,11 +50,12 @@ class _StrictLoader(yaml.SafeLoader):
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         text = self.construct_scalar(node)
+        _refuse_long_integer(None, node)  # one in a mapping was refused naming its key
         return int(text[2:], 8) if text.startswith("0o") else int(text, 16 if text.startswith("0x") else 10)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
-        for key_node, _ in node.value:
+        for key_node, value_node in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=True)
@@ -64,7 +67,17 @@ class _StrictLoader(yaml.SafeLoader):
                 raise YamlError(f"line {key_node.start_mark.line + 1}: key {str(key)[:60]!r} is given twice in one "
                                 "mapping; keep one (a repeated section would replace the first one whole)")
             seen.add(key)
+            _refuse_long_integer(key, value_node)
         return super().construct_mapping(node, deep=deep)
+
+
+def _refuse_long_integer(key: Any, node: yaml.Node) -> None:
+    """An integer past MAX_INT_DIGITS under ``key``: one line naming the key (Python's own refusal, past 4,300 digits,
+    names no setting; a shorter one reaches the setting's bounds, which name it)."""
+    if node.tag == INT and isinstance(node.value, str) and len(node.value) > MAX_INT_DIGITS:
+        named = "" if key is None else f"{str(key)[:60]}: "
+        raise YamlError(f"line {node.start_mark.line + 1}: {named}an integer of {len(node.value):,} digits, "
+                        "past any setting's range; give a number such as 1e9")
 
 
 _StrictLoader.add_constructor(BOOL, _StrictLoader.construct_yaml_bool)
@@ -91,7 +104,7 @@ def _check_expanded_size(value: Any) -> None:
 def read_text(path: Path) -> str:
     """The text of the YAML file at ``path``, read no further than the size limit; YamlError (saying the fix) for a
     file past it or one that is not UTF-8 text."""
-    with path.open("rb") as handle:
+    with safe_files.open_regular(path, follow_links=True) as handle:  # a FIFO would block the read forever
         data = handle.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         raise YamlError(f"larger than {MAX_BYTES >> 20} MiB; a config is a few kB, check the file")

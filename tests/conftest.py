@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -489,3 +490,56 @@ def shakespeare_tree(tmp_path, data_root, model: str = "user_plugins:tiny_char_l
     for dotted, value in over.items():
         set_dotted(tree, dotted, value)
     return tree
+
+
+# -- the hostile-input suite's probes (tests/hostile) ---------------------------------------------------------------
+PROBE_BASE = {"name": "probe", "seed": 3, "algorithm": "fedper",
+              "data": {"dataset": "synthetic", "partition": "natural", "num_clients": 8, "options": {"num_clients": 8}},
+              "model": {"name": "mlp", "personal_layers": 1},
+              "train": {"rounds": 2, "local_epochs": 1, "batch_size": 10, "fraction": 0.5},
+              "eval": {"finetune_epochs": 0}, "engine": {"workers": 1}}
+
+
+def write_probe(tmp_path: Path, extra: str = "", name: str = "cfg.yaml", **dotted) -> Path:
+    """The synthetic PROBE_BASE, out_dir inside tmp_path, with ``extra`` (YAML sections merged over it) and ``dotted``
+    (``engine__spill_dir=...``) set."""
+    import copy
+
+    import yaml
+
+    from fedsim.config import merge_trees
+
+    tree = merge_trees({**copy.deepcopy(PROBE_BASE), "out_dir": str(tmp_path / "runs")},
+                       yaml.safe_load(extra) if extra else {})
+    for key, value in dotted.items():
+        set_dotted(tree, key, value)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def refused(capsys, tmp_path: Path, argv: list[str], fragment: str) -> str:
+    """`fedsim ARGV` in-process: exit 2, one line holding ``fragment``, no run folder, nothing new in tmp_path."""
+    from fedsim.cli.main import main
+
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("fedsim: error: ") and fragment in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no runs/, nothing written beside the config
+    return err
+
+
+def unblocking(fifo: Path) -> threading.Timer:
+    """Should a probe open ``fifo`` for reading after all, a writer opens and closes it within seconds, so the probe
+    fails on an empty file instead of hanging the suite."""
+    def release() -> None:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass  # no reader: nothing to release
+    timer = threading.Timer(5.0, release)
+    timer.start()
+    return timer

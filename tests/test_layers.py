@@ -13,7 +13,7 @@ LAYERS = ("core", "privacy", "data", "models", "algorithms", "plan", "client", "
           "cli")
 # The top-level helpers sit with the core: settings (the config package), errors, files and storage, used by every
 # layer.
-BASE = {"__init__", "config", "errors", "atomic", "plugins", "strict_yaml", "storage"}
+BASE = {"__init__", "config", "errors", "atomic", "safe_files", "plugins", "strict_yaml", "storage"}
 # The one arrow that runs back up: the config's cross-section checks read the method's own typed parameters and
 # what it supports (fedsim/config/checks.py).
 UPWARD_ALLOWED = {("config/checks", "algorithms/__init__")}

@@ -34,11 +34,14 @@ METRIC = {False: "acc", True: "acc_personalized"}  # the accuracy each stage is 
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from fedsim import storage
+    from fedsim import safe_files, storage
     from fedsim.engine.runfolder_checks import load_run_config
 
     if storage.is_uri(args.run) and not args.out:
         raise ConfigError(f"--out: {args.run} is in an object store; give a local folder for the exported models")
+    refuse_bad_out(args.out)
+    if not args.out and not storage.is_uri(args.run):  # refused before the run is read, as again when written
+        safe_files.refuse_linked_folder(Path(args.run, runfiles.EXPORT), Path(args.run))
     refuse_other_overrides(args.overrides)
     # A plug-in the folder names needs the trust, or the same plug-in string given on the command line.
     cfg = load_run_config(args.run, args.overrides, args.trust_plugins, "fedsim export")
@@ -50,6 +53,18 @@ def export_command(args: argparse.Namespace) -> int:
     for line in export(cfg, args.round, clients, args.fine_tuned, args.out):
         print(line)
     return 0
+
+
+def refuse_bad_out(out: str | None) -> None:
+    """--out names a folder: refused in one line when it is empty, or names something else than a folder, before
+    the run is read (not as an errno once every client's model is built)."""
+    if out is None:
+        return
+    if not out.strip() or "\n" in out:
+        raise ConfigError(f"--out: {out!r} is not a folder name; give the folder for the exported models")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out: {out} exists and is not a folder; give a folder (new or existing)")
 
 
 def refuse_other_overrides(overrides: list[str]) -> None:
@@ -119,7 +134,7 @@ def export(cfg: RunConfig, round_idx: int | None, clients: list[int], fine_tuned
     check_checkpoint(ckpt, plan)  # this run's settings and partition
     done = checkpoint.round_of(ckpt)
     assert done is not None  # a round-N folder
-    target = Path(out) if out else folder.local / runfiles.EXPORT / f"round-{done:04d}{'-fine-tuned' if fine_tuned else ''}"
+    target = export_folder(folder.local, out, f"round-{done:04d}{'-fine-tuned' if fine_tuned else ''}")
     runtime = ClientRuntime(plan.for_workers(), {c: plan.clients[c] for c in clients})
     runtime.load_state(str(ckpt))
     state = server_state(ckpt, plan.model.layouts["shared"].size, plan.fingerprint)
@@ -137,6 +152,16 @@ def export(cfg: RunConfig, round_idx: int | None, clients: list[int], fine_tuned
         lines.append(f"client {client}: {', '.join(str(f) for f in files)} ({METRIC[fine_tuned]} {100 * scored:.2f}%; "
                      f"{check})")
     return lines
+
+
+def export_folder(run_dir: Path, out: str | None, name: str) -> Path:
+    """The folder the models go to, made: ``out``, or ``RUN/export/<name>``, whose folders inside the run folder
+    are refused when they are links (the files would land outside the run folder under paths printed inside it)."""
+    from fedsim import safe_files
+
+    if out:
+        return safe_files.make_folder(Path(out), Path(out), "--out")
+    return safe_files.make_folder(run_dir / runfiles.EXPORT / name, run_dir)
 
 
 def _take(runtime: ClientRuntime, stage: str, saved: dict[str, Any]) -> Callable[[ClientContext, str], None]:
@@ -165,10 +190,19 @@ def server_state(ckpt: Path, shared_size: int, fingerprint: str) -> dict[str, An
 
 def logged_accuracies(run_dir: Path, round_idx: int, metric: str) -> dict[int, float]:
     """Each client's ``metric`` at ``round_idx`` as metrics.jsonl holds it (empty where that round was not scored)."""
-    from fedsim.metrics.logger import read_jsonl
+    from fedsim.core.results import read_results
 
-    return {r["client"]: float(r[metric]) for r in read_jsonl(run_dir / runfiles.METRICS)
-            if r.get("round") == round_idx and metric in r}
+    path = run_dir / runfiles.METRICS
+    logged = {}
+    for number, row in enumerate(read_results(path), start=1):  # the strict reader: a bad line is named, not skipped
+        if row.get("round") != round_idx or metric not in row:
+            continue
+        client, value = row.get("client"), row[metric]
+        if type(client) is not int or not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{path}:{number}: not a client record (client {client!r}, {metric} {value!r}); "
+                              "restore the file from the run")
+        logged[client] = float(value)
+    return logged
 
 
 def write_client(runtime: ClientRuntime, state_dict: dict[str, torch.Tensor], target: Path, client: int,
@@ -185,7 +219,6 @@ def write_client(runtime: ClientRuntime, state_dict: dict[str, torch.Tensor], ta
     lightning = {"state_dict": state_dict, "pytorch-lightning_version": pl.__version__, "epoch": 0, "global_step": 0,
                  pl.LightningModule.CHECKPOINT_HYPER_PARAMS_KEY: hyper_parameters(module, cfg, runtime)}
     files = [target / f"client-{client}.pt", target / f"client-{client}.ckpt"]
-    target.mkdir(parents=True, exist_ok=True)
     for path, payload in zip(files, (state_dict, lightning)):
         buffer = io.BytesIO()
         torch.save(payload, buffer)

@@ -3,6 +3,7 @@ run, turned into one line naming the ``--resume`` command that continues it."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -41,3 +42,29 @@ def interrupts_named(cfg):
         written = storage.is_uri(location) or (Path(location) / CONFIG).exists()
         raise Interrupted(location, resume_command(location, names_code(cfg)),
                           143 if isinstance(err, Terminated) else 130, written) from None
+
+
+def _signal_in(err: BaseException | None) -> BaseException | None:
+    """The KeyboardInterrupt or Terminated that ``err`` is or was caused by: raised while the main thread was inside
+    Ray's C++ code (Tune's wait for its trials), it comes out as a SystemError whose cause it is."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, (KeyboardInterrupt, Terminated)):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+@contextlib.contextmanager
+def interrupts_continued(command: str) -> Iterator[None]:
+    """Ctrl-C or SIGTERM during a sweep or a tuning become one line naming ``command``, which continues it (finished
+    runs are not retrained, stopped ones resume from their checkpoints); exit 130 or 143."""
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated, SystemError) as err:
+        signalled = _signal_in(err)
+        if signalled is None:
+            raise
+        raise Interrupted("", command, 143 if isinstance(signalled, Terminated) else 130) from None
+

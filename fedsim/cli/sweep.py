@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 
+from fedsim.cli.interrupts import interrupts_continued
 from fedsim.config import load_tree, refuse_defaults_only
 from fedsim.sweep.expand import expand_sweep
 
@@ -25,12 +26,13 @@ def sweep_command(args: argparse.Namespace) -> int:
         return _sweep_dry_run(configs, base)
     from fedsim.sweep.executor import results_table, run_sweep, write_results
 
-    outcomes = run_sweep(sweep, args.max_concurrent, overwrite=args.overwrite, quiet=args.quiet)
+    command = shlex.join(["fedsim", "sweep", args.config, *args.overrides])
+    with interrupts_continued(command):
+        outcomes = run_sweep(sweep, args.max_concurrent, overwrite=args.overwrite, quiet=args.quiet)
     print(results_table(outcomes))
     print(write_results(sweep, outcomes))
     failed = [o.name for o in outcomes if o.state == "failed"]
     if failed:
-        command = shlex.join(["fedsim", "sweep", args.config, *args.overrides])
         print(f"fedsim: error: {len(failed)} of {len(outcomes)} trials failed ({', '.join(failed)}; causes above); "
               f"fix them and run `{command}` again (finished trials are not retrained)", file=sys.stderr)
         return 3

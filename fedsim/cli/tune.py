@@ -7,6 +7,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
+from fedsim.cli.interrupts import interrupts_continued
 from fedsim.config import load_tree, refuse_defaults_only
 from fedsim.errors import TuningIncomplete
 
@@ -25,7 +26,8 @@ def tune_command(args: argparse.Namespace) -> int:
         return 0
     command = shlex.join(["fedsim", "tune", args.config, *args.overrides])
     try:
-        table = run_tuning(plan, args.max_concurrent, overwrite=args.overwrite, quiet=args.quiet)
+        with interrupts_continued(command):
+            table = run_tuning(plan, args.max_concurrent, overwrite=args.overwrite, quiet=args.quiet)
     except TuningIncomplete as err:
         print(f"fedsim: error: tune: {err}; `{command}` continues (finished runs are not retrained)", file=sys.stderr)
         return 3

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from fedsim.config.base import format_error
-from fedsim.config.privacy import default_delta
+from fedsim.config.privacy import MAX_ACCOUNTED_ROUNDS, default_delta
 from fedsim.config.schema import RunConfig
 from fedsim.errors import ConfigError
 
@@ -108,6 +108,12 @@ def check_accounting(cfg: RunConfig) -> None:
                           "(dp-accounting's PLD accountant lacks that event); set train.sampling: poisson or "
                           "privacy.accountant: rdp")
     check_guarantee_not_vacuous(cfg)
+    most = MAX_ACCOUNTED_ROUNDS[p.accountant]
+    if cfg.train.rounds > most:
+        raise ConfigError(f"train.rounds: {cfg.train.rounds:,} rounds under privacy.accountant {p.accountant}, past the "
+                          f"{most:,} whose epsilon after each round it computes in bounded time; lower train.rounds"
+                          + (" or use privacy.accountant: rdp (up to "
+                             f"{MAX_ACCOUNTED_ROUNDS['rdp']:,} rounds)" if p.accountant == "pld" else ""))
     if cfg.train.on_nonfinite == "drop" and not (p.dp == "central" and cfg.train.sampling == "poisson"):
         # Central DP under Poisson sampling divides by the public q x N: a dropped client's update counts as zero,
         # which is within the clip ball, so the mechanism is the one accounted. Under fixed-size sampling the

@@ -246,6 +246,9 @@ class RunConfig(Section):
         if not out_dir.strip():
             raise ValueError("is empty, which would write the run folder into the working directory; give a folder "
                              "such as runs (or '.' for the working directory itself)")
+        if any(ord(c) < 32 for c in out_dir):  # a newline would split every line that prints the path
+            raise ValueError("holds a control character (a newline or a tab, say), which a folder name fedsim prints "
+                             "and resumes from should not; remove it")
         if out_dir.startswith("file://"):
             return out_dir[len("file://"):] or "/"
         scheme = URI_SCHEME.match(out_dir)

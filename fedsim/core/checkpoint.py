@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedsim import storage
+from fedsim import safe_files, storage
 from fedsim.atomic import space_named
 from fedsim.core.runfiles import CHECKPOINTS
 from fedsim.errors import CheckpointError
@@ -79,6 +79,7 @@ def remove_all(run_dir: Path) -> None:
 
 def staging_dir(run_dir: Path, round_idx: int) -> Path:
     path = run_dir / CHECKPOINTS / f".tmp-round-{round_idx:04d}"
+    safe_files.refuse_linked_folder(path, run_dir)  # a linked checkpoints/ would have its target written and pruned
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
@@ -87,7 +88,7 @@ def staging_dir(run_dir: Path, round_idx: int) -> Path:
 def file_digest(path: Path) -> str:
     """sha256 of a checkpoint file, recorded in its state.json and checked before a resume uses it."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with safe_files.open_regular(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -115,7 +116,7 @@ def worker_vectors(ckpt: Path, clients: set[int]) -> Iterator[tuple[str, int, np
     for folder in chain(ckpt):
         for path in sorted(folder.glob("worker-*.npz")):
             try:
-                with np.load(path, allow_pickle=False) as z:
+                with safe_files.open_regular(path) as f, np.load(f, allow_pickle=False) as z:
                     for key in z.files:
                         name, _, client = key.rpartition(".")
                         if int(client) in clients:
@@ -133,9 +134,15 @@ def read_worker_states(ckpt: Path, clients: set[int]) -> dict[str, dict[int, np.
     return slots
 
 
+def _load_array(path: Path) -> np.ndarray:
+    with safe_files.open_regular(path) as f:
+        array: np.ndarray = np.load(f, allow_pickle=False)
+        return array
+
+
 def _state_json(ckpt: Path) -> dict[str, Any]:
     try:
-        state: dict[str, Any] = json.loads((ckpt / "state.json").read_text())
+        state: dict[str, Any] = json.loads(safe_files.read_text(ckpt / "state.json"))
         return state
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{ckpt}: truncated or unreadable checkpoint ({err}); resume again: it falls back to "
@@ -265,17 +272,17 @@ def intact(ckpt: Path) -> bool:
 
 def _files_intact(ckpt: Path) -> bool:
     try:
-        state = json.loads((ckpt / "state.json").read_text())
+        state = json.loads(safe_files.read_text(ckpt / "state.json"))
         if type(state["round"]) is not int or state["round"] != round_of(ckpt):  # a state.json moved or edited
             return False
         if any(file_digest(ckpt / name) != digest for name, digest in state.get("digests", {}).items()):
             return False  # a file changed after it was written (a flipped byte, an edited shard)
-        weights = np.load(ckpt / "global.npy", allow_pickle=False)
+        weights = _load_array(ckpt / "global.npy")
         if weights.dtype != np.float32 or weights.ndim != 1 or weights.size != state["global_size"]:
             return False
         archives = state["workers"] + (["server.npz"] if (ckpt / "server.npz").exists() else [])
         for name in archives:
-            with zipfile.ZipFile(ckpt / name) as z:
+            with safe_files.open_regular(ckpt / name) as f, zipfile.ZipFile(f) as z:
                 if z.testzip() is not None:
                     return False
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError):
@@ -290,7 +297,7 @@ def latest(run_dir: Path) -> Path | None:
     ckpt_dir = run_dir / CHECKPOINTS
     pointer = ckpt_dir / "latest"
     try:
-        named = ckpt_dir / pointer.read_text().strip()
+        named = ckpt_dir / safe_files.read_text(pointer).strip()
     except (OSError, ValueError):
         named = None
     if named is not None and named.parent == ckpt_dir and round_of(named) is not None and intact(named):
@@ -307,8 +314,8 @@ def read_state(ckpt: Path, expected_fingerprint: str,
                global_size: int) -> tuple[dict[str, Any], np.ndarray, dict[str, np.ndarray]]:
     """Validate a checkpoint against this run and return (state, global vector, other server state)."""
     try:
-        state = json.loads((ckpt / "state.json").read_text())
-        global_vector = np.load(ckpt / "global.npy", allow_pickle=False)
+        state = json.loads(safe_files.read_text(ckpt / "state.json"))
+        global_vector = _load_array(ckpt / "global.npy")
         server_state = _read_server_state(ckpt / "server.npz")
         missing = [w for w in state["workers"] if not (ckpt / w).is_file()]
         int(state["round"])
@@ -326,7 +333,7 @@ def _read_server_state(path: Path) -> dict[str, np.ndarray]:
     if not path.exists():
         return {}
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with safe_files.open_regular(path) as f, np.load(f, allow_pickle=False) as z:
             return {name: z[name] for name in z.files}
     except zipfile.BadZipFile as err:
         raise ValueError(f"{path.name}: {err}") from None

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from fedsim import safe_files
 from fedsim.errors import ResultsDamaged
 
 
@@ -23,7 +24,7 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     rows = []
-    with open(path, "rb") as f:
+    with safe_files.open_regular(path) as f:
         for number, line in enumerate(iter(lambda: f.readline(MAX_ROW_BYTES + 1), b""), start=1):
             if len(line) > MAX_ROW_BYTES:
                 raise ResultsDamaged(f"{path}:{number}: a line longer than {MAX_ROW_BYTES:,} bytes, the most a result "

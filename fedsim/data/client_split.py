@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from fedsim import storage
+from fedsim import safe_files, storage
 from fedsim.config import RunConfig, load_tree, validate
 from fedsim.core import runfiles
 from fedsim.core.protocol import ClientData
@@ -72,4 +72,4 @@ def _started_with(folder: Path) -> str:
     """The content digest of the data the run started on (empty: a folder from before digests, or a user's data
     set before those had one)."""
     path = folder / runfiles.DATASET
-    return str(json.loads(path.read_text()).get("digest") or "") if path.exists() else ""
+    return str(json.loads(safe_files.read_text(path)).get("digest") or "") if path.exists() else ""

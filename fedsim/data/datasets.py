@@ -78,7 +78,11 @@ _DATASETS: dict[str, _Spec | Callable[[str | Path | None, dict], ArrayDataset]] 
 
 def _find_source(spec: _Spec, root: Path, download: bool) -> tuple[Path, Callable[[Path], Arrays]]:
     for rel, (looks_ok, read) in spec.candidates:
-        path = (root / rel).resolve()
+        try:
+            path = (root / rel).resolve()
+        except RuntimeError:  # Python 3.11's resolve() on a link that leads back to itself
+            raise DataError(f"data.root: {root / rel} is a symbolic link that leads back to itself (check FEDSIM_DATA "
+                            "and data.root); point it at the data folder") from None
         if looks_ok(path):
             return path, read
     if download and spec.torchvision_class:

@@ -5,14 +5,14 @@ Drawing one is ``fedsim.data.partitioning``'s job.
 
 from __future__ import annotations
 
-import os
+import io
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from fedsim.atomic import space_named
+from fedsim import atomic, safe_files
 from fedsim.errors import DataError
 
 
@@ -59,19 +59,16 @@ class Partition:
     def save(self, path: Path) -> None:
         arrays = {f"train_{i}": t for i, t in enumerate(self.train)} | {f"test_{i}": t for i, t in enumerate(self.test)}
         arrays |= {f"label_map_{i}": m for i, m in enumerate(self.label_maps or ())}
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder, so os.replace is atomic
-        # A file object stops numpy appending ".npz" to the name.
-        with space_named(path, sum(a.nbytes for a in arrays.values())), tmp.open("wb") as f:
-            # numpy >= 2.1's stub lets **arrays fill savez's allow_pickle: bool; its keys are train_i, test_i and
-            # label_map_i, and passing allow_pickle itself would store it as an array under numpy < 2.1.
-            np.savez(f, **arrays)  # type: ignore[arg-type]
-        os.replace(tmp, path)
+        buffer = io.BytesIO()  # a file object also stops numpy appending ".npz" to the name
+        # numpy >= 2.1's stub lets **arrays fill savez's allow_pickle: bool; its keys are train_i, test_i and
+        # label_map_i, and passing allow_pickle itself would store it as an array under numpy < 2.1.
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]
+        atomic.write_bytes(Path(path), buffer.getvalue())  # a fresh temporary file renamed over it, never a link
 
     @classmethod
     def load(cls, path: Path) -> Partition:
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with safe_files.open_regular(path) as f, np.load(f, allow_pickle=False) as z:
                 n = sum(key.startswith("train_") for key in z.files)
                 train = tuple(z[f"train_{i}"].astype(np.int64) for i in range(n))
                 test = tuple(z[f"test_{i}"].astype(np.int64) for i in range(n))

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsim import storage
+from fedsim import safe_files, storage
 from fedsim.config import RunConfig, load_tree, parse_overrides, validate
 from fedsim.core import checkpoint, runfiles
 from fedsim.core.results import read_results
@@ -121,7 +121,7 @@ def _refuse_changed_data(run_dir: Path, data: ArrayDataset) -> None:
     """The partition stored in the run folder indexes the data set as it was: same counts with other
     images would silently train on different data."""
     try:
-        started_with = json.loads((run_dir / runfiles.DATASET).read_text())["digest"]
+        started_with = json.loads(safe_files.read_text(run_dir / runfiles.DATASET))["digest"]
     except FileNotFoundError:
         return  # a run folder from before data digests: nothing to compare with
     except (OSError, ValueError, KeyError, TypeError) as err:

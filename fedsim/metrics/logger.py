@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim import atomic
+from fedsim import atomic, safe_files
 from fedsim.config import RunConfig
 from fedsim.core.protocol import ACCURACIES, SCORED, RoundResult, logged_keys, lower_is_better, selecting
 from fedsim.core import runfiles
@@ -31,7 +31,7 @@ def read_jsonl(path: Path) -> list[dict]:
     """A JSONL file's rows, up to a last line cut short by a crash; no rows when the file is missing."""
     rows = []
     if path.exists():
-        for line in path.read_text().splitlines():
+        for line in safe_files.read_text(path).splitlines():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:  # a line cut short by a crash

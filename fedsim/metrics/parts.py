@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from fedsim import atomic
+from fedsim import atomic, safe_files
 from fedsim.core import runfiles
 from fedsim.engine.driver import Run
 
@@ -19,7 +19,7 @@ class Parts:
 
     def __init__(self, folder: Path, started_at: str, done: int) -> None:
         self.path = folder / runfiles.PARTS
-        earlier = json.loads(self.path.read_text()) if self.path.exists() else []
+        earlier = json.loads(safe_files.read_text(self.path)) if self.path.exists() else []
         self.earlier: list[dict] = [p for p in earlier if p["started_at"] != started_at]
         self.current = {"started_at": started_at, "from_round": done + 1, "to_round": done, "seconds": 0.0}
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedsim import strict_yaml
+from fedsim import safe_files, strict_yaml
 from fedsim.algorithms import ALGORITHMS, Algorithm
 from fedsim.config.fingerprint import LATER_DEFAULTS, flatten, result_settings
 from fedsim.core import runfiles
@@ -19,7 +19,7 @@ RECEIPT = ("method", "optimizer", "lr", "momentum", "rounds", "local work", "sco
 def stored_config(run_dir: Path) -> dict:
     """A run folder's config.yaml as written ({} where it has none, or holds no mapping)."""
     path = Path(run_dir) / runfiles.CONFIG
-    config = strict_yaml.load(path.read_text()) if path.exists() else None
+    config = strict_yaml.load(safe_files.read_text(path)) if path.exists() else None
     return config if isinstance(config, dict) else {}
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fedsim import strict_yaml
+from fedsim import safe_files, strict_yaml
 from fedsim.config import result_settings
 from fedsim.core import runfiles
 from fedsim.core.protocol import SCORED, logged_keys
@@ -58,7 +58,7 @@ def _read(path: Path, load: Callable[[str], Any]) -> dict:
     if not path.exists():
         return {}
     try:
-        value = load(path.read_text()) or {}
+        value = load(safe_files.read_text(path)) or {}
     except (ValueError, UnicodeDecodeError) as err:  # json's and strict_yaml's errors are ValueErrors
         raise ValueError(f"{path}: unreadable ({str(err).splitlines()[0]}); restore it or leave it out") from None
     if not isinstance(value, dict):

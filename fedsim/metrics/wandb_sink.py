@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsim import storage
+from fedsim import safe_files, storage
 from fedsim.config import WandbConfig
 from fedsim.core import runfiles
 from fedsim.core.protocol import RoundResult
@@ -69,7 +69,7 @@ class WandbLogger(Callback):
             mode = "offline"
         self.per_client_limit = wcfg.per_client_limit
         self.state_path = run_dir / runfiles.WANDB_RUN
-        saved = json.loads(self.state_path.read_text()) if resume and self.state_path.exists() else {}
+        saved = json.loads(safe_files.read_text(self.state_path)) if resume and self.state_path.exists() else {}
         os.environ.setdefault("WANDB_SILENT", "true")
         # dir: an absolute path, so W&B's files land in the run folder whatever the process's working folder.
         self.run = wandb.init(project=wcfg.project, entity=wcfg.entity, group=wcfg.group or cfg.name,
@@ -93,7 +93,7 @@ class WandbLogger(Callback):
         client sizes and of classes held. Returns each client's number of classes (the client tables' column)."""
         import wandb
 
-        stats = json.loads((run_dir / runfiles.PARTITION_STATS).read_text())
+        stats = json.loads(safe_files.read_text(run_dir / runfiles.PARTITION_STATS))
         classes = [len(held) for held in stats["classes_per_client"]]
         if first and "train_class_counts" in stats:  # a run folder written before fedsim counted classes has none
             counts = stats["train_class_counts"]

@@ -19,11 +19,13 @@ import gzip
 import os
 import shutil
 import tarfile
+import tempfile
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fedsim import atomic, safe_files
 from fedsim.core import runfiles
 from fedsim.errors import ConfigError
 
@@ -37,6 +39,7 @@ SUFFIX = ".tar.gz"
 MAX_MEMBERS = len(KEPT) + 1
 MAX_BYTES = 1 << 30  # 1 GiB unpacked in all
 MAX_RATIO = 100  # unpacked bytes per packed byte
+MAX_MTIME = 2**33  # a file time in seconds (the year 2242): one past it is no time a run wrote
 # What the tar stream holds besides the members' data: a 512-byte header and padding per member, and the end records.
 _TAR_OVERHEAD = MAX_MEMBERS * 2 * tarfile.BLOCKSIZE + 2 * tarfile.RECORDSIZE
 
@@ -53,9 +56,11 @@ def keep(folder: Path, archive: Path, with_model: bool = False) -> Path:
         raise ConfigError(f"{folder}: cannot archive an unfinished run (no {missing[0]}); bring it to completion first")
     archive.mkdir(parents=True, exist_ok=True)
     target = path_of(archive, folder.name)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=archive)  # no name to plant a link at
+    tmp = Path(name)
     try:
-        with tarfile.open(tmp, "w:gz") as tar:
+        os.fchmod(fd, atomic.FILE_MODE)
+        with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
             for name in names:
                 tar.add(folder / name, arcname=name, recursive=False)
         os.replace(tmp, target)
@@ -81,8 +86,10 @@ def restore(archive: Path, runs_dir: Path, name: str) -> bool:
     if folder.exists() or not source.exists():
         return False
     _members(source)  # refuses a bad archive before anything is written
-    staging = runs_dir / f".{name}.{os.getpid()}.restoring"
-    shutil.rmtree(staging, ignore_errors=True)
+    # A fresh folder of an unguessable name: a link planted at a predictable one would send the extraction outside.
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".restoring", dir=runs_dir))
+    os.chmod(staging, 0o755)  # mkdtemp's 0o700 would become the run folder's
     try:
         with _opened(source) as tar:  # each member checked again as it is extracted: the archive may have changed
             tar.extractall(staging, members=_checked(tar, source), filter="data")  # keeps each file's time
@@ -118,7 +125,8 @@ class _BoundedStream:
     tarfile skips a member's data by seeking, which gunzips it, and reads long-name headers whole."""
 
     def __init__(self, source: Path, limit: int):
-        self._gz = gzip.open(source, "rb")
+        self._file = safe_files.open_regular(source)  # a FIFO would block the read forever
+        self._gz = gzip.GzipFile(fileobj=self._file, mode="rb")
         self.limit = limit
 
     def _check(self, end: int) -> None:
@@ -138,6 +146,7 @@ class _BoundedStream:
 
     def close(self) -> None:
         self._gz.close()
+        self._file.close()
 
 
 def _limit(source: Path) -> int:
@@ -180,6 +189,9 @@ def _checked(tar: tarfile.TarFile, source: Path) -> Iterator[tarfile.TarInfo]:
         if member.name in seen or not member.isfile() or member.name not in KEPT + (MODEL,):
             raise ConfigError(f"{source}: holds {'a file twice' if member.name in seen else repr(member.name)}, not "
                               f"only the files of a finished run ({', '.join(KEPT + (MODEL,))}); {_fix(source)}")
+        if not (isinstance(member.mtime, (int, float)) and 0 <= member.mtime <= MAX_MTIME):  # NaN fails too
+            raise ConfigError(f"{source}: {member.name} has the time {member.mtime!r}, not one a run wrote; "
+                              f"{_fix(source)}")
         total += member.size
         if total > _limit(source):
             raise ConfigError(_too_big(source))

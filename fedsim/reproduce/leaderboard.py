@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fedsim import atomic
+from fedsim import atomic, safe_files
 from fedsim.algorithms import algorithm_class
 from fedsim.config import (Distribution, TuneConfig, load_tree, merge_trees, parse_overrides, resume_fingerprint,
                            validate)
@@ -317,7 +317,7 @@ class Diverged:
 
     def _read(self) -> dict[str, dict[str, str]]:
         try:
-            runs = json.loads(self.path.read_text()) if self.path.exists() else {}
+            runs = json.loads(safe_files.read_text(self.path)) if self.path.exists() else {}
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ConfigError(f"{self.path}: unreadable ({err}); restore it from git, or remove it to run the "
                               "diverged runs again") from None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedsim import safe_files
 from fedsim.config import RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
 from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
@@ -277,7 +278,7 @@ def _complete(item: PlannedRun, where: str, say: Callable[[str], None]) -> None:
 
 def read_summary(folder: Path) -> dict | None:
     path = folder / runfiles.SUMMARY
-    return json.loads(path.read_text()) if path.exists() else None
+    return json.loads(safe_files.read_text(path)) if path.exists() else None
 
 
 def client_values_at(folder: Path, metric: str, at: int | float) -> list[float] | None:

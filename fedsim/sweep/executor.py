@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedsim import storage
+from fedsim import safe_files, storage
 from fedsim.config import RunConfig, SearchConfig, results_fingerprint, validate
 from fedsim.core.protocol import VALIDATION
 from fedsim.engine.placement import worker_bundle
@@ -227,7 +227,9 @@ def _tune_storage(sweep: Sweep) -> str:
     through pyarrow, as fedsim does), so every node of a cluster reaches them."""
     if storage.is_uri(sweep.folder):
         return storage.join(sweep.folder, "tune")
-    return str(Path(sweep.folder, "tune").resolve())
+    tune_folder = Path(sweep.folder, "tune")
+    safe_files.refuse_linked_folder(tune_folder, Path(sweep.folder))  # Tune's state (tuner.pkl) would land elsewhere
+    return str(tune_folder.resolve())
 
 
 @contextmanager

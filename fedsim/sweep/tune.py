@@ -19,13 +19,14 @@ import yaml
 
 from fedsim import storage
 from fedsim.config import Distribution, RunConfig, SearchConfig, TuneConfig, set_dotted, validate
+from fedsim.config.checks import MAX_CLIENT_EPOCHS, client_epochs
 from fedsim.core.protocol import on_validation
 from fedsim.errors import ConfigError, TuningIncomplete
 from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.receipt import receipt, receipt_table
 from fedsim.sweep import search as design
 from fedsim.sweep.executor import Outcome, Sweep, run_sweep
-from fedsim.sweep.expand import expand_sweep
+from fedsim.sweep.expand import MAX_RUNS, expand_sweep
 
 SHARED_KEYS = {"lr": ("train.body.lr", "train.head.lr"), "momentum": ("train.body.momentum", "train.head.momentum"),
                "local_epochs": ("train.local_epochs",)}
@@ -94,6 +95,8 @@ def plan_tuning(tree: dict[str, Any]) -> TunePlan:
     if base.tune is None:
         raise ConfigError("tune: this config has no tune section; add tune: {methods: [...], trials: N, seeds: [...]}")
     rounds = base.tune.rounds or base.train.rounds
+    refuse_endless_tuning(base.model_copy(update={"train": base.train.model_copy(update={"rounds": rounds})}),
+                          base.tune)
     run_tree = {k: v for k, v in copy.deepcopy(tree).items() if k != "tune"}
     set_dotted(run_tree, "train.rounds", rounds)
     refuse_unused_keys(base.model.client, base.tune.space)
@@ -101,6 +104,26 @@ def plan_tuning(tree: dict[str, Any]) -> TunePlan:
     return TunePlan(base, base.tune, run_tree, rounds, base.tune.final_rounds or rounds,
                     [_method_search(base, run_tree, entry.model_dump(by_alias=True), shared)
                      for entry in base.tune.methods])
+
+
+def refuse_endless_tuning(base: RunConfig, tune: TuneConfig) -> None:
+    """Counted before any trial is drawn: tuning of more runs, or more work, than a sweep may have is refused with the
+    count, naming the setting that makes most of it (``base``: a run at the tuning's rounds)."""
+    methods = len(tune.methods)
+    shared = tune.trials if tune.grid is None else len(tune.grid.step) * len(tune.grid.momentum)
+    trials = shared + tune.own_trials  # at most: a method ignoring a shared setting runs fewer
+    search, final = methods * trials * len(tune.seeds), methods * tune.final_seeds
+    where = ("tune.final_seeds" if final > search else "tune.trials" if tune.grid is None else "tune.grid")
+    counted = (f"{methods} methods x ({trials} trials x {len(tune.seeds)} seeds + {tune.final_seeds} final "
+               "seeds)")
+    runs = search + final
+    if runs > MAX_RUNS:
+        raise ConfigError(f"{where}: the tuning has {runs:,} runs ({counted}), more than the {MAX_RUNS:,} a sweep can "
+                          "expand; tune fewer trials or seeds")
+    work = runs * sum(client_epochs(base))
+    if work > MAX_CLIENT_EPOCHS:
+        raise ConfigError(f"{where}: the tuning's {runs:,} runs ({counted}) ask for about {work:.3g} client-epochs, "
+                          f"past the {MAX_CLIENT_EPOCHS:.0e} any sweep could finish; tune fewer or shorter runs")
 
 
 OPTIMIZER_SETTINGS = ("optimizer", "lr", "momentum", "weight_decay")  # of train.body / train.head: fedsim's optimizers'

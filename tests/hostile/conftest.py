@@ -30,6 +30,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.user_properties.append(("hostile_category", category))
 
 
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """The working directory is tmp_path (an empty or relative out_dir would land there); no Ray cluster named."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return tmp_path
+
+
 class HostileTally:
     """Counts the probes of each category as their reports arrive and prints the counts at the end. Registered by
     tests/conftest.py, so it runs where the summary is printed: under xdist that is the controller, which sees

@@ -1,58 +1,14 @@
 """Hostile configs (issue 47, items 6-8): values that pass a type check but would fail after the run folder is
 written, never finish, or reach the OS as something else. Each probe runs `fedsim run` in-process and must end in one
 line naming the field (or file) and the fix, exit code 2, with no run folder and nothing in the working directory."""
-import copy
 import os
-import threading
-from pathlib import Path
 
 import pytest
-import yaml
-from conftest import cli_env, fedsim_cli, set_dotted
-
-from fedsim.cli.main import main
-from fedsim.config import merge_trees
-
-BASE = {"name": "probe", "seed": 3, "algorithm": "fedper",
-        "data": {"dataset": "synthetic", "partition": "natural", "num_clients": 8, "options": {"num_clients": 8}},
-        "model": {"name": "mlp", "personal_layers": 1},
-        "train": {"rounds": 2, "local_epochs": 1, "batch_size": 10, "fraction": 0.5},
-        "eval": {"finetune_epochs": 0}, "engine": {"workers": 1}}
-
-
-def write_probe(tmp_path: Path, extra: str = "", **dotted) -> Path:
-    """The synthetic BASE, out_dir inside tmp_path, with ``extra`` (YAML sections merged over it) and ``dotted``
-    (``engine__spill_dir=...``) set."""
-    tree = merge_trees({**copy.deepcopy(BASE), "out_dir": str(tmp_path / "runs")}, yaml.safe_load(extra) if extra else {})
-    for key, value in dotted.items():
-        set_dotted(tree, key, value)
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(tree))
-    return path
-
-
-def refused(capsys, tmp_path: Path, argv: list[str], fragment: str) -> str:
-    """`fedsim ARGV` in-process: exit 2, one line holding ``fragment``, no run folder, nothing new in tmp_path."""
-    before = sorted(p.name for p in tmp_path.iterdir())
-    code = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith("fedsim: error: ") and fragment in err, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no runs/, nothing written beside the config
-    return err
-
-
-@pytest.fixture
-def in_tmp(tmp_path, monkeypatch):
-    """The working directory is tmp_path (an empty or relative out_dir would land there); no Ray cluster named."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    return tmp_path
+from conftest import cli_env, fedsim_cli, refused, unblocking, write_probe
 
 
 # -- values that passed validation and failed once the folder was written (item 6) ----------------------------------
-# (case id, YAML over BASE, fragment of the one line)
+# (case id, YAML over PROBE_BASE, fragment of the one line)
 LATE_FAILURES = [
     ("heartbeat of 1e300 s", "engine: {heartbeat_timeout_s: 1.0e+300}", "engine.heartbeat_timeout_s"),
     ("round timeout of 1e300 s", "engine: {round_timeout_s: 1.0e+300}", "engine.round_timeout_s"),
@@ -172,19 +128,6 @@ def test_a_synthetic_option_out_of_range_names_its_key(key, value, in_tmp, capsy
 def test_synthetic_inputs_past_float32_name_beta(in_tmp, capsys):
     refused(capsys, in_tmp, ["run", str(write_probe(in_tmp, "data: {options: {num_clients: 8, beta: 1.0e+300}}"))],
             "data.options.beta: 1e+300 spreads the inputs past float32's range")
-
-
-def unblocking(fifo: Path) -> threading.Timer:
-    """Should a probe open ``fifo`` for reading after all, a writer opens and closes it within seconds, so the probe
-    fails on an empty file instead of hanging the suite."""
-    def release() -> None:
-        try:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError:
-            pass  # no reader: nothing to release
-    timer = threading.Timer(5.0, release)
-    timer.start()
-    return timer
 
 
 TRACES = [("a devices trace", "system: {devices: {trace: TRACE}}", "system.devices.trace"),

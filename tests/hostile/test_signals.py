@@ -190,3 +190,24 @@ def test_report_refuses_an_endless_line_reading_a_bounded_part(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert f"{run_dir / 'metrics.jsonl'}:1: a line longer than {MAX_ROW_BYTES:,} bytes" in lines[0]
+
+
+@pytest.mark.slow  # a sweep's trials to their first round, through Ray Tune: ~60-150 s here
+@pytest.mark.parametrize("command", ["sweep"])
+def test_sigterm_mid_sweep_is_143_with_the_resume_line(tmp_path, ray_tmp, command):
+    tree = synthetic_tree(tmp_path, "sig", train__rounds=50, sweep={"algorithm": ["fedavg", "fedper"]})
+    cfg = write_yaml(tmp_path / "sweep.yaml", tree)
+    proc = subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", command, str(cfg), "--quiet"],
+                            env=cli_env(TMPDIR=str(ray_tmp)), start_new_session=True, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_interruptible)
+    try:
+        _wait_for(lambda: any(p.stat().st_size > 0 for p in tmp_path.glob("sig*/rounds.jsonl")), proc, 300)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 143 and len(lines) == 1, err[-3000:]
+    assert lines[0] == f"fedsim: interrupted; continue with `fedsim {command} {cfg}`", lines
+    assert _survivors(ray_tmp) == []
