@@ -38,7 +38,7 @@ def test_a_5000_digit_override_names_its_key(in_tmp, capsys):
 TUNING = [("a hundred million final seeds", {"final_seeds": 100_000_000}, "tune.final_seeds: the tuning has"),
           ("a billion trials", {"trials": 1_000_000_000}, "tune.trials"),
           ("trials past the sweep's run bound", {"trials": 9000, "seeds": [0, 1, 2, 3, 4]},
-           "tune.trials: the tuning has 135,006 runs")]
+           "tune.trials: the tuning has 135,036 runs")]  # 3 x (9,000 + 2 own) x 5 + 3 x 2
 
 
 @pytest.mark.parametrize("case,tune,fragment", TUNING, ids=[c[0] for c in TUNING])

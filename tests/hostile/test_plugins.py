@@ -84,7 +84,7 @@ def test_a_wrong_callback_is_refused_before_ray_or_the_run_folder(tmp_path, monk
     def ray_starts(*args, **kwargs):
         raise AssertionError("Ray started")
 
-    monkeypatch.setattr("fedsim.engine.session.connect_ray", ray_starts)
+    monkeypatch.setattr("fedsim.engine.ray_cluster.connect_ray", ray_starts)
     err = _one_line_exit_2(capsys, ["run", _config(tmp_path), "model.callbacks=[numpy:load]"])
     assert "model.callbacks: 'numpy:load'" in err
     assert not (tmp_path / "runs").exists()
