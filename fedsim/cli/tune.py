@@ -57,4 +57,23 @@ def dry_run_text(plan: TunePlan) -> str:
         lines.append(f"shared space: {space_text(plan.tune.space)}")
     lines += [f"{m.method}: {m.first} stage-1 trials; own space: {space_text(m.own) or 'none (stage 2 refines the step)'}"
               for m in plan.methods]
-    return "\n".join(lines)
+    return "\n".join([*lines, time_text(plan)])
+
+
+def time_text(plan: TunePlan) -> str:
+    """The tuning's time one run after another: each method's first trial timed here (a few of its steps), its
+    search runs at that time and its finals scaled to tune.final_rounds (the trials' settings differ, the work
+    per round barely: an estimate, said as one)."""
+    from fedsim.client.rehearsal import throughput
+    from fedsim.engine.estimate import duration, estimate
+
+    total = 0.0
+    for m in plan.methods:
+        e = estimate(m.runs[0][0], overwrite=True, timer=throughput)  # its work only: statuses are counted above
+        if e.seconds is None:
+            return "time: not estimated (" + ("its workers train on GPUs, which a dry run does not time)"
+                                              if e.gpus_per_worker else "a method's first trial had nothing to time)")
+        searched = (m.first + plan.tune.own_trials) * len(plan.tune.seeds)
+        total += e.seconds * (searched + plan.tune.final_seeds * plan.final_rounds / plan.rounds)
+    return (f"time: about {duration(total)} one run after another, from each method's first trial timed here (a few "
+            "of its steps); Ray's start-up, scoring and aggregation come on top, and runs at once take less")

@@ -45,6 +45,7 @@ def test_dry_run_prints_the_count_of_runs_and_the_budget(tmp_path, capsys):
     assert out[2] == "stage-1 runs finished: 0 of 18 (a rerun trains only the rest)"
     assert out[3] == "shared space: lr loguniform [0.01, 0.1]; momentum choice [0.0, 0.9]"
     assert out[5] == "fedprox: 3 stage-1 trials; own space: algorithm.mu choice [0.001, 0.01, 0.1, 1.0]"
+    assert out[-1].startswith("time: about ") and "one run after another, from each method's first trial" in out[-1]
     assert not (tmp_path / "_sweeps").exists()
 
 
