@@ -136,8 +136,18 @@ def refuse_missing_modules(tree: dict[str, Any]) -> None:
     its code (a package's parent would run for a dotted name, so only the top level is looked for here)."""
     for field, spec in plugin_settings(tree).items():
         top = spec.partition(":")[0].split(".")[0]
-        if top and top.isidentifier() and importlib.util.find_spec(top) is None:
+        if top and top.isidentifier() and not _findable(top):
             raise _unimportable(field, spec, f"No module named {top!r}")
+
+
+def _findable(top: str) -> bool:
+    """Whether a top-level module is on the path or already imported. A module imported without a spec (``__main__``
+    of an interactive session, or of a test runner's worker) makes find_spec raise: it is there, and load_plugin
+    decides what it holds."""
+    try:
+        return importlib.util.find_spec(top) is not None
+    except ValueError:
+        return top in sys.modules
 
 
 @contextmanager

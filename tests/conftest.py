@@ -126,7 +126,7 @@ def client_runtime(data_root, algorithm, *, seed=3, clients=5, **over):
     settings = dict(seed=seed, algorithm=algorithm, data__num_clients=clients, data__train_fraction=0.01,
                     data__test_fraction=0.02, train__batch_size=25, eval__finetune_epochs=2)
     plan = plan_for(small_config("unused", data_root, **{**settings, **over}))
-    return ClientRuntime(plan, dict(enumerate(plan.clients)))
+    return ClientRuntime(plan.for_workers(), dict(enumerate(plan.clients)))
 
 
 def each_round(fn):

@@ -11,11 +11,11 @@ SETTINGS = {"fedfomo": {"models_to_download": 1}, "fedrep": {"head_epochs": 1}} 
 
 
 @pytest.mark.parametrize("method", sorted(ALGORITHMS))
-def test_every_method_trains_and_scores_a_round_on_text(tmp_path, data_root, monkeypatch, method):
+def test_every_method_trains_and_scores_a_round_on_text(tmp_path, data_root, method):
     algorithm = {"name": method, **SETTINGS.get(method, {})}
     cfg = validate(shakespeare_tree(tmp_path, data_root, algorithm=algorithm, train__rounds=1,
                                     eval__finetune_epochs=1))
-    server = in_process_server(monkeypatch, cfg)
+    server = in_process_server(cfg)
     server.restore(None)
     before = server.state[WEIGHTS].copy()
     result = server.round(1)
@@ -29,11 +29,11 @@ def test_every_method_trains_and_scores_a_round_on_text(tmp_path, data_root, mon
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedper"])
-def test_text_runs_are_bit_identical_on_one_and_three_workers(tmp_path, data_root, monkeypatch, method):
+def test_text_runs_are_bit_identical_on_one_and_three_workers(tmp_path, data_root, method):
     finals = []
     for workers in (1, 3):
         cfg = validate(shakespeare_tree(tmp_path / str(workers), data_root, algorithm=method, engine__workers=workers))
-        server = in_process_server(monkeypatch, cfg)
+        server = in_process_server(cfg)
         server.restore(None)
         records = [server.round(r).records for r in (1, 2)]
         finals.append((server.state[WEIGHTS].copy(), records))

@@ -30,7 +30,7 @@ def test_uniform_devices_without_dropout_give_todays_results_bit_for_bit(tmp_pat
     assert all(not o.timing for o in ideal)
     assert [o.timing["selected"] for o in clocked] == [3] * ROUNDS and all(o.timing["sim_seconds"] > 0 for o in clocked)
     assert clocked_cfg.model_dump()["system"]["devices"] and server.plan.fingerprint != in_process_server(
-        monkeypatch, six_client_run(tmp_path, data_root, "fedper", 2, ROUNDS)).plan.fingerprint
+        six_client_run(tmp_path, data_root, "fedper", 2, ROUNDS)).plan.fingerprint
 
 
 @pytest.mark.parametrize("algorithm", ["fedper", "scaffold", "ditto"])
