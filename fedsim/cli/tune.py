@@ -46,8 +46,13 @@ def dry_run_text(plan: TunePlan) -> str:
     from fedsim.sweep.runs import status
     from fedsim.sweep.tune import space_text
 
+    from fedsim.sweep import search as design
+
     first = len(plan.search_runs)
-    own = len(plan.methods) * plan.tune.own_trials * len(plan.tune.seeds)
+    # Stage 2's count does not depend on which stage-1 trial is chosen (its own draws are apart from the shared ones),
+    # so the first trial stands in for the choice.
+    own = len(plan.tune.seeds) * sum(len(design.own_trials(plan.base.seed, m.method, m.own, m.trials[0],
+                                                           plan.tune.own_trials)) for m in plan.methods)
     final = len(plan.methods) * plan.tune.final_seeds
     done = sum(status(cfg) == "finished" for cfg in plan.search_runs)
     lines = [f"{first + own + final} runs: {first} stage-1 + {own} stage-2 search + {final} final "
@@ -66,6 +71,7 @@ def time_text(plan: TunePlan) -> str:
     per round barely: an estimate, said as one)."""
     from fedsim.client.rehearsal import throughput
     from fedsim.engine.estimate import duration, estimate
+    from fedsim.sweep import search as design
 
     total = 0.0
     for m in plan.methods:
@@ -73,7 +79,8 @@ def time_text(plan: TunePlan) -> str:
         if e.seconds is None:
             return "time: not estimated (" + ("its workers train on GPUs, which a dry run does not time)"
                                               if e.gpus_per_worker else "a method's first trial had nothing to time)")
-        searched = (m.first + plan.tune.own_trials) * len(plan.tune.seeds)
+        own = len(design.own_trials(plan.base.seed, m.method, m.own, m.trials[0], plan.tune.own_trials))
+        searched = (m.first + own) * len(plan.tune.seeds)
         total += e.seconds * (searched + plan.tune.final_seeds * plan.final_rounds / plan.rounds)
     return (f"time: about {duration(total)} one run after another, from each method's first trial timed here (a few "
             "of its steps); Ray's start-up, scoring and aggregation come on top, and runs at once take less")

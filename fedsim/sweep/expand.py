@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -87,13 +88,32 @@ def _refuse_endless(base: RunConfig, grid: dict[str, list], drawn: dict[str, Dis
     counted = " x ".join([*(f"{len(values)} sweep.{key}" for key, values in grid.items()),
                           *([f"search.samples {samples}"] if drawn else [])])
     where = "search.samples" if drawn and samples > runs // samples else "sweep"
+    refuse_beyond_bounds(base, runs, Bounded(where, "sweep", counted, "split it, or list fewer values",
+                                             "run fewer or shorter runs"))
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """What :func:`refuse_beyond_bounds` names: the setting that makes most of the runs, what they are (a sweep, a
+    tuning), how they were counted, and the fix for too many runs and for too much work."""
+    where: str
+    what: str
+    counted: str
+    fewer: str
+    shorter: str
+
+
+def refuse_beyond_bounds(base: RunConfig, runs: int, bounded: Bounded) -> None:
+    """Refuse ``runs`` runs of ``base``'s work when they are more than a sweep can expand, or more work than any could
+    finish (counted before a run is built or a trial drawn: a billion of them would not end)."""
+    b = bounded
     if runs > MAX_RUNS:
-        raise ConfigError(f"{where}: the sweep has {runs:.3g} runs ({counted}), more than the {MAX_RUNS:,} a sweep "
-                          "can expand; split it, or list fewer values")
+        raise ConfigError(f"{b.where}: the {b.what} has {runs:,} runs ({b.counted}), more than the {MAX_RUNS:,} a sweep "
+                          f"can expand; {b.fewer}")
     work = runs * sum(client_epochs(base))
     if work > MAX_CLIENT_EPOCHS:
-        raise ConfigError(f"{where}: the sweep's {runs:,} runs ({counted}) ask for about {work:.3g} client-epochs, past "
-                          f"the {MAX_CLIENT_EPOCHS:.0e} any sweep could finish; run fewer or shorter runs")
+        raise ConfigError(f"{b.where}: the {b.what}'s {runs:,} runs ({b.counted}) ask for about {work:.3g} "
+                          f"client-epochs, past the {MAX_CLIENT_EPOCHS:.0e} any sweep could finish; {b.shorter}")
 
 
 def _variant(tree: dict[str, Any], base: RunConfig, chosen: list[tuple[str, Any]]) -> RunConfig:

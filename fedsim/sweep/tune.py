@@ -19,14 +19,13 @@ import yaml
 
 from fedsim import storage
 from fedsim.config import Distribution, RunConfig, SearchConfig, TuneConfig, set_dotted, validate
-from fedsim.config.checks import MAX_CLIENT_EPOCHS, client_epochs
 from fedsim.core.protocol import on_validation
 from fedsim.errors import ConfigError, TuningIncomplete
 from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.receipt import receipt, receipt_table
 from fedsim.sweep import search as design
 from fedsim.sweep.executor import Outcome, Sweep, run_sweep
-from fedsim.sweep.expand import MAX_RUNS, expand_sweep
+from fedsim.sweep.expand import Bounded, expand_sweep, refuse_beyond_bounds
 
 SHARED_KEYS = {"lr": ("train.body.lr", "train.head.lr"), "momentum": ("train.body.momentum", "train.head.momentum"),
                "local_epochs": ("train.local_epochs",)}
@@ -116,14 +115,8 @@ def refuse_endless_tuning(base: RunConfig, tune: TuneConfig) -> None:
     where = ("tune.final_seeds" if final > search else "tune.trials" if tune.grid is None else "tune.grid")
     counted = (f"{methods} methods x ({trials} trials x {len(tune.seeds)} seeds + {tune.final_seeds} final "
                "seeds)")
-    runs = search + final
-    if runs > MAX_RUNS:
-        raise ConfigError(f"{where}: the tuning has {runs:,} runs ({counted}), more than the {MAX_RUNS:,} a sweep can "
-                          "expand; tune fewer trials or seeds")
-    work = runs * sum(client_epochs(base))
-    if work > MAX_CLIENT_EPOCHS:
-        raise ConfigError(f"{where}: the tuning's {runs:,} runs ({counted}) ask for about {work:.3g} client-epochs, "
-                          f"past the {MAX_CLIENT_EPOCHS:.0e} any sweep could finish; tune fewer or shorter runs")
+    refuse_beyond_bounds(base, search + final, Bounded(where, "tuning", counted, "tune fewer trials or seeds",
+                                                       "tune fewer or shorter runs"))
 
 
 OPTIMIZER_SETTINGS = ("optimizer", "lr", "momentum", "weight_decay")  # of train.body / train.head: fedsim's optimizers'
@@ -298,6 +291,8 @@ def run_tuning(plan: TunePlan, max_concurrent: int | None = None, say: Callable[
     """Search, choose on validation, run the choices at the final seeds; write each chosen config and the table.
     ``overwrite`` and ``quiet`` as for :func:`run_sweep`. Returns the table's data (also ``results.json``)."""
     def phase(name: str, configs: list[RunConfig]) -> list[Outcome]:
+        if not configs:  # a stage with nothing to search: no own parameters and no shared lr to refine
+            return []
         outcomes = run_sweep(Sweep(name, configs, SearchConfig()), max_concurrent, say, overwrite=overwrite,
                              quiet=quiet)
         _refuse_skipped(outcomes)

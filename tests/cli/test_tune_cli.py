@@ -65,6 +65,8 @@ def test_a_key_a_users_module_never_reads_is_refused_at_dry_run_naming_what_it_d
                                        "arguments\n")
     tree = _own_module_tuning(tmp_path, {"model.client_args.lr": {"loguniform": [0.001, 0.1]}})
     assert main(["tune", str(write_yaml(tmp_path / "adam.yaml", tree)), "--dry-run"]) == 0
+    # FedAvg has no own parameters and the shared settings no lr to refine: stage 2 has nothing to run
+    assert capsys.readouterr().out.startswith("3 runs: 2 stage-1 + 0 stage-2 search + 1 final (1 methods)")
 
 
 @pytest.mark.slow

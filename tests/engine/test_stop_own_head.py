@@ -8,9 +8,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
-import pytest
 from conftest import TESTS
 
 DOCS = TESTS.parent / "docs" / "cluster.md"
@@ -43,14 +43,16 @@ def _of_head(temp: str, client: int) -> list[psutil.Process]:
     return found + [child for proc in found for child in proc.children() if child not in found]
 
 
-@pytest.mark.skipif(shutil.which("ray") is None, reason="the ray command is not installed")
+RAY = str(Path(sys.executable).with_name("ray"))  # the environment's own: `make test` does not put .venv/bin on PATH
+
+
 def test_the_documented_stop_ends_every_process_of_its_head_and_nothing_else():
     temp = tempfile.mkdtemp(prefix="fsr-", dir="/tmp")  # short: Ray's unix sockets live under it (107 bytes)
     gcs, client, agent, low = _free_ports(4)
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        started = subprocess.run(["ray", "start", "--head", f"--temp-dir={temp}", f"--port={gcs}", "--include-dashboard=false",
+        started = subprocess.run([RAY, "start", "--head", f"--temp-dir={temp}", f"--port={gcs}", "--include-dashboard=false",
                                    f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
                                   f"--min-worker-port={low + 1}", f"--max-worker-port={low + 40}", "--num-cpus=1"],
                                  env=env, check=True, capture_output=True, text=True, timeout=180)

@@ -98,7 +98,7 @@ ABSURD = [
     ("a device of 5e-324 samples/s", "system: {devices: {speed: 5.0e-324}}", "system.devices.speed"),
     ("a device spread past float", "system: {devices: {preset: lognormal, sigma: 1000}}", "system.devices.sigma"),
     ("a billion synthetic draws", "sweep: {train.body.lr: {uniform: [0.01, 0.1]}}\nsearch: {samples: 1000000000}",
-     "search.samples: the sweep has 1e+09 runs"),
+     "search.samples: the sweep has 1,000,000,000 runs"),
 ]
 NUL_FIELDS = ["out_dir", "data.root", "model.init_from", "engine.spill_dir", "system.devices.trace",
               "logging.wandb.project", "model.client", "data.dataset"]

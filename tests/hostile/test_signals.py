@@ -73,6 +73,18 @@ def _wait_for(ready, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
         time.sleep(0.02)
 
 
+def _terminated(proc: subprocess.Popen, ready, wait_s: float, timeout_s: float) -> str:
+    """SIGTERM to ``proc`` once ``ready()``; its stderr once it has ended (killed, with its group, should it not)."""
+    try:
+        _wait_for(ready, proc, wait_s)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return err
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143),
                                           pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
 def test_a_signal_while_ray_starts_gives_one_line_and_leaves_nothing(tmp_path, ray_tmp, signum, code):
@@ -121,13 +133,7 @@ def test_a_signal_mid_run_leaves_no_process_and_names_the_resume(tmp_path, ray_t
     cfg = write_yaml(tmp_path / "run.yaml", synthetic_tree(tmp_path, "mid", train__rounds=50))
     proc = _start(cfg, ray_tmp)
     rows = tmp_path / "mid" / "rounds.jsonl"
-    try:
-        _wait_for(lambda: rows.exists() and rows.stat().st_size > 0, proc)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    err = _terminated(proc, lambda: rows.exists() and rows.stat().st_size > 0, 120, 90)
     lines = err.strip().splitlines()
     assert proc.returncode == 143 and len(lines) == 1, err[-3000:]
     assert lines[0] == f"fedsim: interrupted; continue with `fedsim run --resume {tmp_path / 'mid'}`"
@@ -200,13 +206,7 @@ def test_sigterm_mid_sweep_is_143_with_the_resume_line(tmp_path, ray_tmp, comman
     proc = subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", command, str(cfg), "--quiet"],
                             env=cli_env(TMPDIR=str(ray_tmp)), start_new_session=True, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_interruptible)
-    try:
-        _wait_for(lambda: any(p.stat().st_size > 0 for p in tmp_path.glob("sig*/rounds.jsonl")), proc, 300)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    err = _terminated(proc, lambda: any(p.stat().st_size > 0 for p in tmp_path.glob("sig*/rounds.jsonl")), 300, 120)
     lines = err.strip().splitlines()
     assert proc.returncode == 143 and len(lines) == 1, err[-3000:]
     assert lines[0] == f"fedsim: interrupted; continue with `fedsim {command} {cfg}`", lines
