@@ -94,8 +94,10 @@ def test_tuning_resumes_after_a_lost_run_and_never_chooses_on_test(tmp_path, loc
     plan = plan_tuning(tree)
     first = run_tuning(plan, say=lambda line: None)
     chosen = [(row["method"], row["trial"], row["chosen"]) for row in first["methods"]]
-    for cfg in plan.search_runs:
-        path = tmp_path / cfg.name / "summary.json"
+    searched = sorted(tmp_path.glob("tn-*-[to][0-9]-s*"))  # both stages' runs
+    assert len(searched) == 2 * (2 + 2)  # 2 methods x (2 shared + 2 own trials) x 1 seed
+    for folder in searched:
+        path = folder / "summary.json"
         summary = json.loads(path.read_text())
         for key in ("acc", "acc_personalized"):
             summary[key]["mean"] = 1.0 - summary[key]["mean"]
@@ -110,5 +112,6 @@ def test_tuning_resumes_after_a_lost_run_and_never_chooses_on_test(tmp_path, loc
     written = {path.name for path in (tmp_path / "tune" / "tn").iterdir()}
     assert written == {"fedavg.yaml", "fedprox.yaml", "results.json", "results.md"}
     table = (tmp_path / "tune" / "tn" / "results.md").read_text()
-    assert "Budget: 2 trials x 1 seed(s) (0) x 1 rounds per method" in table and "| fedprox | lr loguniform" in table
+    assert "Budget: stage 1: 2 draws of the shared space, each method at its own defaults (2 trials); stage 2: 2" in table
+    assert "| fedprox | algorithm.mu choice [0.001, 0.01, 0.1, 1.0] |" in table and "| fedavg | - |" in table
     assert all(row["final_runs"] == 2 and row["test_low"] is not None for row in again["methods"])
