@@ -97,8 +97,9 @@ PAGES = {"reproduction": _write_reproduction, "privacy": _write_privacy}  # Pape
 
 
 def _leaderboard_command(args: argparse.Namespace) -> int:
-    """The search, then the finals of every method whose search has ended (planned again once the search has
-    run: its choices are read from the finished search runs), then the table from every run folder."""
+    """The search's two stages, then the finals of every method whose search has ended (each planned again once the
+    runs before it have run: stage 2 and the choices are read from the finished search runs), then the table from
+    every run folder."""
     from fedsim import storage
     from fedsim.reproduce import leaderboard, leaderboard_table
     from fedsim.reproduce.runner import keep_finished
@@ -118,9 +119,12 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _leaderboard_dry_run(mine, leaderboard.Diverged(kept))
     if not args.report_only:
-        leaderboard.complete(mine.search, kept, args.max_concurrent)
-        full = restored()
-        mine = full if args.only is None else planned(args.only)
+        while True:  # stage 1's runs, then stage 2's (planned once stage 1's choice can be read from its runs)
+            leaderboard.complete(mine.search, kept, args.max_concurrent)
+            full = restored()
+            searched, mine = mine, full if args.only is None else planned(args.only)
+            if len(mine.search) == len(searched.search):
+                break
         leaderboard.complete(mine.finals, kept, args.max_concurrent)
     for item in mine.runs:
         keep_finished(item, mine.runs, kept)

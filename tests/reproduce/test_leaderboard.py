@@ -176,6 +176,26 @@ def test_a_resumed_leaderboard_plans_only_what_its_kept_runs_lack(tmp_path):
     assert sorted({p.seed for p in left}) == [2, 3, 4] and len(left) == 2 * 3
 
 
+def test_one_command_runs_both_stages_then_the_finals(tmp_path, monkeypatch, data_root):
+    """`fedsim reproduce leaderboard --only ROW` plans stage 2 once stage 1 has run, and the finals once stage 2 has,
+    in one invocation (each run here finished by a stand-in for the runner)."""
+    ran: list[str] = []
+
+    def complete(items, kept, max_concurrent=None, say=None):
+        for item in items:
+            if item.result() is None:
+                ran.append(item.key)
+                finish(item, test=0.5, validation=0.4)
+
+    monkeypatch.setattr(leaderboard, "complete", complete)
+    over = ["tune.grid={step: [0.05, 0.1], momentum: [0.0]}", "tune.own_trials=1", "tune.rounds=2",
+            "tune.final_rounds=2", "tune.final_seeds=2"]
+    assert main(["reproduce", "leaderboard", "--only", "fedavg", "--runs", str(tmp_path), "--kept",
+                 str(tmp_path / "kept"), "--report", str(tmp_path / "board.md"), *over]) == 0
+    stages = [key.rsplit("-", 1)[-1][0] if key.rsplit("-", 1)[-1][0] in "to" else "final" for key in ran]
+    assert stages == ["t"] * 8 + ["o"] * 4 + ["final"] * 4  # 2 settings x (2 grid + 1 own) x 2 seeds; 2 x 2 finals
+
+
 def test_the_dry_run_counts_the_search_and_the_finals_waiting_for_it(tmp_path, capsys, data_root):
     assert main(["reproduce", "leaderboard", "--dry-run", "--only", "fedavg", "--runs", str(tmp_path),
                  "--kept", str(tmp_path / "kept"), "tune.grid={step: [0.05, 0.1], momentum: [0.0]}", NO_OWN, "tune.rounds=2",
