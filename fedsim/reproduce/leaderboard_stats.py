@@ -36,6 +36,19 @@ def mean_train_images(folder: Path) -> float:
     return float(np.mean(list(sizes.values()))) if sizes else 0.0
 
 
+def pooled_best_on_test(folder: Path, metric: str) -> float | None:
+    """PFLlib's quantity from a finished run's per-client rows: per evaluated round the accuracy pooled over
+    clients (each client's accuracy weighted by its test images), and the highest over rounds (percent)."""
+    correct: dict[int, float] = {}
+    images: dict[int, float] = {}
+    for row in read_jsonl(folder / runfiles.METRICS):
+        if metric in row and "n_test" in row:
+            correct[row["round"]] = correct.get(row["round"], 0.0) + row[metric] * row["n_test"]
+            images[row["round"]] = images.get(row["round"], 0.0) + row["n_test"]
+    pooled = [correct[r] / images[r] for r in correct if images[r]]
+    return 100 * max(pooled) if pooled else None
+
+
 def training_cost(cfg: RunConfig, images: float) -> float:
     """Training sample-steps per client per round: its images times the passes the method makes over them (the
     method's extra epochs, FedRep's head epochs, Ditto's personal model, pFedMe's K, counted by the method)."""

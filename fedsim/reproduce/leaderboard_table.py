@@ -29,19 +29,6 @@ from fedsim.sweep.tune import SELECTION, reported_key, space_text
 PAGE = file_passages(BOARD_FILE.parent / "page.md")  # the page's own text around the tables
 
 
-def pooled_best_on_test(folder: Path, metric: str) -> float | None:
-    """PFLlib's quantity from a finished run's per-client rows: per evaluated round the accuracy pooled over
-    clients (each client's accuracy weighted by its test images), and the highest over rounds (percent)."""
-    correct: dict[int, float] = {}
-    images: dict[int, float] = {}
-    for row in read_jsonl(folder / runfiles.METRICS):
-        if metric in row and "n_test" in row:
-            correct[row["round"]] = correct.get(row["round"], 0.0) + row[metric] * row["n_test"]
-            images[row["round"]] = images.get(row["round"], 0.0) + row["n_test"]
-    pooled = [correct[r] / images[r] for r in correct if images[r]]
-    return 100 * max(pooled) if pooled else None
-
-
 def _seed_stats(item: PlannedRun, summary: dict, comparable: bool) -> dict[str, Any]:
     metric = reported_key(item.config)
     final, picked = summary[metric], summary["best_round"][metric]
@@ -50,7 +37,7 @@ def _seed_stats(item: PlannedRun, summary: dict, comparable: bool) -> dict[str, 
             "jain": final["jain"],
             "seconds": run_seconds(item.folder) / item.config.train.rounds,
             "cpu_seconds": None if (cpu := run_cpu_seconds(item.folder)) is None else cpu / item.config.train.rounds,
-            "pooled_best": pooled_best_on_test(item.folder, metric) if comparable else None,
+            "pooled_best": more.pooled_best_on_test(item.folder, metric) if comparable else None,
             "curve": more.curve(item.folder, metric), "images": more.mean_train_images(item.folder),
             "mechanism": _mechanism(item)}
 

@@ -5,7 +5,10 @@ Tune's FIFO or ASHA scheduler.
 A sweep is resumable by running it again: every run's own folder says whether it is finished (its trial only
 replays it), interrupted (resumed from its checkpoint) or new; ``sweep.json`` in the sweep's folder remembers
 the runs the scheduler stopped, so they stay stopped. Each run is claimed with a per-run lock for the whole
-sweep, so two processes sharing a runs folder never train one run twice."""
+sweep, so two processes sharing a runs folder never train one run twice.
+
+It runs past 350 lines because it is one job, a sweep's life against Tune (claim, schedule, stop, record,
+resume): the pieces share the sweep's folder and state, and apart they would hand that state back and forth."""
 from __future__ import annotations
 
 import hashlib
