@@ -43,16 +43,16 @@ def tune_command(args: argparse.Namespace) -> int:
 
 def dry_run_text(plan: TunePlan) -> str:
     """The count of runs (search + final), the budget, how many search runs are done and each method's space."""
+    from fedsim.sweep import search as design
     from fedsim.sweep.runs import status
     from fedsim.sweep.tune import space_text
-
-    from fedsim.sweep import search as design
 
     first = len(plan.search_runs)
     # Stage 2's count does not depend on which stage-1 trial is chosen (its own draws are apart from the shared ones),
     # so the first trial stands in for the choice.
-    own = len(plan.tune.seeds) * sum(len(design.own_trials(plan.base.seed, m.method, m.own, m.trials[0],
-                                                           plan.tune.own_trials)) for m in plan.methods)
+    second = {m.method: len(design.own_trials(plan.base.seed, m.method, m.own, m.trials[0], plan.tune.own_trials))
+              for m in plan.methods}
+    own = len(plan.tune.seeds) * sum(second.values())
     final = len(plan.methods) * plan.tune.final_seeds
     done = sum(status(cfg) == "finished" for cfg in plan.search_runs)
     lines = [f"{first + own + final} runs: {first} stage-1 + {own} stage-2 search + {final} final "
@@ -62,16 +62,15 @@ def dry_run_text(plan: TunePlan) -> str:
         lines.append(f"shared space: {space_text(plan.tune.space)}")
     lines += [f"{m.method}: {m.first} stage-1 trials; own space: {space_text(m.own) or 'none (stage 2 refines the step)'}"
               for m in plan.methods]
-    return "\n".join([*lines, time_text(plan)])
+    return "\n".join([*lines, time_text(plan, second)])
 
 
-def time_text(plan: TunePlan) -> str:
+def time_text(plan: TunePlan, second: dict[str, int]) -> str:
     """The tuning's time one run after another: each method's first trial timed here (a few of its steps), its
     search runs at that time and its finals scaled to tune.final_rounds (the trials' settings differ, the work
-    per round barely: an estimate, said as one)."""
+    per round barely: an estimate, said as one). ``second``: each method's stage-2 trials."""
     from fedsim.client.rehearsal import throughput
     from fedsim.engine.estimate import duration, estimate
-    from fedsim.sweep import search as design
 
     total = 0.0
     for m in plan.methods:
@@ -79,8 +78,7 @@ def time_text(plan: TunePlan) -> str:
         if e.seconds is None:
             return "time: not estimated (" + ("its workers train on GPUs, which a dry run does not time)"
                                               if e.gpus_per_worker else "a method's first trial had nothing to time)")
-        own = len(design.own_trials(plan.base.seed, m.method, m.own, m.trials[0], plan.tune.own_trials))
-        searched = (m.first + own) * len(plan.tune.seeds)
+        searched = (m.first + second[m.method]) * len(plan.tune.seeds)
         total += e.seconds * (searched + plan.tune.final_seeds * plan.final_rounds / plan.rounds)
     return (f"time: about {duration(total)} one run after another, from each method's first trial timed here (a few "
             "of its steps); Ray's start-up, scoring and aggregation come on top, and runs at once take less")

@@ -186,8 +186,9 @@ def plan(scale: str, runs_dir: Path, kept: Path, overrides: Sequence[str] = (), 
     finals_tree = configure(run_tree, {"train.rounds": final_rounds})
     run_tree = configure(run_tree, {"train.rounds": rounds})
     diverged = Diverged(kept)
-    shared = design.shared_trials(tune, validate(run_tree).seed)
-    searches = [_search(scale, run_tree, setting, entry, tune, shared, runs_dir, diverged)
+    seed = validate(run_tree).seed  # the search's streams' seed, read once
+    shared = design.shared_trials(tune, seed)
+    searches = [_search(scale, run_tree, setting, entry, tune, seed, shared, runs_dir, diverged)
                 for setting in SETTINGS for entry in entries(only)]
     finals = [_final(scale, finals_tree, s, seed, runs_dir) for seed in range(tune.final_seeds)
               for s in searches if s.choice is not None]
@@ -202,7 +203,7 @@ def _named(tree: dict[str, Any], name: str, seed: int, runs_dir: Path) -> Any:
     return validate({**tree, "name": name, "seed": seed, "out_dir": str(runs_dir)})
 
 
-def _search(scale: str, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig,
+def _search(scale: str, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig, seed: int,
             shared: list[dict[str, Any]], runs_dir: Path, diverged: Diverged) -> Search:
     """The row's search as far as its finished runs let it be planned: stage 1; stage 2 once stage 1 has ended
     (at its choice); the choice over both once every trial has ended."""
@@ -213,7 +214,6 @@ def _search(scale: str, run_tree: dict[str, Any], setting: str, entry: Entry, tu
     first = _ended(search, diverged)
     if not isinstance(first, Choice):
         return first
-    seed = validate(run_tree).seed
     added = design.own_trials(seed, entry.method, own, trials[first.trial], tune.own_trials)
     search = Search(setting, entry, own, trials + added, search.runs + _trial_runs(
         scale, run_tree, setting, entry, tune, added, "o", runs_dir), len(trials))
