@@ -22,7 +22,7 @@ from fedsim import __version__
 from fedsim.cli.export import export_command
 from fedsim.cli.interrupts import Interrupted, Terminated, raise_terminated
 from fedsim.cli.report import report_command
-from fedsim.cli.reproduce import KEPT_DEFAULT, RUNS_DEFAULT, reproduce_command
+from fedsim.cli.reproduce import BOARD_DEFAULT, KEPT_DEFAULT, RUNS_DEFAULT, reproduce_command
 from fedsim.cli.run import run_command
 from fedsim.cli.sweep import sweep_command
 from fedsim.cli.tune import tune_command
@@ -109,6 +109,8 @@ def _reproduce_parser(sub) -> None:
                          "or (privacy) FedAvg, FedPer, FedBABU and Ditto at epsilon 1..inf, docs/privacy.md")
     rep.add_argument("paper", choices=[*sorted(PAPERS), "leaderboard", "privacy"])
     rep.add_argument("overrides", nargs="*", help="key=value applied to every run (cuts it further; the report says so)")
+    rep.add_argument("--board", default=BOARD_DEFAULT, help=f"leaderboard: which board (default {BOARD_DEFAULT}: "
+                     "every method on two CIFAR-100 settings; shakespeare: text clients, docs/leaderboard-shakespeare.md)")
     rep.add_argument("--scale", choices=("cpu", "paper"), default="cpu",
                      help="cpu: settings cut to run on a laptop (default); paper: exactly as the paper states")
     rep.add_argument("--seeds", type=_positive, help="at most N seeds: each claim runs the seeds it fixes (0..n-1, "

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 RUNS_DEFAULT = "runs/reproduce"
 KEPT_DEFAULT = "reproduction/runs"
+BOARD_DEFAULT = "cifar100"  # `reproduce leaderboard`'s board (fedsim.reproduce.leaderboard.BOARDS)
 
 
 def reproduce_command(args: argparse.Namespace) -> int:
@@ -105,9 +106,10 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     from fedsim.reproduce.runner import keep_finished
 
     runs_dir, kept = storage.portable(args.runs), kept_folder(args.kept)
+    board = leaderboard.named_board(args.board)
 
     def planned(only: str | None) -> leaderboard.Plan:  # validates every config first
-        return leaderboard.plan(args.scale, runs_dir, kept, args.overrides, only, args.seeds)
+        return leaderboard.plan(args.scale, runs_dir, kept, args.overrides, only, args.seeds, board=board)
 
     def restored() -> leaderboard.Plan:  # kept runs put back first: a choice is read from the search's folders
         full, count = leaderboard.restored(lambda: planned(None), kept)
@@ -131,7 +133,7 @@ def _leaderboard_command(args: argparse.Namespace) -> int:
     full = planned(None)
     table = leaderboard_table.evaluate(full, kept)
     for path in leaderboard_table.write(table, args.scale, full, _command(args),
-                                        Path(args.report or "docs/leaderboard.md")):
+                                        Path(args.report or board.report)):
         print(path)
     return 0
 
@@ -170,7 +172,8 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverg
 
 def _command(args: argparse.Namespace) -> str:
     """The command that regenerates the page, as the page names it."""
-    return " ".join([f"fedsim reproduce {args.paper}", f"--scale {args.scale}",
+    board = [f"--board {args.board}"] if args.paper == "leaderboard" and args.board != BOARD_DEFAULT else []
+    return " ".join([f"fedsim reproduce {args.paper}", *board, f"--scale {args.scale}",
                      *([f"--seeds {args.seeds}"] if args.seeds else []), *_folder_options(args), *args.overrides])
 
 

@@ -1,5 +1,8 @@
-"""``fedsim reproduce leaderboard``: every personalized method on PFLlib's two CIFAR-100 label-skew settings, each
-at its own settings from an equal-budget search chosen on validation, then run at several seeds.
+"""``fedsim reproduce leaderboard``: the personalized methods on a board's settings (``--board``: ``cifar100``, every
+method on PFLlib's two CIFAR-100 label-skew settings; ``shakespeare``, text clients), each at its own settings from an
+equal-budget search chosen on validation, then run at several seeds. A board is a file, ``papers/<board>/
+leaderboard.yaml`` (its settings, rows, base configs) beside its page's passages (``page.md``): nothing here is
+specific to one data set.
 
 Planned from the base config's ``tune`` section (the budget ``fedsim tune`` states, the same for every method):
 the **search** runs each method's two stages (``fedsim.sweep.search``: the shared grid at the method's own
@@ -11,12 +14,13 @@ runner: an interrupted leaderboard resumes where it stopped, and each finished r
 finishes, so the leaderboard continues on another machine. The table is written by ``leaderboard_table``."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import ValidationError, field_validator
 
 from fedsim.config import Distribution, TuneConfig, load_tree, merge_trees, parse_overrides, validate
 from fedsim.config.base import Section
@@ -29,6 +33,7 @@ from fedsim.sweep.tune import Choice, budget_text, choose, method_tree, selectio
 
 KEY = "leaderboard"
 BOARD_FILE = PAPERS_DIR / "leaderboard" / "leaderboard.yaml"
+BOARDS = {"cifar100": BOARD_FILE, "shakespeare": PAPERS_DIR / "leaderboard_shakespeare" / "leaderboard.yaml"}
 
 
 class Entry(Section):
@@ -61,30 +66,47 @@ class PFLlib(Section):
 
 
 class Board(Section):
-    """What ``papers/leaderboard/leaderboard.yaml`` declares (checked as it is read)."""
+    """What a board's ``leaderboard.yaml`` declares (checked as it is read), and the folder of its page's passages."""
+    key: str = KEY  # its runs' names start with it: another board's runs are never this one's
+    heading: str = "Leaderboard"  # the page's title
+    report: str = "docs/leaderboard.md"  # the page's default path
     bases: dict[str, str]  # scale -> base config, relative to fedsim/reproduce/configs/
     settings: dict[str, BoardSetting]
     entries: list[Entry]
-    pfllib: PFLlib
+    pfllib: PFLlib | None = None  # PFLlib's numbers, where PFLlib has a leaderboard of this board's data
     sizing: dict[str, str] = {}  # scale -> how it was sized
+    folder: Path = Path()  # set as it is read: where page.md stands
+
+    @field_validator("key")
+    @classmethod
+    def _one_word(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9_]+", value):  # run names split on "-"
+            raise ValueError("lower-case letters, digits and _ only")
+        return value
 
 
 def load_board(path: Path = BOARD_FILE) -> Board:
     board: Board = checked(path, Board, read_yaml(path), passages(path.parent))
-    return board
+    return board.model_copy(update={"folder": path.parent})
 
 
-BOARD = load_board()
-BASES = BOARD.bases
+def named_board(name: str) -> Board:
+    """``--board NAME``'s board."""
+    if name not in BOARDS:
+        raise ConfigError(f"--board: {name!r} is not one of {sorted(BOARDS)}")
+    return load_board(BOARDS[name])
+
+
+BOARD = load_board()  # the CIFAR-100 board, the default
 SETTINGS: dict[str, dict[str, Any]] = {name: setting.overrides for name, setting in BOARD.settings.items()}
 ENTRIES = tuple(BOARD.entries)
 
 
-def base_file(scale: str, configs: Path = CONFIGS) -> dict:
+def base_file(scale: str, configs: Path = CONFIGS, board: Board = BOARD) -> dict:
     """The scale's base config as written: a run's settings and the search's budget (``tune``)."""
-    if scale not in BASES:
-        raise ConfigError(f"--scale: {scale!r} is not one of {sorted(BASES)}")
-    return load_tree(configs / BASES[scale])
+    if scale not in board.bases:
+        raise ConfigError(f"--scale: {scale!r} is not one of {sorted(board.bases)}")
+    return load_tree(configs / board.bases[scale])
 
 
 def base_tree(scale: str, configs: Path = CONFIGS) -> dict:
@@ -92,14 +114,14 @@ def base_tree(scale: str, configs: Path = CONFIGS) -> dict:
     return {k: v for k, v in base_file(scale, configs).items() if k != "tune"}
 
 
-def entries(only: str | None) -> tuple[Entry, ...]:
+def entries(only: str | None, board: Board = BOARD) -> tuple[Entry, ...]:
     """Every entry, or (``--only``) one row (named by its row name: ``fedavg``, ``fedavg_ft``)."""
     if only is None:
-        return ENTRIES
-    chosen = tuple(e for e in ENTRIES if e.name == only)
+        return tuple(board.entries)
+    chosen = tuple(e for e in board.entries if e.name == only)
     if not chosen:
         raise ConfigError(f"--only: the leaderboard has no method {only!r}; choose one of "
-                          f"{[e.name for e in ENTRIES]}")
+                          f"{[e.name for e in board.entries]}")
     return chosen
 
 
@@ -135,6 +157,7 @@ class Plan:
     final_rounds: int
     searches: list[Search]
     finals: list[PlannedRun]
+    board: Board
 
     @property
     def search(self) -> list[PlannedRun]:
@@ -156,28 +179,28 @@ class Plan:
         return budget_text(self.tune, self.rounds, self.final_rounds, first) + " per row and setting"
 
 
-def tuning(tree: dict[str, Any]) -> TuneConfig:
+def tuning(tree: dict[str, Any], board: Board = BOARD) -> TuneConfig:
     """The base config's ``tune`` section (budget and shared space) with the leaderboard's methods."""
     section = tree.get("tune")
     if not isinstance(section, dict):
         raise ConfigError("tune: the leaderboard's base config needs a tune section (trials, seeds, final_seeds, "
                           "space): the budget every method is searched with")
     try:
-        return TuneConfig.model_validate({**section, "methods": list(dict.fromkeys(e.method for e in ENTRIES))})
+        return TuneConfig.model_validate({**section, "methods": list(dict.fromkeys(e.method for e in board.entries))})
     except ValidationError as err:
         first = err.errors()[0]
         raise ConfigError(f"tune.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
 def plan(scale: str, runs_dir: Path, kept: Path, overrides: Sequence[str] = (), only: str | None = None,
-         final_seeds: int | None = None, configs: Path = CONFIGS) -> Plan:
+         final_seeds: int | None = None, configs: Path = CONFIGS, board: Board = BOARD) -> Plan:
     """Every search run, and the finals of each method whose search has ended (chosen from its runs' validation
     scores in ``runs_dir``; a run recorded in ``kept``'s ledger as diverged is a failed trial). ``overrides``
     (key=value) apply to the base (``tune.*`` included) before anything is drawn; ``final_seeds`` replaces
     tune.final_seeds. Finals are seed-major (all of seed 0 first), so a partial leaderboard ranks every chosen
     method at fewer seeds."""
-    tree = merge_trees(base_file(scale, configs), parse_overrides(list(overrides)))
-    tune = tuning(tree)
+    tree = merge_trees(base_file(scale, configs, board), parse_overrides(list(overrides)))
+    tune = tuning(tree, board)
     if final_seeds is not None:
         tune = tune.model_copy(update={"final_seeds": final_seeds})
     run_tree = {k: v for k, v in tree.items() if k != "tune"}
@@ -188,35 +211,46 @@ def plan(scale: str, runs_dir: Path, kept: Path, overrides: Sequence[str] = (), 
     diverged = Diverged(kept)
     seed = validate(run_tree).seed  # the search's streams' seed, read once
     shared = design.shared_trials(tune, seed)
-    searches = [_search(scale, run_tree, setting, entry, tune, seed, shared, runs_dir, diverged)
-                for setting in SETTINGS for entry in entries(only)]
-    finals = [_final(scale, finals_tree, s, seed, runs_dir) for seed in range(tune.final_seeds)
+    where = Where(board, scale, runs_dir)
+    searches = [_search(where, run_tree, setting, entry, tune, seed, shared, diverged)
+                for setting in board.settings for entry in entries(only, board)]
+    finals = [_final(where, finals_tree, s, seed) for seed in range(tune.final_seeds)
               for s in searches if s.choice is not None]
-    return Plan(tune, rounds, final_rounds, searches, finals)
+    return Plan(tune, rounds, final_rounds, searches, finals, board)
 
 
-def _tree(run_tree: dict[str, Any], setting: str, entry: Entry, values: dict[str, Any]) -> dict[str, Any]:
-    return method_tree(configure(run_tree, {**SETTINGS[setting], **entry.overrides}), {"name": entry.method}, values)
+@dataclass(frozen=True)
+class Where:
+    """The board, scale and runs folder a plan's runs are made for (their settings and names)."""
+    board: Board
+    scale: str
+    runs_dir: Path
+
+    def tree(self, run_tree: dict[str, Any], setting: str, entry: Entry, values: dict[str, Any]) -> dict[str, Any]:
+        # the row's method parameters go into the method's section, which method_tree sets whole
+        overrides = {**self.board.settings[setting].overrides,
+                     **{key: value for key, value in entry.overrides.items() if not key.startswith(design.OWN_PREFIX)}}
+        return method_tree(configure(run_tree, overrides), {"name": entry.method, **_own_fixed(entry)}, values)
+
+    def named(self, tree: dict[str, Any], name: str, seed: int) -> Any:
+        return validate({**tree, "name": f"{self.board.key}-{self.scale}-{name}-s{seed}", "seed": seed,
+                         "out_dir": str(self.runs_dir)})
 
 
-def _named(tree: dict[str, Any], name: str, seed: int, runs_dir: Path) -> Any:
-    return validate({**tree, "name": name, "seed": seed, "out_dir": str(runs_dir)})
-
-
-def _search(scale: str, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig, seed: int,
-            shared: list[dict[str, Any]], runs_dir: Path, diverged: Diverged) -> Search:
+def _search(where: Where, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig, seed: int,
+            shared: list[dict[str, Any]], diverged: Diverged) -> Search:
     """The row's search as far as its finished runs let it be planned: stage 1; stage 2 once stage 1 has ended
     (at its choice); the choice over both once every trial has ended."""
     trials = design.for_method(entry.method, shared)
     own = design.own_space(entry.method, _own_fixed(entry))
-    search = Search(setting, entry, own, trials, _trial_runs(scale, run_tree, setting, entry, tune, trials, "t", runs_dir),
+    search = Search(setting, entry, own, trials, _trial_runs(where, run_tree, setting, entry, tune, trials, "t"),
                     len(trials))
     first = _ended(search, diverged)
     if not isinstance(first, Choice):
         return first
     added = design.own_trials(seed, entry.method, own, trials[first.trial], tune.own_trials)
     search = Search(setting, entry, own, trials + added, search.runs + _trial_runs(
-        scale, run_tree, setting, entry, tune, added, "o", runs_dir), len(trials))
+        where, run_tree, setting, entry, tune, added, "o"), len(trials))
     both = _ended(search, diverged)
     return both if not isinstance(both, Choice) else replace(search, choice=both)
 
@@ -227,15 +261,14 @@ def _own_fixed(entry: Entry) -> dict[str, Any]:
             if key.startswith("algorithm.")}
 
 
-def _trial_runs(scale: str, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig,
-                trials: list[dict[str, Any]], stage: str, runs_dir: Path) -> list[list[PlannedRun]]:
+def _trial_runs(where: Where, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig,
+                trials: list[dict[str, Any]], stage: str) -> list[list[PlannedRun]]:
     """A stage's runs, trial by trial: ``<key>-t<k>`` in stage 1, ``<key>-o<k>`` in stage 2 (``stage``)."""
     key = run_key(setting, entry)
     runs = []
     for k, values in enumerate(trials):
         name = f"{key}-{stage}{k}"
-        runs.append([PlannedRun(name, seed, _named(_tree(run_tree, setting, entry, values),
-                                                   f"{KEY}-{scale}-{name}-s{seed}", seed, runs_dir))
+        runs.append([PlannedRun(name, seed, where.named(where.tree(run_tree, setting, entry, values), name, seed))
                      for seed in tune.seeds])
     return runs
 
@@ -258,11 +291,11 @@ def _scores(item: PlannedRun) -> dict | None:
     return None if summary is None else validation_part(summary)
 
 
-def _final(scale: str, run_tree: dict[str, Any], search: Search, seed: int, runs_dir: Path) -> PlannedRun:
+def _final(where: Where, run_tree: dict[str, Any], search: Search, seed: int) -> PlannedRun:
     assert search.choice is not None
     key = run_key(search.setting, search.entry)
-    tree = _tree(run_tree, search.setting, search.entry, search.trials[search.choice.trial])
-    return PlannedRun(key, seed, _named(tree, f"{KEY}-{scale}-{key}-s{seed}", seed, runs_dir))
+    tree = where.tree(run_tree, search.setting, search.entry, search.trials[search.choice.trial])
+    return PlannedRun(key, seed, where.named(tree, key, seed))
 
 
 def restored(make_plan: Callable[[], Plan], kept: Path) -> tuple[Plan, int]:
@@ -287,7 +320,7 @@ def complete(planned: list[PlannedRun], kept: Path, max_concurrent: int | None =
     if not planned:
         return
     if max_concurrent is not None:
-        execute(planned, say, max_concurrent, name=f"{KEY}-{planned[0].config.name.split('-')[1]}", kept=kept)
+        execute(planned, say, max_concurrent, name="-".join(planned[0].config.name.split("-")[:2]), kept=kept)
         return
     diverged = Diverged(kept)
     for i, item in enumerate(planned, 1):

@@ -19,14 +19,18 @@ from fedsim.core import runfiles
 from fedsim.metrics.confidence import mean_ci
 from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.receipt import receipt, receipt_table
-from fedsim.reproduce.leaderboard import BOARD, BOARD_FILE, ENTRIES, SETTINGS, Diverged, Entry, Plan, Search, run_key
+from fedsim.reproduce.leaderboard import Board, Diverged, Entry, Plan, Search, run_key
 from fedsim.reproduce import leaderboard_stats as more
 from fedsim.reproduce.paper_files import file_passages
 from fedsim.reproduce.runner import PlannedRun, run_cpu_seconds, run_seconds
 from fedsim.sweep.runs import status
 from fedsim.sweep.tune import SELECTION, reported_key, space_text
 
-PAGE = file_passages(BOARD_FILE.parent / "page.md")  # the page's own text around the tables
+
+
+def page(board: Board) -> dict[str, str]:
+    """The board's page's own text around the tables (its ``page.md``)."""
+    return file_passages(board.folder / "page.md")
 
 
 def _seed_stats(item: PlannedRun, summary: dict, comparable: bool) -> dict[str, Any]:
@@ -100,7 +104,7 @@ def _tuning(search: Search, diverged: Diverged) -> dict[str, Any]:
 def evaluate(full: Plan, kept: Path) -> dict:
     """Per setting and method: its search (space, progress, choice) and its finals' statistics."""
     diverged = Diverged(kept)
-    table: dict[str, dict[str, dict[str, Any]]] = {setting: {} for setting in SETTINGS}
+    table: dict[str, dict[str, dict[str, Any]]] = {setting: {} for setting in full.board.settings}
     for search in full.searches:
         finals = [p for p in full.finals if p.key == run_key(search.setting, search.entry)]
         table[search.setting][search.entry.name] = {"tuning": _tuning(search, diverged),
@@ -133,14 +137,17 @@ def _chosen(tuning: dict) -> str:
     return f"{values} (trial {tuning['trial']}; validation {tuning['validation']:.2f})"
 
 
-def _pfllib(entry: Entry, stats: dict, setting: str) -> tuple[str, str]:
-    """fedsim's best round on test (pooled) and PFLlib's, only where PFLlib's number is the same quantity."""
+def _pfllib(entry: Entry, stats: dict, setting: str, board: Board) -> str:
+    """The row's last two cells: fedsim's best round on test (pooled) and PFLlib's, only where PFLlib's number is
+    the same quantity; none on a board PFLlib has no numbers for (its page says so once)."""
+    if board.pfllib is None:
+        return ""
     if entry.pfllib is None:
-        return "-", "-"
+        return " - | - |"
     if entry.pfllib_scores is not None:
-        return "-", PAGE["left-out"].format(scores=entry.pfllib_scores)
+        return f" - | {page(board)['left-out'].format(scores=entry.pfllib_scores)} |"
     ours = _interval(stats["pooled_best"]) if "pooled_best" in stats else "-"
-    return ours, BOARD.pfllib.numbers[entry.pfllib][setting]
+    return f" {ours} | {board.pfllib.numbers[entry.pfllib][setting]} |"
 
 
 def _per_round(stats: dict) -> str:
@@ -164,39 +171,50 @@ def _mechanism_text(stats: dict) -> str:
     return found["value"] + flag
 
 
-def _row(entry: Entry, cell: dict, setting: str) -> str:
+def _row(entry: Entry, cell: dict, setting: str, board: Board) -> str:
     stats = cell["finals"]
     what = "fine-tuned" if entry.overrides.get("eval.finetune_epochs") else "own model"
-    ours, theirs = _pfllib(entry, stats, setting)
+    pfllib = _pfllib(entry, stats, setting, board)
     chosen = _chosen(cell["tuning"])
     failed = f" ({len(stats['diverged'])} diverged: {stats['diverged'][0]})" if stats["diverged"] else ""
     if "final" not in stats:
         left = "not run yet" if not stats["diverged"] else "diverged"
-        return f"| `{entry.name}` | {what} | {chosen} | {left}{failed} | | | | | | | | 0 | | {theirs} |"
+        return f"| `{entry.name}` | {what} | {chosen} | {left}{failed} | | | | | | | | 0 |" + (
+            pfllib and " |" + pfllib.split("|", 1)[1])  # PFLlib's own number beside an empty cell of fedsim's
     on = "" if stats["picked_on"] == ["validation"] else " (picked on test: no validation split)"
     return (f"| `{entry.name}` | {what} | {chosen} | {_interval(stats['final'])} | {_interval(stats['picked'])}{on} "
             f"| {_rounds(stats['picked_rounds'])} | {stats['p10']:.2f} | {stats['jain']:.3f} | "
             f"{_mechanism_text(stats)} | {_cost(stats)} | "
-            f"{_per_round(stats)} | {stats['seeds']} of {stats['planned']}{failed} | {ours} | {theirs} |")
+            f"{_per_round(stats)} | {stats['seeds']} of {stats['planned']}{failed} |{pfllib}")
 
 
 def _percent(fraction: float) -> str:
     return f"{100 * fraction:g}%"
 
 
+def _smaller(full: Plan, text: dict[str, str]) -> str:
+    """What in the protocol is smaller than PFLlib's (nothing to say on a board PFLlib has no numbers for)."""
+    board, d = full.board, full.runs[0].config.data
+    if board.pfllib is None:
+        return ""
+    cuts = [*([text["cut-rounds"].format(rounds=full.final_rounds, pfllib_rounds=board.pfllib.rounds)]
+              if full.final_rounds < board.pfllib.rounds else []),
+            *([text["cut-train"].format(percent=_percent(d.train_fraction))] if d.train_fraction < 1 else []),
+            *([text["cut-test"].format(percent=_percent(d.test_fraction))] if d.test_fraction < 1 else [])]
+    return text["smaller"].format(cuts=", ".join(cuts)) if cuts else text["as-pfllib"]
+
+
 def cut(full: Plan, scale: str) -> str:
-    """fedsim's protocol here, and what in it is smaller than PFLlib's, read from the runs' config."""
-    cfg = full.runs[0].config
+    """The board's protocol here, and what in it is smaller than PFLlib's, read from the runs' config."""
+    cfg, board, text = full.runs[0].config, full.board, page(full.board)
     t, d = cfg.train, cfg.data
-    cuts = [*([PAGE["cut-rounds"].format(rounds=full.final_rounds, pfllib_rounds=BOARD.pfllib.rounds)]
-              if full.final_rounds < BOARD.pfllib.rounds else []),
-            *([PAGE["cut-train"].format(percent=_percent(d.train_fraction))] if d.train_fraction < 1 else []),
-            *([PAGE["cut-test"].format(percent=_percent(d.test_fraction))] if d.test_fraction < 1 else [])]
-    smaller = PAGE["smaller"].format(cuts=", ".join(cuts)) if cuts else PAGE["as-pfllib"]
-    return (PAGE["protocol"].format(clients=d.num_clients, fraction=t.fraction, model=cfg.model.name,
+    return (text["protocol"].format(clients=d.num_clients, fraction=t.fraction, model=cfg.model.name,
                                     local_epochs=t.local_epochs, batch_size=t.batch_size, eval_every=t.eval_every,
-                                    validation=_percent(d.validation), smaller=smaller)
-            + (f"\n\n{BOARD.sizing[scale]}" if scale in BOARD.sizing else ""))
+                                    validation=_percent(d.validation), smaller=_smaller(full, text),
+                                    sampled=round(t.fraction * d.num_clients), train=_percent(d.train_fraction),
+                                    test=_percent(d.test_fraction), rounds=full.final_rounds,
+                                    search_rounds=full.rounds, options=d.options)
+            + (f"\n\n{board.sizing[scale]}" if scale in board.sizing else ""))
 
 
 def render(table: dict, scale: str, full: Plan, command: str) -> str:
@@ -212,21 +230,22 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
     stopped = sum(cell["tuning"]["runs_diverged"] + len(cell["finals"]["diverged"])
                   for cells in table.values() for cell in cells.values())
     named = f"; {stopped} diverged, recorded and named below" if stopped else ""
-    cfg = full.runs[0].config
-    scope = PAGE["scope"].format(rounds=full.final_rounds, percent=_percent(cfg.data.train_fraction),
-                                 pfllib_rounds=BOARD.pfllib.rounds)
-    lines = [f"# Leaderboard ({scale} scale)", "", scope, "", PAGE["previous"], "",
+    cfg, board, text = full.runs[0].config, full.board, page(full.board)
+    scope = text["scope"].format(rounds=full.final_rounds, percent=_percent(cfg.data.train_fraction),
+                                 pfllib_rounds=board.pfllib and board.pfllib.rounds)
+    lines = [f"# {board.heading} ({scale} scale)", "", scope, "", *([text["previous"], ""] if "previous" in text else []),
              f"Generated by `{command}` from {done} of {len(runs) + waiting} finished run folders "
              f"({len(full.search)} search runs, {len(full.finals) + waiting} final runs{named}; "
              f"{seconds / 3600:.1f} h of rounds measured on this machine, {sum(cpu) / 3600:.1f} CPU-core hours "
              f"over the {len(cpu)} finished runs that recorded their CPU time). Do not edit by hand: run the command "
-             "again.", "", cut(full, scale), "", PAGE["tuning"].format(budget=full.budget(), selection=SELECTION), "",
-             PAGE["reading"], "", f"{BOARD.pfllib.protocol}.", ""]
-    for setting in SETTINGS:
-        lines += [f"## {BOARD.settings[setting].title}", "", PAGE["header"], "|" + "---|" * 14]
-        lines += [_row(e, table[setting][e.name], setting) for e in ENTRIES if e.name in table[setting]]
-        lines += ["", *_ranking(table[setting], full.final_rounds), *_spaces(table, setting), "",
-                  *_receipts(setting, full.finals), ""]
+             "again.", "", cut(full, scale), "", text["tuning"].format(budget=full.budget(), selection=SELECTION), "",
+             text["reading"], "", f"{board.pfllib.protocol}." if board.pfllib else text["no-pfllib"], ""]
+    for setting in board.settings:
+        lines += [f"## {board.settings[setting].title}", "", text["header"],
+                  "|" + "---|" * (text["header"].count("|") - 1)]
+        lines += [_row(e, table[setting][e.name], setting, board) for e in board.entries if e.name in table[setting]]
+        lines += ["", *_ranking(table[setting], full.final_rounds, text), *_spaces(table, setting), "",
+                  *_receipts(setting, full.finals, board), ""]
     return "\n".join(lines)
 
 
@@ -271,7 +290,7 @@ def _versus(ranked: dict[str, Any], method: str) -> str:
     return f"`{found['first']}` | {d['mean']:+.2f}{interval} | {found['p_holm']:.3f}"
 
 
-def _ranking(cells: dict[str, dict], rounds: int) -> list[str]:
+def _ranking(cells: dict[str, dict], rounds: int, text: dict[str, str]) -> list[str]:
     ranked = ranking(cells, rounds)
     if not ranked:
         return []
@@ -293,7 +312,7 @@ def _ranking(cells: dict[str, dict], rounds: int) -> list[str]:
                         f"{at_marks} | {gain.get(method, float('nan')):+.2f} | "
                         + ("- (its first evaluated round costs more) |" if compute is None
                            else f"{compute} (round {at}, {by_compute['level'][method]:.2f}) |"))
-    return [PAGE["ranking"].format(marks=", ".join(f"{label} = round {r}" for label, r in marks.items()))
+    return [text["ranking"].format(marks=", ".join(f"{label} = round {r}" for label, r in marks.items()))
             + (" " + _sentence("; ".join(left)) if left else " Every row is ranked."), "",
             _stability_sentence(stable), "",
             "| group | method | final round % | its group's first | the first minus it (points, Bonferroni 95% "
@@ -322,10 +341,10 @@ def _spaces(table: dict, setting: str) -> list[str]:
             "|---|---|---|", *rows]
 
 
-def _receipts(setting: str, finals: list[PlannedRun]) -> list[str]:
+def _receipts(setting: str, finals: list[PlannedRun], board: Board) -> list[str]:
     """Each method's receipt in one setting, from the configs its final seeds run (or ran) with."""
     arms = []
-    for entry in ENTRIES:
+    for entry in board.entries:
         configs = [p.config for p in finals if p.key == run_key(setting, entry)]
         if configs:
             arms.append((f"`{entry.name}`", receipt([c.model_dump() for c in configs], [reported_key(configs[0])])))
