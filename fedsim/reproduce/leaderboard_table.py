@@ -21,6 +21,7 @@ from fedsim.metrics.logger import read_jsonl
 from fedsim.metrics.receipt import receipt, receipt_table
 from fedsim.reproduce.leaderboard import Board, Diverged, Entry, Plan, Search, run_key
 from fedsim.reproduce import leaderboard_stats as more
+from fedsim.reproduce.leaderboard_figure import curves_figure
 from fedsim.reproduce.paper_files import file_passages
 from fedsim.reproduce.runner import PlannedRun, run_cpu_seconds, run_seconds
 from fedsim.sweep.runs import status
@@ -217,7 +218,8 @@ def cut(full: Plan, scale: str) -> str:
             + (f"\n\n{board.sizing[scale]}" if scale in board.sizing else ""))
 
 
-def render(table: dict, scale: str, full: Plan, command: str) -> str:
+def render(table: dict, scale: str, full: Plan, command: str, figure: str | None = None) -> str:
+    """The page; ``figure``: the figure's path relative to the page, shown after how to read a row."""
     runs = full.runs
     finished = [p for p in runs if p.result() is not None]
     done = len(finished)
@@ -239,7 +241,8 @@ def render(table: dict, scale: str, full: Plan, command: str) -> str:
              f"{seconds / 3600:.1f} h of rounds measured on this machine, {sum(cpu) / 3600:.1f} CPU-core hours "
              f"over the {len(cpu)} finished runs that recorded their CPU time). Do not edit by hand: run the command "
              "again.", "", cut(full, scale), "", text["tuning"].format(budget=full.budget(), selection=SELECTION), "",
-             text["reading"], "", f"{board.pfllib.protocol}." if board.pfllib else text["no-pfllib"], ""]
+             text["reading"], "", *([f"![Each row's accuracy over the rounds]({figure})", ""] if figure else []),
+             f"{board.pfllib.protocol}." if board.pfllib else text["no-pfllib"], ""]
     for setting in board.settings:
         lines += [f"## {board.settings[setting].title}", "", text["header"],
                   "|" + "---|" * (text["header"].count("|") - 1)]
@@ -352,9 +355,13 @@ def _receipts(setting: str, finals: list[PlannedRun], board: Board) -> list[str]
 
 
 def write(table: dict, scale: str, full: Plan, command: str, report: Path) -> list[Path]:
+    """The page, its numbers (.json) and its figure (images/ beside the page, where any row has a finished seed)."""
     report.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(report, render(table, scale, full, command))
+    figure = report.parent / "images" / f"{report.stem}-{scale}.png"
+    drawn = curves_figure(table, {s: full.board.settings[s].title for s in table}, figure)
+    atomic.write_text(report, render(table, scale, full, command,
+                                     f"images/{figure.name}" if drawn else None))
     results = report.with_suffix(".json")
     atomic.write_text(results, json.dumps({"scale": scale, "command": command, "budget": full.budget(),
                                            "table": table}, indent=1, default=str))
-    return [report, results]
+    return [report, results, *([figure] if drawn else [])]

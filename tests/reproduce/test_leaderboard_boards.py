@@ -1,0 +1,92 @@
+"""A leaderboard is a board file (settings, rows, base configs) beside its page's passages: the CIFAR-100 board's plan
+is the one its lane runs, unchanged by the boards beside it; the Shakespeare board plans its rows on natural text
+clients, and its page, without PFLlib numbers, has no PFLlib columns."""
+import hashlib
+import json
+import zlib
+
+import pytest
+from conftest import finished_leaderboard_run as finish
+
+from fedsim.cli.main import main
+from fedsim.errors import ConfigError
+from fedsim.reproduce import leaderboard
+
+# The CIFAR-100 board's every run (stage 1, stage 2 and finals under stand-in validation scores), name, seed and
+# config, as computed on main before boards were files (commit 46a4518). A leaderboard lane runs this plan for days:
+# a change here renames or invalidates its kept runs.
+CIFAR100_PLAN = (646, "0ba6502e737a951380631671cc8fa41085ae1dd47deacf14af309229b2a461d9")
+SMALL = ["tune.grid={step: [0.05, 0.1], momentum: [0.0]}", "tune.own_trials=0", "tune.rounds=2", "tune.final_rounds=4",
+         "tune.final_seeds=2"]
+
+
+def _fingerprints(full: leaderboard.Plan) -> list[str]:
+    out = []
+    for item in full.runs:
+        cfg = item.config.model_dump(mode="json")
+        cfg.pop("out_dir")  # where this test's runs folder is
+        out.append(f"{item.config.name} {item.seed} "
+                   f"{hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()}")
+    return out
+
+
+def test_the_cifar100_boards_plan_is_the_one_its_lane_runs(tmp_path):
+    runs, kept, seen = tmp_path / "runs", tmp_path / "kept", []
+    for _ in range(3):  # stage 1, then stage 2 at its choices, then the finals
+        full = leaderboard.plan("cpu", runs, kept)
+        seen += _fingerprints(full)
+        for item in full.runs:
+            if not item.folder.exists():
+                finish(item, test=0.5, validation=0.1 + 0.01 * (zlib.crc32(item.key.encode()) % 7))
+    assert not full.waiting() and len(full.finals) == 190
+    distinct = sorted(set(seen))
+    assert (len(distinct), hashlib.sha256("\n".join(distinct).encode()).hexdigest()) == CIFAR100_PLAN, \
+        "the CIFAR-100 board's runs changed: its lane's kept runs would no longer be its plan's"
+
+
+def test_the_shakespeare_board_plans_its_rows_on_natural_text_clients(tmp_path):
+    board = leaderboard.named_board("shakespeare")
+    full = leaderboard.plan("cpu", tmp_path, tmp_path / "kept", board=board)
+    rows = [s.entry.name for s in full.searches]
+    assert rows == ["fedavg", "fedavg_ft", "local", "fedper", "fedrep", "fedbabu", "lg_fedavg", "ditto"]
+    assert full.tune.final_seeds == 5  # the base's tune.methods (what `fedsim tune` reads) are the board's rows
+    assert leaderboard.base_file("cpu", board=board)["tune"]["methods"] == list(dict.fromkeys(e.method
+                                                                                        for e in board.entries))
+    first = full.search[0].config
+    assert first.name == "leaderboard_shakespeare-cpu-natural-fedavg-t0-s1000"
+    assert (first.data.dataset, first.data.partition.name, first.data.validation > 0) == ("shakespeare", "natural", True)
+    fedrep = next(s for s in full.searches if s.entry.name == "fedrep")
+    assert fedrep.own == {}  # the row fixes the head epochs: its stage 2 refines the step
+    assert {i.config.algorithm.params["head_epochs"] for trial in fedrep.runs for i in trial} == {1}
+    ditto = next(s for s in full.searches if s.entry.name == "ditto")
+    assert "algorithm.lambda" in ditto.own
+    with pytest.raises(ConfigError, match=r"^--scale: 'paper' is not one of \['cpu'\]$"):
+        leaderboard.plan("paper", tmp_path, tmp_path / "kept", board=board)
+    with pytest.raises(ConfigError, match=r"^--board: 'mnist' is not one of \['cifar100', 'shakespeare'\]$"):
+        leaderboard.named_board("mnist")
+
+
+def test_the_shakespeare_page_has_no_pfllib_columns_and_shows_its_figure(tmp_path, monkeypatch):
+    """One command runs the board's search and finals (a stand-in for the runner) and writes its page: every table
+    row has the header's cells, none of them PFLlib's, the page says why, and its figure is linked and drawn."""
+
+    def complete(items, kept, max_concurrent=None, say=None):
+        for item in items:
+            if item.result() is None:
+                finish(item, test=0.4 + 0.1 * item.seed, validation=0.3)
+
+    monkeypatch.setattr(leaderboard, "complete", complete)
+    report = tmp_path / "docs" / "board.md"
+    assert main(["reproduce", "leaderboard", "--board", "shakespeare", "--only", "fedper", "--runs",
+                 str(tmp_path / "runs"), "--kept", str(tmp_path / "kept"), "--report", str(report), *SMALL]) == 0
+    text = report.read_text()
+    assert text.startswith("# Text leaderboard: Shakespeare (cpu scale)")
+    assert "fedsim reproduce leaderboard --board shakespeare --scale cpu" in text
+    assert "PFLlib's leaderboard has no Shakespeare numbers" in text and "PFLlib %" not in text
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| method | scored |"))
+    header, table = lines[start], lines[start + 2:lines.index("", start)]
+    assert len(table) == 8 and {row.count("|") for row in table} == {header.count("|")} == {13}
+    assert "| 45.00 ± " in next(row for row in table if row.startswith("| `fedper`"))  # seeds 0, 1: 40 and 50
+    assert "![Each row's accuracy over the rounds](images/board-cpu.png)" in text
+    assert (report.parent / "images" / "board-cpu.png").stat().st_size > 0
