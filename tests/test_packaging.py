@@ -14,7 +14,10 @@ CONFIGS = ("fedsim/reproduce/configs/cpu/fedper_cifar10.yaml", "fedsim/reproduce
            "fedsim/reproduce/papers/index.yaml", "fedsim/reproduce/papers/fedper/paper.yaml",
            "fedsim/reproduce/papers/fedper/claims.yaml", "fedsim/reproduce/papers/fedper/passages.md",
            "fedsim/reproduce/papers/fedbabu/findings.md", "fedsim/reproduce/papers/fedbabu/sources.md",
-           "fedsim/reproduce/papers/leaderboard/leaderboard.yaml", "fedsim/reproduce/papers/leaderboard/pfllib.md")
+           "fedsim/reproduce/papers/leaderboard/leaderboard.yaml", "fedsim/reproduce/papers/leaderboard/pfllib.md",
+           "fedsim/reproduce/configs/cpu/leaderboard_shakespeare.yaml",
+           "fedsim/reproduce/papers/leaderboard_shakespeare/leaderboard.yaml",
+           "fedsim/reproduce/papers/leaderboard_shakespeare/page.md")
 
 
 def test_a_built_wheel_reproduces_from_a_folder_outside_the_checkout(tmp_path, data_root):
