@@ -26,7 +26,7 @@ def curves_figure(table: dict, titles: dict[str, str], path: Path) -> bool:
                 last = int(rounds[-1])
                 ax.errorbar([last], [final["mean"]], yerr=[[final["mean"] - final["low"]], [final["high"] - final["mean"]]],
                             color=line.get_color(), capsize=4)
-        ax.set(xlabel="round", ylabel="test accuracy, mean over clients (%)", title=titles[setting])
+        ax.set(xlabel="round", ylabel="reported test accuracy (%), mean over clients and seeds", title=titles[setting])
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", loc="lower right")
     path.parent.mkdir(parents=True, exist_ok=True)
