@@ -24,8 +24,8 @@ def curves_figure(table: dict, titles: dict[str, str], path: Path) -> bool:
             final = stats["final"]
             if final["low"] is not None:
                 last = int(rounds[-1])
-                ax.errorbar([last], [final["mean"]], yerr=[[final["mean"] - final["low"]], [final["high"] - final["mean"]]],
-                            color=line.get_color(), capsize=4)
+                below, above = final["mean"] - final["low"], final["high"] - final["mean"]
+                ax.errorbar([last], [final["mean"]], yerr=[[below], [above]], color=line.get_color(), capsize=4)
         ax.set(xlabel="round", ylabel="reported test accuracy (%), mean over clients and seeds", title=titles[setting])
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", loc="lower right")
