@@ -169,7 +169,7 @@ def _mechanism_text(stats: dict) -> str:
     if found is None:
         return "-"
     flag = "" if not found["flagged"] else f"; **{found['flag']}** ({found['flagged']} of {found['of']} seeds)"
-    return found["value"] + flag
+    return found["value"].replace("|", "\\|") + flag  # Ditto's ||v - w|| would split the table's cell
 
 
 def _row(entry: Entry, cell: dict, setting: str, board: Board) -> str:
