@@ -543,3 +543,17 @@ def unblocking(fifo: Path) -> threading.Timer:
     timer = threading.Timer(5.0, release)
     timer.start()
     return timer
+
+
+def minilm_tree(tmp_path, algorithm: str = "fedavg", **over) -> dict:
+    """A run of 3 clients on a handful of short token sequences (user_plugins:token_sequences) with minilm."""
+    tree = {"name": "lora", "seed": 4, "algorithm": algorithm, "out_dir": str(tmp_path),
+            "data": {"dataset": "user_plugins:token_sequences", "partition": "natural", "num_clients": 3,
+                     "augment": False},
+            "model": {"name": "minilm", "options": {"r": 4}},
+            "train": {"rounds": 1, "local_epochs": 1, "batch_size": 4, "eval_every": 1,
+                      "body": {"lr": 0.05}, "head": {"lr": 0.05}},
+            "eval": {"finetune_epochs": 0}, "engine": {"workers": 1, "round_timeout_s": 300}}
+    for dotted, value in over.items():
+        set_dotted(tree, dotted, value)
+    return tree

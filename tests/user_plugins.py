@@ -343,3 +343,27 @@ class StopsInADebugger(TwoPartModule):
     def training_step(self, batch, batch_idx):
         breakpoint()
         return super().training_step(batch, batch_idx)
+
+
+def token_sequences(root, options) -> ArrayDataset:
+    """A few short token-id sequences per client for minilm (float32 ids, exact below 2**24; padding id 0 at the tails): class c draws its words
+    from a range of its own, and client g holds classes g and g + 1, so clients' label sets overlap only in part."""
+    from fedsim.data.array_dataset import content_digest
+
+    clients, classes, length = options.get("clients", 3), 4, options.get("length", 12)
+    rng = np.random.default_rng(0)
+
+    def split(per_client: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        groups = np.repeat(np.arange(clients), per_client)
+        labels = (groups + rng.integers(0, 2, len(groups))) % classes
+        ids = 2000 + 50 * labels[:, None] + rng.integers(0, 50, (len(groups), length))
+        ids[:, 0] = 101  # [CLS]
+        ends = rng.integers(length // 2, length + 1, len(groups))
+        ids[np.arange(length)[None, :] >= ends[:, None]] = 0  # [PAD]
+        return ids.astype(np.float32).reshape(-1, 1, length, 1), labels.astype(np.int64), groups.astype(np.int64)
+
+    train_x, train_y, train_g = split(options.get("train_per_client", 8))
+    test_x, test_y, test_g = split(options.get("test_per_client", 4))
+    return ArrayDataset("tokens", train_x, train_y, test_x, test_y, tuple(f"c{c}" for c in range(classes)),
+                        (0.0,), (1.0,), train_g, test_g, augmentable=False,
+                        digest=content_digest(train_x, train_y, test_x, test_y))
