@@ -17,6 +17,7 @@ import copy
 import logging
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -26,11 +27,14 @@ from fedsim.models.shape import ImageSize
 from fedsim.models.split import SplitNet
 from fedsim.models.text import CharacterCodes
 
+if TYPE_CHECKING:  # transformers loads only after the offline switches are set
+    from transformers import BertModel
+
 PADDING_ID = 0  # BERT's [PAD]
 
 
 @lru_cache(maxsize=1)
-def pretrained_encoder() -> nn.Module:
+def pretrained_encoder() -> BertModel:
     """The pretrained BertModel, loaded once per process from the checked files, every weight frozen. Dropout is 0:
     its randomness would come from torch's global generator, outside the run's seeded streams."""
     force_offline()  # before transformers (and the hub client it imports) read their switches
@@ -53,12 +57,12 @@ def linear_names(encoder: nn.Module) -> set[str]:
     return {name.rsplit(".", 1)[-1] for name, m in encoder.named_modules() if isinstance(m, nn.Linear)}
 
 
-def check_options(r: int, alpha: float, dropout: float, target_modules: Sequence[str], linears: set[str]) -> None:
+def check_options(r: int, alpha: int, dropout: float, target_modules: Sequence[str], linears: set[str]) -> None:
     """Each LoRA option's range, as a one-line ValueError naming it."""
     if isinstance(r, bool) or not isinstance(r, int) or r < 1:
         raise ValueError(f"model.options.r: {r!r} is no LoRA rank; give a whole number >= 1 (e.g. 8)")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-        raise ValueError(f"model.options.alpha: {alpha!r} is no LoRA scale; give a number > 0 (e.g. 16)")
+    if isinstance(alpha, bool) or not isinstance(alpha, int) or alpha < 1:
+        raise ValueError(f"model.options.alpha: {alpha!r} is no LoRA scale; give a whole number >= 1 (e.g. 16)")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise ValueError(f"model.options.dropout: {dropout!r} is no dropout rate; give a number in [0, 1)")
     if isinstance(target_modules, str) or not isinstance(target_modules, Sequence):
@@ -96,7 +100,7 @@ class MeanPooledEncoder(nn.Module):
         return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
-def minilm(num_classes: int, in_channels: int = 1, image_size: ImageSize = (1, 32), r: int = 8, alpha: float = 16,
+def minilm(num_classes: int, in_channels: int = 1, image_size: ImageSize = (1, 32), r: int = 8, alpha: int = 16,
            dropout: float = 0.0, target_modules: Sequence[str] = ("query", "value")) -> SplitNet:
     """The frozen all-MiniLM-L6-v2 encoder with PEFT LoRA adapters of rank ``r`` (scale ``alpha / r``) on
     ``target_modules`` (empty: none, the head trains alone), mean pooling, and a linear classifier."""
@@ -110,4 +114,4 @@ def minilm(num_classes: int, in_channels: int = 1, image_size: ImageSize = (1, 3
         inject_adapter_in_model(LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
                                            target_modules=list(target_modules)), bert)
     freeze_as_constants(bert)
-    return SplitNet(CharacterCodes(), [MeanPooledEncoder(bert)], nn.Linear(bert.config.hidden_size, num_classes))
+    return SplitNet(CharacterCodes(), [MeanPooledEncoder(bert)], nn.Linear(shared.config.hidden_size, num_classes))

@@ -64,7 +64,7 @@ def test_head_alone_when_no_module_is_targeted():
 
 @pytest.mark.parametrize("options, message", [
     ({"r": 0}, "model.options.r: 0 is no LoRA rank"),
-    ({"alpha": -1}, "model.options.alpha: -1 is no LoRA scale"),
+    ({"alpha": -1}, "model.options.alpha: -1 is no LoRA scale; give a whole number >= 1"),
     ({"dropout": 1.0}, r"model.options.dropout: 1.0 is no dropout rate; give a number in \[0, 1\)"),
     ({"target_modules": ["query", "attention"]}, "model.options.target_modules: 'attention' is no linear layer of "
                                                  "MiniLM's encoder; choose among dense, key, query, value"),
