@@ -197,3 +197,20 @@ def test_lora_runs_are_bit_identical_on_one_and_three_workers(tmp_path):
         finals.append((server.state[WEIGHTS].copy(), records, personal))
     (one, scored_one, kept_one), (three, scored_three, kept_three) = finals
     assert np.array_equal(one, three) and scored_one == scored_three and kept_one == kept_three
+
+
+def test_dry_run_counts_only_what_travels(tmp_path):
+    from fedsim.engine.estimate import describe, estimate
+
+    e = estimate(validate(minilm_tree(tmp_path, "fedper", **{"model.parts": FEDSA})))
+    assert e.shared_values == 6 * 2 * 4 * 384 and e.bytes_up_per_round == 3 * payload_bytes(e.shared_values)
+    assert f"{ENCODER_VALUES:,} pretrained values frozen (never trained or sent)" in describe(e)
+
+
+def test_central_dp_noises_the_shared_adapters_alone(tmp_path):
+    dp = {"dp": "central", "noise_multiplier": 1.0, "clip_norm": 0.01, "delta": 0.01}
+    plain, _ = one_round(tmp_path / "plain", "fedper", FEDSA, **{"train.weighting": "uniform"})
+    private, _ = one_round(tmp_path / "dp", "fedper", FEDSA, privacy=dp, **{"train.weighting": "uniform"})
+    assert not np.allclose(private.state[WEIGHTS], plain.state[WEIGHTS], atol=1e-4)  # clipped and noised
+    # The personal B matrices and heads never leave the clients: DP leaves them as they trained.
+    assert all(np.array_equal(a, b) for a, b in zip(personal_vectors(private), personal_vectors(plain)))
