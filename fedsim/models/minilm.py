@@ -48,7 +48,8 @@ def pretrained_encoder() -> BertModel:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     folder = minilm_folder()
     config = BertConfig.from_pretrained(folder, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    encoder = BertModel.from_pretrained(folder, config=config, add_pooling_layer=False)
+    # use_kernels=False: the same torch kernels in every process, none fetched from the hub (USE_HUB_KERNELS says so too)
+    encoder = BertModel.from_pretrained(folder, config=config, add_pooling_layer=False, use_kernels=False)
     return encoder.requires_grad_(False).eval()
 
 

@@ -1,6 +1,7 @@
 """model.name: minilm (issue 70): the pretrained encoder loaded offline from checked files, frozen and shared, LoRA
 adapters and a head trained; model.parts splitting them by name; each adapter method's defining property."""
 import importlib
+import os
 import socket
 
 import numpy as np
@@ -37,7 +38,8 @@ def test_the_encoder_loads_from_checked_files_without_a_network_call(monkeypatch
     try:
         net = minilm(num_classes=3)
         assert sorted(checked) == sorted(pretrained.SHA256)
-        assert all(pretrained.OFFLINE_ENV[name] == "1" for name in pretrained.OFFLINE_ENV)
+        assert all(os.environ[name] == value for name, value in pretrained.OFFLINE_ENV.items())
+        assert not pretrained_encoder().use_kernels  # no compute kernels fetched from the hub
         ids = torch.tensor([[101.0, 2000, 2001, 0, 0], [101, 2002, 0, 0, 0]]).view(2, 1, 1, 5)
         assert net(ids).shape == (2, 3)
     finally:
