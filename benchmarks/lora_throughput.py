@@ -17,9 +17,9 @@ set, and RssAnon, the process's own heap, where the weights live once loaded):
   copies  N PEFT models, each loaded with from_pretrained and trained one step: what a loop holding a model per
           client costs
 
-    .venv/bin/python benchmarks/lora_throughput.py            # ~6 min on the 2-core VM
+    .venv/bin/python benchmarks/lora_throughput.py --reps 7   # ~6 min on the 2-core VM (BENCHMARKS.md)
     .venv/bin/python benchmarks/lora_throughput.py --reps 9 --clients   # throughput alone
-    .venv/bin/python benchmarks/lora_throughput.py --smoke    # a few steps, N = 1, 2: ~2 min
+    .venv/bin/python benchmarks/lora_throughput.py --smoke    # a few steps, N = 1, 2: ~2.5 min
 """
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ indices; id 0 (BERT's [PAD]) is padding, masked out of attention and of the mean
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -45,7 +44,6 @@ def pretrained_encoder() -> BertModel:
 
     hf_logging.set_verbosity_error()  # the checkpoint's pooler weights, which mean pooling does not use
     hf_logging.disable_progress_bar()  # a bar per load, in every worker's log
-    logging.getLogger("transformers").setLevel(logging.ERROR)
     folder = minilm_folder()
     config = BertConfig.from_pretrained(folder, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     # use_kernels=False: the same torch kernels in every process, none fetched from the hub (USE_HUB_KERNELS says so too)
