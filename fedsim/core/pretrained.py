@@ -40,7 +40,7 @@ def force_offline() -> None:
     os.environ.update(OFFLINE_ENV)
     constants = sys.modules.get("huggingface_hub.constants")
     if constants is not None:  # imported earlier, it read the switches then: its own copy is what the hub checks
-        constants.HF_HUB_OFFLINE = True
+        setattr(constants, "HF_HUB_OFFLINE", True)
 
 
 def minilm_folder() -> Path:
