@@ -216,3 +216,21 @@ def test_central_dp_noises_the_shared_adapters_alone(tmp_path):
     assert not np.allclose(private.state[WEIGHTS], plain.state[WEIGHTS], atol=1e-4)  # clipped and noised
     # The personal B matrices and heads never leave the clients: DP leaves them as they trained.
     assert all(np.array_equal(a, b) for a, b in zip(personal_vectors(private), personal_vectors(plain)))
+
+
+def test_parts_split_a_users_module_by_name_too(tmp_path):
+    from conftest import lightning_tree, plan_for
+
+    parts = {"body": ["body.*"], "head": ["head.weight"]}  # the bias left out: named by no part
+    with pytest.raises(ConfigError, match="model.parts: head.bias is named by no pattern of body or head"):
+        plan_for(validate(lightning_tree(tmp_path, "TwoPartModule", **{"model.parts": parts})))
+    parts["head"].append("head.bias")
+    keys = plan_for(validate(lightning_tree(tmp_path, "TwoPartModule", **{"model.parts": parts}))).model.keys
+    assert keys.head == ("head.weight", "head.bias") and keys.body == ("body.1.weight", "body.1.bias")
+
+
+def test_options_are_the_models_not_a_users_modules(tmp_path):
+    from conftest import lightning_tree, plan_for
+
+    with pytest.raises(ConfigError, match="model.options: TwoPartModule builds its own network"):
+        plan_for(validate(lightning_tree(tmp_path, "TwoPartModule", **{"model.options": {"r": 4}})))
