@@ -34,6 +34,28 @@ def test_leafs_lstm_has_its_sizes():
     assert [(b.lstm.input_size, b.lstm.hidden_size) for b in net.blocks] == [(8, 256), (256, 256)]
 
 
+def test_model_options_size_the_text_models():
+    lstm = build_model("char_lstm", 80, (1, 1, 80), options={"embedding": 4, "hidden": 16, "layers": 3})
+    assert lstm.stem[1].weight.shape == (80, 4) and lstm(WINDOWS).shape == (3, 80)
+    assert [(b.lstm.input_size, b.lstm.hidden_size) for b in lstm.blocks] == [(4, 16), (16, 16), (16, 16)]
+    transformer = build_model("char_transformer", 80, (1, 1, 80), options={"width": 16, "heads": 2, "layers": 1})
+    assert len(transformer.blocks) == 1 and transformer.features(WINDOWS).shape == (3, 16)
+    layer = transformer.blocks[0].layer.self_attn
+    assert (layer.embed_dim, layer.num_heads) == (16, 2)
+
+
+@pytest.mark.parametrize("name, options, message", [
+    ("char_lstm", {"hiden": 16}, "model.options: char_lstm has no size 'hiden'; give embedding, hidden, layers"),
+    ("char_lstm", {"layers": 0}, "model.options.layers: char_lstm needs a whole number >= 1, got 0"),
+    ("char_lstm", {"hidden": 2.5}, "model.options.hidden: char_lstm needs a whole number >= 1, got 2.5"),
+    ("char_transformer", {"heads": 5}, "model.options.heads: 5 heads do not divide width 64"),
+    ("cnn4", {"hidden": 16}, "model.options: cnn4 takes no options"),
+])
+def test_bad_model_options_name_their_field(name, options, message):
+    with pytest.raises(ValueError, match=f"^{message}"):
+        build_model(name, 80, (1, 1, 80) if name != "cnn4" else (3, 32, 32), options=options)
+
+
 def test_the_transformer_is_causal():
     net = build_model("char_transformer", 80, (1, 1, 80)).eval()
     changed = WINDOWS.clone()
