@@ -7,6 +7,8 @@ import pytest
 import torch
 from conftest import fedsim_cli, per_client, plan_for, shakespeare_tree, train_one, write_yaml
 
+from fedsim.cli.main import main
+
 from fedsim.algorithms import WEIGHTS
 from fedsim.client.runtime import ClientRuntime
 from fedsim.config import validate
@@ -95,3 +97,18 @@ def test_a_tiny_run_on_three_hamlet_characters_scores_each(tmp_path, data_root):
     shown = fedsim_cli("run", str(config), "--dry-run", "--overwrite")  # the folder exists: a dry run writes nothing
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert f"  data         variant modern, num clients {about['num_clients']}, " in shown.stdout and "vocabulary size 80" in shown.stdout
+
+
+def test_the_dry_run_says_what_a_method_assuming_batchnorm_does_on_a_text_model(tmp_path, data_root, capsys):
+    tree = shakespeare_tree(tmp_path, data_root, sweep={"algorithm": ["fedavg", "fedbn", "apfl"]})
+    assert main(["run", str(write_yaml(tmp_path / "shk.yaml", tree)), "--dry-run"]) == 0
+    blocks = capsys.readouterr().out.split(": ok (dry run")[1:]
+    said = [[line.strip() for line in block.splitlines() if line.startswith("  batchnorm ")] for block in blocks]
+    assert said[0] == []  # fedavg assumes nothing of BatchNorm
+    assert said[1] == ["batchnorm    fedbn keeps each BatchNorm layer on its client, and this model has none: every "
+                       "layer is shared, so it trains and averages as fedavg does"]
+    assert len(said[2]) == 1 and said[2][0].startswith("batchnorm    apfl runs its personal model v on BatchNorm")
+    tree["model"]["batchnorm"] = "personal"
+    assert main(["run", str(write_yaml(tmp_path / "bn.yaml", tree)), "--dry-run"]) == 0
+    assert "batchnorm    model.batchnorm: personal has nothing to act on: the model has no BatchNorm layer" in \
+        capsys.readouterr().out
