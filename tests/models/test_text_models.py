@@ -5,15 +5,16 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import fedsim_cli, per_client, plan_for, shakespeare_tree, train_one, write_yaml
-
-from fedsim.cli.main import main
+from conftest import crash_mid_run, fedsim_cli, per_client, plan_for, shakespeare_tree, train_one, write_yaml
 
 from fedsim.algorithms import WEIGHTS
+from fedsim.cli.main import main
 from fedsim.client.runtime import ClientRuntime
 from fedsim.config import validate
+from fedsim.engine.runfolder_checks import load_run_config
 from fedsim.models import build_model
 from fedsim.models.packed import why_unpackable
+from fedsim.simulate import run
 
 WINDOWS = torch.randint(0, 80, (3, 1, 1, 80)).float()
 
@@ -112,3 +113,18 @@ def test_the_dry_run_says_what_a_method_assuming_batchnorm_does_on_a_text_model(
     assert main(["run", str(write_yaml(tmp_path / "bn.yaml", tree)), "--dry-run"]) == 0
     assert "batchnorm    model.batchnorm: personal has nothing to act on: the model has no BatchNorm layer" in \
         capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_text_run_killed_mid_run_resumes_bit_identical(tmp_path, data_root, local_ray):
+    """As the image runs (tests/engine/test_reliability.py): the CLI is killed with its Ray after round 1 of 3, a
+    later process resumes the folder to the same per-client accuracy and perplexity as a run never interrupted."""
+    tree = shakespeare_tree(tmp_path, data_root, "char_lstm", **{
+        "name": "crashy", "train.rounds": 3, "engine.checkpoint_every": 1, "model.options": {"embedding": 4, "hidden": 16}})
+    done = crash_mid_run(write_yaml(tmp_path / "shk.yaml", tree), tmp_path / "crashy", after_rounds=1)
+    assert 1 <= done < 3
+    straight = run(validate({**tree, "name": "straight"})).run_dir
+    run(load_run_config(tmp_path / "crashy"), resume=True)
+    resumed = per_client(tmp_path / "crashy")
+    assert resumed == per_client(straight) and {r["round"] for r in resumed} == {1, 2, 3}
+    assert all("perplexity" in r for r in resumed)
