@@ -4,8 +4,8 @@ Shakespeare windows (issue 69, item 5; target: fedsim / bare >= 0.9).
 fedsim: one worker core (ClientRuntime.train_and_sum, as a Ray worker runs a client: load the global weights, the
 client's windows out of the memory-mapped cache, the Lightning module through Fabric, pack the upload, the exact
 sum); bare: an nn.Embedding / 2-layer nn.LSTM / nn.Linear on int64 indices and one SGD, the windows converted once.
-Same windows, same order (the client's generator), same batch size (LEAF's 10), same initial weights, 1 thread, in
-one process, repetitions interleaved, medians. After the timed reps a same-work check trains both from the same
+Same windows, same order (the client's generator), same batch size (LEAF's 10), each rep from the same global weights,
+1 thread, in one process, repetitions interleaved (the order alternating), medians of CPU seconds. After the timed reps a same-work check trains both from the same
 weights for a round and prints their largest weight difference.
 
     .venv/bin/python benchmarks/text_throughput.py [--windows 1000] [--reps 3]
@@ -66,14 +66,17 @@ class BareLSTM(nn.Module):
         self.load_state_dict({k: v.detach().clone() for k, v in mine.items()})
 
 
-def bare_epoch(model: BareLSTM, opt: torch.optim.Optimizer, windows: np.ndarray, labels: np.ndarray, batch: int,
-               generator: torch.Generator) -> None:
-    """One epoch of plain SGD over the windows, in the order ``generator`` draws (fedsim's shuffle)."""
+def bare_client(model: BareLSTM, start: dict[str, torch.Tensor], windows: np.ndarray, labels: np.ndarray,
+                batch: int, generator: torch.Generator) -> None:
+    """A client's epoch in plain PyTorch: from the global weights ``start`` (as fedsim's client starts from the
+    broadcast, so both do the same work each rep), plain SGD over the windows in the order ``generator`` draws."""
+    model.load_state_dict(start)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
     x = torch.from_numpy(np.ascontiguousarray(windows).reshape(len(windows), -1).astype(np.int64))
     y = torch.from_numpy(np.asarray(labels))
     order = torch.randperm(len(y), generator=generator)
-    for start in range(0, len(y), batch):
-        idx = order[start:start + batch]
+    for first in range(0, len(y), batch):
+        idx = order[first:first + batch]
         loss = F.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -99,17 +102,20 @@ def main() -> None:
     scales = fixed_point_scales(rt, len(idx))
     windows, labels = np.asarray(data.train_x[idx]), np.asarray(data.train_y[idx])
     bare = BareLSTM(data.num_classes, 8, args.hidden)
-    opt = torch.optim.SGD(bare.parameters(), lr=LR)
+    bare.load_from(rt.net)  # before any training: the plan's round-0 weights, what the broadcast holds
+    start = {k: v.clone() for k, v in bare.state_dict().items()}
 
-    cases = {"fedsim": lambda r: rt.train_and_sum(broadcast, [0], r, scales),
-             "bare": lambda r: bare_epoch(bare, opt, windows, labels, args.batch, client_generator(cfg.seed, r, 0))}
+    def bare_round(round_idx: int) -> None:
+        bare_client(bare, start, windows, labels, args.batch, client_generator(cfg.seed, round_idx, 0))
+
+    cases = {"fedsim": lambda r: rt.train_and_sum(broadcast, [0], r, scales), "bare": bare_round}
     # CPU seconds of this process (one thread trains) are what a core gives: on a shared machine the wall clock
     # also counts the time other processes held the core, which differs from rep to rep.
     cpu: dict[str, list[float]] = {name: [] for name in cases}
     wall: dict[str, list[float]] = {name: [] for name in cases}
     others: list[float] = []
     for rep in range(args.reps + 1):  # rep 0 warms both up and is dropped
-        for name, fn in cases.items():
+        for name, fn in (list(cases.items()) if rep % 2 else list(cases.items())[::-1]):  # order alternates
             with CpuMeter(interval=0.5) as meter:
                 t, c = time.perf_counter(), time.process_time()
                 fn(rep + 1)
@@ -120,7 +126,7 @@ def main() -> None:
                 others.append(meter.others_cores)
     rate = {name: len(idx) / median(ts) for name, ts in cpu.items()}
     wall_rate = {name: len(idx) / median(ts) for name, ts in wall.items()}
-    difference = same_work(rt, broadcast, scales, bare, opt, windows, labels, args.batch, cfg.seed)
+    difference = same_work(rt, broadcast, scales, bare_round, bare)
     ratio = rate["fedsim"] / rate["bare"]
     print(f"char LSTM (hidden {args.hidden}), one client of {len(idx)} windows of 80, batch {args.batch}, 1 thread, "
           f"medians of {args.reps} interleaved reps; other processes kept {median(others):.2f} cores busy (median)")
@@ -134,17 +140,14 @@ def main() -> None:
                              "ratio": ratio, "max_weight_difference": difference})
 
 
-def same_work(rt, broadcast, scales, bare: BareLSTM, opt, windows, labels, batch: int, seed: int) -> float:
-    """Both trained one epoch from the round's global weights: the largest difference of any weight after it."""
+def same_work(rt, broadcast, scales, bare_round, bare: BareLSTM) -> float:
+    """Both trained one epoch of a round from the round's global weights: the largest difference of any weight."""
     round_idx = 10 ** 6  # a round the timed reps never used
     rt.train_and_sum(broadcast, [0], round_idx, scales)
-    trained = BareLSTM(bare.output.out_features, bare.embedding.embedding_dim, bare.lstm.hidden_size)
-    trained.load_from(rt.net)
-    rt.layouts["shared"].load(torch.as_tensor(broadcast[WEIGHTS]))
-    bare.load_from(rt.net)
-    opt.state.clear()
-    bare_epoch(bare, opt, windows, labels, batch, client_generator(seed, round_idx, 0))
-    mine, theirs = dict(bare.named_parameters()), dict(trained.named_parameters())
+    bare_round(round_idx)
+    fedsim_trained = BareLSTM(bare.output.out_features, bare.embedding.embedding_dim, bare.lstm.hidden_size)
+    fedsim_trained.load_from(rt.net)
+    mine, theirs = dict(bare.named_parameters()), dict(fedsim_trained.named_parameters())
     return max(float((mine[k] - theirs[k]).detach().abs().max()) for k in mine)
 
 
