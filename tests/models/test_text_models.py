@@ -10,9 +10,11 @@ from conftest import crash_mid_run, fedsim_cli, per_client, plan_for, shakespear
 from fedsim.algorithms import WEIGHTS
 from fedsim.cli.main import main
 from fedsim.client.runtime import ClientRuntime
-from fedsim.config import validate
+from fedsim.config import ModelConfig, validate
 from fedsim.engine.runfolder_checks import load_run_config
+from fedsim.errors import ConfigError
 from fedsim.models import build_model
+from fedsim.models.lightning import build_client
 from fedsim.models.packed import why_unpackable
 from fedsim.simulate import run
 
@@ -57,6 +59,12 @@ def test_model_options_size_the_text_models():
 def test_bad_model_options_name_their_field(name, options, message):
     with pytest.raises(ValueError, match=f"^{message}"):
         build_model(name, 80, (1, 1, 80) if name != "cnn4" else (3, 32, 32), options=options)
+
+
+def test_model_options_are_refused_beside_a_module_of_the_users_own():
+    model = ModelConfig(client="user_plugins:TwoPartModule", options={"hidden": 16})
+    with pytest.raises(ConfigError, match="^model.options: sizes of model.name's model, which TwoPartModule"):
+        build_client(model, 80, (1, 1, 80))
 
 
 def test_the_transformer_is_causal():
