@@ -184,6 +184,10 @@ class PartsConfig(Section):
 class ModelConfig(Section):
     name: str = Field("cnn4", description="a registered model or a user's 'package.module:function'")
     personal_layers: int = Field(1, ge=0, description="K_P: classifier + the last K_P-1 blocks are personal")
+    options: dict[str, Any] = Field({}, description="settings of a registered model that takes them: char_lstm "
+                                    "{embedding, hidden, layers}, char_transformer {width, heads, layers} (left out: "
+                                    "LEAF's sizes, docs/shakespeare.md); minilm {r, alpha, dropout, target_modules} "
+                                    "(docs/minilm.md)")
     client: str | None = Field(None, description="'package.module:Class' of your own LightningModule (docs/lightning.md); "
                                "null: the built-in FedClient around model.name")
     client_args: dict[str, Any] = Field({}, description="keyword arguments of model.client's __init__ (num_classes, "
@@ -192,8 +196,6 @@ class ModelConfig(Section):
                                    "FedPer, fixed under FedBABU); null: a fedsim model's K_P, else its `head` submodule")
     parts: PartsConfig | None = Field(None, description="the body/head split by tensor name patterns, e.g. {body: "
                                       "['*lora_A*'], head: ['*lora_B*', 'classifier.*']}; null: model.head or K_P")
-    options: dict[str, Any] = Field({}, description="keyword arguments of model.name's function beyond the data's "
-                                    "(minilm: r, alpha, dropout, target_modules)")
     callbacks: list[str | CallbackSpec] = Field([], description="Lightning callbacks for every local update: "
                                                "'package.module:Class' or {class_path: ..., init_args: {...}}")
     precision: Precision = Field(

@@ -103,9 +103,6 @@ def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, i
     """The client module of ``model``: a FedClient (or subclass) around ``model.name``, or the user's own module
     built from ``model.client_args``. Its constructor's errors are one line on ``model.client``."""
     cls = load_client_class(model.client)
-    if model.options and not issubclass(cls, FedClient):
-        raise ConfigError(f"model.options: {cls.__name__} builds its own network, so model.name's options do not "
-                          "apply; give its arguments in model.client_args")
     kwargs = client_arguments(cls, model, num_classes, input_shape)
     if issubclass(cls, FedClient):
         try:
@@ -113,6 +110,9 @@ def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, i
         except ValueError as err:
             raise ConfigError(str(err)) from None
         kwargs = {"net": net, **kwargs}
+    elif model.options:
+        raise ConfigError(f"model.options: sizes of model.name's model, which {cls.__name__} (model.client) does not "
+                          "use; give your module's own in model.client_args")
     try:
         module = cls(**kwargs)
     except Exception as err:  # the user's constructor: its own message, once, as a config error

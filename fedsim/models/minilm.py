@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # transformers loads only after the offline switches are set
     from transformers import BertModel
 
 PADDING_ID = 0  # BERT's [PAD]
+# model.options and their defaults (fedsim.models.OPTIONS); the function's own defaults are these.
+MINILM_OPTIONS = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ("query", "value")}
 
 
 @lru_cache(maxsize=1)
