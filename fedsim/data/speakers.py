@@ -203,7 +203,7 @@ def cache_key(path: Path, o: dict[str, Any]) -> str:
     return h.hexdigest()[:16]
 
 
-def save(folder: Path, built: Built) -> None:
+def save(folder: Path, built: Built, o: dict[str, Any]) -> None:
     """Write ``built`` beside ``folder`` under a name of our own, then rename it into place: no reader ever sees a
     half-written cache, and a copy another process published first is kept (and may be in use)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -216,7 +216,7 @@ def save(folder: Path, built: Built) -> None:
         digest = content_digest(*(built.arrays[a] for a in ARRAYS + GROUPS))
         meta = {"classes": list(built.classes), "about": built.about, "digest": digest}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if folder.exists():  # damaged (load refused it): moved aside, then deleted
+        if folder.exists() and load(folder, o["max_tokens"], o["variant"]) is None:  # still damaged: set aside
             trash = folder.with_name(f".{folder.name}-damaged-{uuid.uuid4().hex[:8]}")
             _rename(folder, trash)
             shutil.rmtree(trash, ignore_errors=True)
@@ -261,7 +261,7 @@ def shakespeare_speakers(root: Path | None, options: dict) -> ArrayDataset:
     folder = cache_dir() / f"{NAME}-{cache_key(path, o)}"
     dataset = load(folder, o["max_tokens"], o["variant"])
     if dataset is None:
-        save(folder, build(path, o))
+        save(folder, build(path, o), o)
         dataset = load(folder, o["max_tokens"], o["variant"])
     if dataset is None:
         raise DataError(f"FEDSIM_CACHE: could not build a usable cache at {folder}; delete it or point "
