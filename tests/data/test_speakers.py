@@ -174,3 +174,11 @@ def test_a_tiny_run_scores_each_play_and_keeps_how_the_data_was_built(tmp_path, 
     assert ("data         variant modern, labels global, num clients 3, num classes 24, labels per client min 8, "
             in shown.stdout and "truncated share 0.1" in shown.stdout)
 
+
+
+def test_the_folio_spelling_is_its_own_data_with_its_own_speaker_names(by_play, data_root):
+    folio = load_dataset(NAME, data_root, options={**SPEAKERS_OPTIONS, "variant": "folio"})
+    hamlet = folio.about["clients"]["hamlet"]["speakers"]
+    # Counted from the Folio text: lines opening with the indented name (`grep -c '^ \{1,4\}Ham\. '`).
+    assert (hamlet["Ham"], hamlet["Hor"]) == (337, 95) and "Qu" in hamlet and "Queen" not in hamlet
+    assert folio.name == f"{NAME}-folio" and folio.digest != by_play.digest
