@@ -18,7 +18,7 @@ tokenizers = pytest.importorskip("tokenizers")  # the text extra (make install i
 
 NAME = "shakespeare_speakers"
 # Counted from the text: the lines holding a speaker's name alone (a speech's head, `grep -c '^Ham\.$'`), from the
-# first act on (Macbeth's cast list names LADY MACBETH once more). Hamlet's 358 is Open Source Shakespeare's count too.
+# first act on (Macbeth's cast list names LADY MACBETH once more).
 HAMLET = {"Ham": 358, "Hor": 108, "King": 102, "Pol": 86, "Queen": 69, "Laer": 62, "Oph": 57, "Ros": 45}
 # Lady Macbeth and Macduff both speak 59 times: she speaks first (Act I, Scene V; he in Act II), so she ranks first.
 MACBETH = {"MACBETH": 145, "LADY MACBETH": 59, "MACDUFF": 59, "MALCOLM": 40, "ROSS": 38, "BANQUO": 33,
