@@ -330,6 +330,22 @@ def tiny_char_lstm(num_classes: int, in_channels: int, image_size) -> SplitNet:
     return char_lstm(num_classes, in_channels, image_size, embedding=4, hidden=16)
 
 
+class TokenMean(nn.Module):
+    """(B, 1, 1, T) float token ids -> the mean of their embeddings, padding (id 0) left out."""
+
+    def __init__(self, vocabulary: int, width: int):
+        super().__init__()
+        self.embedding = nn.EmbeddingBag(vocabulary, width, mode="mean", padding_idx=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embedding(x.flatten(1).round().long())
+
+
+def tiny_token_bag(num_classes: int, in_channels: int, image_size) -> SplitNet:
+    """A test-sized model of MiniLM's token ids (shakespeare_speakers): their mean embedding of 8, one hidden layer."""
+    return SplitNet(TokenMean(30522, 8), [nn.Sequential(nn.Linear(8, 8), nn.ReLU())], nn.Linear(8, num_classes))
+
+
 def tiny_char_transformer(num_classes: int, in_channels: int, image_size) -> SplitNet:
     """The causal character transformer at a test's size (width 16, two heads, two layers)."""
     from fedsim.models.text import char_transformer
