@@ -103,7 +103,7 @@ def worker_runtime(cfg, clients: dict | None = None):
     from fedsim.plan.build import build_plan, load_inputs
 
     plan = build_plan(cfg, load_inputs(cfg))
-    return ClientRuntime(plan, dict(enumerate(plan.clients)) if clients is None else clients)
+    return ClientRuntime(plan.for_workers(), dict(enumerate(plan.clients)) if clients is None else clients)
 
 
 def fixed_point_scales(rt, total_weight: int):
