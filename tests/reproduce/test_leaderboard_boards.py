@@ -2,32 +2,26 @@
 is the one its lane runs, unchanged by the boards beside it; the Shakespeare board plans its rows on natural text
 clients, and its page, without PFLlib numbers, has no PFLlib columns."""
 import hashlib
-import json
 import zlib
 
 import pytest
 from conftest import finished_leaderboard_run as finish
 
 from fedsim.cli.main import main
+from fedsim.config import results_fingerprint
 from fedsim.errors import ConfigError
 from fedsim.reproduce import leaderboard
 
-# The CIFAR-100 board's every run (stage 1, stage 2 and finals under stand-in validation scores), name, seed and
-# config, as computed on main before boards were files (commit 46a4518). A leaderboard lane runs this plan for days:
-# a change here renames or invalidates its kept runs.
-CIFAR100_PLAN = (646, "0ba6502e737a951380631671cc8fa41085ae1dd47deacf14af309229b2a461d9")
+# The CIFAR-100 board's every run (stage 1, stage 2 and finals under stand-in validation scores): its name, seed and
+# results fingerprint (what a kept run must match to count), as computed on main without boards (commit 3b4182b).
+# A leaderboard lane runs this plan for days: a change here renames or invalidates its kept runs.
+CIFAR100_PLAN = (646, "a0d178f1b88a8b395881db42ebfd097bec516fee43754d45f4360bc2594c1a99")
 SMALL = ["tune.grid={step: [0.05, 0.1], momentum: [0.0]}", "tune.own_trials=0", "tune.rounds=2", "tune.final_rounds=4",
          "tune.final_seeds=2"]
 
 
 def _fingerprints(full: leaderboard.Plan) -> list[str]:
-    out = []
-    for item in full.runs:
-        cfg = item.config.model_dump(mode="json")
-        cfg.pop("out_dir")  # where this test's runs folder is
-        out.append(f"{item.config.name} {item.seed} "
-                   f"{hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()}")
-    return out
+    return [f"{item.config.name} {item.seed} {results_fingerprint(item.config.model_dump())}" for item in full.runs]
 
 
 def test_the_cifar100_boards_plan_is_the_one_its_lane_runs(tmp_path):
