@@ -15,7 +15,7 @@ def curves_figure(table: dict, titles: dict[str, str], path: Path) -> bool:
     if not any(drawn.values()):
         path.unlink(missing_ok=True)  # a figure of runs that are gone would outlive its numbers
         return False
-    fig = Figure(figsize=(6.4 * len(drawn), 4.6), layout="constrained")
+    fig = Figure(figsize=(8.4 * len(drawn), 4.6), layout="constrained")
     for ax, (setting, rows) in zip(fig.subplots(1, len(drawn), squeeze=False)[0], drawn.items()):
         for i, (row, stats) in enumerate(rows.items()):
             rounds = sorted(stats["curve"], key=int)
@@ -28,7 +28,7 @@ def curves_figure(table: dict, titles: dict[str, str], path: Path) -> bool:
                 ax.errorbar([last], [final["mean"]], yerr=[[below], [above]], color=line.get_color(), capsize=4)
         ax.set(xlabel="round", ylabel="reported test accuracy (%), mean over clients and seeds", title=titles[setting])
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", loc="lower right")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # off the intervals at R
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return True
