@@ -17,7 +17,10 @@ CONFIGS = ("fedsim/reproduce/configs/cpu/fedper_cifar10.yaml", "fedsim/reproduce
            "fedsim/reproduce/papers/leaderboard/leaderboard.yaml", "fedsim/reproduce/papers/leaderboard/pfllib.md",
            "fedsim/reproduce/configs/cpu/leaderboard_shakespeare.yaml",
            "fedsim/reproduce/papers/leaderboard_shakespeare/leaderboard.yaml",
-           "fedsim/reproduce/papers/leaderboard_shakespeare/page.md")
+           "fedsim/reproduce/papers/leaderboard_shakespeare/page.md",
+           "fedsim/reproduce/configs/cpu/leaderboard_speakers.yaml",
+           "fedsim/reproduce/papers/leaderboard_speakers/leaderboard.yaml",
+           "fedsim/reproduce/papers/leaderboard_speakers/page.md")
 
 
 def test_a_built_wheel_reproduces_from_a_folder_outside_the_checkout(tmp_path, data_root):

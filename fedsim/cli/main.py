@@ -110,7 +110,8 @@ def _reproduce_parser(sub) -> None:
     rep.add_argument("paper", choices=[*sorted(PAPERS), "leaderboard", "privacy"])
     rep.add_argument("overrides", nargs="*", help="key=value applied to every run (cuts it further; the report says so)")
     rep.add_argument("--board", default=BOARD_DEFAULT, help=f"leaderboard: which board (default {BOARD_DEFAULT}: "
-                     "every method on two CIFAR-100 settings; shakespeare: text clients, docs/leaderboard-shakespeare.md)")
+                     "every method on two CIFAR-100 settings; shakespeare: text clients, docs/leaderboard-shakespeare.md; "
+                     "speakers: MiniLM's LoRA adapters, docs/leaderboard-speakers.md)")
     rep.add_argument("--scale", choices=("cpu", "paper"), default="cpu",
                      help="cpu: settings cut to run on a laptop (default); paper: exactly as the paper states")
     rep.add_argument("--seeds", type=_positive, help="at most N seeds: each claim runs the seeds it fixes (0..n-1, "

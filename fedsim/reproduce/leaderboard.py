@@ -1,5 +1,6 @@
 """``fedsim reproduce leaderboard``: the personalized methods on a board's settings (``--board``: ``cifar100``, every
-method on PFLlib's two CIFAR-100 label-skew settings; ``shakespeare``, text clients), each at its own settings from an
+method on PFLlib's two CIFAR-100 label-skew settings; ``shakespeare``, text clients; ``speakers``, LoRA adapters on a
+pretrained encoder), each at its own settings from an
 equal-budget search chosen on validation, then run at several seeds. A board is a file, ``papers/<board>/
 leaderboard.yaml`` (its settings, rows, base configs) beside its page's passages (``page.md``): nothing here is
 specific to one data set.
@@ -33,7 +34,8 @@ from fedsim.sweep.tune import Choice, budget_text, choose, method_tree, selectio
 
 KEY = "leaderboard"
 BOARD_FILE = PAPERS_DIR / "leaderboard" / "leaderboard.yaml"
-BOARDS = {"cifar100": BOARD_FILE, "shakespeare": PAPERS_DIR / "leaderboard_shakespeare" / "leaderboard.yaml"}
+BOARDS = {"cifar100": BOARD_FILE, "shakespeare": PAPERS_DIR / "leaderboard_shakespeare" / "leaderboard.yaml",
+          "speakers": PAPERS_DIR / "leaderboard_speakers" / "leaderboard.yaml"}
 
 
 class Entry(Section):

@@ -1,6 +1,7 @@
 """A leaderboard is a board file (settings, rows, base configs) beside its page's passages: the CIFAR-100 board's plan
 is the one its lane runs, unchanged by the boards beside it; the Shakespeare board plans its rows on natural text
-clients, and its page, without PFLlib numbers, has no PFLlib columns."""
+clients, and its page, without PFLlib numbers, has no PFLlib columns; the speakers board plans the adapter rows on
+MiniLM, each row's split of the trainable tensors its own."""
 import hashlib
 import zlib
 
@@ -56,7 +57,7 @@ def test_the_shakespeare_board_plans_its_rows_on_natural_text_clients(tmp_path):
     assert "algorithm.lambda" in ditto.own
     with pytest.raises(ConfigError, match=r"^--scale: 'paper' is not one of \['cpu'\]$"):
         leaderboard.plan("paper", tmp_path, tmp_path / "kept", board=board)
-    with pytest.raises(ConfigError, match=r"^--board: 'mnist' is not one of \['cifar100', 'shakespeare'\]$"):
+    with pytest.raises(ConfigError, match=r"^--board: 'mnist' is not one of \['cifar100', 'shakespeare', 'speakers'\]$"):
         leaderboard.named_board("mnist")
 
 
@@ -84,3 +85,38 @@ def test_the_shakespeare_page_has_no_pfllib_columns_and_shows_its_figure(tmp_pat
     assert "| 45.00 ± " in next(row for row in table if row.startswith("| `fedper`"))  # seeds 0, 1: 40 and 50
     assert "![Each row's accuracy over the rounds](images/board-cpu.png)" in text
     assert (report.parent / "images" / "board-cpu.png").stat().st_size > 0
+
+
+def test_the_speakers_board_plans_the_adapter_rows_and_the_floor(tmp_path):
+    board = leaderboard.named_board("speakers")
+    full = leaderboard.plan("cpu", tmp_path, tmp_path / "kept", board=board)
+    rows = {s.entry.name: s for s in full.searches}
+    assert list(rows) == ["fedavg_lora", "fedper_lora", "fedsa_lora", "fedbabu_lora", "local_lora", "ditto_lora",
+                          "floor"]
+    assert full.tune.final_seeds == 5 and full.tune.grid is not None
+    assert leaderboard.base_file("cpu", board=board)["tune"]["methods"] == list(dict.fromkeys(e.method
+                                                                                        for e in board.entries))
+    first = full.search[0].config
+    assert first.name == "leaderboard_speakers-cpu-plays-fedavg_lora-t0-s1000"
+    assert (first.data.dataset, first.model.name, first.train.body.optimizer) == ("shakespeare_speakers", "minilm",
+                                                                                  "adam")
+    assert first.data.validation and first.train.fraction == 1.0  # every play every round: no head left untrained
+
+    def configs(row: str) -> list:
+        return [item.config for trial in rows[row].runs for item in trial]
+
+    # every row searches the same stage-1 steps, whatever it trains
+    assert all({c.train.body.lr for c in configs(row)[:2]} == {0.001, 0.003} for row in rows)
+    fedsa = configs("fedsa_lora")
+    assert {c.algorithm.name for c in fedsa} == {"fedper"}
+    assert {(tuple(c.model.parts.body), tuple(c.model.parts.head)) for c in fedsa} == \
+        {(("*lora_A*",), ("*lora_B*", "classifier.*"))}
+    assert all(c.model.parts is None for row in rows if row != "fedsa_lora" for c in configs(row))
+    floor = configs("floor")
+    assert {c.algorithm.name for c in floor} == {"local"}
+    assert all(c.model.options["target_modules"] == [] for c in floor)
+    assert all(c.model.options["target_modules"] == ["query", "value"] for row in rows if row != "floor"
+               for c in configs(row))
+    assert {c.eval.finetune_epochs for c in configs("fedbabu_lora")} == {1}
+    assert {c.eval.finetune_epochs for row in rows if row != "fedbabu_lora" for c in configs(row)} == {0}
+    assert "algorithm.lambda" in rows["ditto_lora"].own
