@@ -120,3 +120,29 @@ def test_the_speakers_board_plans_the_adapter_rows_and_the_floor(tmp_path):
     assert {c.eval.finetune_epochs for c in configs("fedbabu_lora")} == {1}
     assert {c.eval.finetune_epochs for row in rows if row != "fedbabu_lora" for c in configs(row)} == {0}
     assert "algorithm.lambda" in rows["ditto_lora"].own
+
+
+def test_the_speakers_page_states_its_cut_and_has_a_row_for_the_floor(tmp_path, monkeypatch):
+    """The page's protocol is filled from the runs' config (plays, speakers, tokens, the cut), and the floor, run
+    here by a stand-in for the runner, is the table's one finished row."""
+
+    def complete(items, kept, max_concurrent=None, say=None):
+        for item in items:
+            if item.result() is None:
+                finish(item, test=0.3, validation=0.2)
+
+    monkeypatch.setattr(leaderboard, "complete", complete)
+    report = tmp_path / "docs" / "board.md"
+    assert main(["reproduce", "leaderboard", "--board", "speakers", "--only", "floor", "--runs", str(tmp_path / "runs"),
+                 "--kept", str(tmp_path / "kept"), "--report", str(report), *SMALL]) == 0
+    text = report.read_text()
+    assert text.startswith("# Adapter leaderboard: speaker attribution (cpu scale)")
+    assert "6 plays (['hamlet', 'macbeth', 'othello', 'lear', 'romeo_and_juliet', 'julius_caesar']" in text
+    assert "labelling its 6 most frequent speakers" in text and "cut to 32 tokens" in text
+    assert "**The cut**: 10% of each play's training speeches" in text and "PFLlib %" not in text
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| method | scored |"))
+    table = lines[start + 2:lines.index("", start)]
+    assert [row.split("|")[1].strip() for row in table] == [f"`{e.name}`" for e in
+                                                            leaderboard.named_board("speakers").entries]
+    assert [row.split("|")[1].strip() for row in table if "| 30.00 ± " in row] == ["`floor`"]  # the one row run
