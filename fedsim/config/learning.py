@@ -181,9 +181,12 @@ class PartsConfig(Section):
     head: list[str] = Field(description="patterns of the head: personal under FedPer, fixed under FedBABU")
 
 
+PERSONAL_LAYERS_DEFAULT = 1
+
+
 class ModelConfig(Section):
     name: str = Field("cnn4", description="a registered model or a user's 'package.module:function'")
-    personal_layers: int = Field(1, ge=0, description="K_P: classifier + the last K_P-1 blocks are personal")
+    personal_layers: int = Field(PERSONAL_LAYERS_DEFAULT, ge=0, description="K_P: classifier + the last K_P-1 blocks are personal")
     options: dict[str, Any] = Field({}, description="settings of a registered model that takes them: char_lstm "
                                     "{embedding, hidden, layers}, char_transformer {width, heads, layers} (left out: "
                                     "LEAF's sizes, docs/shakespeare.md); minilm {r, alpha, dropout, target_modules} "
@@ -228,7 +231,8 @@ class ModelConfig(Section):
         if self.parts is not None and self.head is not None:
             raise ValueError("model.parts and model.head both name the head; keep one (model.parts names tensors, "
                              "model.head submodules)")
-        if self.parts is not None and "personal_layers" in self.model_fields_set:
+        # K_P at its default is allowed: a run folder's config.yaml writes every field, and must read back.
+        if self.parts is not None and self.personal_layers != PERSONAL_LAYERS_DEFAULT:
             raise ValueError("model.parts replaces model.personal_layers; remove model.personal_layers")
         return self
 

@@ -102,11 +102,17 @@ def test_every_tensor_is_named_once_and_every_pattern_names_one(parts, message):
 
 
 @pytest.mark.parametrize("other, message", [({"head": ["classifier"]}, "model.parts and model.head both name"),
-                                            ({"personal_layers": 1}, "model.parts replaces model.personal_layers")])
+                                            ({"personal_layers": 2}, "model.parts replaces model.personal_layers")])
 def test_parts_is_the_one_split_of_a_run(tmp_path, other, message):
     tree = minilm_tree(tmp_path, **{"model.parts": FEDSA, **{f"model.{k}": v for k, v in other.items()}})
     with pytest.raises(ValueError, match=message):
         validate(tree)
+
+
+def test_a_parts_runs_written_config_reads_back(tmp_path):
+    """A run folder's config.yaml holds every field, K_P at its default among them: a resumed or kept run reads it."""
+    cfg = validate(minilm_tree(tmp_path, **{"model.parts": FEDSA}))
+    assert validate(cfg.model_dump()).model.parts == cfg.model.parts
 
 
 def one_round(tmp_path, algorithm, parts=None, **over):
