@@ -7,7 +7,6 @@ import argparse
 from fedsim.cli.interrupts import interrupts_named
 from fedsim.config import RunConfig, load_tree, refuse_defaults_only
 from fedsim.core.protocol import ACCURACIES
-from fedsim.data import load_run_data, run_partition
 from fedsim.errors import ConfigError
 from fedsim.metrics.summary import times_to_accuracy
 from fedsim.plugins import refuse_missing_modules
@@ -45,7 +44,10 @@ def refuse_bad_partitions(configs: list[RunConfig]) -> None:
     """Each run's data loaded and its partition drawn before torch and Ray load (5-10 s, profiled): a split the data
     cannot make (``classes`` with k above the classes present) is refused in a second. The run draws it again as
     it starts: measured, the second load and draw take 0.02 s for the quickstart's cached CIFAR-10, 0.3-0.7 s for
-    experiments/shakespeare.yaml (parsed from its tarball each time)."""
+    experiments/shakespeare.yaml (parsed from its tarball each time). The data layer is imported here, not above:
+    a config refused by its settings alone waits for none of it (numpy, PIL)."""
+    from fedsim.data import load_run_data, run_partition
+
     for cfg in configs:
         run_partition(cfg.data, cfg.seed, load_run_data(cfg.data, cfg.seed))
 
