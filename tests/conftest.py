@@ -58,6 +58,8 @@ def local_ray(_shared_ray_session):
     a test that needs its own Ray, or none, asks for ``no_ray``."""
     import ray
 
+    _keep_ray()  # also for a module-scoped fixture that builds its run before the test's own fixtures are set up
+
     if ray.is_initialized() and _SHARED_RAY.get("gcs") == ray.get_runtime_context().gcs_address:
         return ray
     ray.shutdown()
@@ -71,11 +73,18 @@ def no_ray():
     """No Ray is up when the test starts: the shared one is stopped (the next ``local_ray`` starts it again)."""
     import ray
 
+    _keep_ray()
+
     ray.shutdown()
     _SHARED_RAY.clear()
 
 
 _RAY_WANTED = False  # whether the running test's runs take Ray by default (set by _engine_of_the_test)
+
+
+def _keep_ray() -> None:
+    global _RAY_WANTED
+    _RAY_WANTED = True
 
 
 @pytest.fixture(autouse=True)
