@@ -41,7 +41,13 @@ _INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
 _FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 
 
-class _StrictLoader(yaml.SafeLoader):
+# libyaml's parser where PyYAML was built with it: the pure-Python one spent 40 ms per run config (a leaderboard page
+# reads ~850 of them: 34 of its 45 s). Only scanning and parsing move to C: the resolvers and constructors below stay
+# these Python ones, and libyaml refuses nesting past 1,000 levels itself (a ScannerError, reported as YamlError).
+_Base: type = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+
+
+class _StrictLoader(_Base):
     yaml_implicit_resolvers = _resolvers()
 
     # Registered below for the bool and int tags, which only scalar nodes carry.

@@ -463,6 +463,23 @@ def fedsim_cli(*args: str, timeout: float = 600, **popen) -> subprocess.Complete
                           capture_output=True, text=True, timeout=timeout, **popen)
 
 
+def crash_mid_run(config: Path, run_dir: Path, after_rounds: int) -> int:
+    """`fedsim run CONFIG` in a process of its own, killed with its Ray head and workers (SIGKILL: nothing gets to
+    clean up) once ``after_rounds`` rounds are in its rounds.jsonl; the rounds it had finished."""
+    proc = subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", "run", str(config), "--quiet"], env=cli_env(),
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    rows = run_dir / "rounds.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and (not rows.exists() or len(rows.read_text().splitlines()) < after_rounds):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.stdout is not None
+    finished = len(rows.read_text().splitlines()) if rows.exists() else 0
+    assert finished >= after_rounds, proc.stdout.read().decode()[-2000:]
+    return finished
+
+
 def write_yaml(path: Path, tree: dict) -> Path:
     import yaml
 

@@ -34,6 +34,7 @@ SMOKE = {
     "state_memory.py": ["--smoke"],
     "sweep_concurrency.py": ["--smoke"],
     "system_clock.py": ["--smoke"],
+    "text_throughput.py": ["--smoke"],
 }
 
 

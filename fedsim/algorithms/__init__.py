@@ -118,7 +118,13 @@ def batchnorm_mode(cfg: MethodChoice, cls: type[Algorithm]) -> BatchNormMode | N
 
 
 def batchnorm_notice(cfg: MethodChoice, algorithm: Algorithm, keys: KeyParts) -> str | None:
-    """The one line a run prints when DP chose BatchNorm's mode for it (a model with running statistics only)."""
+    """The one line a run prints about BatchNorm (also at --dry-run): on a model without it, what a method or
+    model.batchnorm that assumes it does then; else when DP chose BatchNorm's mode (a model with running statistics)."""
+    if not keys.batchnorm:
+        if cfg.model.batchnorm is not None:
+            return (f"model.batchnorm: {cfg.model.batchnorm} has nothing to act on: the model has no BatchNorm layer; "
+                    "leave it out")
+        return algorithm.without_batchnorm
     if cfg.model.batchnorm is not None or algorithm.bn_mode != "local_statistics" or not keys.statistics:
         return None
     return ("model.batchnorm: local_statistics under privacy.dp: BatchNorm's running statistics stay on each client, "

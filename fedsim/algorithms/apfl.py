@@ -64,6 +64,8 @@ class APFL(PartialSharing):
     client's first round). v's steps are plain SGD at the round's lr (FedTorch's second optimizer takes the run's).
     """
     name, train, share = "apfl", "full", "full"
+    without_batchnorm = ("apfl runs its personal model v on BatchNorm statistics of its own, apart from w's, and this "
+                         "model has none: v and w differ in their weights alone, mixed by alpha as usual")
     # Deng et al. 2020 (APFL), Sec. 6: the experiments run alpha in {0.25, 0.5, 0.75}.
     tunable = {"alpha": Distribution(choice=[0.25, 0.5, 0.75])}
     Params = APFLParams

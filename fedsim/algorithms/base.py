@@ -68,6 +68,9 @@ class Algorithm:
     train: ClassVar[Part] = "full"  # what a client's local update trains (for the default hooks)
     share: ClassVar[Part] = "full"  # what clients send and the server averages and broadcasts
     batchnorm: ClassVar[BatchNormMode] = "averaged"  # the method's default for model.batchnorm
+    # What the method does on a model without BatchNorm (the text models, an MLP) where its design assumes one: said
+    # at --dry-run and when a run starts (``batchnorm_notice``); None where BatchNorm plays no part in it.
+    without_batchnorm: ClassVar[str | None] = None
     # Per-client state kept between rounds beyond the personal part of the model: slot -> its size,
     # "full" (the whole model), "shared" (the shared weights) or a number of values. Not a ClassVar: a method may size
     # a slot on its instance once the model is built (FedRoD's personal head, in init_model).

@@ -176,6 +176,9 @@ class CallbackSpec(Section):
 class ModelConfig(Section):
     name: str = Field("cnn4", description="a registered model or a user's 'package.module:function'")
     personal_layers: int = Field(1, ge=0, description="K_P: classifier + the last K_P-1 blocks are personal")
+    options: dict[str, Any] = Field({}, description="sizes of a registered model that takes them: char_lstm "
+                                    "{embedding, hidden, layers}, char_transformer {width, heads, layers}; left out: "
+                                    "LEAF's sizes (docs/shakespeare.md)")
     client: str | None = Field(None, description="'package.module:Class' of your own LightningModule (docs/lightning.md); "
                                "null: the built-in FedClient around model.name")
     client_args: dict[str, Any] = Field({}, description="keyword arguments of model.client's __init__ (num_classes, "

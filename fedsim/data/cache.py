@@ -2,7 +2,8 @@
 
 <cache_dir>/<name>-<key>/{train_x,train_y,test_x,test_y}.npy + meta.json (+ {train_groups,test_groups}.npy when
 the source has per-sample client ids). Decoding 60k small images costs seconds; memory-mapping the cached arrays
-costs milliseconds and lets every worker process share the same pages instead of holding its own copy.
+costs milliseconds and lets every worker process share the same pages instead of holding its own copy. Built data
+sets use it too: shakespeare's windows (270 MB for every modern client) are built once per parse and mapped after.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +77,8 @@ def open_cache(name: str, folder: Path, augmentable: bool) -> ArrayDataset | Non
         std = tuple(float(s) if s > 0 else 1.0 for s in meta["std"])
         dataset = ArrayDataset(name, train_x, train_y, test_x, test_y, tuple(meta["classes"]),
                                tuple(meta["mean"]), std, train_groups, test_groups, augmentable=augmentable,
-                               digest=meta.get("digest") or content_digest(*arrays))  # caches from before digests
+                               digest=meta.get("digest") or content_digest(*arrays),  # caches from before digests
+                               window=int(meta.get("window", 0)), about=meta.get("about"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # AttributeError: meta not a dict
         return None
     channels = train_x.shape[-1] if train_x.ndim == 4 else -1
@@ -108,12 +112,17 @@ def unfit(arrays: Arrays) -> str | None:
     return None
 
 
-def build_cache(folder: Path, source: Path, arrays: Arrays, augmentable: bool) -> None:
-    """Save ``arrays`` (read from ``source``) with their channel statistics and content hash as the cache ``folder``."""
+Stats = tuple[tuple[float, ...], tuple[float, ...]]  # per-channel (mean, std), as ArrayDataset holds them
+
+
+def build_cache(folder: Path, source: Path, arrays: Arrays, augmentable: bool, stats: Stats | None = None,
+                window: int = 0, about: Mapping[str, Any] | None = None) -> None:
+    """Save ``arrays`` (read from ``source``) with their channel statistics (``stats``, else measured over the
+    images) and content hash as the cache ``folder``; ``window`` and ``about`` as ArrayDataset takes them."""
     problem = unfit(arrays)
     if problem is not None:
         raise DataError(f"data.root: {source} {problem}; replace it with an intact copy")
-    mean, std = channel_stats(arrays.train_x)
+    mean, std = stats or channel_stats(arrays.train_x)
     has_groups = arrays.train_groups is not None
     names = ARRAYS + (GROUPS if has_groups else ())
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -125,11 +134,24 @@ def build_cache(folder: Path, source: Path, arrays: Arrays, augmentable: bool) -
             with space_named(folder / f"{a}.npy", getattr(arrays, a).nbytes):
                 np.save(tmp / f"{a}.npy", getattr(arrays, a))
         meta = {"classes": list(arrays.classes), "mean": mean, "std": std, "source": str(source), "groups": has_groups,
-                "digest": content_digest(*(getattr(arrays, a) for a in names))}
+                "digest": content_digest(*(getattr(arrays, a) for a in names)), "window": window, "about": about}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         _publish(tmp, folder, augmentable)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cached(name: str, folder: Path, augmentable: bool, build: Callable[[], None]) -> ArrayDataset:
+    """The data set cached in ``folder``, made there by ``build`` (a :func:`build_cache` call) when missing or
+    damaged."""
+    dataset = open_cache(name, folder, augmentable)
+    if dataset is None:
+        build()
+        dataset = open_cache(name, folder, augmentable)
+    if dataset is None:
+        raise DataError(f"FEDSIM_CACHE: could not build a usable cache at {folder}; delete it or point "
+                        "FEDSIM_CACHE at a writable folder")
+    return dataset
 
 
 def _publish(tmp: Path, folder: Path, augmentable: bool) -> None:

@@ -18,7 +18,7 @@ from fedsim import storage
 from fedsim.config import DataConfig
 from fedsim.data.array_dataset import ArrayDataset, recomputed_digest
 from fedsim.data.contract import checked
-from fedsim.data.cache import build_cache, cache_dir, channel_stats, open_cache, source_key
+from fedsim.data.cache import build_cache, cache_dir, cached, channel_stats, source_key
 from fedsim.data.formats import (CIFAR10_PICKLES, CIFAR100_PICKLES, CLASS_FOLDERS, FEMNIST_NPZ, IMAGE_FOLDER, IMAGE_ZIP,
                                  Arrays, Reader)
 from fedsim.data.shakespeare import shakespeare
@@ -149,14 +149,8 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
         return spec(root, options or {})
     source, read = _find_source(spec, resolve_root(root), download)
     folder = cache_dir() / f"{name}-{source_key(source)}"
-    dataset = open_cache(name, folder, spec.augmentable)
-    if dataset is None:
-        build_cache(folder, source, _read_checked(spec, source, read), spec.augmentable)
-        dataset = open_cache(name, folder, spec.augmentable)
-    if dataset is None:
-        raise DataError(f"FEDSIM_CACHE: could not build a usable cache at {folder}; delete it or point "
-                        "FEDSIM_CACHE at a writable folder")
-    return dataset
+    return cached(name, folder, spec.augmentable,
+                  lambda: build_cache(folder, source, _read_checked(spec, source, read), spec.augmentable))
 
 
 TEST_SPLIT_STREAM = 0x7E57  # data.test_split's draw: its own stream of the run's seed

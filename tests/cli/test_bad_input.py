@@ -42,6 +42,7 @@ CONFIG_CASES = [
     ("too many clients", {"data.num_clients": 100000}, "data.num_clients"),
     ("unknown algorithm", {"algorithm": "fedfoo"}, "unknown algorithm 'fedfoo'"),
     ("unknown model", {"model.name": "vgg"}, "model.name"),
+    ("sizes for a model without any", {"model.options": {"hidden": 16}}, "model.options: cnn4 takes no options"),
     ("perfedavg alpha 0", {"algorithm": {"name": "perfedavg", "alpha": 0}}, "perfedavg: algorithm.alpha"),
     ("pfedme beta above 1", {"algorithm": {"name": "pfedme", "beta": 2}}, "pfedme: algorithm.beta"),
     ("trim fraction 0.5", {"server.aggregator": "trimmed_mean", "server.trim_fraction": 0.5}, "server.trim_fraction"),

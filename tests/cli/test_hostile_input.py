@@ -110,6 +110,12 @@ def test_yaml_12_scalars():
         "a": "no", "b": "on", "c": 10, "d": 0.001, "e": "1:30", "f": 31, "g": True}
 
 
+@pytest.mark.parametrize("text", ["a: " + "[" * 5000 + "]" * 5000, "".join(" " * i + "a:\n" for i in range(1200))])
+def test_a_document_nested_past_any_config_is_one_line(text):
+    with pytest.raises(strict_yaml.YamlError, match="nesting depth|nested too deeply"):
+        strict_yaml.load(text)
+
+
 def test_sweep_names_stay_safe_folder_names(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({**SYNTHETIC, "sweep": {"model.client": ["pkg.mod:Class", "a b/c"]}}))

@@ -24,6 +24,7 @@ def written_before(cfg_dict: dict, section: str, *keys: str) -> dict:
 @pytest.mark.parametrize("section, keys, changed_value", [
     ("eval", ("unseen", "personalize"), {"eval": {"unseen": 2}}),
     ("model", ("precision", "client_loop", "head"), {"model": {"client_loop": "trainer"}}),
+    ("model", ("options",), {"model": {"name": "char_lstm", "options": {"hidden": 64}}}),
     ("server", (), {"server": {"aggregator": "median"}}),
     ("data", ("validation",), {"data": {"validation": 0.2}}),
 ])

@@ -9,8 +9,9 @@ from conftest import SHAKESPEARE_OPTIONS
 from fedsim.data import load_dataset
 from fedsim.data.array_dataset import recomputed_digest
 from fedsim.data.partition import Partition
+from fedsim.data import shakespeare
 from fedsim.data.shakespeare import (LEAF_VOCABULARY, TARBALL, TEXTS, folio_speeches, leaf_text, modern_speeches,
-                                     options_of, parse, windows)
+                                     options_of, parse, parse_fingerprint, windows)
 from fedsim.data.validation import validation_splits
 from fedsim.errors import DataError
 
@@ -117,3 +118,26 @@ def test_validation_holds_out_each_clients_last_windows_and_trains_on_none_that_
         assert np.array_equal(train[client], indices[indices < indices[-held] - 80])
     with pytest.raises(DataError, match="^data.validation: client 0's 3 training windows leave none"):
         validation_splits(Partition((np.arange(3),), (np.arange(1),)), data.train_y, 0.5, 0, window=80)
+
+
+def test_windows_are_built_once_per_parse_then_memory_mapped(data_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSIM_CACHE", str(tmp_path))
+    built = load_dataset("shakespeare", data_root, options=SHAKESPEARE_OPTIONS)
+
+    def no_second_parse(*args):
+        raise AssertionError("parsed again: the cached windows were not used")
+
+    monkeypatch.setattr(shakespeare, "parse", no_second_parse)
+    again = load_dataset("shakespeare", data_root, options=SHAKESPEARE_OPTIONS)
+    assert isinstance(again.train_x, np.memmap) and not again.train_x.flags.writeable  # shared pages, no copy
+    assert again.digest == built.digest == recomputed_digest(again)
+    assert (again.about, again.window, again.mean, again.std) == (built.about, 80, (0.0,), (1 / 255,))
+    with pytest.raises(AssertionError, match="parsed again"):  # another seq_len is another parse
+        load_dataset("shakespeare", data_root, options={**SHAKESPEARE_OPTIONS, "seq_len": 40})
+
+
+def test_the_parse_fingerprint_reads_what_shapes_the_windows_not_where_the_file_lies():
+    base = options_of(SHAKESPEARE_OPTIONS)
+    assert parse_fingerprint(options_of({**SHAKESPEARE_OPTIONS, "path": "/elsewhere/x.tar.gz"})) == parse_fingerprint(base)
+    for change in ({"seq_len": 40}, {"variant": "folio"}, {"min_chars": 1}, {"test_share": 0.5}, {"plays": None}):
+        assert parse_fingerprint(options_of({**SHAKESPEARE_OPTIONS, **change})) != parse_fingerprint(base), change
