@@ -2,10 +2,14 @@
 refactor that breaks a script fails here instead of on the day someone measures (benchmarks/overhead.py's bare loop
 once failed for weeks, unnoticed).
 
-Not here: ``gpu_check.py``, ``gpu_fixedcost.py`` (and the shell scripts around them) need a GPU: their CPU-checkable
-parts are in tests/test_gpu_check.py and the device check runs them (``benchmarks/gpu_check.sh``);
-``peer_flower.py`` (and ``_flower_app.py``) need Flower's own environment (benchmarks/.venv-flwr, it pins another
-Ray): run ``peer_flower.py --reps 1 --silo-reps 0`` there. ``_common.py`` is every script's helper."""
+Not here: ``gpu_check.py`` and ``gpu_fixedcost.py`` (and the shell scripts around them) need a GPU: their
+CPU-checkable parts are in tests/test_gpu_check.py, ``OUT=/tmp/g benchmarks/gpu_check.sh --cpu`` runs the check on CPU
+workers and ``gpu_fixedcost.py --cpu`` on the CPU; ``peer_flower.py`` (and ``_flower_app.py``, its Flower side) need
+Flower's own environment, benchmarks/.venv-flwr, which pins another Ray: ``peer_flower.py --workloads device --reps 1``
+creates it and runs there. ``_common.py`` is every script's helper.
+
+Cost (measured on the shared 2-core VM at load average 10-17, BENCHMARKS.md): the in-process scripts 5-45 s each, the
+Ray-based ones (each starts a local Ray, some several) minutes each under that load."""
 import os
 import subprocess
 import sys
