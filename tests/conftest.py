@@ -530,6 +530,23 @@ def paper_folder(tmp_path: Path, key: str, edit: Callable[[str], str] = lambda t
 SHAKESPEARE_OPTIONS = {"plays": ["hamlet"], "min_chars": 9000}  # Hamlet's four longest parts: one play's parse
 
 
+# Three plays' eight main speakers each (hamlet, macbeth, othello: 2,352 speeches; built in 1.3 s).
+SPEAKERS_OPTIONS = {"plays": ["hamlet", "macbeth", "othello"]}
+
+
+def speakers_tree(tmp_path, data_root, **over) -> dict:
+    """A run of the three plays' speaker attribution on a test-sized token model, without Ray: seconds."""
+    tree = {"name": "spk", "seed": 5, "algorithm": "fedper", "out_dir": str(tmp_path),
+            "data": {"dataset": "shakespeare_speakers", "root": str(data_root), "partition": "natural",
+                     "num_clients": 3, "options": dict(SPEAKERS_OPTIONS), "train_fraction": 0.1, "augment": False},
+            "model": {"name": "user_plugins:tiny_token_bag", "personal_layers": 1},
+            "train": {"rounds": 2, "local_epochs": 1, "batch_size": 16, "eval_every": 1},
+            "eval": {"finetune_epochs": 0}, "engine": {"backend": "local", "workers": 1}}
+    for dotted, value in over.items():
+        set_dotted(tree, dotted, value)
+    return tree
+
+
 def shakespeare_tree(tmp_path, data_root, model: str = "user_plugins:tiny_char_lstm", **over) -> dict:
     """A run of 3 Hamlet characters on a tiny character model, a few hundred windows each: seconds."""
     tree = {"name": "shk", "seed": 5, "algorithm": "fedper", "out_dir": str(tmp_path),
@@ -595,3 +612,17 @@ def unblocking(fifo: Path) -> threading.Timer:
     timer = threading.Timer(5.0, release)
     timer.start()
     return timer
+
+
+def minilm_tree(tmp_path, algorithm: str = "fedavg", **over) -> dict:
+    """A run of 3 clients on a handful of short token sequences (user_plugins:token_sequences) with minilm."""
+    tree = {"name": "lora", "seed": 4, "algorithm": algorithm, "out_dir": str(tmp_path),
+            "data": {"dataset": "user_plugins:token_sequences", "partition": "natural", "num_clients": 3,
+                     "augment": False},
+            "model": {"name": "minilm", "options": {"r": 4}},
+            "train": {"rounds": 1, "local_epochs": 1, "batch_size": 4, "eval_every": 1,
+                      "body": {"lr": 0.05}, "head": {"lr": 0.05}},
+            "eval": {"finetune_epochs": 0}, "engine": {"workers": 1, "round_timeout_s": 300}}
+    for dotted, value in over.items():
+        set_dotted(tree, dotted, value)
+    return tree

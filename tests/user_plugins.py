@@ -330,6 +330,22 @@ def tiny_char_lstm(num_classes: int, in_channels: int, image_size) -> SplitNet:
     return char_lstm(num_classes, in_channels, image_size, embedding=4, hidden=16)
 
 
+class TokenMean(nn.Module):
+    """(B, 1, 1, T) float token ids -> the mean of their embeddings, padding (id 0) left out."""
+
+    def __init__(self, vocabulary: int, width: int):
+        super().__init__()
+        self.embedding = nn.EmbeddingBag(vocabulary, width, mode="mean", padding_idx=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embedding(x.flatten(1).round().long())
+
+
+def tiny_token_bag(num_classes: int, in_channels: int, image_size) -> SplitNet:
+    """A test-sized model of MiniLM's token ids (shakespeare_speakers): their mean embedding of 8, one hidden layer."""
+    return SplitNet(TokenMean(30522, 8), [nn.Sequential(nn.Linear(8, 8), nn.ReLU())], nn.Linear(8, num_classes))
+
+
 def tiny_char_transformer(num_classes: int, in_channels: int, image_size) -> SplitNet:
     """The causal character transformer at a test's size (width 16, two heads, two layers)."""
     from fedsim.models.text import char_transformer
@@ -343,3 +359,27 @@ class StopsInADebugger(TwoPartModule):
     def training_step(self, batch, batch_idx):
         breakpoint()
         return super().training_step(batch, batch_idx)
+
+
+def token_sequences(root, options) -> ArrayDataset:
+    """A few short token-id sequences per client for minilm (float32 ids, exact below 2**24; padding id 0 at the tails): class c draws its words
+    from a range of its own, and client g holds classes g and g + 1, so clients' label sets overlap only in part."""
+    from fedsim.data.array_dataset import content_digest
+
+    clients, classes, length = options.get("clients", 3), 4, options.get("length", 12)
+    rng = np.random.default_rng(0)
+
+    def split(per_client: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        groups = np.repeat(np.arange(clients), per_client)
+        labels = (groups + rng.integers(0, 2, len(groups))) % classes
+        ids = 2000 + 50 * labels[:, None] + rng.integers(0, 50, (len(groups), length))
+        ids[:, 0] = 101  # [CLS]
+        ends = rng.integers(length // 2, length + 1, len(groups))
+        ids[np.arange(length)[None, :] >= ends[:, None]] = 0  # [PAD]
+        return ids.astype(np.float32).reshape(-1, 1, length, 1), labels.astype(np.int64), groups.astype(np.int64)
+
+    train_x, train_y, train_g = split(options.get("train_per_client", 8))
+    test_x, test_y, test_g = split(options.get("test_per_client", 4))
+    return ArrayDataset("tokens", train_x, train_y, test_x, test_y, tuple(f"c{c}" for c in range(classes)),
+                        (0.0,), (1.0,), train_g, test_g, augmentable=False,
+                        digest=content_digest(train_x, train_y, test_x, test_y))

@@ -9,14 +9,14 @@ from fedsim.config.execution import (AvailabilityConfig, DevicesConfig, EngineCo
                                      WandbConfig)
 from fedsim.config.fingerprint import changed_settings, result_settings, results_fingerprint, resume_fingerprint
 from fedsim.config.learning import (PARTITIONS, CallbackSpec, DataConfig, EvalConfig, ModelConfig, OptimConfig,
-                                    PartitionSettings, ServerConfig, TrainConfig)
+                                    PartitionSettings, PartsConfig, ServerConfig, TrainConfig)
 from fedsim.config.loading import load_tree, merge_trees, parse_overrides, refuse_defaults_only, set_dotted, validate
 from fedsim.config.privacy import AdaptiveClipping, PrivacyConfig
 from fedsim.config.schema import AlgorithmConfig, Distribution, RunConfig, SearchConfig, TuneConfig
 
 __all__ = ["PARTITIONS", "AdaptiveClipping", "PrivacyConfig", "AlgorithmConfig", "AvailabilityConfig", "CallbackSpec", "DataConfig", "DevicesConfig",
            "Distribution", "EngineConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig",
-           "PartitionSettings", "RunConfig", "SearchConfig", "ServerConfig", "SystemConfig", "TrainConfig",
+           "PartitionSettings", "PartsConfig", "RunConfig", "SearchConfig", "ServerConfig", "SystemConfig", "TrainConfig",
            "TuneConfig", "WandbConfig", "changed_settings", "check_sections", "load_tree", "merge_trees",
            "parse_overrides", "refuse_defaults_only", "result_settings", "results_fingerprint", "resume_fingerprint",
            "set_dotted", "validate"]

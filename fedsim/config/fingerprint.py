@@ -58,8 +58,8 @@ LATER_DATA_DEFAULTS = {"validation": 0.0, "test_split": None}
 # before them, FedBuff weighted reports by samples, and its checkpoints mean that).
 LATER_ASYNC_DEFAULTS: dict[str, Any] = {"server_momentum": 0.0, "async_weighting": "uniform"}
 
-LATER_MODEL_DEFAULTS: dict[str, Any] = {"client_args": {}, "head": None, "callbacks": [], "precision": "32", "client_loop": "fabric",
-                                        "options": {}}
+LATER_MODEL_DEFAULTS: dict[str, Any] = {"client_args": {}, "head": None, "callbacks": [], "precision": "32",
+                                        "client_loop": "fabric", "options": {}, "parts": None}
 
 
 def _resume_settings(cfg_dict: dict) -> dict:

@@ -173,18 +173,29 @@ class CallbackSpec(Section):
         return callback_path(path)
 
 
+class PartsConfig(Section):
+    """``model.parts``: the body/head split by state-dict name patterns (fnmatch: ``*`` also crosses dots), for a
+    split no block index gives, such as LoRA's A matrices in the body and its B matrices with the classifier in the
+    head. Every pattern must name a tensor and every tensor that travels must be named exactly once."""
+    body: list[str] = Field(description="patterns of the body: shared under FedPer, trained under FedBABU")
+    head: list[str] = Field(description="patterns of the head: personal under FedPer, fixed under FedBABU")
+
+
 class ModelConfig(Section):
     name: str = Field("cnn4", description="a registered model or a user's 'package.module:function'")
     personal_layers: int = Field(1, ge=0, description="K_P: classifier + the last K_P-1 blocks are personal")
-    options: dict[str, Any] = Field({}, description="sizes of a registered model that takes them: char_lstm "
-                                    "{embedding, hidden, layers}, char_transformer {width, heads, layers}; left out: "
-                                    "LEAF's sizes (docs/shakespeare.md)")
+    options: dict[str, Any] = Field({}, description="settings of a registered model that takes them: char_lstm "
+                                    "{embedding, hidden, layers}, char_transformer {width, heads, layers} (left out: "
+                                    "LEAF's sizes, docs/shakespeare.md); minilm {r, alpha, dropout, target_modules} "
+                                    "(docs/minilm.md)")
     client: str | None = Field(None, description="'package.module:Class' of your own LightningModule (docs/lightning.md); "
                                "null: the built-in FedClient around model.name")
     client_args: dict[str, Any] = Field({}, description="keyword arguments of model.client's __init__ (num_classes, "
                                         "in_channels, image_size come from the data when it takes them)")
     head: list[str] | None = Field(None, description="the module's submodules that form the head (personal under "
                                    "FedPer, fixed under FedBABU); null: a fedsim model's K_P, else its `head` submodule")
+    parts: PartsConfig | None = Field(None, description="the body/head split by tensor name patterns, e.g. {body: "
+                                      "['*lora_A*'], head: ['*lora_B*', 'classifier.*']}; null: model.head or K_P")
     callbacks: list[str | CallbackSpec] = Field([], description="Lightning callbacks for every local update: "
                                                "'package.module:Class' or {class_path: ..., init_args: {...}}")
     precision: Precision = Field(
@@ -210,6 +221,16 @@ class ModelConfig(Section):
         "local_statistics in place of averaged under privacy.dp")
     init_from: str | None = Field(None, description="a finished run folder: start from its final global weights "
                                   "(its model.npz), e.g. LG-FedAvg from a FedAvg run as the FedBABU authors do")
+
+    @model_validator(mode="after")
+    def _one_split(self) -> ModelConfig:
+        # Two splits of one model would leave the reader guessing which one the run used.
+        if self.parts is not None and self.head is not None:
+            raise ValueError("model.parts and model.head both name the head; keep one (model.parts names tensors, "
+                             "model.head submodules)")
+        if self.parts is not None and "personal_layers" in self.model_fields_set:
+            raise ValueError("model.parts replaces model.personal_layers; remove model.personal_layers")
+        return self
 
 
 class OptimConfig(Section):

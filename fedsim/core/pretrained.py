@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,14 +29,18 @@ SHA256 = {
     "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
     "config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
 }
-# Every switch the hub, transformers and datasets read before they would reach the network.
+# Every switch the hub, transformers and datasets read before they would reach the network. USE_HUB_KERNELS: transformers
+# 5 swaps layers for compute kernels fetched from the hub (the `kernels` package it requires) unless told not to.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-               "HF_HUB_DISABLE_TELEMETRY": "1"}
+               "HF_HUB_DISABLE_TELEMETRY": "1", "USE_HUB_KERNELS": "0"}
 
 
 def force_offline() -> None:
     """Set the offline switches in this process (a worker calls it too: environments do not travel with tasks)."""
     os.environ.update(OFFLINE_ENV)
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:  # imported earlier, it read the switches then: its own copy is what the hub checks
+        setattr(constants, "HF_HUB_OFFLINE", True)
 
 
 def minilm_folder() -> Path:

@@ -22,6 +22,7 @@ from fedsim.data.cache import build_cache, cache_dir, cached, channel_stats, sou
 from fedsim.data.formats import (CIFAR10_PICKLES, CIFAR100_PICKLES, CLASS_FOLDERS, FEMNIST_NPZ, IMAGE_FOLDER, IMAGE_ZIP,
                                  Arrays, Reader)
 from fedsim.data.shakespeare import shakespeare
+from fedsim.data.speakers import shakespeare_speakers
 from fedsim.data.synthetic import synthetic
 from fedsim.errors import DataError, PluginError
 from fedsim.plugins import Signature, is_plugin, load_plugin, user_call
@@ -54,6 +55,11 @@ def _shakespeare(root: str | Path | None, options: dict) -> ArrayDataset:
     return shakespeare(None if options.get("path") else resolve_root(root), options)
 
 
+def _shakespeare_speakers(root: str | Path | None, options: dict) -> ArrayDataset:
+    """As ``_shakespeare``: the same tarball, found the same way."""
+    return shakespeare_speakers(None if options.get("path") else resolve_root(root), options)
+
+
 # Adding a data set is one entry here: a _Spec, or a builder taking the data root (as given) and the ``options`` dict.
 _DATASETS: dict[str, _Spec | Callable[[str | Path | None, dict], ArrayDataset]] = {
     "cifar10": _Spec(
@@ -73,6 +79,7 @@ _DATASETS: dict[str, _Spec | Callable[[str | Path | None, dict], ArrayDataset]] 
     "imagefolder": _Spec("image-folder data set", None, ((".", IMAGE_ZIP), (".", IMAGE_FOLDER), (".", CLASS_FOLDERS))),
     "synthetic": lambda root, options: synthetic(options),  # generated: no root
     "shakespeare": _shakespeare,
+    "shakespeare_speakers": _shakespeare_speakers,  # speaker attribution, MiniLM's tokens (docs/speakers.md)
 }
 
 

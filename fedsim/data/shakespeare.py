@@ -140,8 +140,8 @@ class Client:
     text: str
 
 
-def clients_of(works: dict[str, str], variant: str, plays: list[str] | None) -> list[Client]:
-    """Every (play, speaker) pair of the variant's plays, plays in name order, speakers in order of first speech."""
+def speeches_by_play(works: dict[str, str], variant: str, plays: list[str] | None) -> dict[str, list[Speech]]:
+    """Each of the variant's plays (``plays``, else all; in name order) with its speeches in order."""
     suffix = SUFFIX[variant]
     parse = modern_speeches if variant == "modern" else folio_speeches
     available = sorted(name[:-len(suffix)] for name in works if name.endswith(suffix)
@@ -152,10 +152,15 @@ def clients_of(works: dict[str, str], variant: str, plays: list[str] | None) -> 
         if unknown:
             raise DataError(f"data.options.plays: no {variant} text for {unknown}; choose from {', '.join(available)}")
         available = [name for name in available if name in plays]
+    return {play: parse(works[play + suffix]) for play in available}
+
+
+def clients_of(works: dict[str, str], variant: str, plays: list[str] | None) -> list[Client]:
+    """Every (play, speaker) pair of the variant's plays, plays in name order, speakers in order of first speech."""
     clients: list[Client] = []
-    for play in available:
+    for play, speeches in speeches_by_play(works, variant, plays).items():
         spoken: dict[str, list[str]] = {}
-        for speech in parse(works[play + suffix]):
+        for speech in speeches:
             spoken.setdefault(speech.speaker, []).append(speech.text)
         clients.extend(Client(f"{play}/{speaker}", leaf_text(texts)) for speaker, texts in spoken.items())
     return clients

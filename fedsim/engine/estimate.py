@@ -35,6 +35,7 @@ class WorkEstimate:
     own_optimizers: bool
     parameters: int  # trainable parameters of the whole model
     model_bytes: int  # the whole state dict (buffers included), as stored
+    frozen_values: int  # values of the model that never train or travel (minilm's pretrained encoder)
     shared_values: int  # what the server holds and averages
     clients: int
     sampled_per_round: int
@@ -135,6 +136,7 @@ def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = Fa
     return WorkEstimate(
         name=cfg.name, model=cfg.model.name if not cfg.model.client else plan.model.client, client=plan.model.client,
         optimizers=plan.model.optimizers, own_optimizers=plan.model.own_optimizers, parameters=plan.model.parameters, model_bytes=plan.model.state_bytes,
+        frozen_values=plan.model.frozen,
         shared_values=shared, clients=plan.num_clients, sampled_per_round=sampled, rounds=cfg.train.rounds,
         epochs_per_round=epochs, train_sample_steps=train_samples, train_sgd_steps=train_steps,
         finetune_sample_steps=finetune_samples, finetune_sgd_steps=finetune_steps,
@@ -169,7 +171,8 @@ def describe(e: WorkEstimate) -> str:
     return "\n".join([
         f"{e.name}: ok (dry run: nothing started, nothing written)",
         f"  model        {e.model}: {e.parameters:,} parameters, {_mb(e.model_bytes)}; server holds "
-        f"{e.shared_values:,} values",
+        f"{e.shared_values:,} values"
+        + (f"; {e.frozen_values:,} pretrained values frozen (never trained or sent)" if e.frozen_values else ""),
         f"  clients      {e.clients}, {e.sampled_per_round} {_per_round(e)}, "
         f"{e.rounds} rounds x "
         f"{e.epochs_per_round} epochs",

@@ -5,6 +5,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fedsim.models.cnn4 import cnn4
+from fedsim.models.minilm import MINILM_OPTIONS, minilm
 from fedsim.models.mlp import linear_base, mlp
 from fedsim.models.mobilenet import mobilenet_v1
 from fedsim.models.pfllib_cnn import pfllib_cnn
@@ -18,19 +19,23 @@ from fedsim.plugins import Signature, is_plugin, load_plugin, user_call
 MODELS: dict[str, Callable[..., SplitNet]] = {
     "cnn4": cnn4, "resnet34": resnet34, "mobilenet_v1": mobilenet_v1, "mlp": mlp, "linear_base": linear_base,
     "pfllib_cnn": pfllib_cnn, "char_lstm": char_lstm, "char_transformer": char_transformer,
+    "minilm": minilm,
 }
 USER_MODEL = Signature(keywords=("num_classes", "in_channels", "image_size"), returns="a fedsim.models.SplitNet")
 
 
 # The models that take sizes from model.options: each size's name and default.
 SIZES: dict[str, dict[str, int]] = {"char_lstm": LSTM_SIZES, "char_transformer": TRANSFORMER_SIZES}
+# Every model that takes model.options, with each option's default: the sizes, and minilm's LoRA settings (which its
+# own function checks: a rate, a list of layers and whole numbers, not sizes alone).
+OPTIONS: dict[str, Mapping[str, Any]] = {**SIZES, "minilm": MINILM_OPTIONS}
 
 
 def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int],
                 batch_statistics: bool = False, options: Mapping[str, Any] | None = None) -> SplitNet:
     """Build a registered model (or a user's ``package.module:function``) for inputs of shape (C, H, W): called as
     ``f(num_classes=, in_channels=C, image_size=)``, image_size the side of square images, else (H, W), and the
-    sizes ``options`` gives (model.options: only for the models in ``SIZES``); ``batch_statistics``: BatchNorm
+    options ``options`` gives (model.options: only for the models in ``OPTIONS``); ``batch_statistics``: BatchNorm
     without running statistics (model.batchnorm: batch_stats)."""
     if is_plugin(name):
         factory = load_plugin(name, "model.name", USER_MODEL)
@@ -38,10 +43,10 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int],
         factory = MODELS[name]
     else:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(MODELS)}")
-    sizes = model_sizes(name, options or {})
+    chosen = model_options(name, options or {})
     with user_call(name, "model.name", USER_MODEL):
         net = factory(num_classes=num_classes, in_channels=input_shape[0], image_size=image_size_of(input_shape),
-                      **sizes)
+                      **chosen)
     if not isinstance(net, SplitNet):
         raise ValueError(f"model.name: {name!r} built a {type(net).__name__}; a model must return a "
                          "fedsim.models.SplitNet (stem, blocks, classifier)")
@@ -50,21 +55,25 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, int, int],
     return net
 
 
-def model_sizes(name: str, options: Mapping[str, Any]) -> dict[str, int]:
-    """``model.options`` checked against the sizes ``name`` takes (one line naming the field and the fix)."""
-    if name not in SIZES:
+def model_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``model.options`` checked against the options ``name`` takes (one line naming the field and the fix); sizes
+    must be whole numbers >= 1."""
+    if name not in OPTIONS:
         if options:
-            raise ValueError(f"model.options: {name} takes no options (only {' and '.join(SIZES)} take sizes); "
+            raise ValueError(f"model.options: {name} takes no options (only {', '.join(OPTIONS)} take them); "
                              "leave model.options out")
         return {}
-    defaults = SIZES[name]
+    defaults = OPTIONS[name]
     unknown = sorted(set(options) - set(defaults))
     if unknown:
-        raise ValueError(f"model.options: {name} has no size {unknown[0]!r}; give {', '.join(defaults)}")
+        kind = "size" if name in SIZES else "option"
+        raise ValueError(f"model.options: {name} has no {kind} {unknown[0]!r}; give {', '.join(defaults)}")
+    if name not in SIZES:
+        return {**defaults, **options}
     for key, value in options.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"model.options.{key}: {name} needs a whole number >= 1, got {value!r}")
-    sizes = defaults | dict(options)
+    sizes = {**defaults, **options}
     if name == "char_transformer" and sizes["width"] % sizes["heads"]:
         raise ValueError(f"model.options.heads: {sizes['heads']} heads do not divide width {sizes['width']}; give "
                          "heads that divide it")

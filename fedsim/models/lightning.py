@@ -5,8 +5,9 @@ Any ``pl.LightningModule`` is a client (``model.client: "package.module:Class"``
 
 * its **network** (:func:`network_of`): the module's own ``state_dict``, as a Lightning checkpoint holds it;
   FedClient's is the fedsim model it wraps (``net``), so its weights keep the model's own names;
-* its **body/head split** (:func:`split_keys`): ``model.head`` (names of submodules) when set, else a fedsim
-  ``SplitNet``'s K_P (``model.personal_layers``), else the module's ``head`` submodule;
+* its **body/head split** (:func:`split_keys`): ``model.parts`` (patterns of tensor names) or ``model.head`` (names
+  of submodules) when set, else a fedsim ``SplitNet``'s K_P (``model.personal_layers``), else the module's ``head``
+  submodule;
 * its **optimizers** (``configure_optimizers``): mapped to body and head by parameter identity
   (:func:`optimizer_parts`). A module that defines none gets one per part from ``train.body``/``train.head``
   (:func:`config_optimizers`), as FedClient does.
@@ -29,6 +30,7 @@ from fedsim.config import CallbackSpec, ModelConfig, OptimConfig
 from fedsim.core.layout import KeyParts
 from fedsim.errors import ConfigError, UserCodeError
 from fedsim.models import SplitNet, build_model
+from fedsim.models.named_parts import head_by_patterns
 from fedsim.models.shape import image_size_of
 from fedsim.plugins import Subclass, load_plugin
 
@@ -160,7 +162,9 @@ def split_keys(module: pl.LightningModule, model: ModelConfig) -> KeyParts:
     """The body/head split of the module's network, and its BatchNorm keys."""
     net = network_of(module)
     keys = list(net.state_dict())
-    if model.head is None and isinstance(net, SplitNet):  # a fedsim model: K_P is structural
+    if model.parts is not None:
+        head = head_by_patterns(keys, model.parts, model.client or model.name)
+    elif model.head is None and isinstance(net, SplitNet):  # a fedsim model: K_P is structural
         try:
             head = net.split_keys(model.personal_layers)[1]
         except ValueError as err:

@@ -23,6 +23,13 @@ def pack(net: nn.Module, layout: Layout) -> np.ndarray:
     return out
 
 
+def frozen_values(net: nn.Module) -> int:
+    """Values the network holds that never train or travel: its non-persistent buffers' elements (minilm's
+    pretrained encoder)."""
+    kept = set(net.state_dict())
+    return sum(b.numel() for name, b in net.named_buffers() if name not in kept)
+
+
 def use_batch_statistics(net: nn.Module) -> None:
     """BatchNorm without running statistics (track_running_stats=False): batch statistics in training and
     at test, as the FedBABU authors build their 4-conv CNN and MobileNet."""

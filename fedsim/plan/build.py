@@ -21,7 +21,7 @@ from fedsim.models.lightning import (FedClient, build_callbacks, build_client, d
                                      network_of, optimizer_parts, overrides, part_parameters, split_keys)
 from fedsim.models.packed import why_unpackable
 from fedsim.models.shape import check_forward
-from fedsim.models.state import layout_of, load_arrays, pack
+from fedsim.models.state import frozen_values, layout_of, load_arrays, pack
 from fedsim.plan.model import ModelPlan
 from fedsim.plan.population import Population
 from fedsim.plan.run import RunPlan
@@ -77,7 +77,7 @@ def build_model_plan(cfg: RunConfig, algorithm: Algorithm, num_classes: int, inp
                      optimizers=tuple(checked_optimizers(cfg, module, keys)),
                      own_optimizers=overrides(module, "configure_optimizers"),
                      buffers=frozenset(key for key, _ in net.named_buffers()),
-                     unpackable=unpackable(cfg, module, net))
+                     unpackable=unpackable(cfg, module, net), frozen=frozen_values(net))
 
 
 def unpackable(cfg: RunConfig, module: pl.LightningModule, net: torch.nn.Module) -> str | None:

@@ -25,3 +25,4 @@ class ModelPlan:
     own_optimizers: bool  # from the module's configure_optimizers (else fedsim's, from train.body / train.head)
     buffers: frozenset[str] = frozenset()  # state-dict keys that are statistics, not parameters (BatchNorm's)
     unpackable: str | None = None  # why the client module cannot be trained packed (engine.pack), or None
+    frozen: int = 0  # values the network holds that never train or travel (minilm's pretrained encoder)

@@ -38,3 +38,11 @@ def test_the_offline_switches_are_set(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     pretrained.force_offline()
     assert all(os.environ[name] == "1" for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def test_a_hub_imported_before_the_switches_goes_offline_too(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    pretrained.force_offline()
+    assert constants.HF_HUB_OFFLINE is True
