@@ -25,6 +25,7 @@ SMOKE = {
     "chaos.py": ["--smoke"],
     "gpu_subset.py": ["DATA", "OUT", "--smoke"],
     "lightning_driver.py": ["--smoke"],
+    "lora_throughput.py": ["--smoke"],
     "overhead.py": ["--smoke"],
     "packed.py": ["quickstart", "steps", "--smoke"],
     "parallel.py": ["--smoke"],
