@@ -625,4 +625,4 @@ def minilm_tree(tmp_path, algorithm: str = "fedavg", **over) -> dict:
             "eval": {"finetune_epochs": 0}, "engine": {"workers": 1, "round_timeout_s": 300}}
     for dotted, value in over.items():
         set_dotted(tree, dotted, value)
-    return tree
+    return engine_default(tree, over)
