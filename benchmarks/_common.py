@@ -5,6 +5,7 @@ taking medians, because the 2-core machine is shared and absolute seconds drift 
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import os
@@ -43,10 +44,31 @@ QUICKSTART = {
 }
 
 
+# --smoke: the script's own code on tiny sizes, in seconds, as tests/test_benchmarks.py runs it (``make test``) so
+# that no script rots unnoticed; its numbers mean nothing. The quickstart keeps its 10 clients and 4 classes each,
+# with 2% of its images and one local epoch.
+SMOKE = False
+SMOKE_SIZES = {"data.train_fraction": 0.02, "data.test_fraction": 0.02, "train.local_epochs": 1}
+SMOKE_OVERRIDES = [f"{key}={value}" for key, value in SMOKE_SIZES.items()]  # the same, as `fedsim run` arguments
+
+
+def parse(ap: argparse.ArgumentParser, **tiny) -> argparse.Namespace:
+    """``ap``'s arguments, with a ``--smoke`` flag: given, ``tiny``'s values replace the parsed ones, ``quickstart()``
+    shrinks to SMOKE_SIZES and nothing waits for a quiet machine."""
+    global SMOKE
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script runs "
+                    "(tests/test_benchmarks.py); its numbers mean nothing")
+    args = ap.parse_args()
+    if args.smoke:
+        SMOKE = True
+        vars(args).update(tiny)
+    return args
+
+
 def quickstart(overrides: dict | None = None) -> dict:
-    """A deep copy of the quickstart FedPer tree with dotted-key overrides applied."""
+    """A deep copy of the quickstart FedPer tree with dotted-key overrides applied (on SMOKE_SIZES under --smoke)."""
     tree = copy.deepcopy(QUICKSTART)
-    for dotted, value in (overrides or {}).items():
+    for dotted, value in {**(SMOKE_SIZES if SMOKE else {}), **(overrides or {})}.items():
         set_dotted(tree, dotted, value)
     return tree
 
@@ -266,7 +288,10 @@ QUIET_REP_CORES = 0.25
 
 
 def wait_quiet(threshold: float = QUIET_CORES, max_wait: float = QUIET_WAIT_S, window: float = 4.0) -> float:
-    """Wait (up to max_wait s) until other processes used < threshold cores over a window; returns the wait."""
+    """Wait (up to max_wait s) until other processes used < threshold cores over a window; returns the wait (none
+    under --smoke)."""
+    if SMOKE:
+        return 0.0
     t0 = time.perf_counter()
     while True:
         with CpuMeter(interval=window / 2) as meter:

@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -208,7 +209,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="draws the faults and their moments")
     parser.add_argument("--system", choices=SYSTEMS, default="ideal", help="ideal: the plain run; async: FedBuff "
                         "on a heterogeneous virtual clock")
+    parser.add_argument("--smoke", action="store_true", help="one trial in a fresh temporary --work: checks that the "
+                        "script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.trials, args.work = 1, Path(tempfile.mkdtemp(prefix="fedsim-chaos-smoke-"))
     config = {**CONFIG, **SYSTEMS[args.system]}
     args.work.mkdir(parents=True, exist_ok=True)
     state_path = args.work / "state.json"

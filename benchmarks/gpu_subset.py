@@ -43,7 +43,11 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--c10", type=int, nargs=2, default=(500, 200), metavar=("TRAIN", "TEST"))
     parser.add_argument("--c100", type=int, nargs=2, default=(50, 10), metavar=("TRAIN", "TEST"))
+    parser.add_argument("--smoke", action="store_true", help="2 + 1 CIFAR-10 and 1 + 1 CIFAR-100 images a class: "
+                        "checks that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.c10, args.c100 = (2, 1), (1, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, (train, test) in (("cifar10", args.c10), ("cifar100", args.c100)):
         count = write_subset(args.shared / SOURCES[name], args.out / SOURCES[name], train, test)

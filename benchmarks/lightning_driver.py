@@ -22,6 +22,8 @@ from fedsim.config import ModelConfig, OptimConfig
 from fedsim.models import build_model
 from fedsim.models.lightning import FedClient, module_optimizers, optimizer_parts, part_parameters, split_keys
 
+from _common import parse
+
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning_fabric").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -78,7 +80,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parse(parser, clients=2, steps=1, repeats=1)
     torch.set_num_threads(1)
     data = batches(args.steps)
     times = {name: [] for name in MODES}

@@ -23,6 +23,7 @@ Repetitions are interleaved A, B, C, (D), A, B, C, ... in one process; medians a
 
     .venv/bin/python benchmarks/overhead.py              # 10 rounds, 2 reps: ~15 min
     .venv/bin/python benchmarks/overhead.py --rounds 3 --reps 1
+    .venv/bin/python benchmarks/overhead.py --smoke       # 1 round on 2% of the data: checks the script runs
 """
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from _common import (QUIET_REP_CORES, REPO, check_quickstart, log, machine, measured, median, quickstart, run_fedsim,
-                     save)
+from _common import (QUIET_REP_CORES, REPO, check_quickstart, log, machine, measured, median, parse, quickstart,
+                     run_fedsim, save)
 
 
 def bare_run(tree: dict, threads: int, channels_last: bool) -> dict:
@@ -163,7 +164,7 @@ def main() -> None:
                     "--reps)")
     ap.add_argument("--only-same-work", metavar="JSON", help="run D once and compare its per-client accuracies with "
                     "fedsim's in an earlier run's raw file (benchmarks/results/overhead-*.json)")
-    args = ap.parse_args()
+    args = parse(ap, rounds=1, reps=1, bare1_reps=1, local_reps=1)
 
     check_quickstart()
     if args.only_same_work:

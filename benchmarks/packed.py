@@ -24,7 +24,8 @@ import subprocess
 import sys
 import time
 
-from _common import REPO, log, machine, measured, median, quickstart, run_fedsim, save
+from _common import REPO, log, machine, measured, median, parse, quickstart, run_fedsim, save
+from fedsim.plan import steps_per_epoch
 from peer_flower import HP, WORKLOADS, ensure_flower_venv, export, fedsim_side, run_flower
 
 PFL = {"num_clients": 1000, "fraction": 0.05, "rounds": 3}  # cohort 50 of 1,000
@@ -108,7 +109,7 @@ def _runtime(pack, clients: int = 50, workload: str = "cifar10"):
                     "train": {"local_epochs": 1, "batch_size": PFL_BATCH, "body": sgd, "head": sgd},
                     "engine": {"threads_per_worker": 1, "pack": pack}})
     plan = build_plan(cfg, load_inputs(cfg))
-    return ClientRuntime(plan, {c: plan.clients[c] for c in range(clients)})
+    return ClientRuntime(plan.for_workers(), {c: plan.clients[c] for c in range(clients)})
 
 
 def steps(args) -> dict:
@@ -124,7 +125,7 @@ def steps(args) -> dict:
                 start = time.perf_counter()
                 list(rt.train_clients(broadcast, list(range(50)), 1))
                 seconds[g].append(time.perf_counter() - start)
-        client_steps = sum(rt.plan.train_steps[c] for c in range(50))
+        client_steps = sum(steps_per_epoch(len(rt.client_data[c].train), PFL_BATCH) for c in range(50))
         rates = {g: client_steps / min(s) for g, s in seconds.items()}
         print(f"\n{workload}: client-steps/s on one worker core (50 clients, b = {PFL_BATCH}, {client_steps} steps):")
         for g, rate in rates.items():
@@ -205,7 +206,7 @@ def main() -> None:
                     help="steps: whose clients")
     ap.add_argument("--profile-pack", default="8", help="profile: the pack size set against sequential")
     ap.add_argument("--pack", default="auto", help="engine.pack of the packed side (a number or auto)")
-    args = ap.parse_args()
+    args = parse(ap, rounds=1, reps=1, workloads=["synthetic"])
     args.pack = args.pack if args.pack == "auto" else int(args.pack)
     results = {"args": vars(args), "machine": machine()}
     for what in args.what:

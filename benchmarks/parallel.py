@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import log, machine, measured, median, quickstart, run_fedsim, save
+from _common import log, machine, measured, median, parse, quickstart, run_fedsim, save
 
 SETTINGS = {
     "2 workers x 1 thread": {"engine.workers": 2, "engine.cpus_per_worker": 1, "engine.threads_per_worker": 1},
@@ -28,7 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1)
-    args = ap.parse_args()
+    args = parse(ap, rounds=1, reps=1)
 
     runs: dict[str, list[dict]] = {k: [] for k in SETTINGS}
     for rep in range(args.reps):

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 
-from _common import log, machine, measured, median, run_fedsim, save
+from fedsim.config import set_dotted
+
+import _common
+from _common import SMOKE_SIZES, log, machine, measured, median, parse, run_fedsim, save
 
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.runner import run_trees
@@ -39,6 +42,8 @@ def tree(key: str, rounds: int, engine: dict) -> dict:
     run.update(name=f"bench-partial-{key}", seed=0, out_dir="/tmp/fedsim-bench-runs")
     run["train"].update(rounds=rounds, eval_every=rounds)
     run["engine"].update(engine)
+    for dotted, value in (SMOKE_SIZES if _common.SMOKE else {}).items():
+        set_dotted(run, dotted, value)
     return run
 
 
@@ -53,7 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--reps", type=int, default=1)
-    args = ap.parse_args()
+    args = parse(ap, rounds=2, reps=1)
     suite_rounds = run_trees(PAPERS["fedbabu"], "cpu")["fedbabu"]["train"]["rounds"]
 
     runs: dict[tuple[str, str], list[dict]] = {(k, s): [] for k in RUNS for s in SETTINGS}

@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import BENCH, REPO, MemorySampler, log, machine, measured, quickstart, run_fedsim, save
+from _common import BENCH, REPO, MemorySampler, log, machine, measured, parse, quickstart, run_fedsim, save
 
 CLIENTS = 10_000
 IMAGES = 3  # train images per client (the issue asks for 1-5)
@@ -129,7 +129,7 @@ def main() -> None:
                     help="skip old-engine cases whose 2 x K x model bytes exceed this (the machine is shared)")
     ap.add_argument("--clients", type=int, default=CLIENTS, help="N (smaller only for a smoke run)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = parse(ap, clients=200, cases=["cnn4:10", "cnn4:10:median", "eval:50"])
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return

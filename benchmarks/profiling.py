@@ -772,7 +772,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--sampled", type=int, default=100)
     p.set_defaults(fn=aggmem)
+    p = sub.add_parser("smoke", help="step, compute and aggmem on tiny sizes, in seconds: checks that they run "
+                       "(tests/test_benchmarks.py); the Ray-based profiles (startup, spawn, pyspy) and the fresh-process "
+                       "ones (memory, fixedcost) are left to their own runs")
+    p.set_defaults(fn=smoke)
     return ap
+
+
+def smoke(args) -> None:
+    for fn, sizes in ((step, {"samples": 100, "epochs": 1, "reps": 1, "algorithm": "fedavg"}), (compute, {"reps": 1}),
+                      (aggmem, {"model": "cnn4", "workers": 2, "sampled": 4})):
+        fn(argparse.Namespace(**sizes))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from fedsim.engine.estimate import estimate
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.runner import plan
 
+from _common import parse
+
 # sample-steps/s of one run on one H200, 4 workers x 0.25 GPU (BENCHMARKS.md, "GPU check", 2026-11-30)
 MEASURED = {"mobilenet_v1": 8021.0, "cnn4": 21212.0}
 SLOWEST = "mobilenet_v1"  # a model without a measured rate is timed at the slowest measured one (an upper bound)
@@ -31,12 +33,18 @@ def makespan(durations: list[float], lanes: int) -> float:
     return max(free)
 
 
+def without_init(cfg):
+    """``cfg`` starting from fresh weights: a run that starts from an earlier run's (model.init_from, FedBABU's
+    fine-tuning) does the same work, and that run's weights do not exist before the suite has run."""
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"init_from": None})}) if cfg.model.init_from else cfg
+
+
 def project(paper: str, seeds: int, gpus: int, rates: dict[str, float]) -> None:
     with tempfile.TemporaryDirectory() as runs:
         planned = plan(PAPERS[paper], PAPERS[paper].claims, "paper", seeds, Path(runs))
         work = {}
         for item in (p for p in planned if p.seed == 0):  # every seed does the same work
-            e = estimate(item.config)
+            e = estimate(without_init(item.config))
             work[item.key] = (e.model, e.train_sample_steps + e.finetune_sample_steps)
     assumed = sorted({model for model, _ in work.values() if model not in rates})
     seconds = [steps / rates.get(model, rates[SLOWEST]) for item in planned for model, steps in [work[item.key]]]
@@ -53,7 +61,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rate", action="append", default=[], metavar="MODEL=RATE",
                         help="sample-steps/s of one run of MODEL on one GPU (default: the measured ones)")
-    args = parser.parse_args()
+    args = parse(parser, seeds=1)
     rates = dict(MEASURED)
     for given in args.rate:
         model, _, value = given.partition("=")

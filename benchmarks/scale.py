@@ -35,7 +35,7 @@ import os
 
 import numpy as np
 
-from _common import MemorySampler, log, machine, measured, quickstart, run_fedsim, save
+from _common import MemorySampler, log, machine, measured, parse, quickstart, run_fedsim, save
 from profiling import memory_child
 
 CIFAR_TRAIN, CIFAR_TEST = 50_000, 10_000
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--trained", type=int, default=1000, help="clients trained in the in-process personal-state "
                     "measurement (0 = skip it)")
     ap.add_argument("--samples-per-client", type=int, default=5)
-    args = ap.parse_args()
+    args = parse(ap, clients=[20, 40], rounds=2, trained=10)
 
     results = []
     for n in args.clients:

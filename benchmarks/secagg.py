@@ -20,7 +20,7 @@ import argparse
 import time
 
 import numpy as np
-from _common import fixed_point_scales, machine, median, save, worker_runtime
+from _common import fixed_point_scales, machine, median, parse, save, worker_runtime
 
 from fedsim.config import validate
 from fedsim.core.aggregate import RoundSums
@@ -57,7 +57,7 @@ def case(model: str, k: int, reps: int) -> dict:
     rt = worker_runtime(config(model, k))
     cohort = list(range(k))
     broadcast = {WEIGHTS: rt.plan.model.initial["shared"]}
-    scaling = fixed_point_scales(rt, sum(rt.plan.train_sizes))
+    scaling = fixed_point_scales(rt, sum(len(c.train) for c in rt.client_data.values()))
     masks = PairwiseMasks(SEED, 1, tuple(cohort))
     one_round(rt, broadcast, cohort, scaling, None)  # warm-up: data, kernels
     times: dict[bool, list[float]] = {False: [], True: []}
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--cohorts", type=int, nargs="+", default=[10, 50, 100])
     parser.add_argument("--models", nargs="+", default=["cnn4", "mlp"])
     parser.add_argument("--reps", type=int, default=3)
-    args = parser.parse_args()
+    args = parse(parser, cohorts=[3], models=["mlp"], reps=1)
     rows = []
     print("model  values     K   plain s   secure s   B / A   mask s/client  recovery(10% dropped)/A  sum identical")
     for model in args.models:

@@ -5,7 +5,7 @@ reaped before it exited, so a Ray run's own processes may be counted only in par
 
   tiny run    synthetic data, 2 clients, MLP, 1 round, 1 worker (`--overwrite`)
   bad setting train.rounds=-1
-  bad split   data.partition={name: classes, k: 4} on 2 clients (the config alone shows k is too large)
+  bad split   data.partition={name: classes, k: 4} on 2 clients (the data shows k is too large: they hold 2 classes)
   bad module  model.client=nosuch_module:Thing (no such module on the path)
 
 Each case runs on every engine given: `ray` and `local` (engine.backend) from this checkout, and with

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import RESULTS, log
+from _common import RESULTS, log, parse
 
 
 def memory_kb() -> dict[str, int]:
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--changed", type=int, default=100, help="clients trained between the two checkpoints")
     parser.add_argument("--ram-limit-gb", type=float, default=6.0, help="skip all-in-RAM runs needing more")
     parser.add_argument("--child", nargs=3, type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse(parser, clients=[200], budgets_mb=[0, 1], changed=10)
     if args.child:
         print(json.dumps(child(*args.child)))
         return

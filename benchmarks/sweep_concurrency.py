@@ -18,6 +18,8 @@ from fedsim.config import load_tree
 from fedsim.metrics.logger import read_jsonl
 from fedsim.sweep.expand import expand_sweep
 
+from _common import SMOKE_OVERRIDES, parse
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "experiments" / "quickstart.yaml"
 SWEEP = ["sweep.algorithm=[fedavg, fedper]", "sweep.seed=[0, 1]"]
@@ -39,7 +41,7 @@ def main_() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, help="folder for the runs (default: a temporary one, removed)")
     parser.add_argument("overrides", nargs="*", help="key=value applied to every run, e.g. train.rounds=3")
-    args = parser.parse_args()
+    args = parse(parser, overrides=[*SMOKE_OVERRIDES, "train.rounds=1", "sweep.seed=[0]"])
     work = args.work or Path(tempfile.mkdtemp(prefix="fedsim-sweep-bench-"))
     names = [cfg.name for cfg in expand_sweep(load_tree(CONFIG, [*SWEEP, *args.overrides]))]
     seconds = {}

@@ -28,6 +28,9 @@ from fedsim.plan import Population
 from fedsim.plan.system import Clock, build_system
 from fedsim.sweep.expand import expand_sweep
 
+import _common
+from _common import SMOKE_OVERRIDES, parse
+
 REPO = Path(__file__).resolve().parent.parent
 EVERYTHING = {"devices": {"preset": "mobile"}, "dropout": 0.1, "over_selection": 0.3, "deadline_s": 30.0,
               "availability": {"pattern": "diurnal", "period_s": 3600.0, "on_fraction": 0.5}}
@@ -43,7 +46,8 @@ def clock_microseconds(num_clients: int, rounds: int = 200) -> float:
 
 
 def round_seconds(out_dir: Path, rounds: int, clocked: bool) -> tuple[float, list[dict]]:
-    overrides = ["sweep.algorithm=[fedper]", f"train.rounds={rounds}", f"out_dir={out_dir}"]
+    overrides = ["sweep.algorithm=[fedper]", f"train.rounds={rounds}", f"out_dir={out_dir}",
+                 *(SMOKE_OVERRIDES if _common.SMOKE else [])]
     if clocked:
         overrides.append("system.devices.preset=lognormal")
     config = REPO / "experiments" / "quickstart.yaml"
@@ -60,7 +64,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--work", type=Path, help="folder for the runs (default: a temporary one, removed)")
-    args = parser.parse_args()
+    args = parse(parser, rounds=2, reps=1)
     work = args.work or Path(tempfile.mkdtemp(prefix="fedsim-clock-bench-"))
     times: dict[bool, list[float]] = {False: [], True: []}
     metrics: dict[bool, list[dict]] = {}

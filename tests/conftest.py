@@ -58,6 +58,8 @@ def local_ray(_shared_ray_session):
     a test that needs its own Ray, or none, asks for ``no_ray``."""
     import ray
 
+    _keep_ray()  # also for a module-scoped fixture that builds its run before the test's own fixtures are set up
+
     if ray.is_initialized() and _SHARED_RAY.get("gcs") == ray.get_runtime_context().gcs_address:
         return ray
     ray.shutdown()
@@ -71,8 +73,40 @@ def no_ray():
     """No Ray is up when the test starts: the shared one is stopped (the next ``local_ray`` starts it again)."""
     import ray
 
+    _keep_ray()
+
     ray.shutdown()
     _SHARED_RAY.clear()
+
+
+_RAY_WANTED = False  # whether the running test's runs take Ray by default (set by _engine_of_the_test)
+
+
+def _keep_ray() -> None:
+    global _RAY_WANTED
+    _RAY_WANTED = True
+
+
+@pytest.fixture(autouse=True)
+def _engine_of_the_test(request):
+    """A test that asks for a Ray (``local_ray``, ``no_ray``) or is slow (the cluster, chaos and signal scenarios)
+    keeps Ray for the runs the builders below make; every other one runs them on the local backend, one worker in
+    the test's own process, without Ray's start-up (10-30 s a run)."""
+    global _RAY_WANTED
+    _RAY_WANTED = bool({"local_ray", "no_ray"} & set(request.fixturenames)) or bool(request.node.get_closest_marker("slow"))
+    yield
+    _RAY_WANTED = False
+
+
+def engine_default(tree: dict, over: dict) -> dict:
+    """``tree`` on the local backend with one worker, unless ``over`` names engine.backend or more than one worker
+    (engine.workers > 1 runs on Ray) or the test keeps Ray (``_engine_of_the_test``)."""
+    asked = {key.replace("__", ".") for key in over}
+    engine = tree["engine"]
+    if "engine.backend" in asked or _RAY_WANTED or ("engine.workers" in asked and engine["workers"] > 1):
+        return tree
+    engine.update(backend="local", workers=1)
+    return tree
 
 
 def set_dotted(tree: dict, dotted: str, value) -> dict:
@@ -96,7 +130,7 @@ def small_tree(tmp_path, data_root, **over) -> dict:
     }
     for dotted, value in over.items():
         set_dotted(tree, dotted, value)
-    return tree
+    return engine_default(tree, over)
 
 
 def small_config(tmp_path, data_root, **over):
@@ -160,7 +194,8 @@ def per_client(run_dir: Path) -> list[dict]:
 
 
 def synthetic_tree(tmp_path, name: str = "t", **over) -> dict:
-    """A run on 8 generated clients with an MLP: seconds of compute, still through Ray workers."""
+    """A run on 8 generated clients with an MLP: seconds of compute (on the local backend unless the test keeps
+    Ray: ``engine_default``)."""
     tree = {
         "name": name, "seed": 3, "algorithm": "fedper", "out_dir": str(tmp_path),
         "data": {"dataset": "synthetic", "partition": "natural", "num_clients": 8, "options": {"num_clients": 8}},
@@ -171,7 +206,7 @@ def synthetic_tree(tmp_path, name: str = "t", **over) -> dict:
     }
     for dotted, value in over.items():
         set_dotted(tree, dotted, value)
-    return tree
+    return engine_default(tree, over)
 
 
 def tune_tree(tmp_path, name="tn", **over):
@@ -404,7 +439,7 @@ def lightning_tree(tmp_path, client: str, algorithm: str = "fedper", **over) -> 
             "eval": {"finetune_epochs": 1}, "engine": {"workers": 2, "round_timeout_s": 300}}
     for dotted, value in over.items():
         set_dotted(tree, dotted, value)
-    return tree
+    return engine_default(tree, over)
 
 
 def lightning_runtime(tmp_path, client: str, algorithm: str = "fedper", **over):
@@ -523,7 +558,7 @@ def shakespeare_tree(tmp_path, data_root, model: str = "user_plugins:tiny_char_l
             "eval": {"finetune_epochs": 0}, "engine": {"workers": 1, "round_timeout_s": 300}}
     for dotted, value in over.items():
         set_dotted(tree, dotted, value)
-    return tree
+    return engine_default(tree, over)
 
 
 # -- the hostile-input suite's probes (tests/hostile) ---------------------------------------------------------------
@@ -590,4 +625,4 @@ def minilm_tree(tmp_path, algorithm: str = "fedavg", **over) -> dict:
             "eval": {"finetune_epochs": 0}, "engine": {"workers": 1, "round_timeout_s": 300}}
     for dotted, value in over.items():
         set_dotted(tree, dotted, value)
-    return tree
+    return engine_default(tree, over)

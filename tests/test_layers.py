@@ -13,7 +13,8 @@ LAYERS = ("core", "privacy", "data", "models", "algorithms", "plan", "client", "
           "cli")
 # The top-level helpers sit with the core: settings (the config package), errors, files and storage, used by every
 # layer.
-BASE = {"__init__", "config", "errors", "atomic", "safe_files", "plugins", "strict_yaml", "storage"}
+BASE = {"__init__", "config", "errors", "atomic", "safe_files", "plugins", "strict_yaml", "storage",
+        "lean_imports"}
 # The one arrow that runs back up: the config's cross-section checks read the method's own typed parameters and
 # what it supports (fedsim/config/checks.py).
 UPWARD_ALLOWED = {("config/checks", "algorithms/__init__")}
@@ -126,3 +127,34 @@ def test_core_and_the_server_side_import_no_torch():
     code = f"import sys\nfor m in {modules!r}: __import__(m)\nprint('torch' in sys.modules, 'dp_accounting' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"  # nor dp-accounting (~0.6 s): the plan carries DP's epsilon values
+
+
+
+WATCHED = ("ray", "torch", "torchvision", "transformers", "matplotlib", "scipy")
+
+
+def _imported_by(code: str, *args: str) -> tuple[list[str], str]:
+    """(which of ``WATCHED`` a fresh process running ``code``, with ``args`` as sys.argv[1:], has imported at its
+    end, its stderr)."""
+    watch = f"\nimport sys\nprint('imported:', *[m for m in {WATCHED!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code + watch, *args], capture_output=True, text=True)
+    return out.stdout.rpartition("imported:")[2].split(), out.stderr
+
+
+def test_fedsim_help_and_a_partition_the_data_cannot_make_import_no_torch_nor_ray(tmp_path):
+    """A user waits seconds for torch and Ray: ``fedsim --help`` and a split the data cannot make never load them."""
+    config = tmp_path / "c.yaml"
+    config.write_text("name: x\nalgorithm: fedavg\ndata: {dataset: synthetic, partition: {name: classes, k: 4}, "
+                      "num_clients: 2, options: {num_clients: 2}}\nmodel: {name: mlp}\ntrain: {rounds: 1}\n")
+    cli = "import sys\nfrom fedsim.cli.main import run_cli\nsys.argv[0] = 'fedsim'\ntry:\n    run_cli()\nexcept SystemExit:\n    pass"
+    assert _imported_by(cli, "--help")[0] == []
+    imported, errors = _imported_by(cli, "run", str(config))
+    assert "data.partition.k" in errors and imported == []
+
+
+def test_a_worker_imports_torchmetrics_without_its_optional_integrations_and_they_stay_findable():
+    """fedsim/lean_imports.py: torchmetrics loads without torchvision's models, transformers, matplotlib and
+    scipy (seconds of every worker's start-up), and lightning_utilities answers truthfully about them afterwards."""
+    code = ("import fedsim.client.runtime\nfrom lightning_utilities.core.imports import RequirementCache, "
+            "package_available\nassert package_available('torchvision') and RequirementCache('matplotlib')")
+    assert _imported_by(code) == (["ray", "torch"], "")

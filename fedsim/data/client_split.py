@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from fedsim import safe_files, storage
 from fedsim.config import RunConfig, load_tree, validate
@@ -15,10 +14,12 @@ from fedsim.core.protocol import ClientData
 from fedsim.data.array_dataset import ArrayDataset, recomputed_digest
 from fedsim.data.datasets import load_run_data
 from fedsim.data.partition import Partition
-from fedsim.data.transforms import to_float
 from fedsim.data.validation import validation_splits
 from fedsim.errors import ConfigError, DataError
 from fedsim.plugins import plugin_settings
+
+if TYPE_CHECKING:
+    import torch
 
 SPLITS = {"train": "train", "validation": "val", "test": "test"}  # client_split's names -> ClientData's fields
 
@@ -26,6 +27,10 @@ SPLITS = {"train": "train", "validation": "val", "test": "test"}  # client_split
 def client_tensors(data: ArrayDataset, client: ClientData, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(images normalised as the model sees them, labels through the client's label map) of ``client``'s ``split``
     ("train", "val" or "test"; validation is held-out training data), on the CPU."""
+    import torch  # here, not above: the data package is imported (a partition checked) without torch
+
+    from fedsim.data.transforms import to_float
+
     idx = {"train": client.train, "val": client.val, "test": client.test}[split]
     images = data.test_x[idx] if split == "test" else data.train_x[idx]
     labels = data.test_y[idx] if split == "test" else data.train_y[idx]

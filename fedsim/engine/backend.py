@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 class RayCalls:
     """Ray's own functions (the server actor holds one: a plain object, pickled with it)."""
 
+    in_this_process = False  # actors are processes of their own
+
     def put(self, value: Any) -> Ref:
         import ray
 
@@ -51,6 +53,8 @@ class RayCalls:
 
 class InProcessCalls:
     """Calls on in-process handles: every call has already run, so its answer is its own ref and always ready."""
+
+    in_this_process = True
 
     def put(self, value: Any) -> Ref:
         return value

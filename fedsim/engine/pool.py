@@ -42,6 +42,10 @@ class Calls(Protocol):
 
     def kill(self, handle: Handle) -> None: ...
 
+    @property
+    def in_this_process(self) -> bool:
+        """Whether the workers run in the caller's own process (their CPU time is then already in its own)."""
+
 
 class WorkerLost(RuntimeError):
     """A worker kept dying (or freezing) however often it was replaced: one line naming it and its clients."""
@@ -120,12 +124,14 @@ class WorkerPool:
                 self.calls.kill(self.workers[index])  # its pending call now fails with RayActorError: recovery follows
 
     def cpu_seconds_since_last(self) -> float:
-        """The CPU time every worker spent in calls since this was last asked (a replacement counts from 0):
-        what a round cost on the workers, whatever else ran on their machines meanwhile."""
+        """The CPU time every worker in another process spent in calls since this was last asked (a replacement
+        counts from 0): what a round cost on the workers, whatever else ran on their machines meanwhile. Workers
+        in the caller's process (the local backend) count 0 here: the caller's own process time holds theirs, and
+        adding them again doubled a local run's CPU seconds."""
         totals = self.get_from_each([w.cpu_seconds.remote() for w in self.workers])
         spent: float = sum(total - counted for total, counted in zip(totals, self.cpu_counted))
         self.cpu_counted = list(totals)
-        return spent
+        return 0.0 if self.calls.in_this_process else spent
 
     # -- losses ----------------------------------------------------------------------------------
     def round_completed(self) -> None:

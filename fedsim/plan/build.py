@@ -14,7 +14,7 @@ from fedsim.config import RunConfig, check_sections
 from fedsim.core import runfiles
 from fedsim.core.layout import KeyParts
 from fedsim.core.protocol import ClientData
-from fedsim.data import ArrayDataset, Partition, load_run_data, make_partition
+from fedsim.data import ArrayDataset, Partition, load_run_data, run_partition
 from fedsim.data.validation import validation_splits
 from fedsim.errors import ConfigError
 from fedsim.models.lightning import (FedClient, build_callbacks, build_client, describe_optimizers, module_optimizers,
@@ -129,11 +129,7 @@ def load_inputs(cfg: RunConfig) -> Inputs:
     check_sections(cfg)
     d = cfg.data
     data = load_run_data(d, cfg.seed)  # decodes once; workers then mmap
-    groups = (None if data.train_groups is None or data.test_groups is None  # a dataset has both or neither
-              else (data.train_groups, data.test_groups))
-    partition = make_partition(d.partition.name, data.train_y, data.test_y, d.num_clients, cfg.seed, groups=groups,
-                               train_fraction=d.train_fraction, test_fraction=d.test_fraction,
-                               **d.partition.arguments())
+    partition = run_partition(d, cfg.seed, data)
     init_weights = read_initial_weights(cfg.model.init_from) if cfg.model.init_from else None
     algorithm = build_algorithm(cfg)
     model = build_model_plan(cfg, algorithm, data.num_classes, data.input_shape, init_weights)

@@ -218,7 +218,8 @@ def test_a_users_module_that_raises_under_way_is_one_line_exit_4_never_retried_a
     import yaml
 
     config = tmp_path / "broken.yaml"
-    config.write_text(yaml.safe_dump(lightning_tree(tmp_path, "BrokenUnderWay", engine__workers=1)))
+    # Ray's: the module tells the driver's rehearsal from a worker by whether Ray is up
+    config.write_text(yaml.safe_dump(lightning_tree(tmp_path, "BrokenUnderWay", engine__workers=1, engine__backend="ray")))
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run([sys.executable, "-m", "fedsim.cli.main", "run", str(config), "--quiet"], env=env,
                           capture_output=True, text=True, timeout=300)

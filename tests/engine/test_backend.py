@@ -1,7 +1,9 @@
 """engine.backend (fedsim/engine/backend.py): the local backend runs the same server and worker in the driver's
 process, bit for bit what Ray's actors give on one and three workers, and a user's breakpoint() stops there."""
+import json
 import os
 import sys
+import time
 
 import pytest
 from conftest import lightning_tree, per_client, synthetic_tree
@@ -42,3 +44,16 @@ def test_the_local_backend_runs_one_worker():
     with pytest.raises(ConfigError, match=r"engine.backend: local runs one worker in this process \(engine.workers "
                                           r"is 2\); set engine.workers: 1"):
         validate(synthetic_tree("/tmp", engine__backend="local"))
+
+
+def test_a_local_runs_cpu_seconds_count_the_workers_once(tmp_path, no_ray):
+    # The worker's calls run in this process, so its CPU time is already in the server's own process time; counted
+    # again from the worker, the rounds summed to about twice what the process spent.
+    tree = synthetic_tree(tmp_path, "cpu", engine__backend="local", engine__workers=1, train__rounds=2,
+                          train__local_epochs=30)
+    before = time.process_time()
+    result = run(validate(tree))
+    spent = time.process_time() - before
+    rounds = [json.loads(line) for line in (result.run_dir / "rounds.jsonl").read_text().splitlines()]
+    counted = sum(r["cpu_seconds"] for r in rounds)
+    assert 0 < counted <= spent

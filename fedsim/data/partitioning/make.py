@@ -3,6 +3,8 @@ from the seed, and every client's split checked non-empty."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from fedsim.data.partition import Partition
@@ -10,6 +12,10 @@ from fedsim.data.partitioning.kinds import KINDS
 from fedsim.data.partitioning.request import Request, Splitter
 from fedsim.errors import DataError, PluginError
 from fedsim.plugins import Signature, is_plugin, load_plugin, user_call
+
+if TYPE_CHECKING:
+    from fedsim.config import DataConfig
+    from fedsim.data.array_dataset import ArrayDataset
 
 USER_PARTITION = Signature(("train_y", "test_y", "num_clients", "rng"),
                            returns="(train index arrays, test index arrays), one of each per client")
@@ -68,3 +74,11 @@ def make_partition(kind: str, train_y: np.ndarray, test_y: np.ndarray, num_clien
                             f"lower data.num_clients or raise data.{split}_fraction")
     return Partition(tuple(t.astype(np.int64) for t in p.train), tuple(t.astype(np.int64) for t in p.test),
                      p.label_maps)
+
+
+def run_partition(d: DataConfig, seed: int, data: ArrayDataset) -> Partition:
+    """The partition a run of data config ``d`` trains over, drawn from ``data`` (``load_run_data(d, seed)``)."""
+    groups = (None if data.train_groups is None or data.test_groups is None  # a dataset has both or neither
+              else (data.train_groups, data.test_groups))
+    return make_partition(d.partition.name, data.train_y, data.test_y, d.num_clients, seed, groups=groups,
+                          train_fraction=d.train_fraction, test_fraction=d.test_fraction, **d.partition.arguments())
