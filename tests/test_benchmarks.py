@@ -9,7 +9,8 @@ Flower's own environment, benchmarks/.venv-flwr, which pins another Ray: ``peer_
 creates it and runs there. ``_common.py`` is every script's helper.
 
 Cost (measured on the shared 2-core VM at load average 10-17, BENCHMARKS.md): the in-process scripts 5-45 s each, the
-Ray-based ones (each starts a local Ray, some several) minutes each under that load."""
+Ray-based ones (each starts a local Ray, some several) minutes each under that load: those (SLOW_SMOKE) run in the
+slow suite, which CI runs beside `make test`."""
 import os
 import subprocess
 import sys
@@ -48,7 +49,15 @@ def test_every_script_has_a_smoke_run_here_or_says_where_it_is_checked():
     assert scripts - ELSEWHERE == set(SMOKE)
 
 
-@pytest.mark.parametrize("script", sorted(SMOKE))
+# Smoke runs that took 40 s to 7 min each in `make test` at load average 8-15 (the suite's 51 min, 2026-12-07: 33 min
+# of it these): they run in `make test-slow`, which CI runs too; the quick ones stay in `make test`.
+SLOW_SMOKE = {"chaos.py", "lora_throughput.py", "overhead.py", "packed.py", "parallel.py", "partial_rounds.py",
+              "population.py", "profiling.py", "reproduce_projection.py", "scale.py", "sweep_concurrency.py",
+              "system_clock.py"}
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKE else s
+                                    for s in sorted(SMOKE)])
 def test_smoke(script, tmp_path, data_root):
     args = [str(data_root) if a == "DATA" else str(tmp_path / "out") if a == "OUT" else a for a in SMOKE[script]]
     env = {**os.environ, "BENCH_QUIET_WAIT_S": "0",

@@ -101,7 +101,7 @@ def test_a_worker_silent_at_startup_is_named_by_the_servers_restore(tmp_path, mo
     import fedsim.engine.pool as pool_module
     from conftest import in_process_server
 
-    cfg = validate(synthetic_tree(tmp_path, "silent", engine__round_timeout_s=1))
+    cfg = validate(synthetic_tree(tmp_path, "silent", engine__backend="ray", engine__round_timeout_s=1))
     server = in_process_server(cfg)
     for index, worker in enumerate(server.pool.workers):  # distinct stand-ins for the calls' ObjectRefs
         worker.runtime.load_state = lambda ckpt, index=index: f"call on worker {index}"

@@ -78,7 +78,7 @@ def test_ray_imported_before_fedsim_is_refused_in_one_line_before_ray_starts(tmp
     retry for a minute and raise an AuthenticationError naming neither cause; fedsim names the import order."""
     from conftest import synthetic_tree, write_yaml
 
-    config = write_yaml(tmp_path / "c.yaml", synthetic_tree(tmp_path, "early", train__rounds=1))
+    config = write_yaml(tmp_path / "c.yaml", synthetic_tree(tmp_path, "early", engine__backend="ray", train__rounds=1))
     script = ("import ray\nimport sys\nfrom fedsim.config import load_tree, validate\nfrom fedsim.errors import ConfigError\n"
               "from fedsim.simulate import run\n"
               "try:\n    run(validate(load_tree(sys.argv[1])))\nexcept ConfigError as err:\n    print('refused:', err)\n"

@@ -25,7 +25,7 @@ def _refused(tmp_path: Path, *overrides: str) -> tuple[int, list[str], list[str]
     """`fedsim run` of a tiny synthetic config with ``overrides``: (exit code, stderr lines, what its private Ray
     temp folder holds). A run that does not end within 150 s (the hang this guards against) is killed whole."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="fcl", dir="/tmp"))
-    cfg = write_yaml(tmp_path / "run.yaml", synthetic_tree(tmp_path, "big", train__rounds=1))
+    cfg = write_yaml(tmp_path / "run.yaml", synthetic_tree(tmp_path, "big", engine__backend="ray", train__rounds=1))
     proc = subprocess.Popen([sys.executable, "-m", "fedsim.cli.main", "run", str(cfg), "--quiet", *overrides],
                             env=cli_env(TMPDIR=str(ray_tmp)), start_new_session=True, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -48,12 +48,13 @@ def test_a_billion_cpus_per_worker_is_refused_before_ray_starts(tmp_path):
 
 
 def test_a_billion_workers_over_a_million_clients_is_refused_before_the_data_loads(tmp_path):
-    """engine.workers is cut to data.num_clients (a worker without clients would only hold resources): a million
-    worker processes, which no machine's memory holds, refused before the million clients' data is generated."""
+    """A million clients' data and a billion worker processes: refused in one line before any data is generated or
+    Ray starts. The data's own check comes first now (``fedsim run`` checks the partition before torch and Ray
+    load, issue 68): the synthetic set makes at most 10,000 clients."""
     code, lines, started = _refused(tmp_path, "engine.workers=1000000000", "data.num_clients=1000000",
                                     "data.options.num_clients=1000000")
     assert code == 2 and len(lines) == 1, lines[-20:]
-    assert lines[0].startswith("fedsim: error: engine.workers: 1000000 worker processes need at least 250,000 GB"), lines
+    assert lines[0].startswith("fedsim: error: data.options.num_clients: synthetic makes 1 to 10,000 clients"), lines
     assert started == [] and not (tmp_path / "big").exists()
 
 

@@ -90,7 +90,7 @@ def _terminated(proc: subprocess.Popen, ready, wait_s: float, timeout_s: float) 
 def test_a_signal_while_ray_starts_gives_one_line_and_leaves_nothing(tmp_path, ray_tmp, signum, code):
     """Signalled as soon as Ray's session folder appears (its GCS and raylet starting): before, SIGTERM gave Ray's
     C++ stack dump and exit 1 or 15, and Ray's agents outlived the run."""
-    cfg = write_yaml(tmp_path / "run.yaml", synthetic_tree(tmp_path, "sig", train__rounds=1))
+    cfg = write_yaml(tmp_path / "run.yaml", synthetic_tree(tmp_path, "sig", engine__backend="ray", train__rounds=1))
     proc = _start(cfg, ray_tmp)
     try:
         _wait_for(lambda: bool(_sessions(ray_tmp)), proc)
