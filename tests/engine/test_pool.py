@@ -29,7 +29,8 @@ def fake_ray():
     """The pool's calls (a backend's put/get/wait/kill), recording what it kills."""
     killed = []
     ray = types.SimpleNamespace(get=lambda refs, timeout=None: refs, kill=killed.append,
-                                wait=lambda refs, **_: (list(refs), []))
+                                wait=lambda refs, **_: (list(refs), []),
+                                in_this_process=False)  # workers of their own, as Ray's actors are
     return ray, killed
 
 
