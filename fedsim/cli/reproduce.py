@@ -160,14 +160,25 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverg
           f"{sum(work[item.key] for item in mine.runs):,} sample-steps (training and fine-tuning)")
     waiting = mine.waiting()
     if waiting:
-        steps = sum(mine.tune.final_seeds * sum(work[t[0].key] for t in s.runs) / len(s.runs) for s in waiting)
+        steps = sum(mine.tune.final_seeds * sum(_final_work(t[0].config, mine.final_rounds) for t in s.runs)
+                    / len(s.runs) for s in waiting)
         print(f"waiting for their search: {len(waiting) * mine.tune.final_seeds} final runs ({len(waiting)} method x "
-              f"setting searches not ended), about {steps:,.0f} sample-steps (each at its method's mean trial)")
+              f"setting searches not ended), about {steps:,.0f} sample-steps (each at its method's mean trial, "
+              f"run for the finals' {mine.final_rounds} rounds)")
     left = [(item, state) for item, state in states if state != diverged.STATUS]
     first = next((item.config for item, state in left if state != "finished"), None)
     print(_time_left(left, work, lambda: _timed_rate(first)))
     print(f"budget: {mine.budget()}")
     return 0
+
+
+def _final_work(trial: RunConfig, final_rounds: int) -> int:
+    """The sample-steps of a final run at ``trial``'s settings: the trial's config run for the finals' rounds."""
+    from fedsim.engine.estimate import estimate
+
+    final = trial.model_copy(update={"train": trial.train.model_copy(update={"rounds": final_rounds})})
+    e = estimate(final, overwrite=True)
+    return e.train_sample_steps + e.finetune_sample_steps
 
 
 def _command(args: argparse.Namespace) -> str:

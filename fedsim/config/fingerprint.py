@@ -9,7 +9,8 @@ import json
 from typing import Any
 
 from fedsim.config.execution import SystemConfig
-from fedsim.config.learning import FLAT_PARTITION_KEYS, ServerConfig
+from fedsim.config.learning import ServerConfig
+from fedsim.config.partition import FLAT_PARTITION_KEYS
 
 
 # Where a run writes, how it logs and its sweep never change its results; of the engine settings only these

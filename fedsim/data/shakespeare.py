@@ -193,22 +193,35 @@ class Parsed:
 
 def options_of(options: dict) -> dict[str, Any]:
     """``data.options`` for shakespeare with its defaults, each checked (one line naming the field)."""
-    unknown = sorted(set(options) - set(DEFAULTS))
+    o = tarball_options("shakespeare", DEFAULTS, options)
+    whole_number("shakespeare", "min_chars", o["min_chars"], 0)
+    whole_number("shakespeare", "seq_len", o["seq_len"], 1)
+    return o
+
+
+def tarball_options(name: str, defaults: dict[str, Any], options: dict) -> dict[str, Any]:
+    """``options`` over ``defaults`` with the options every data set parsed from the Shakespeare tarball takes
+    checked (variant, test_share, plays); ``name`` is the data set the messages name."""
+    unknown = sorted(set(options) - set(defaults))
     if unknown:
-        raise DataError(f"data.options: unknown shakespeare option(s) {unknown}; use {', '.join(DEFAULTS)}")
-    o = DEFAULTS | options
+        raise DataError(f"data.options: unknown {name} option(s) {unknown}; use {', '.join(defaults)}")
+    o = defaults | options
     if o["variant"] not in SUFFIX:
         raise DataError(f"data.options.variant: {o['variant']!r}; choose modern or folio")
-    for key, low in (("min_chars", 0), ("seq_len", 1)):
-        if not isinstance(o[key], int) or isinstance(o[key], bool) or o[key] < low:
-            raise DataError(f"data.options.{key}: shakespeare needs a whole number >= {low}, got {o[key]!r}")
     share = o["test_share"]
     if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share < 1:
-        raise DataError(f"data.options.test_share: shakespeare needs a fraction between 0 and 1, got {share!r}")
+        raise DataError(f"data.options.test_share: {name} needs a fraction between 0 and 1, got {share!r}")
     plays = o["plays"]
     if plays is not None and (not isinstance(plays, list) or not all(isinstance(p, str) for p in plays)):
         raise DataError(f"data.options.plays: give a list of play names (e.g. [hamlet]), got {plays!r}")
     return o
+
+
+def whole_number(name: str, key: str, value: Any, low: int, high: int | None = None) -> None:
+    """Refuses ``data.options.<key>`` unless it is a whole number in [low, high] (no upper bound where None)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise DataError(f"data.options.{key}: {name} needs a whole number {bound}, got {value!r}")
 
 
 def tarball_path(root: Path | None, options: dict[str, Any]) -> Path:

@@ -39,7 +39,8 @@ from fedsim.atomic import space_named
 from fedsim.core.pretrained import INSTALL_FIX, SHA256, checked_file
 from fedsim.data.array_dataset import ARRAYS, GROUPS, ArrayDataset, content_digest
 from fedsim.data.cache import cache_dir
-from fedsim.data.shakespeare import SUFFIX, Speech, read_tarball, speeches_by_play, tarball_path
+from fedsim.data.shakespeare import (Speech, read_tarball, speeches_by_play, tarball_options, tarball_path,
+                                     whole_number)
 from fedsim.errors import ConfigError, DataError
 
 NAME = "shakespeare_speakers"
@@ -53,26 +54,13 @@ CACHE_FORMAT = 1
 
 def options_of(options: dict) -> dict[str, Any]:
     """``data.options`` for shakespeare_speakers with its defaults, each checked (one line naming the field)."""
-    unknown = sorted(set(options) - set(DEFAULTS))
-    if unknown:
-        raise DataError(f"data.options: unknown {NAME} option(s) {unknown}; use {', '.join(DEFAULTS)}")
-    o = DEFAULTS | options
-    if o["variant"] not in SUFFIX:
-        raise DataError(f"data.options.variant: {o['variant']!r}; choose modern or folio")
+    o = tarball_options(NAME, DEFAULTS, options)
     if o["labels"] not in LABELS:
         raise DataError(f"data.options.labels: {o['labels']!r}; choose global (each (play, speaker) its own class) "
                         "or per_play (each play's speakers 0..k-1)")
-    for key, low, high in (("speakers", 2, None), ("min_speeches", 2, None), ("max_tokens", 3, MAX_POSITIONS)):
-        value = o[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high and value > high):
-            bound = f"between {low} and {high}" if high else f">= {low}"
-            raise DataError(f"data.options.{key}: {NAME} needs a whole number {bound}, got {value!r}")
-    share = o["test_share"]
-    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share < 1:
-        raise DataError(f"data.options.test_share: {NAME} needs a fraction between 0 and 1, got {share!r}")
-    plays = o["plays"]
-    if plays is not None and (not isinstance(plays, list) or not all(isinstance(p, str) for p in plays)):
-        raise DataError(f"data.options.plays: give a list of play names (e.g. [hamlet]), got {plays!r}")
+    whole_number(NAME, "speakers", o["speakers"], 2)
+    whole_number(NAME, "min_speeches", o["min_speeches"], 2)
+    whole_number(NAME, "max_tokens", o["max_tokens"], 3, MAX_POSITIONS)
     return o
 
 

@@ -3,6 +3,7 @@ method's defaults, then its own `tunable` parameters at that choice, the same co
 choice read from validation scores only, then the chosen settings at the final seeds; a diverged trial is left out
 and never retried; a resumed leaderboard plans only the runs its kept archive lacks; the dry run counts them."""
 import multiprocessing
+import re
 
 import pytest
 from conftest import finished_leaderboard_run as finish
@@ -197,14 +198,18 @@ def test_one_command_runs_both_stages_then_the_finals(tmp_path, monkeypatch, dat
 
 
 def test_the_dry_run_counts_the_search_and_the_finals_waiting_for_it(tmp_path, capsys, data_root):
+    """The finals still waiting for their search are estimated at the finals' rounds, not the search's: here 4
+    against 2, so each final is twice a trial's work (no fine-tuning in the base config)."""
     assert main(["reproduce", "leaderboard", "--dry-run", "--only", "fedavg", "--runs", str(tmp_path),
                  "--kept", str(tmp_path / "kept"), "tune.grid={step: [0.05, 0.1], momentum: [0.0]}", NO_OWN, "tune.rounds=2",
-                 "tune.final_rounds=2"]) == 0
+                 "tune.final_rounds=4"]) == 0
     out = capsys.readouterr().out
     assert "leaderboard-cpu-pathological-fedavg-t1-s1000: new" in out
     assert "leaderboard-cpu-pathological-fedavg-t1-s1001: new" in out
-    assert "planned now: 8 search runs, 0 final runs (8 new)" in out
-    assert "waiting for their search: 10 final runs (2 method x setting searches not ended)" in out
+    searched = int(re.search(r"planned now: 8 search runs, 0 final runs \(8 new\); ([\d,]+) sample-steps", out)[1]
+                   .replace(",", ""))
+    assert (f"waiting for their search: 10 final runs (2 method x setting searches not ended), about "
+            f"{10 * 2 * searched // 8:,} sample-steps (each at its method's mean trial, run for the finals' 4 rounds)") in out
     assert "budget: stage 1: a grid of 2 effective steps lr/(1-m) [0.05, 0.1] x momentum [0.0]" in out
 
 

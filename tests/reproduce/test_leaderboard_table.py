@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from fedsim.metrics.confidence import t975
-from fedsim.reproduce import leaderboard, leaderboard_table
+from fedsim.reproduce import leaderboard, leaderboard_ranking, leaderboard_table
 from conftest import finished_leaderboard_run as finish
 
 OVER = ["tune.grid={step: [0.05, 0.1], momentum: [0.0]}", "tune.own_trials=0"]  # 2 trials, one stage
@@ -160,7 +160,7 @@ def test_the_ranking_groups_rows_whose_seeds_all_finished_and_shows_their_ranks_
         elif item.key == "pathological-ditto" and item.seed == 4:
             leaderboard.Diverged(kept).record(item, "loss is not finite")
     table = leaderboard_table.evaluate(full, kept)
-    ranked = leaderboard_table.ranking(table["pathological"], full.final_rounds)
+    ranked = leaderboard_ranking.ranking(table["pathological"], full.final_rounds)
     assert ranked["groups"] == [["fedper", "local"], ["fedavg"]]  # local's interval covers 0; fedavg's does not
     text = leaderboard_table.render(table, "cpu", full, "cmd")
     assert "| A | `fedper` | 70.80 | - | - | - | 1 / 1 / 1 | +0.00 | 1 (round 40, 70.80) |" in text
