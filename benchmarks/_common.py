@@ -12,6 +12,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,8 +68,15 @@ def parse(ap: argparse.ArgumentParser, **tiny) -> argparse.Namespace:
 
 def quickstart(overrides: dict | None = None) -> dict:
     """A deep copy of the quickstart FedPer tree with dotted-key overrides applied (on SMOKE_SIZES under --smoke)."""
-    tree = copy.deepcopy(QUICKSTART)
-    for dotted, value in {**(SMOKE_SIZES if SMOKE else {}), **(overrides or {})}.items():
+    tree = smoke_sized(copy.deepcopy(QUICKSTART))
+    for dotted, value in (overrides or {}).items():
+        set_dotted(tree, dotted, value)
+    return tree
+
+
+def smoke_sized(tree: dict) -> dict:
+    """``tree`` cut to SMOKE_SIZES under --smoke (in place), as it is otherwise."""
+    for dotted, value in (SMOKE_SIZES if SMOKE else {}).items():
         set_dotted(tree, dotted, value)
     return tree
 
@@ -158,8 +166,11 @@ def machine() -> dict:
 
 
 def save(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    """``payload`` as ``results/<name>-<time>.json``; under --smoke into a temporary folder instead: a smoke run's
+    numbers mean nothing, and never sit beside measurements (``overhead.py --only-same-work`` reads them back)."""
+    folder = Path(tempfile.gettempdir()) / "fedsim-benchmark-smoke" if SMOKE else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(payload, indent=1, default=str))
     return path
 

@@ -212,8 +212,15 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="one trial in a fresh temporary --work: checks that the "
                         "script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
-    if args.smoke:
-        args.trials, args.work = 1, Path(tempfile.mkdtemp(prefix="fedsim-chaos-smoke-"))
+    if not args.smoke:
+        return soak(args)
+    with tempfile.TemporaryDirectory(prefix="fedsim-chaos-smoke-") as work:  # removed with what the smoke run wrote
+        args.trials, args.work = 1, Path(work)
+        return soak(args)
+
+
+def soak(args: argparse.Namespace) -> int:
+    """``args.trials`` faults, each in a run of its own, against the reference run; resumable from ``args.work``."""
     config = {**CONFIG, **SYSTEMS[args.system]}
     args.work.mkdir(parents=True, exist_ok=True)
     state_path = args.work / "state.json"

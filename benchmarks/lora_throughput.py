@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from _common import BENCH, log, machine, median, save
+from _common import BENCH, log, machine, median, parse, save
 
 CLASSES = 4
 MODULE = "lora_throughput"  # this file, imported by name as the data set plug-in (fedsim refuses __main__'s)
@@ -196,14 +196,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--clients", type=int, nargs="*", default=[1, 4, 8],
                         help="memory: clients per worker (none: throughput alone)")
-    parser.add_argument("--smoke", action="store_true", help="a few steps, N = 1, 2: checks the script runs")
     parser.add_argument("--memory-child", nargs=2, metavar=("MODE", "CLIENTS"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse(parser, samples=16, batch=8, reps=1, clients=[1, 2])  # --smoke: a few steps, N = 1, 2
     if args.memory_child:
         print(json.dumps(memory_child(args.memory_child[0], int(args.memory_child[1]), args.length)))
         return
-    if args.smoke:
-        args.samples, args.batch, args.reps, args.clients = 16, 8, 1, [1, 2]
     info = machine()
     result = {"machine": info, "settings": {k: v for k, v in vars(args).items() if k != "memory_child"},
               "throughput": throughput(args), "memory": memory(args)}

@@ -20,11 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedsim.config import set_dotted
-
-import _common
-from _common import SMOKE_SIZES, log, machine, measured, median, parse, run_fedsim, save
-
+from _common import log, machine, measured, median, parse, run_fedsim, save, smoke_sized
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.runner import run_trees
 
@@ -42,9 +38,7 @@ def tree(key: str, rounds: int, engine: dict) -> dict:
     run.update(name=f"bench-partial-{key}", seed=0, out_dir="/tmp/fedsim-bench-runs")
     run["train"].update(rounds=rounds, eval_every=rounds)
     run["engine"].update(engine)
-    for dotted, value in (SMOKE_SIZES if _common.SMOKE else {}).items():
-        set_dotted(run, dotted, value)
-    return run
+    return smoke_sized(run)
 
 
 def projected(result: dict, suite_rounds: int) -> float:

@@ -33,18 +33,12 @@ def makespan(durations: list[float], lanes: int) -> float:
     return max(free)
 
 
-def without_init(cfg):
-    """``cfg`` starting from fresh weights: a run that starts from an earlier run's (model.init_from, FedBABU's
-    fine-tuning) does the same work, and that run's weights do not exist before the suite has run."""
-    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"init_from": None})}) if cfg.model.init_from else cfg
-
-
 def project(paper: str, seeds: int, gpus: int, rates: dict[str, float]) -> None:
     with tempfile.TemporaryDirectory() as runs:
         planned = plan(PAPERS[paper], PAPERS[paper].claims, "paper", seeds, Path(runs))
         work = {}
         for item in (p for p in planned if p.seed == 0):  # every seed does the same work
-            e = estimate(without_init(item.config))
+            e = estimate(item.estimable())
             work[item.key] = (e.model, e.train_sample_steps + e.finetune_sample_steps)
     assumed = sorted({model for model, _ in work.values() if model not in rates})
     seconds = [steps / rates.get(model, rates[SLOWEST]) for item in planned for model, steps in [work[item.key]]]

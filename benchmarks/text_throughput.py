@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from _common import CpuMeter, fixed_point_scales, log, machine, median, save, worker_runtime
+from _common import CpuMeter, fixed_point_scales, log, machine, median, parse, save, worker_runtime
 from fedsim.algorithms import WEIGHTS  # after _common, which sets the environment fedsim reads
 from fedsim.client.randomness import client_generator
 from fedsim.config import validate
@@ -89,10 +89,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=10, help="LEAF's batch size")
     ap.add_argument("--hidden", type=int, default=256, help="LSTM width (LEAF's 256)")
-    ap.add_argument("--smoke", action="store_true", help="hidden 16, 20 windows, one rep: a check that it runs")
-    args = ap.parse_args()
-    if args.smoke:
-        args.windows, args.reps, args.hidden = 20, 1, 16
+    args = parse(ap, windows=20, reps=1, hidden=16)
     torch.set_num_threads(1)
     cfg = validate(tree(args.batch, args.hidden))
     data = load_dataset("shakespeare", options=HAMLET)  # the cache's memory map, as the worker sees it

@@ -8,13 +8,17 @@ transformers for BERTScore, matplotlib for ``Metric.plot`` and scipy.signal for 
 the machine was busy). fedsim uses torchmetrics' classification metrics and ``Metric`` only.
 
 While torchmetrics' package runs, and only then, those four packages look uninstalled to the availability checks
-it makes (``lightning_utilities.core.imports``); their answers are forgotten afterwards, so any later check (and
-torchvision, transformers, ... themselves) sees the environment as it is. The metrics that need them are left
-without: a user module that needs, say, torchmetrics' FID imports torchmetrics before fedsim."""
+it makes (``lightning_utilities.core.imports``). lightning_utilities' own cached answers are cleared afterwards, so
+a later check there (and torchvision, transformers, ... themselves) sees the environment as it is; torchmetrics'
+flags, and the parts it left out while they said no, keep the answer they got: in that process its FID, ARNIQA,
+BERTScore and ``Metric.plot`` say their package is missing. A user whose module needs one of them sets
+``FEDSIM_LEAN_IMPORTS=0`` in the environment a run starts from (workers inherit it; a cluster's job passes it in
+its runtime_env), and torchmetrics loads whole, as it does without fedsim."""
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -72,8 +76,13 @@ class _LeanTorchmetrics(importlib.abc.MetaPathFinder):
         return spec
 
 
+OPT_OUT = "FEDSIM_LEAN_IMPORTS"  # "0": torchmetrics loads whole
+
+
 def lean_torchmetrics() -> None:
     """Import torchmetrics (when something first does) without its optional integrations; a no-op once it is
-    imported or the hook is in place."""
-    if "torchmetrics" not in sys.modules and not any(isinstance(f, _LeanTorchmetrics) for f in sys.meta_path):
+    imported, the hook is in place, or the environment's ``FEDSIM_LEAN_IMPORTS`` is ``0``."""
+    if os.environ.get(OPT_OUT) == "0" or "torchmetrics" in sys.modules:
+        return
+    if not any(isinstance(f, _LeanTorchmetrics) for f in sys.meta_path):
         sys.meta_path.insert(0, _LeanTorchmetrics())

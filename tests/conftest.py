@@ -506,7 +506,8 @@ def finished_leaderboard_run(item, test: float, validation: float, per_client: i
     (folder / "summary.json").write_text(json.dumps({
         "rounds": cfg.train.rounds, metric: summarize(tests), f"validation_{metric}": summarize(vals),
         "best_round": {metric: best}}))
-    (folder / "rounds.jsonl").write_text("".join(json.dumps({"round": r, "seconds": 1.0, "cpu_seconds": 0.5}) + "\n"
+    (folder / "rounds.jsonl").write_text("".join(json.dumps({"round": r, "seconds": 1.0, "cpu_seconds": 0.5,
+                                                             "cpu_counted_once": True}) + "\n"
                                                  for r in range(1, cfg.train.rounds + 1)))
     evaluated = [r for r in range(1, cfg.train.rounds + 1) if r % cfg.train.eval_every == 0 or r == cfg.train.rounds]
     (folder / "metrics.jsonl").write_text("".join(

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import fedsim
 
 PACKAGE = Path(fedsim.__file__).resolve().parent
@@ -158,3 +160,17 @@ def test_a_worker_imports_torchmetrics_without_its_optional_integrations_and_the
     code = ("import fedsim.client.runtime\nfrom lightning_utilities.core.imports import RequirementCache, "
             "package_available\nassert package_available('torchvision') and RequirementCache('matplotlib')")
     assert _imported_by(code) == (["ray", "torch"], "")
+
+
+@pytest.mark.parametrize("opt_out, plots", [(None, False), ("0", True)])
+def test_torchmetrics_loads_whole_where_the_environment_opts_out(monkeypatch, opt_out, plots):
+    """torchmetrics' own flags keep the answer its lean import gave (``Metric.plot`` says matplotlib is missing);
+    ``FEDSIM_LEAN_IMPORTS=0``, which workers inherit, loads it whole for a module that needs plots, FID or BERTScore."""
+    if opt_out is None:
+        monkeypatch.delenv("FEDSIM_LEAN_IMPORTS", raising=False)
+    else:
+        monkeypatch.setenv("FEDSIM_LEAN_IMPORTS", opt_out)
+    code = ("import fedsim, torchmetrics\nfrom torchmetrics.utilities.imports import _MATPLOTLIB_AVAILABLE\n"
+            f"assert bool(_MATPLOTLIB_AVAILABLE) is {plots}")
+    assert _imported_by(code)[1] == ""
+

@@ -122,10 +122,10 @@ def _reproduce_parser(sub) -> None:
     rep.add_argument("--runs", default=RUNS_DEFAULT, help=f"folder of the run folders (default {RUNS_DEFAULT}); one "
                      "under the current directory is recorded relative to it, so kept runs name the same folders on "
                      "every clone")
-    rep.add_argument("--report", help="the Markdown report (default REPRODUCTION.md; leaderboard docs/leaderboard.md; "
+    rep.add_argument("--report", help="the Markdown report (default REPRODUCTION.md; leaderboard: its board's page, e.g. docs/leaderboard.md; "
                      "privacy docs/privacy.md, its section between markers)")
     rep.add_argument("--figures", help="figures and per-paper results (default: reproduction/ beside the report; privacy: "
-                     "images/ beside it)")
+                     "images/ beside it; the leaderboard's always go to images/ beside its page)")
     rep.add_argument("--kept", default=KEPT_DEFAULT, help="each finished run's results are kept here, and put back "
                      "into --runs where that lacks them, so a suite spans machines and sessions (commit the folder; "
                      f"default {KEPT_DEFAULT})")

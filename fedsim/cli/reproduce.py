@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedsim.errors import ConfigError
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -30,7 +32,12 @@ def reproduce_command(args: argparse.Namespace) -> int:
     from fedsim.reproduce.verdicts import evaluate
 
     if args.paper == "leaderboard":
+        if args.figures:
+            raise ConfigError("--figures: the leaderboard draws its figure into images/ beside its page; choose the "
+                              "page with --report and leave --figures out")
         return _leaderboard_command(args)
+    if args.board != BOARD_DEFAULT:
+        raise ConfigError(f"--board: only the leaderboard has boards, not {args.paper}; leave --board out")
     paper = claim_papers()[args.paper]
     claims = (paper.claim(args.only),) if args.only else paper.claims
     runs_dir = storage.portable(args.runs)  # what every run's config.yaml stores (out_dir, model.init_from)
@@ -143,7 +150,7 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverg
     time left at the measured rate; then the finals still waiting for their search, estimated at the mean work of
     that method's trials (their settings are not chosen yet). A run recorded as diverged under its present settings
     is listed as such and is not left: the leaderboard never retries it."""
-    from fedsim.engine.estimate import estimate
+    from fedsim.engine.estimate import estimate, sample_steps_at
     from fedsim.sweep.runs import status
 
     work: dict[str, int] = {}
@@ -160,7 +167,7 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverg
           f"{sum(work[item.key] for item in mine.runs):,} sample-steps (training and fine-tuning)")
     waiting = mine.waiting()
     if waiting:
-        steps = sum(mine.tune.final_seeds * sum(_final_work(t[0].config, mine.final_rounds) for t in s.runs)
+        steps = sum(mine.tune.final_seeds * sum(sample_steps_at(t[0].config, mine.final_rounds) for t in s.runs)
                     / len(s.runs) for s in waiting)
         print(f"waiting for their search: {len(waiting) * mine.tune.final_seeds} final runs ({len(waiting)} method x "
               f"setting searches not ended), about {steps:,.0f} sample-steps (each at its method's mean trial, "
@@ -170,15 +177,6 @@ def _leaderboard_dry_run(mine: "leaderboard.Plan", diverged: "leaderboard.Diverg
     print(_time_left(left, work, lambda: _timed_rate(first)))
     print(f"budget: {mine.budget()}")
     return 0
-
-
-def _final_work(trial: RunConfig, final_rounds: int) -> int:
-    """The sample-steps of a final run at ``trial``'s settings: the trial's config run for the finals' rounds."""
-    from fedsim.engine.estimate import estimate
-
-    final = trial.model_copy(update={"train": trial.train.model_copy(update={"rounds": final_rounds})})
-    e = estimate(final, overwrite=True)
-    return e.train_sample_steps + e.finetune_sample_steps
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -231,9 +229,8 @@ def _reproduce_dry_run(planned: list, seeds: int | None) -> int:
     first_left: tuple[RunConfig | None, bool, bool] = (None, False, True)  # the first run left, to time its steps
     after, key_of = [], {p.config.name: p.key for p in planned}  # runs that start from another run's model
     for item in (p for p in planned if p.seed == 0):
-        config = item.config
-        if item.needs:  # its weights are another run's, possibly not yet there: the same work from random weights
-            config = config.model_copy(update={"model": config.model.model_copy(update={"init_from": None})})
+        config = item.estimable()
+        if item.needs:
             after.append(f"{item.key} after {', '.join(key_of[dep.name] for dep in item.needs)}")
         state = status(item.config)  # checked as its run would take it: a kept run is replayed, not started anew
         resume, overwrite = state == "resumable", state in ("changed", "finished")

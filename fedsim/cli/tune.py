@@ -67,10 +67,11 @@ def dry_run_text(plan: TunePlan) -> str:
 
 def time_text(plan: TunePlan, second: dict[str, int]) -> str:
     """The tuning's time one run after another: each method's first trial timed here (a few of its steps), its
-    search runs at that time and its finals scaled to tune.final_rounds (the trials' settings differ, the work
-    per round barely: an estimate, said as one). ``second``: each method's stage-2 trials."""
+    search runs at that time and its finals at that rate over the first trial's settings run for tune.final_rounds
+    (the trials' settings differ, the work barely: an estimate, said as one). ``second``: each method's stage-2
+    trials."""
     from fedsim.client.rehearsal import throughput
-    from fedsim.engine.estimate import duration, estimate
+    from fedsim.engine.estimate import duration, estimate, sample_steps_at
 
     total = 0.0
     for m in plan.methods:
@@ -79,6 +80,7 @@ def time_text(plan: TunePlan, second: dict[str, int]) -> str:
             return "time: not estimated (" + ("its workers train on GPUs, which a dry run does not time)"
                                               if e.gpus_per_worker else "a method's first trial had nothing to time)")
         searched = (m.first + second[m.method]) * len(plan.tune.seeds)
-        total += e.seconds * (searched + plan.tune.final_seeds * plan.final_rounds / plan.rounds)
+        final = sample_steps_at(m.runs[0][0], plan.final_rounds) / (e.train_sample_steps + e.finetune_sample_steps)
+        total += e.seconds * (searched + plan.tune.final_seeds * final)
     return (f"time: about {duration(total)} one run after another, from each method's first trial timed here (a few "
             "of its steps); Ray's start-up, scoring and aggregation come on top, and runs at once take less")

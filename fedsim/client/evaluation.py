@@ -14,7 +14,7 @@ from fedsim.algorithms.base import Algorithm
 from fedsim.algorithms.context import AdjustedModule, ClientContext, LogitAdjustment, RuntimePort
 from fedsim.client.loop import LocalLoop, ScoringStage
 from fedsim.client.logged import recorded
-from fedsim.client.randomness import FINETUNE_STREAM, client_generator
+from fedsim.client.randomness import FINETUNE_STREAM, client_generator, global_draws
 from fedsim.config import RunConfig
 from fedsim.core.protocol import ClientData, ClientRecord, add_columns, on_validation
 
@@ -82,7 +82,8 @@ class Evaluation:
                 add_columns(rec, self._record(client))
                 add_columns(rec, recorded(self.algorithm.name, ctx.recorded))  # a second score of the method's (FedProto's)
                 if self.cfg.eval.personalizes:
-                    self._personalize(ctx, gen)
+                    with global_draws(self.cfg.seed, round_idx, client, FINETUNE_STREAM):
+                        self._personalize(ctx, gen)
                     if seen is not None:
                         seen(ctx, "fine_tuned")
                     add_columns(rec, self.loop.logged.collect("_finetune"))

@@ -22,7 +22,7 @@ from fedsim.client.evaluation import Evaluation
 from fedsim.client.logged import recorded
 from fedsim.client.packing import Packing
 from fedsim.client.privatize import privatized
-from fedsim.client.randomness import client_generator
+from fedsim.client.randomness import client_generator, global_draws
 from fedsim.client.reduce import ClientReplies, ClientSums, Trained, reduce_clients
 from fedsim.client.resident import host_vector, to_device
 from fedsim.client.setup import configure_process, set_up_worker
@@ -186,7 +186,8 @@ class ClientRuntime:
                        logged: dict[str, float] | None) -> Trained:
         """The algorithm's client hook on ``port``; ``logged``: what the module logged (None: read from the loop)."""
         ctx = ClientContext(port, client, round_idx, broadcast, client_generator(self.cfg.seed, round_idx, client))
-        losses = self.algorithm.client_update(ctx)
+        with global_draws(self.cfg.seed, round_idx, client):
+            losses = self.algorithm.client_update(ctx)
         if logged is None:
             logged = self.loop.logged.collect()
         logged = {**logged, **recorded(self.algorithm.name, ctx.recorded)}

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
-from fedsim.config.base import SHORT, Section, format_error
+from fedsim.config.base import Section, format_error
 from fedsim.config.partition import FLAT_PARTITION_KEYS, ClassesPartition, PartitionSettings, typed_partition
 
 

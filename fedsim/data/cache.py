@@ -136,29 +136,29 @@ def build_cache(folder: Path, source: Path, arrays: Arrays, augmentable: bool, s
         meta = {"classes": list(arrays.classes), "mean": mean, "std": std, "source": str(source), "groups": has_groups,
                 "digest": content_digest(*(getattr(arrays, a) for a in names)), "window": window, "about": about}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        _publish(tmp, folder, augmentable)
+        publish(tmp, folder, lambda: open_cache(folder.name, folder, augmentable))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cached(name: str, folder: Path, augmentable: bool, build: Callable[[], None]) -> ArrayDataset:
-    """The data set cached in ``folder``, made there by ``build`` (a :func:`build_cache` call) when missing or
-    damaged."""
-    dataset = open_cache(name, folder, augmentable)
+def cached(folder: Path, opened: Callable[[], ArrayDataset | None], build: Callable[[], None]) -> ArrayDataset:
+    """The data set ``opened`` reads from ``folder`` (None: missing or damaged), made there by ``build`` when it
+    reads none."""
+    dataset = opened()
     if dataset is None:
         build()
-        dataset = open_cache(name, folder, augmentable)
+        dataset = opened()
     if dataset is None:
         raise DataError(f"FEDSIM_CACHE: could not build a usable cache at {folder}; delete it or point "
                         "FEDSIM_CACHE at a writable folder")
     return dataset
 
 
-def _publish(tmp: Path, folder: Path, augmentable: bool) -> None:
+def publish(tmp: Path, folder: Path, opened: Callable[[], ArrayDataset | None]) -> None:
     """Rename ``tmp`` to ``folder`` unless another process got there first. A folder already in place is
-    only moved aside (then deleted) when it is damaged, and only if it is still damaged right before:
-    a cache another process just published, and may be reading, is never removed."""
-    if folder.exists() and open_cache(folder.name, folder, augmentable) is None:
+    only moved aside (then deleted) when it is damaged (``opened`` reads none from it), and only if it is still
+    damaged right before: a cache another process just published, and may be reading, is never removed."""
+    if folder.exists() and opened() is None:
         trash = folder.with_name(f".{folder.name}-damaged-{uuid.uuid4().hex[:8]}")
         try:
             os.rename(folder, trash)

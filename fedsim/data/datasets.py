@@ -18,7 +18,7 @@ from fedsim import storage
 from fedsim.config import DataConfig
 from fedsim.data.array_dataset import ArrayDataset, recomputed_digest
 from fedsim.data.contract import checked
-from fedsim.data.cache import build_cache, cache_dir, cached, channel_stats, source_key
+from fedsim.data.cache import build_cache, cache_dir, cached, channel_stats, open_cache, source_key
 from fedsim.data.formats import (CIFAR10_PICKLES, CIFAR100_PICKLES, CLASS_FOLDERS, FEMNIST_NPZ, IMAGE_FOLDER, IMAGE_ZIP,
                                  Arrays, Reader)
 from fedsim.data.shakespeare import shakespeare
@@ -50,14 +50,13 @@ class _Spec:
     augmentable: bool = True
 
 
-def _shakespeare(root: str | Path | None, options: dict) -> ArrayDataset:
-    """The tarball under the data root, unless data.options.path names it (then no root is needed)."""
-    return shakespeare(None if options.get("path") else resolve_root(root), options)
-
-
-def _shakespeare_speakers(root: str | Path | None, options: dict) -> ArrayDataset:
-    """As ``_shakespeare``: the same tarball, found the same way."""
-    return shakespeare_speakers(None if options.get("path") else resolve_root(root), options)
+def _from_the_tarball(build: Callable[[Path | None, dict], ArrayDataset]) -> Callable[[str | Path | None, dict],
+                                                                                 ArrayDataset]:
+    """A data set parsed from the Shakespeare tarball: found under the data root, unless data.options.path names it
+    (then no root is needed)."""
+    def load(root: str | Path | None, options: dict) -> ArrayDataset:
+        return build(None if options.get("path") else resolve_root(root), options)
+    return load
 
 
 # Adding a data set is one entry here: a _Spec, or a builder taking the data root (as given) and the ``options`` dict.
@@ -78,8 +77,8 @@ _DATASETS: dict[str, _Spec | Callable[[str | Path | None, dict], ArrayDataset]] 
     # data.root names the image folder or its zip itself; a folder of <class>/ folders alone needs data.test_split.
     "imagefolder": _Spec("image-folder data set", None, ((".", IMAGE_ZIP), (".", IMAGE_FOLDER), (".", CLASS_FOLDERS))),
     "synthetic": lambda root, options: synthetic(options),  # generated: no root
-    "shakespeare": _shakespeare,
-    "shakespeare_speakers": _shakespeare_speakers,  # speaker attribution, MiniLM's tokens (docs/speakers.md)
+    "shakespeare": _from_the_tarball(shakespeare),
+    "shakespeare_speakers": _from_the_tarball(shakespeare_speakers),  # speaker attribution, MiniLM's tokens (docs/speakers.md)
 }
 
 
@@ -156,7 +155,7 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
         return spec(root, options or {})
     source, read = _find_source(spec, resolve_root(root), download)
     folder = cache_dir() / f"{name}-{source_key(source)}"
-    return cached(name, folder, spec.augmentable,
+    return cached(folder, lambda: open_cache(name, folder, spec.augmentable),
                   lambda: build_cache(folder, source, _read_checked(spec, source, read), spec.augmentable))
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.data.array_dataset import ArrayDataset
-from fedsim.data.cache import build_cache, cache_dir, cached
+from fedsim.data.cache import build_cache, cache_dir, cached, open_cache
 from fedsim.data.formats import Arrays
 from fedsim.errors import DataError
 
@@ -272,7 +272,7 @@ def shakespeare(root: Path | None, options: dict) -> ArrayDataset:
                     stats=((0.0,), (1.0 / 255,)),  # to_float gives the codes themselves
                     window=o["seq_len"], about=parsed.summary())
 
-    return cached(f"shakespeare-{o['variant']}", folder, False, build)
+    return cached(folder, lambda: open_cache(f"shakespeare-{o['variant']}", folder, False), build)
 
 
 def windowed(parsed: Parsed, seq_len: int, test_share: float) -> Arrays:

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +35,11 @@ import numpy as np
 
 from fedsim.atomic import space_named
 from fedsim.core.pretrained import INSTALL_FIX, SHA256, checked_file
+from fedsim.data import shakespeare as shakespeare_parse
 from fedsim.data.array_dataset import ARRAYS, GROUPS, ArrayDataset, content_digest
-from fedsim.data.cache import cache_dir
-from fedsim.data.shakespeare import (Speech, read_tarball, speeches_by_play, tarball_options, tarball_path,
-                                     whole_number)
+from fedsim.data.cache import cache_dir, cached, publish
+from fedsim.data.shakespeare import (TARBALL_SHA256, Speech, check_tarball, read_tarball, speeches_by_play,
+                                     tarball_options, tarball_path, whole_number)
 from fedsim.errors import ConfigError, DataError
 
 NAME = "shakespeare_speakers"
@@ -48,8 +47,6 @@ DEFAULTS: dict[str, Any] = {"variant": "modern", "plays": None, "speakers": 8, "
                             "labels": "global", "max_tokens": 64, "test_share": 0.2, "path": None}
 LABELS = ("global", "per_play")
 MAX_POSITIONS = 512  # BERT's position table: a longer sequence has no position embedding
-# Bumped when the cached arrays' layout or the way they are built changes, so an older cache is not read as new.
-CACHE_FORMAT = 1
 
 
 def options_of(options: dict) -> dict[str, Any]:
@@ -182,18 +179,22 @@ def summary(o: dict[str, Any], casts: list[Cast], dropped: list[str], test: np.n
 
 
 def cache_key(path: Path, o: dict[str, Any]) -> str:
-    """The tarball's and the tokenizer's sha256 and the options that shape the arrays (not where the file lies)."""
-    h = hashlib.sha256()
+    """What the arrays are a function of: the pinned tarball (checked) and tokenizer, the options that shape them (not
+    where the file lies) and the code that builds them (this module's and the parse's), so a changed build never
+    reads arrays an older one cached."""
+    check_tarball(path)
     tokenizer_file()  # its sha256 checked against the pinned one, which therefore stands for it
-    h.update(f"{hashlib.sha256(path.read_bytes()).hexdigest()}\0{SHA256['tokenizer.json']}\0".encode())
     shaping = {key: value for key, value in o.items() if key != "path"}
-    h.update(json.dumps([CACHE_FORMAT, shaping], sort_keys=True).encode())
+    h = hashlib.sha256(f"{TARBALL_SHA256}\0{SHA256['tokenizer.json']}\0{json.dumps(shaping, sort_keys=True)}\0"
+                       .encode())
+    for code in (Path(__file__), Path(shakespeare_parse.__file__)):
+        h.update(code.read_bytes())
     return h.hexdigest()[:16]
 
 
 def save(folder: Path, built: Built, o: dict[str, Any]) -> None:
-    """Write ``built`` beside ``folder`` under a name of our own, then rename it into place: no reader ever sees a
-    half-written cache, and a copy another process published first is kept (and may be in use)."""
+    """Write ``built`` beside ``folder`` under a name of our own, then publish it (``fedsim.data.cache.publish``): no
+    reader ever sees a half-written cache, and a copy another process published first is kept (and may be in use)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
@@ -204,20 +205,9 @@ def save(folder: Path, built: Built, o: dict[str, Any]) -> None:
         digest = content_digest(*(built.arrays[a] for a in ARRAYS + GROUPS))
         meta = {"classes": list(built.classes), "about": built.about, "digest": digest}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if folder.exists() and load(folder, o["max_tokens"], o["variant"]) is None:  # still damaged: set aside
-            trash = folder.with_name(f".{folder.name}-damaged-{uuid.uuid4().hex[:8]}")
-            _rename(folder, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        _rename(tmp, folder)
+        publish(tmp, folder, lambda: load(folder, o["max_tokens"], o["variant"]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _rename(source: Path, target: Path) -> None:
-    try:
-        os.rename(source, target)
-    except OSError:
-        pass  # another process moved or published it first: theirs stands
 
 
 def load(folder: Path, max_tokens: int, variant: str) -> ArrayDataset | None:
@@ -247,11 +237,4 @@ def shakespeare_speakers(root: Path | None, options: dict) -> ArrayDataset:
     o = options_of(options)
     path = tarball_path(root, o)
     folder = cache_dir() / f"{NAME}-{cache_key(path, o)}"
-    dataset = load(folder, o["max_tokens"], o["variant"])
-    if dataset is None:
-        save(folder, build(path, o), o)
-        dataset = load(folder, o["max_tokens"], o["variant"])
-    if dataset is None:
-        raise DataError(f"FEDSIM_CACHE: could not build a usable cache at {folder}; delete it or point "
-                        "FEDSIM_CACHE at a writable folder")
-    return dataset
+    return cached(folder, lambda: load(folder, o["max_tokens"], o["variant"]), lambda: save(folder, build(path, o), o))

@@ -120,6 +120,13 @@ def workers_at_once(cfg: RunConfig, workers: int) -> int:
     return max(1, min(workers, cores // cfg.engine.threads_per_worker))
 
 
+def sample_steps_at(cfg: RunConfig, rounds: int) -> int:
+    """The sample-steps (training and fine-tuning) of ``cfg`` run for ``rounds`` rounds: a search trial's settings
+    as a final run (``tune.final_rounds``), counted as that run's plan draws them."""
+    e = estimate(cfg.model_copy(update={"train": cfg.train.model_copy(update={"rounds": rounds})}), overwrite=True)
+    return e.train_sample_steps + e.finetune_sample_steps
+
+
 def estimate(cfg: RunConfig, rehearse: Rehearse | None = None, resume: bool = False,
              overwrite: bool = False, timer: Timer | None = None) -> WorkEstimate:
     """Check ``cfg`` as a run would (:func:`checked_plan`), then count its work; with ``timer``, time it too, where its

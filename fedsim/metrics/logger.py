@@ -39,10 +39,16 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+# Marks rows whose cpu_seconds count the local backend's one process once: rows written before it (up to e56b602)
+# counted a local run's worker twice, its process time and again as a worker's, so those are no measure of it.
+CPU_COUNTED_ONCE = "cpu_counted_once"
+
+
 def round_row(result: RoundResult) -> dict:
     """A round's summary row: its time, who took part, its traffic and each accuracy's statistics across clients."""
     records: Sequence[Mapping[str, Any]] = result.records  # read by computed column names
     row = {"round": result.round, "seconds": result.seconds, "cpu_seconds": result.cpu_seconds,
+           CPU_COUNTED_ONCE: True,
            "sampled": len(result.sampled),
            "evaluated": len(records),  # the eval.clients cohort, or everyone
            "dropped": result.dropped,

@@ -14,7 +14,8 @@ CLOCK_KEYS = {"sim/time_s": "sim_time_s", "sim/round_seconds": "sim_seconds", "s
 LATER_KEYS = {"round_cpu_seconds": "cpu_seconds"}
 FEDSIM_PREFIXES = ("fairness/", "final/", "comm/", "sim/", "client_acc/", "round_seconds", "round_cpu_seconds",
                    "privacy/")  # fedsim's own series
-NOT_LOGGED = {"round", "seconds", "cpu_seconds", "sampled", "evaluated", "dropped", "bytes_up", "bytes_down"}
+NOT_LOGGED = {"round", "seconds", "cpu_seconds", "cpu_counted_once", "sampled", "evaluated", "dropped", "bytes_up",
+              "bytes_down"}
 
 
 def fairness(row: dict) -> dict[str, float]:

@@ -111,8 +111,8 @@ def build_client(model: ModelConfig, num_classes: int, input_shape: tuple[int, i
             raise ConfigError(str(err)) from None
         kwargs = {"net": net, **kwargs}
     elif model.options:
-        raise ConfigError(f"model.options: sizes of model.name's model, which {cls.__name__} (model.client) does not "
-                          "use; give your module's own in model.client_args")
+        raise ConfigError(f"model.options: options of model.name's model (sizes, LoRA settings), which "
+                          f"{cls.__name__} (model.client) does not use; give your module's own in model.client_args")
     try:
         module = cls(**kwargs)
     except Exception as err:  # the user's constructor: its own message, once, as a config error

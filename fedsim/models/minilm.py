@@ -36,8 +36,8 @@ MINILM_OPTIONS = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ("query
 
 @lru_cache(maxsize=1)
 def pretrained_encoder() -> BertModel:
-    """The pretrained BertModel, loaded once per process from the checked files, every weight frozen. Dropout is 0:
-    its randomness would come from torch's global generator, outside the run's seeded streams."""
+    """The pretrained BertModel, loaded once per process from the checked files, every weight frozen. Its dropout is
+    0, so its features are the pretrained model's; LoRA's own dropout is an option."""
     force_offline()  # before transformers (and the hub client it imports) read their switches
     for name in SHA256:
         checked_file(name)

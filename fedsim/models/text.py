@@ -66,7 +66,8 @@ class CausalLayer(nn.Module):
 
     def __init__(self, width: int, heads: int, last: bool):
         super().__init__()
-        # dropout 0: its randomness would come from torch's global generator, outside the run's seeded streams.
+        # dropout 0: the model the Shakespeare pages' runs trained (a client's dropout draws would be seeded per client
+        # and round: fedsim.client.randomness.global_draws).
         self.layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True,
                                                 norm_first=True)
         self.norm = nn.LayerNorm(width) if last else None

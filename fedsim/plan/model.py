@@ -17,7 +17,7 @@ class ModelPlan:
     worker starts from exactly these values instead of building and initialising its own."""
     layouts: dict[str, Layout]  # "shared" (what the server holds), "personal" (the rest), "full" (everything)
     initial: dict[str, np.ndarray]  # each layout's round-0 values
-    keys: KeyParts  # the body/head split of model.personal_layers, and the BatchNorm keys
+    keys: KeyParts  # the body/head split (model.parts, model.head or model.personal_layers) and the BatchNorm keys
     parameters: int  # trainable parameters of the whole model
     state_bytes: int  # the whole state dict (buffers included), as stored
     client: str  # the client module: model.client, or the built-in FedClient around model.name

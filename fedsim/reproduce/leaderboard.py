@@ -100,8 +100,6 @@ def named_board(name: str) -> Board:
 
 
 BOARD = load_board()  # the CIFAR-100 board, the default
-SETTINGS: dict[str, dict[str, Any]] = {name: setting.overrides for name, setting in BOARD.settings.items()}
-ENTRIES = tuple(BOARD.entries)
 
 
 def base_file(scale: str, configs: Path = CONFIGS, board: Board = BOARD) -> dict:
@@ -109,11 +107,6 @@ def base_file(scale: str, configs: Path = CONFIGS, board: Board = BOARD) -> dict
     if scale not in board.bases:
         raise ConfigError(f"--scale: {scale!r} is not one of {sorted(board.bases)}")
     return load_tree(configs / board.bases[scale])
-
-
-def base_tree(scale: str, configs: Path = CONFIGS) -> dict:
-    """The settings every run of the scale starts from (its base config without the search's budget)."""
-    return {k: v for k, v in base_file(scale, configs).items() if k != "tune"}
 
 
 def entries(only: str | None, board: Board = BOARD) -> tuple[Entry, ...]:
@@ -259,8 +252,8 @@ def _search(where: Where, run_tree: dict[str, Any], setting: str, entry: Entry, 
 
 def _own_fixed(entry: Entry) -> dict[str, Any]:
     """The method parameters the row's overrides fix (not searched)."""
-    return {key.removeprefix("algorithm."): value for key, value in entry.overrides.items()
-            if key.startswith("algorithm.")}
+    return {key.removeprefix(design.OWN_PREFIX): value for key, value in entry.overrides.items()
+            if key.startswith(design.OWN_PREFIX)}
 
 
 def _trial_runs(where: Where, run_tree: dict[str, Any], setting: str, entry: Entry, tune: TuneConfig,

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsim import safe_files
+from fedsim import safe_files, strict_yaml
 from fedsim.config import RunConfig, load_tree, merge_trees, parse_overrides, set_dotted, validate
 from fedsim.core import runfiles
 from fedsim.core.protocol import ACCURACIES
 from fedsim.errors import ConfigError
-from fedsim.metrics.logger import read_jsonl
+from fedsim.metrics.logger import CPU_COUNTED_ONCE, read_jsonl
 from fedsim.reproduce import archive
 from fedsim.reproduce.claims import Claim, Paper, RunFolder
 from fedsim.sweep.runs import claimed, status
@@ -38,6 +38,13 @@ class PlannedRun:
     @property
     def folder(self) -> Path:
         return Path(self.config.out_dir) / self.config.name
+
+    def estimable(self) -> RunConfig:
+        """The config its work is estimated from: a run starting from another run's weights (``needs``: FedBABU's
+        fine-tuning) does the same work from fresh ones, and those weights do not exist before that run has run."""
+        if not self.needs:
+            return self.config
+        return self.config.model_copy(update={"model": self.config.model.model_copy(update={"init_from": None})})
 
     def result(self) -> dict | None:
         """The run's summary where its folder holds this very run, finished; None otherwise. A folder of the same
@@ -311,11 +318,24 @@ def client_means(folder: Path, metric: str) -> dict[int, float] | None:
 
 def run_cpu_seconds(folder: Path) -> float | None:
     """The run's rounds' CPU time (rounds.jsonl ``cpu_seconds``: the workers' calls and the server), across every
-    resume; None for a run with a round written before rounds recorded it."""
+    resume; None for a run with a round written before rounds recorded it, or, on the local backend, before they
+    counted its one process once (``CPU_COUNTED_ONCE``: those counted it twice)."""
     rows = read_jsonl(folder / runfiles.ROUNDS)
     if not rows or any("cpu_seconds" not in row for row in rows):
         return None
+    if not all(row.get(CPU_COUNTED_ONCE) for row in rows) and _backend(folder) == "local":
+        return None
     return float(sum(row["cpu_seconds"] for row in rows))
+
+
+def _backend(folder: Path) -> str | None:
+    """The engine.backend the run folder's config.yaml names (None where it cannot be read)."""
+    try:
+        tree = strict_yaml.load((folder / runfiles.CONFIG).read_text())
+    except (OSError, ValueError):
+        return None
+    engine = tree.get("engine") if isinstance(tree, dict) else None
+    return engine.get("backend") if isinstance(engine, dict) else None
 
 
 def run_seconds(folder: Path) -> float:

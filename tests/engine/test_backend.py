@@ -56,4 +56,4 @@ def test_a_local_runs_cpu_seconds_count_the_workers_once(tmp_path, no_ray):
     spent = time.process_time() - before
     rounds = [json.loads(line) for line in (result.run_dir / "rounds.jsonl").read_text().splitlines()]
     counted = sum(r["cpu_seconds"] for r in rounds)
-    assert 0 < counted <= spent
+    assert 0 < counted <= spent and all(r["cpu_counted_once"] for r in rounds)

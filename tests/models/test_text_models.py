@@ -63,7 +63,7 @@ def test_bad_model_options_name_their_field(name, options, message):
 
 def test_model_options_are_refused_beside_a_module_of_the_users_own():
     model = ModelConfig(client="user_plugins:TwoPartModule", options={"hidden": 16})
-    with pytest.raises(ConfigError, match="^model.options: sizes of model.name's model, which TwoPartModule"):
+    with pytest.raises(ConfigError, match="^model.options: options of model.name's model \\(sizes, LoRA settings\\), which TwoPartModule"):
         build_client(model, 80, (1, 1, 80))
 
 

@@ -21,7 +21,7 @@ NO_OWN = "tune.own_trials=0"
 def test_every_method_is_searched_with_one_budget_before_any_final(tmp_path):
     full = leaderboard.plan("cpu", tmp_path, tmp_path / "kept")
     tune = full.tune
-    assert len(full.searches) == len(leaderboard.SETTINGS) * len(leaderboard.ENTRIES) and not full.finals
+    assert len(full.searches) == len(leaderboard.BOARD.settings) * len(leaderboard.BOARD.entries) and not full.finals
     assert len(full.waiting()) == len(full.searches)  # no choice before its trials have run
     grid = len(tune.grid.step) * len(tune.grid.momentum)
     assert {len(s.runs) for s in full.searches} == {grid} and {s.first for s in full.searches} == {grid}
@@ -239,6 +239,6 @@ def test_the_paper_scale_plan_is_valid(tmp_path):
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
 def test_the_base_configs_tune_methods_are_the_leaderboards_rows(scale):
     """The file's tune.methods (what `fedsim run` and `fedsim tune` read) names exactly the leaderboard's methods."""
-    from fedsim.reproduce.leaderboard import ENTRIES, base_file
+    from fedsim.reproduce.leaderboard import BOARD, base_file
 
-    assert base_file(scale)["tune"]["methods"] == list(dict.fromkeys(entry.method for entry in ENTRIES))
+    assert base_file(scale)["tune"]["methods"] == list(dict.fromkeys(entry.method for entry in BOARD.entries))

@@ -146,3 +146,13 @@ def test_the_speakers_page_states_its_cut_and_has_a_row_for_the_floor(tmp_path, 
     assert [row.split("|")[1].strip() for row in table] == [f"`{e.name}`" for e in
                                                             leaderboard.named_board("speakers").entries]
     assert [row.split("|")[1].strip() for row in table if "| 30.00 ± " in row] == ["`floor`"]  # the one row run
+
+
+@pytest.mark.parametrize("args, message", [
+    (["reproduce", "fedper", "--board", "speakers"], "--board: only the leaderboard has boards, not fedper"),
+    (["reproduce", "leaderboard", "--figures", "figs"], "--figures: the leaderboard draws its figure into images/"),
+])
+def test_an_option_the_command_does_not_read_is_refused_in_one_line(tmp_path, capsys, args, message):
+    assert main([*args, "--dry-run", "--runs", str(tmp_path / "runs"), "--kept", str(tmp_path / "kept")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

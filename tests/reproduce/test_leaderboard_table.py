@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import yaml
 from scipy import stats
 
 from fedsim.metrics.confidence import t975
@@ -191,3 +192,17 @@ def test_holm_groups_and_the_orders_stability_over_the_rounds():
     # equal compute: b costs twice a's sample-steps a round, so it is read at round 20 of a's 40
     compute = more.equal_compute(curves, {"a": 100, "b": 200, "c": 100}, 40)
     assert compute["round"] == {"a": 40, "b": 20, "c": 40} and compute["ranks"] == {"a": 1, "c": 2, "b": 3}
+
+
+@pytest.mark.parametrize("backend, marked, counted", [("ray", False, 1.0), ("local", True, 1.0), ("local", False, None)])
+def test_a_local_runs_cpu_time_from_before_it_was_counted_once_is_no_measure(tmp_path, backend, marked, counted):
+    """Rounds of a local-backend run written before ``cpu_counted_once`` counted its one process twice; a Ray run's
+    rounds of then counted each process once, as every round does now."""
+    from fedsim.reproduce.runner import run_cpu_seconds
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"engine": {"backend": backend}}))
+    mark = {"cpu_counted_once": True} if marked else {}
+    (tmp_path / "rounds.jsonl").write_text("".join(
+        json.dumps({"round": r, "seconds": 1.0, "cpu_seconds": 0.5, **mark}) + "\n" for r in (1, 2)))
+    assert run_cpu_seconds(tmp_path) == counted
+
