@@ -152,8 +152,11 @@ def test_every_shipped_config_dry_runs(path, data_root, monkeypatch, tmp_path, c
     from fedsim.cli.main import main
 
     monkeypatch.chdir(tmp_path)  # a relative out_dir would land here: the check below sees it
-    if "paper" in path.parts:  # the time estimate's steps of a paper-scale model take minutes on a CPU (its own tests)
+    if "paper" in path.parts:
+        # A paper-scale model's steps (the time estimate's and the rehearsal's) take minutes on a CPU; this test builds
+        # its model without training, as its docstring says, and the rehearsal's own tests train small ones.
         monkeypatch.setattr("fedsim.client.rehearsal.throughput", lambda plan: None)
+        monkeypatch.setattr("fedsim.client.rehearsal.rehearse", lambda plan: None)
     assert main(["run", str(path), "--dry-run"]) == 0, capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 

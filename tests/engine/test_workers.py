@@ -7,7 +7,9 @@ from conftest import in_process_server, round_records, six_client_run
 from fedsim.algorithms import ALGORITHMS
 
 ROUNDS = 2
-QUICK = {"fedrep": {"head_epochs": 2}}  # the default 10 head epochs test nothing more, slowly
+# the default 10 head epochs (FedRep) and 5 solver steps a batch (pFedMe) test nothing more here, slowly (pFedMe's
+# were 3 of the suite's 30 minutes under load)
+QUICK = {"fedrep": {"head_epochs": 2}, "pfedme": {"K": 2}}
 # variants with state or scoring of their own (APFL's FedTorch variant: the client's w kept, the outputs mixed)
 VARIANTS = {"apfl-fedtorch": {"name": "apfl", "variant": "fedtorch", "adaptive": True}}
 
