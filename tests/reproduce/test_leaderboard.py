@@ -4,6 +4,7 @@ choice read from validation scores only, then the chosen settings at the final s
 and never retried; a resumed leaderboard plans only the runs its kept archive lacks; the dry run counts them."""
 import multiprocessing
 import re
+import shutil
 
 import pytest
 from conftest import finished_leaderboard_run as finish
@@ -11,6 +12,7 @@ from conftest import finished_leaderboard_run as finish
 from fedsim.cli.main import main
 from fedsim.errors import ConfigError, TrainingDiverged
 from fedsim.reproduce import archive, leaderboard
+from fedsim.reproduce.runner import SET_ASIDE, restore_kept
 from fedsim.sweep.runs import status
 
 
@@ -175,6 +177,29 @@ def test_a_resumed_leaderboard_plans_only_what_its_kept_runs_lack(tmp_path):
     assert count == len(after.search) + 2 * 2  # the search, then (its choices read) 2 settings x final seeds 0, 1
     left = [p for p in after.runs if status(p.config) != "finished"]
     assert sorted({p.seed for p in left}) == [2, 3, 4] and len(left) == 2 * 3
+
+
+def test_a_kept_run_replaces_a_folder_of_other_settings_which_is_set_aside_not_deleted(tmp_path):
+    """A checkout whose runs folder holds an earlier plan's folders under the same names (``changed``) reads the
+    kept runs of this plan, as a fresh clone does, instead of training them again; the old folders are moved to
+    ``.set-aside/``. A kept run of other settings than the plan's never replaces anything."""
+    kept, runs, over = tmp_path / "kept", tmp_path / "runs", [GRID, NO_OWN]
+    search = leaderboard.plan("cpu", runs, kept, over, only="fedper").search
+    for item in search:
+        finish(item, test=0.5, validation=0.4)
+        archive.keep(item.folder, kept)
+        shutil.rmtree(item.folder)
+    for item in leaderboard.plan("cpu", runs, kept, [*over, "train.eval_every=2"], only="fedper").search:
+        finish(item, test=0.3, validation=0.2)  # the earlier plan's folders, where this plan's runs go
+    assert {status(item.config) for item in search} == {"changed"}
+    assert restore_kept(search, kept) == len(search)
+    assert {status(item.config) for item in search} == {"finished"}
+    aside = sorted((runs / SET_ASIDE).iterdir())
+    assert len(aside) == len(search) and all((folder / "summary.json").exists() for folder in aside)
+
+    other = leaderboard.plan("cpu", runs, kept, [*over, "train.eval_every=2"], only="fedper").search
+    assert restore_kept(other, kept) == 0  # the archive holds them at other settings: the folders stand
+    assert {status(item.config) for item in other} == {"changed"}
 
 
 def test_one_command_runs_both_stages_then_the_finals(tmp_path, monkeypatch, data_root):
