@@ -28,7 +28,8 @@ def reproduce_command(args: argparse.Namespace) -> int:
     """A paper's claims (or fedsim's privacy question): plan every run they read, run what is left, keep each
     finished run, then the verdicts and the paper's page; the leaderboard has its own command."""
     from fedsim import storage
-    from fedsim.reproduce.runner import execute, folder_keys, keep_finished, plan, restore_kept, run_trees
+    from fedsim.reproduce.restore import restore_kept
+    from fedsim.reproduce.runner import execute, folder_keys, keep_finished, plan, run_trees
     from fedsim.reproduce.verdicts import evaluate
 
     if args.paper == "leaderboard":

@@ -28,7 +28,8 @@ from fedsim.config.base import Section
 from fedsim.errors import ConfigError, TrainingDiverged, TuningIncomplete
 from fedsim.reproduce.diverged import Diverged
 from fedsim.reproduce.paper_files import PAPERS_DIR, checked, passages, read_yaml
-from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute, restore_kept
+from fedsim.reproduce.restore import restore_kept
+from fedsim.reproduce.runner import CONFIGS, PlannedRun, configure, execute
 from fedsim.sweep import search as design
 from fedsim.sweep.tune import Choice, budget_text, choose, method_tree, selection_key, validation_part
 

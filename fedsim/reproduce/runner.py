@@ -7,10 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import shutil
-import tempfile
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,44 +207,6 @@ def execute(planned: list[PlannedRun], say: Callable[[str], None] = print, max_c
             else:
                 elsewhere.add(item.config.name)
                 say(f"{where}: another process is running it, skipped")
-
-
-SET_ASIDE = ".set-aside"  # under the runs folder: folders of other settings a kept run replaced, never deleted
-
-
-def restore_kept(planned: list[PlannedRun], kept: Path) -> int:
-    """Every planned run the archive ``kept`` holds and the runs folder lacks, put back (``archive.restore``);
-    returns how many. Done before anything reads the runs folder, so a suite continues on another machine. A folder
-    of the run's name made with other settings (``changed``: running it would overwrite it) gives way where the
-    archive holds the run finished at the planned ones: it is moved to ``.set-aside/`` under the runs folder, so the
-    kept result is read instead of trained again, and nothing is deleted."""
-    return sum(_restore(item, kept) for item in planned)
-
-
-def _restore(item: PlannedRun, kept: Path) -> bool:
-    runs_dir, name = Path(item.config.out_dir), item.config.name
-    if not archive.path_of(kept, name).exists():
-        return False
-    if not item.folder.exists():
-        return archive.restore(kept, runs_dir, name)
-    if status(item.config) != "changed" or not _kept_as_planned(item, kept):
-        return False
-    with claimed(item.config) as mine:
-        if not mine:  # a process is running it (under its other settings): its folder stands
-            return False
-        aside = runs_dir / SET_ASIDE / f"{name}-{uuid.uuid4().hex[:8]}"
-        aside.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(item.folder, aside)
-        return archive.restore(kept, runs_dir, name)
-
-
-def _kept_as_planned(item: PlannedRun, kept: Path) -> bool:
-    """Whether ``kept`` holds ``item`` finished at its planned settings: put back into a scratch folder and read
-    as the run reads its own folder."""
-    with tempfile.TemporaryDirectory(prefix=".kept-check-", dir=item.config.out_dir) as scratch:
-        if not archive.restore(kept, Path(scratch), item.config.name):
-            return False
-        return status(item.config.model_copy(update={"out_dir": scratch})) == "finished"
 
 
 def keep_finished(item: PlannedRun, planned: list[PlannedRun], kept: Path | None) -> None:

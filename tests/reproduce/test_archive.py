@@ -119,7 +119,8 @@ def test_the_repositorys_kept_runs_name_their_start_relative_to_the_repository(t
     path of the machine that ran them; restored into a runs folder elsewhere, every kept run of the FedBABU suite is
     finished, none changed."""
     from fedsim.reproduce import PAPERS
-    from fedsim.reproduce.runner import plan, restore_kept
+    from fedsim.reproduce.restore import restore_kept
+    from fedsim.reproduce.runner import plan
     from fedsim.sweep.runs import status
 
     kept = TESTS.parent / KEPT_DEFAULT

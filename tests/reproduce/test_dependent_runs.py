@@ -18,7 +18,8 @@ from fedsim.models.lightning import network_of
 from fedsim.plan.build import initial_client, load_inputs
 from fedsim.reproduce import PAPERS
 from fedsim.reproduce.claims import Arm, Claim, Paper, RunFolder
-from fedsim.reproduce.runner import execute, plan, restore_kept, waves
+from fedsim.reproduce.restore import restore_kept
+from fedsim.reproduce.runner import execute, plan, waves
 from fedsim.sweep.runs import claimed
 from test_reproduce import TINY
 

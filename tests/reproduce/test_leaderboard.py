@@ -12,7 +12,7 @@ from conftest import finished_leaderboard_run as finish
 from fedsim.cli.main import main
 from fedsim.errors import ConfigError, TrainingDiverged
 from fedsim.reproduce import archive, leaderboard
-from fedsim.reproduce.runner import SET_ASIDE, restore_kept
+from fedsim.reproduce.restore import SET_ASIDE, restore_kept
 from fedsim.sweep.runs import status
 
 
